@@ -1,0 +1,1 @@
+"""Algorithm math as pure tensor functions: advantage estimators, policy losses, aggregation."""

@@ -1,0 +1,15 @@
+"""User-facing errors: one sentence naming the key, file or line, and the fix."""
+
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """An error the user can fix (bad config, bad data, bad path). Reported as one line, no traceback."""
+
+
+class ConfigError(UserError):
+    """A config key with a bad value, an unknown key, or an impossible combination."""
+
+
+class DataError(UserError):
+    """A data file that is missing, malformed, or empty after filtering."""

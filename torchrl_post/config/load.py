@@ -1,0 +1,59 @@
+"""Compose the config (schema + configs/*.yaml + key=value overrides) and validate it, with one-line errors.
+
+We call Hydra's compose API rather than `@hydra.main` so that an unknown key or a wrong type becomes one
+line naming the key (not a multi-line Hydra report), and so Hydra neither changes directory nor writes
+its own output folders: the run directory is ours (trainer.default_local_dir).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import validate
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+SCHEMA_NAME = "torchrl_post_schema"
+
+
+def _one_line(exc: BaseException) -> str:
+    """The most specific message in an exception chain, on one line, naming the full key if known."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in reversed(chain):
+        if isinstance(e, OmegaConfBaseException) and getattr(e, "full_key", None):
+            msg = str(getattr(e, "msg", "") or str(e)).splitlines()[0]
+            key = e.full_key
+            if "not in" in msg and "Key" in msg:
+                return f"unknown config key '{key}': {msg}; the keys are in torchrl_post/config/schema.py"
+            return f"config key '{key}': {msg}"
+    return " ".join(str(exc).split())
+
+
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> Config:
+    """Compose `configs/<config_name>.yaml` over the schema with `key=value` overrides; validate."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            dcfg = compose(config_name=config_name, overrides=list(overrides or []))
+        cfg = OmegaConf.to_object(dcfg)
+    except Exception as e:  # Hydra and OmegaConf raise many types; all are user input errors here
+        raise ConfigError(_one_line(e)) from e
+    assert isinstance(cfg, Config)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

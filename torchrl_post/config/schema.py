@@ -1,0 +1,197 @@
+"""The config schema: dataclasses registered in Hydra's ConfigStore (the only schema; YAML sets values).
+
+Key names follow verl and ROLL where those have one. The defaults are the built-in demo (a tiny Qwen2
+model learning single-digit sums with GRPO), so `torchrun ... -m torchrl_post.train` with no overrides
+runs it. Fields typed `Any` accept a string or a list and are checked in `validate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    path: str = "outputs/demo_model"
+    """Local HF model directory (config.json, safetensors, tokenizer). No hub downloads at run time."""
+    trust_remote_code: bool = False
+    """Allow the model directory's own Python code. Off unless you trust the directory."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
+
+
+@dataclass
+class DataConfig:
+    train_files: Any = "outputs/demo_data/train.jsonl"
+    """Training data: a path or a list of paths (.json, .jsonl, .csv, .parquet)."""
+    val_files: Any = "outputs/demo_data/val.jsonl"
+    """Validation data, as train_files; null means no validation set."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt: a string or a list of chat messages. A `messages` column is used if absent."""
+    answer_key: str = "answer"
+    """Column holding the ground truth given to the reward function (dots reach into dicts: reward_model.ground_truth)."""
+    data_source_key: str = "data_source"
+    """Column naming the task of each row; it picks the built-in reward and names val/test_score/<data_source>."""
+    default_data_source: str = "arithmetic"
+    """data_source for rows without that column."""
+    apply_chat_template: bool = True
+    """Wrap prompts with the tokenizer's chat template (a string prompt becomes one user message)."""
+    train_batch_size: int = 16
+    """Prompts per training step (each is sampled rollout.n times)."""
+    val_batch_size: int = 0
+    """Prompts per validation generate call; 0 means the whole validation set at once."""
+    max_prompt_length: int = 64
+    """Prompt token budget; longer prompts are filtered or rejected (filter_overlong_prompts)."""
+    max_response_length: int = 8
+    """Maximum generated tokens per sample."""
+    filter_overlong_prompts: bool = True
+    """Drop prompts over max_prompt_length (the count is logged); false makes them an error."""
+    shuffle: bool = True
+    """Shuffle the training set every epoch (seeded by trainer.seed and the epoch)."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "vllm"
+    """Generation engine: vllm (in-process vllm.LLM per rank) or hf (transformers generate)."""
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling; -1 disables it."""
+    val_temperature: float = 0.0
+    """Temperature for validation; 0 is greedy."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of accelerator memory vLLM may take (GPU only)."""
+    cpu_kvcache_space_gb: float = 0.25
+    """vLLM's KV cache size on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    max_num_seqs: int = 256
+    """Most sequences vLLM schedules at once."""
+    dtype: str = "float32"
+    """Engine weight dtype (float32, bfloat16, float16); float32 keeps CPU parity with the trainer exact."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallel size (1 for now; larger sizes come with disaggregated placement)."""
+    free_cache_engine: bool = True
+    """On GPU, put vLLM to sleep during the update to free its memory (no sleep mode on CPU)."""
+    enforce_eager: bool = True
+    """Skip vLLM's graph capture/compilation (faster start; tiny models gain nothing from it)."""
+    sync_bucket_mb: int = 64
+    """Weight sync bucket size in MiB: parameters are gathered and pushed this many bytes at a time."""
+
+
+@dataclass
+class FSDPConfig:
+    param_dtype: str = "float32"
+    """Mixed-precision dtype for parameters in forward/backward (float32, bfloat16, float16)."""
+    reduce_dtype: str = "float32"
+    """Dtype for gradient reduce-scatter."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2)."""
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    lr_warmup_steps: int = 0
+    """Linear warmup steps from 0 to lr, then constant."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (<= 0 disables clipping)."""
+    clip_ratio: float = 0.2
+    """PPO clip range epsilon; clip_ratio_low/high override each side."""
+    clip_ratio_low: float | None = None
+    """Lower clip epsilon (ratio >= 1 - low); defaults to clip_ratio."""
+    clip_ratio_high: float | None = None
+    """Upper clip epsilon (ratio <= 1 + high); defaults to clip_ratio."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses become one number: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient (subtracted from the loss)."""
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    ppo_mini_batch_size: int = 0
+    """Prompts per optimizer step (x rollout.n samples); 0 means the whole train batch (one update per step)."""
+    ppo_micro_batch_size_per_gpu: int = 32
+    """Samples per forward/backward on one rank (gradient accumulation splits the mini-batch into these)."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator: grpo."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's reward std (false gives Dr.GRPO-style mean-centering only)."""
+
+
+@dataclass
+class RewardConfig:
+    function: str | None = None
+    """Reward function as `package.module:function` (verl signature); null picks a built-in by data_source."""
+
+
+@dataclass
+class PlacementConfig:
+    actor: Any = None
+    """Actor ranks: null (all ranks) or a list of ranks."""
+    rollout: Any = "actor"
+    """Rollout ranks: `actor` (colocated with the actor, the hybrid engine) or a list of ranks."""
+    critic: Any = None
+    """Critic ranks: null (no critic), `actor`, or a list of ranks."""
+    reference: Any = None
+    """Reference policy ranks: null (no reference), `actor`, or a list of ranks."""
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "torchrl_post"
+    """wandb project."""
+    experiment_name: str = "demo"
+    """wandb run name."""
+    total_epochs: int = 1000
+    """Epochs over the training set; training stops at whichever of this and total_training_steps comes first."""
+    total_training_steps: int | None = 300
+    """Stop after this many steps (null: total_epochs decides)."""
+    save_freq: int = 100
+    """Save a checkpoint every N steps and at the end; <= 0 turns saving off."""
+    test_freq: int = 25
+    """Validate every N steps (and at step 0 and the end); <= 0 turns validation off."""
+    val_before_train: bool = True
+    """Validate once before the first update (logged as step 0)."""
+    default_local_dir: str = "outputs/demo"
+    """Run directory: metrics.jsonl, checkpoints/, plots/, the resolved config."""
+    resume_mode: str = "auto"
+    """auto (latest checkpoint, if any), disable, or resume_path (trainer.resume_from_path)."""
+    resume_from_path: str | None = None
+    """Checkpoint directory (global_step_N) to resume from when resume_mode=resume_path."""
+    max_ckpt_to_keep: int | None = None
+    """Keep at most this many checkpoints (oldest removed first); null keeps all."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Loggers besides metrics.jsonl (always written): console, wandb."""
+    seed: int = 1
+    """Seed for data order, sampling and initialisation."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu or cuda; also picks the backend (nccl or gloo)."""
+    dry_run: bool = False
+    """Print the placement plan and batch arithmetic, then exit without loading a model."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

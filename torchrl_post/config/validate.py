@@ -1,0 +1,115 @@
+"""Checks that need no model and no process group: enums, ranges, batch arithmetic. One line per error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import Config
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ADV_ESTIMATORS = ("grpo",)
+ENGINES = ("vllm", "hf")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LOGGERS = ("console", "wandb")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def file_list(key: str, value: Any, allow_none: bool = False) -> list[str]:
+    """A path or list of paths -> list; None only where allowed (data.val_files)."""
+    if value is None:
+        if allow_none:
+            return []
+        raise ConfigError(f"{key} is null; give a data file path")
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if not items or not all(isinstance(p, str) and p for p in items):
+        raise ConfigError(f"{key}={value!r} must be a file path or a list of file paths")
+    return items
+
+
+def validate(cfg: Config) -> None:
+    """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
+    file_list("data.train_files", cfg.data.train_files)
+    file_list("data.val_files", cfg.data.val_files, allow_none=True)
+    for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+        _positive(f"data.{key}", getattr(cfg.data, key))
+    _positive("data.val_batch_size", cfg.data.val_batch_size, allow_zero=True)
+    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
+    _positive("rollout.n", cfg.rollout.n)
+    _positive("rollout.temperature", cfg.rollout.temperature, allow_zero=True)
+    _positive("rollout.val_temperature", cfg.rollout.val_temperature, allow_zero=True)
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
+    if cfg.rollout.tensor_parallel_size != 1:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size}: only 1 is supported with the "
+            "colocated engine; set rollout.tensor_parallel_size=1"
+        )
+    _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
+    _positive("actor.lr", cfg.actor.lr)
+    _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
+    _positive("actor.ppo_micro_batch_size_per_gpu", cfg.actor.ppo_micro_batch_size_per_gpu)
+    _positive("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size, allow_zero=True)
+    _positive("actor.lr_warmup_steps", cfg.actor.lr_warmup_steps, allow_zero=True)
+    _positive("actor.clip_ratio", cfg.actor.clip_ratio)
+    if len(cfg.actor.betas) != 2:
+        raise ConfigError(f"actor.betas={cfg.actor.betas} must be two numbers like [0.9,0.999]")
+    _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
+    _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, DTYPES)
+    _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
+    _one_of("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
+        raise ConfigError("rollout.n=1 with algorithm.adv_estimator=grpo gives every sample zero advantage; set rollout.n >= 2")
+    if cfg.reward.function is not None and ":" not in cfg.reward.function:
+        raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
+    t = cfg.trainer
+    _one_of("trainer.resume_mode", t.resume_mode, RESUME_MODES)
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoints/global_step_N>")
+    for name in t.logger:
+        _one_of("trainer.logger", name, LOGGERS)
+    _one_of("trainer.device", t.device, DEVICES)
+    _positive("trainer.total_epochs", t.total_epochs)
+    if t.total_training_steps is not None:
+        _positive("trainer.total_training_steps", t.total_training_steps)
+    if t.max_ckpt_to_keep is not None:
+        _positive("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
+
+
+def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int) -> dict[str, int]:
+    """Batch arithmetic against the data-parallel sizes; returns the per-rank numbers for the plan."""
+    bsz, n = cfg.data.train_batch_size, cfg.rollout.n
+    mini = cfg.actor.ppo_mini_batch_size or bsz
+    for dp, role in ((actor_dp, "actor"), (rollout_dp, "rollout")):
+        if bsz % dp:
+            raise ConfigError(
+                f"data.train_batch_size={bsz} is not divisible by the {dp} {role} ranks; "
+                f"use a multiple of {dp}"
+            )
+    if bsz % mini:
+        raise ConfigError(f"actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size={bsz}")
+    if mini % actor_dp:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={mini} is not divisible by the {actor_dp} actor ranks; use a multiple of {actor_dp}"
+        )
+    return {
+        "prompts_per_step": bsz,
+        "samples_per_step": bsz * n,
+        "prompts_per_rollout_rank": bsz // rollout_dp,
+        "samples_per_actor_rank": bsz * n // actor_dp,
+        "mini_batches_per_epoch": bsz // mini,
+        "samples_per_mini_batch_per_rank": mini * n // actor_dp,
+        "micro_batch_per_rank": min(cfg.actor.ppo_micro_batch_size_per_gpu, mini * n // actor_dp),
+    }

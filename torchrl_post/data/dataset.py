@@ -1,0 +1,171 @@
+"""Prompt datasets: JSON, JSONL, CSV and parquet rows -> tokenized prompts with answers and data sources.
+
+A row has a prompt column (`data.prompt_key`: a string, or a list of chat messages) or a `messages`
+column, an answer column (`data.answer_key`, dots reach into nested dicts as in verl's
+reward_model.ground_truth), and optionally a data_source column. Prompts go through the tokenizer's chat
+template. Overlong prompts are dropped with a logged count, or rejected (data.filter_overlong_prompts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchrl_post.config.errors import DataError
+from torchrl_post.config.schema import DataConfig
+
+log = logging.getLogger(__name__)
+FORMATS = (".json", ".jsonl", ".csv", ".parquet")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _to_python(value: Any) -> Any:
+    """parquet/pandas give numpy arrays and scalars; turn them into lists, dicts and Python scalars."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_to_python(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_python(v) for k, v in value.items()}
+    return value
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of one data file, by extension."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p} (check data.train_files / data.val_files)")
+    suffix = p.suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(f"{p}: unsupported data format {suffix!r}; use one of {', '.join(FORMATS)}")
+    if suffix == ".jsonl":
+        return _read_jsonl(p)
+    if suffix == ".json":
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{p}: not a valid UTF-8 JSON file ({e})") from e
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise DataError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
+        return data
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(p, dtype=str, keep_default_na=False) if suffix == ".csv" else pd.read_parquet(p)
+    except Exception as e:  # pandas/pyarrow raise many types for unreadable files
+        raise DataError(f"{p}: cannot read as {suffix[1:]} ({' '.join(str(e).split())})") from e
+    return [{k: _to_python(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _dig(row: dict[str, Any], dotted: str) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+@dataclass
+class PromptDataset:
+    """Tokenized prompts plus what the reward needs, index-aligned."""
+
+    prompt_ids: list[list[int]]
+    answers: list[Any]
+    data_sources: list[str]
+    extra_infos: list[dict[str, Any]]
+    num_filtered: int = 0
+    files: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+
+def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str, str]]:
+    prompt = _dig(row, cfg.prompt_key)
+    if prompt is None:
+        prompt = row.get("messages")
+    if prompt is None:
+        raise DataError(f"{where}: no '{cfg.prompt_key}' or 'messages' column; set data.prompt_key to the prompt column")
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{where}: empty prompt in column '{cfg.prompt_key}'")
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    raise DataError(
+        f"{where}: column '{cfg.prompt_key}' must be a string or a list of {{role, content}} messages, "
+        f"got {type(prompt).__name__}"
+    )
+
+
+def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) -> PromptDataset:
+    """Read, template, tokenize and length-filter the rows of `files`."""
+    out = PromptDataset([], [], [], [], files=list(files))
+    too_long: list[str] = []
+    for path in files:
+        for i, row in enumerate(read_rows(path)):
+            where = f"{path} row {i + 1}"
+            msgs = _messages(row, cfg, where)
+            if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
+                enc = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+                ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
+            else:
+                ids = tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
+            if len(ids) > cfg.max_prompt_length:
+                if not cfg.filter_overlong_prompts:
+                    raise DataError(
+                        f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={cfg.max_prompt_length}; "
+                        "raise the limit or set data.filter_overlong_prompts=true"
+                    )
+                too_long.append(where)
+                continue
+            answer = _dig(row, cfg.answer_key)
+            if answer is None:
+                raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
+            source = row.get(cfg.data_source_key) or cfg.default_data_source
+            if not isinstance(source, str):
+                raise DataError(f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}")
+            extra = row.get("extra_info")
+            out.prompt_ids.append(ids)
+            out.answers.append(answer)
+            out.data_sources.append(source)
+            out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})
+    out.num_filtered = len(too_long)
+    if too_long:
+        log.warning(
+            "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
+            split, len(too_long), cfg.max_prompt_length, too_long[0],
+        )
+    if not out.prompt_ids:
+        raise DataError(
+            f"{split} data {files} is empty after filtering ({len(too_long)} prompts over "
+            f"data.max_prompt_length={cfg.max_prompt_length})"
+        )
+    return out

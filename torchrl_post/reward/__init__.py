@@ -1,0 +1,5 @@
+"""Reward functions (verl signature) and batch scoring with error counting."""
+
+from torchrl_post.reward.scoring import RewardFn, Scores, resolve_reward_fn, score_batch
+
+__all__ = ["RewardFn", "Scores", "resolve_reward_fn", "score_batch"]

@@ -1,0 +1,85 @@
+"""Resolve reward functions and score decoded responses.
+
+A reward function takes (data_source, solution_str, ground_truth, extra_info) and returns a float, or a
+dict with a "score" key (other numeric keys are averaged into reward/<key> metrics). One that raises or
+returns NaN/inf gives that sample 0; the count goes to `reward/errors` and training goes on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.reward.builtin import BUILTIN_BY_SOURCE
+
+log = logging.getLogger(__name__)
+RewardFn = Callable[..., Any]
+
+
+def load_function(path: str, key: str = "reward.function") -> RewardFn:
+    """Import `package.module:function`."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{key}={path!r}: cannot import module {module_name!r} ({e})") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{key}={path!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def resolve_reward_fn(function: str | None, data_sources: set[str]) -> Callable[[str], RewardFn]:
+    """data_source -> reward function; checked up front for every data source the data holds."""
+    if function is not None:
+        fn = load_function(function)
+        return lambda source: fn
+    missing = sorted(s for s in data_sources if s not in BUILTIN_BY_SOURCE)
+    if missing:
+        raise ConfigError(
+            f"no built-in reward for data_source {missing}; set reward.function=package.module:function "
+            f"(built-ins: {', '.join(sorted(BUILTIN_BY_SOURCE))})"
+        )
+    return BUILTIN_BY_SOURCE.__getitem__
+
+
+@dataclass
+class Scores:
+    scores: torch.Tensor  # [B]
+    errors: int = 0
+    extra: dict[str, list[float]] = field(default_factory=dict)
+
+
+def score_batch(
+    fn_for: Callable[[str], RewardFn],
+    texts: list[str],
+    answers: list[Any],
+    data_sources: list[str],
+    extra_infos: list[dict[str, Any]],
+) -> Scores:
+    out = Scores(torch.zeros(len(texts)))
+    for i, (text, answer, source, extra) in enumerate(zip(texts, answers, data_sources, extra_infos, strict=True)):
+        try:
+            result = fn_for(source)(source, text, answer, extra)
+            if isinstance(result, dict):
+                for k, v in result.items():
+                    if k != "score" and isinstance(v, (int, float)):
+                        out.extra.setdefault(k, []).append(float(v))
+                result = result["score"]
+            value = float(result)
+            if not math.isfinite(value):
+                raise ValueError(f"non-finite reward {value}")
+        except Exception as e:  # a user's reward function may raise anything; count it, keep training
+            if out.errors == 0:
+                log.warning("reward function failed on a %s sample (scored 0): %r", source, e)
+            out.errors += 1
+            value = 0.0
+        out.scores[i] = value
+    return out

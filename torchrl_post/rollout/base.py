@@ -1,0 +1,76 @@
+"""The rollout engine interface, sampling parameters, and padding generations into a RolloutBatch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from torchrl_post.types import Generation, PromptBatch, RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    seed: int
+    """Base seed; each prompt's seed is derived from it and the prompt's uid, independent of batching."""
+
+    def prompt_seed(self, uid: int) -> int:
+        return (self.seed * 1_000_003 + uid) % (2**31 - 1)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
+        """n samples per prompt, prompt-major."""
+        ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with (HF name, full tensor) pairs, consumed in order."""
+        ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory before the update (no-op where unsupported)."""
+        ...
+
+    def wake_up(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> RolloutBatch:
+    """Left-pad prompts, right-pad responses, build masks and positions; repeat prompt fields n times."""
+    num = len(gen.response_ids)
+    assert num == len(prompts) * n, "engines return n samples per prompt"
+    p_width = max(len(p) for p in prompts.prompt_ids)
+    r_width = max(1, max(len(r) for r in gen.response_ids))
+    input_ids = torch.full((num, p_width + r_width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((num, p_width + r_width), dtype=torch.long)
+    rollout_lp = torch.zeros((num, r_width), dtype=torch.float32)
+    for i in range(num):
+        p, r = prompts.prompt_ids[i // n], gen.response_ids[i]
+        input_ids[i, p_width - len(p) : p_width] = torch.tensor(p)
+        attention_mask[i, p_width - len(p) : p_width] = 1
+        if r:
+            input_ids[i, p_width : p_width + len(r)] = torch.tensor(r)
+            attention_mask[i, p_width : p_width + len(r)] = 1
+            rollout_lp[i, : len(r)] = torch.tensor(gen.logprobs[i], dtype=torch.float32)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    rep = [j for j in range(len(prompts)) for _ in range(n)]
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_mask=attention_mask[:, p_width:].float(),
+        rollout_log_probs=rollout_lp,
+        group_ids=torch.tensor([prompts.uids[j] for j in rep], dtype=torch.long),
+        finish_reasons=list(gen.finish_reasons),
+        answers=[prompts.answers[j] for j in rep],
+        data_sources=[prompts.data_sources[j] for j in rep],
+        extra_infos=[prompts.extra_infos[j] for j in rep],
+    )

@@ -1,0 +1,80 @@
+"""The transformers engine: `generate` on a full (unsharded) replica of the policy on each rollout rank.
+
+The fallback when vLLM is unavailable, and the reference for parity. Logprobs come from one forward pass
+over the finished sequences, at the sampling temperature, exactly as the trainer computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from torchrl_post.config.schema import Config
+from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.types import Generation
+from torchrl_post.workers.logprobs import response_log_probs
+
+
+class HFEngine:
+    def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(
+            cfg.model.path, dtype=getattr(torch, cfg.rollout.dtype), trust_remote_code=cfg.model.trust_remote_code
+        ).to(device)
+        self.model.eval()
+        self.device = device
+        self.pad_id = pad_id
+        self.eos_ids = eos_ids
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
+        width = max(map(len, prompt_ids))
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompt_ids], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=self.device)
+        sample = params.temperature > 0
+        # Seeded without touching the trainer's RNG stream.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(params.prompt_seed(uids[0] if uids else 0))
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=sample,
+                temperature=params.temperature if sample else None,
+                top_p=params.top_p if sample else None,
+                top_k=params.top_k if sample and params.top_k > 0 else None,
+                num_return_sequences=params.n,
+                max_new_tokens=params.max_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids,
+            )
+        gen = Generation([], [], [])
+        for row in out[:, width:].tolist():
+            stop = next((i for i, t in enumerate(row) if t in self.eos_ids), None)
+            gen.response_ids.append(row[: stop + 1] if stop is not None else row)
+            gen.finish_reasons.append("stop" if stop is not None else "length")
+        # Logprobs of exactly the kept tokens, from one forward pass.
+        seqs = out[:, : width + max(1, max(map(len, gen.response_ids)))]
+        resp_w = seqs.shape[1] - width
+        attn = torch.cat([mask.repeat_interleave(params.n, 0), torch.zeros_like(seqs[:, width:])], 1)
+        for i, r in enumerate(gen.response_ids):
+            attn[i, width : width + len(r)] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logp, _ = response_log_probs(self.model, seqs, attn, pos, resp_w, params.temperature)
+        gen.logprobs = [logp[i, : len(r)].tolist() for i, r in enumerate(gen.response_ids)]
+        return gen
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in weights:
+            params[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        del self.model

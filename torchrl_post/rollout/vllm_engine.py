@@ -1,0 +1,98 @@
+"""The vLLM engine, in-process (one `vllm.LLM` per rollout rank). The only module that imports vllm.
+
+The engine joins the torchrun world through vLLM's `external_launcher` executor (no extra processes,
+no Ray). Weights are replaced in place with the worker's `reload_weights` RPC: calling the model's
+`load_weights` a second time fails on the CPU build because weights are repacked after the first load.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+
+from torchrl_post.config.schema import Config
+from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.types import Generation
+
+log = logging.getLogger(__name__)
+
+
+class VLLMEngine:
+    def __init__(self, cfg: Config, device: torch.device, seed: int) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core
+        if device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.cpu_kvcache_space_gb))
+        import vllm
+
+        self._vllm = vllm
+        self.sleep_enabled = device.type == "cuda" and cfg.rollout.free_cache_engine
+        if device.type != "cuda" and cfg.rollout.free_cache_engine:
+            log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
+        self.asleep = False
+        self.llm = vllm.LLM(
+            model=cfg.model.path,
+            trust_remote_code=cfg.model.trust_remote_code,
+            distributed_executor_backend="external_launcher",
+            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+            dtype=cfg.rollout.dtype,
+            seed=seed,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            max_num_seqs=cfg.rollout.max_num_seqs,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            enforce_eager=cfg.rollout.enforce_eager,
+            enable_sleep_mode=self.sleep_enabled,
+            logprobs_mode="processed_logprobs",
+        )
+
+    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
+        self.wake_up()
+        sps = [
+            self._vllm.SamplingParams(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=params.max_tokens,
+                seed=params.prompt_seed(uid),
+                logprobs=0,
+                detokenize=False,
+            )
+            for uid in uids
+        ]
+        prompts = [{"prompt_token_ids": p} for p in prompt_ids]
+        outs = self.llm.generate(prompts, sps, use_tqdm=False)
+        gen = Generation([], [], [])
+        for out in outs:
+            for c in out.outputs:
+                gen.response_ids.append(list(c.token_ids))
+                gen.logprobs.append([lp[t].logprob for lp, t in zip(c.logprobs or [], c.token_ids, strict=True)])
+                gen.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
+        return gen
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def sleep(self) -> None:
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def shutdown(self) -> None:
+        # Must run before the default process group is destroyed (vLLM tears down its groups here).
+        del self.llm
+        gc.collect()

@@ -1,0 +1,29 @@
+"""FSDP2 wrapping: fully_shard each decoder layer, then the root, over a role's mesh."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from torchrl_post.config.schema import FSDPConfig
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")
+    return list(layers)
+
+
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> torch.nn.Module:
+    """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device."""
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
+    # The root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward needs
+    # them right away.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
