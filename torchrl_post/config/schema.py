@@ -67,8 +67,8 @@ class RolloutConfig:
     """Temperature for validation; 0 is greedy."""
     gpu_memory_utilization: float = 0.5
     """Fraction of accelerator memory vLLM may take (GPU only)."""
-    cpu_kvcache_space_gb: float = 0.25
-    """vLLM's KV cache size on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_kvcache_space_gb: int = 1
+    """vLLM KV cache size on CPU, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
     max_num_seqs: int = 256
     """Most sequences vLLM schedules at once."""
     dtype: str = "float32"

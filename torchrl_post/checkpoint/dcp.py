@@ -1,0 +1,115 @@
+"""Checkpoints with torch DCP: `{run_dir}/checkpoints/global_step_N/`.
+
+Layout of one checkpoint:
+    actor/                 DCP shards: model and optimizer state (each rank writes its own shard)
+    rank_<r>.pt            per-rank state: RNG states, sampler position, LR scheduler (tensors/primitives only)
+    trainer_state.json     global step and what wrote it
+A checkpoint is written under `global_step_N.tmp` and renamed when every rank has finished; only then is
+`latest_checkpointed_iteration.txt` (verl's name) updated. A crash mid-save leaves the previous one whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from torchrl_post.config.errors import ConfigError
+
+log = logging.getLogger(__name__)
+LATEST = "latest_checkpointed_iteration.txt"
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, rank: int, max_keep: int | None) -> None:
+        self.root = run_dir / "checkpoints"
+        self.rank = rank
+        self.max_keep = max_keep
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"global_step_{step}"
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, by the pointer file (falling back to a directory scan)."""
+        pointer = self.root / LATEST
+        if pointer.exists():
+            path = self.step_dir(int(pointer.read_text().strip()))
+            if (path / "trainer_state.json").exists():
+                return path
+        done = sorted(self._complete(), key=lambda p: int(p.name.split("_")[-1]))
+        return done[-1] if done else None
+
+    def _complete(self) -> list[Path]:
+        if not self.root.exists():
+            return []
+        return [p for p in self.root.glob("global_step_*") if p.is_dir() and (p / "trainer_state.json").exists()]
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, Any]) -> Path:
+        tmp = self.root / f"global_step_{step}.tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "actor"))
+        torch.save(rank_state, tmp / f"rank_{self.rank}.pt")
+        dist.barrier()
+        final = self.step_dir(step)
+        if self.rank == 0:
+            (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step, "world_size": dist.get_world_size()}))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            pointer_tmp = self.root / (LATEST + ".tmp")
+            pointer_tmp.write_text(f"{step}\n")
+            pointer_tmp.replace(self.root / LATEST)
+            self._prune()
+        dist.barrier()
+        return final
+
+    def _prune(self) -> None:
+        if self.max_keep is None:
+            return
+        done = sorted(self._complete(), key=lambda p: int(p.name.split("_")[-1]))
+        for old in done[: -self.max_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("removed old checkpoint %s (trainer.max_ckpt_to_keep=%d)", old.name, self.max_keep)
+
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
+        """Restore model and optimizer in place; returns (global step, this rank's saved state)."""
+        state_file = path / "trainer_state.json"
+        rank_file = path / f"rank_{self.rank}.pt"
+        if not state_file.exists() or not rank_file.exists():
+            raise ConfigError(f"{path} is not a complete checkpoint (no trainer_state.json or {rank_file.name})")
+        meta = json.loads(state_file.read_text())
+        if meta["world_size"] != dist.get_world_size():
+            raise ConfigError(
+                f"{path} was written by {meta['world_size']} ranks, this run has {dist.get_world_size()}; "
+                "resume with the same number of processes"
+            )
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path / "actor"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return int(meta["global_step"]), torch.load(rank_file, weights_only=True)

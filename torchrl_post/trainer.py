@@ -1,0 +1,289 @@
+"""The step loop: prompts -> rollout -> reward -> advantage -> update -> weight sync, plus validation,
+checkpoints and metrics. Every rank runs the same loop; in this version every role is colocated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from torchrl_post.algos.advantages import grpo_advantages
+from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import to_yaml
+from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import file_list
+from torchrl_post.data.dataset import PromptDataset, load_prompts
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.env import DistEnv
+from torchrl_post.distributed.placement import Placement, RoleMeshes
+from torchrl_post.logging.metrics import MetricsLogger
+from torchrl_post.logging.plots import plot_run
+from torchrl_post.reward import resolve_reward_fn, score_batch
+from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.sync.weights import sync_weights
+from torchrl_post.types import PromptBatch, RolloutBatch, TrainBatch
+from torchrl_post.workers.actor import Actor
+
+log = logging.getLogger("torchrl_post")
+
+
+def check_model_dir(path: str) -> None:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ConfigError(
+            f"model.path={path!r} is not a model directory (no config.json); "
+            "point it at a local HF model (the demo's is built by `make demo`)"
+        )
+    if not any(p.glob("*.safetensors")):
+        raise ConfigError(f"model.path={path!r} has no *.safetensors weights; save the model with safe_serialization")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: DistEnv, placement: Placement) -> None:
+        self.cfg, self.env = cfg, env
+        if not placement.fully_colocated():
+            raise ConfigError("placement: roles on their own ranks are not supported yet; use placement.rollout=actor")
+        for role in ("critic", "reference"):
+            if placement.has(role):
+                raise ConfigError(f"placement.{role}: no algorithm in this version uses a {role}; set placement.{role}=null")
+        check_model_dir(cfg.model.path)
+        self.run_dir = Path(cfg.trainer.default_local_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.train_data = load_prompts(file_list("data.train_files", cfg.data.train_files), cfg.data, self.tokenizer, "train")
+        val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
+        self.val_data: PromptDataset | None = load_prompts(val_files, cfg.data, self.tokenizer, "val") if val_files else None
+        sources = set(self.train_data.data_sources) | set(self.val_data.data_sources if self.val_data else [])
+        self.reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
+
+        self.meshes = RoleMeshes(placement, env.device.type)
+        self.dp_rank, self.dp_size = self.meshes.dp_rank("actor"), self.meshes.dp_size("actor")
+        self.sampler = ShardedBatchSampler(
+            len(self.train_data), cfg.data.train_batch_size, self.dp_rank, self.dp_size, cfg.trainer.seed, cfg.data.shuffle
+        )
+        steps_from_epochs = self.sampler.batches_per_epoch * cfg.trainer.total_epochs
+        if steps_from_epochs == 0:
+            raise ConfigError(
+                f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(self.train_data)} training prompts"
+            )
+        self.total_steps = min(steps_from_epochs, cfg.trainer.total_training_steps or steps_from_epochs)
+        torch.manual_seed(cfg.trainer.seed)
+        self.actor = Actor(cfg, self.meshes.mesh("actor"), env.device)
+        eos = [self.tokenizer.eos_token_id]
+        self.engine = build_engine(cfg, env.device, cfg.trainer.seed + env.rank, self.tokenizer.pad_token_id, eos)
+        self.checkpointer = Checkpointer(self.run_dir, env.rank, cfg.trainer.max_ckpt_to_keep)
+        self.metrics = MetricsLogger(
+            self.run_dir, cfg.trainer.logger, env.is_main, self.total_steps, json.loads(json.dumps(cfg, default=vars)),
+            cfg.trainer.project_name, cfg.trainer.experiment_name,
+        )
+        self.global_step = 0
+        self.timing: dict[str, float] = {}
+        if env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def fit(self) -> None:
+        self._resume()
+        tcfg = self.cfg.trainer
+        if self.global_step == 0 and self.val_data is not None and tcfg.val_before_train and tcfg.test_freq > 0:
+            self.metrics.log({"training/global_step": 0, **self.validate()})
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            step = self.global_step
+            metrics = self.train_step(step)
+            last = step == self.total_steps
+            if self.val_data is not None and tcfg.test_freq > 0 and (step % tcfg.test_freq == 0 or last):
+                with self._timer("testing"):
+                    metrics |= self.validate()
+                metrics["timing_s/testing"] = self.timing["testing"]
+            self.metrics.log(metrics)
+            if tcfg.save_freq > 0 and (step % tcfg.save_freq == 0 or last):
+                self.save()
+        if self.env.is_main:
+            png = plot_run(self.run_dir)
+            log.info("run finished at step %d; plots: %s", self.global_step, png)
+        self.metrics.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts = self._next_prompts()
+        with self._timer("gen"):
+            rollout = self.generate(prompts, self._sampling(step, validation=False))
+        self.engine.sleep()
+        with self._timer("reward"):
+            scores = self._score(rollout)
+        with self._timer("adv"):
+            adv = grpo_advantages(scores.scores, cfg.rollout.n, rollout.response_mask, cfg.algorithm.norm_adv_by_std_in_grpo)
+        on_policy = cfg.actor.ppo_epochs == 1 and (cfg.actor.ppo_mini_batch_size in (0, cfg.data.train_batch_size))
+        old = None
+        if not on_policy:
+            with self._timer("old_log_prob"):
+                old = self.actor.compute_log_probs(rollout, cfg.rollout.temperature)
+        batch = TrainBatch(
+            rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_mask, adv, old,
+            rollout.rollout_log_probs,
+        )
+        mini = (cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n // self.dp_size
+        with self._timer("update_actor"):
+            actor_m = self.actor.update(batch, cfg.rollout.temperature, mini)
+        with self._timer("sync"):
+            moved = sync_weights(self.actor.model, self.engine, cfg.rollout.sync_bucket_mb)
+        step_time = time.perf_counter() - t0
+        diff = actor_m.pop("_trainer_rollout_logprob_diff")
+        if old is not None:
+            m = rollout.response_mask
+            diff = ((old - rollout.rollout_log_probs).abs() * m).sum().item() / max(m.sum().item(), 1.0)
+        out = {
+            "training/global_step": step,
+            "training/epoch": self.sampler.epoch,
+            **actor_m,
+            **self._batch_metrics(rollout, scores.scores, adv, scores.errors, diff),
+            **{f"timing_s/{k}": v for k, v in self.timing.items() if k != "testing"},
+            "timing_s/step": step_time,
+            "perf/sync_bytes": float(moved),
+        }
+        out["perf/throughput"] = out.pop("_tokens") / step_time / self.env.world_size
+        for k, v in scores.extra.items():
+            out[f"reward/{k}"] = sum(v) / len(v)
+        return out
+
+    # ---- stages ---------------------------------------------------------------------------------
+    def generate(self, prompts: PromptBatch, params: SamplingParams) -> RolloutBatch:
+        gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
+        return collate(prompts, gen, params.n, self.tokenizer.pad_token_id)
+
+    def _sampling(self, step: int, validation: bool) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            n=1 if validation else r.n,
+            temperature=r.val_temperature if validation else r.temperature,
+            top_p=1.0 if validation else r.top_p,
+            top_k=-1 if validation else r.top_k,
+            max_tokens=self.cfg.data.max_response_length,
+            seed=self.cfg.trainer.seed * 7919 + step,
+        )
+
+    def _next_prompts(self) -> PromptBatch:
+        idx, positions = self.sampler.next_batch()
+        d = self.train_data
+        return PromptBatch(
+            [d.prompt_ids[i] for i in idx], [d.answers[i] for i in idx], [d.data_sources[i] for i in idx],
+            [d.extra_infos[i] for i in idx], positions,
+        )
+
+    def _score(self, rollout: RolloutBatch):  # -> Scores
+        texts = self.tokenizer.batch_decode(rollout.responses.tolist(), skip_special_tokens=True)
+        return score_batch(self.reward_fn_for, texts, rollout.answers, rollout.data_sources, rollout.extra_infos)
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Greedy (rollout.val_temperature) score per data_source over the whole validation set."""
+        assert self.val_data is not None
+        d, rank, world = self.val_data, self.env.rank, self.env.world_size
+        mine = list(range(rank, len(d), world))
+        chunk = self.cfg.data.val_batch_size or max(1, len(mine))
+        sources = sorted(set(d.data_sources))
+        totals = torch.zeros(2, len(sources), dtype=torch.float64)
+        params = self._sampling(0, validation=True)
+        for start in range(0, len(mine), chunk):
+            idx = mine[start : start + chunk]
+            pb = PromptBatch(
+                [d.prompt_ids[i] for i in idx], [d.answers[i] for i in idx], [d.data_sources[i] for i in idx],
+                [d.extra_infos[i] for i in idx], idx,
+            )
+            scores = self._score(self.generate(pb, params))
+            for s, src in zip(scores.scores.tolist(), pb.data_sources, strict=True):
+                j = sources.index(src)
+                totals[0, j] += s
+                totals[1, j] += 1
+        dist.all_reduce(totals)
+        return {f"val/test_score/{src}": (totals[0, j] / totals[1, j]).item() for j, src in enumerate(sources)}
+
+    def _batch_metrics(
+        self, rollout: RolloutBatch, scores: torch.Tensor, adv: torch.Tensor, errors: int, diff: float
+    ) -> dict[str, float]:
+        mask = rollout.response_mask
+        resp_len = mask.sum(-1)
+        prompt_len = rollout.attention_mask.sum(-1) - resp_len
+        clipped = torch.tensor([r == "length" for r in rollout.finish_reasons], dtype=torch.float64)
+        sums = torch.tensor(
+            [
+                len(rollout), scores.sum(), resp_len.sum(), prompt_len.sum(), clipped.sum(), float(errors),
+                (adv * mask).sum() / max(mask.sum().item(), 1.0), diff, rollout.attention_mask.sum(),
+                scores.max(), -scores.min(), resp_len.max(),
+            ],
+            dtype=torch.float64,
+        )
+        maxes = sums[9:].clone()
+        dist.all_reduce(sums[:9])
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        n, world = sums[0].item(), self.env.world_size
+        return {
+            "critic/score/mean": sums[1].item() / n,
+            "critic/score/max": maxes[0].item(),
+            "critic/score/min": -maxes[1].item(),
+            "critic/rewards/mean": sums[1].item() / n,
+            "critic/advantages/mean": sums[6].item() / world,
+            "response_length/mean": sums[2].item() / n,
+            "response_length/max": maxes[2].item(),
+            "response_length/clip_ratio": sums[4].item() / n,
+            "prompt_length/mean": sums[3].item() / n,
+            "reward/errors": sums[5].item(),
+            "rollout/logprob_diff": sums[7].item() / world,
+            "_tokens": sums[8].item(),
+        }
+
+    @contextmanager
+    def _timer(self, name: str):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        yield
+        self.timing[name] = time.perf_counter() - t
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def save(self) -> None:
+        state = {
+            "rng": rng_state(),
+            "sampler": self.sampler.state_dict(),
+            "scheduler": self.actor.scheduler.state_dict(),
+            "nonfinite_skips": self.actor.nonfinite_skips,
+        }
+        path = self.checkpointer.save(self.global_step, self.actor.model, self.actor.optimizer, state)
+        if self.env.is_main:
+            log.info("saved checkpoint %s", path)
+
+    def _resume(self) -> None:
+        t = self.cfg.trainer
+        if t.resume_mode == "disable":
+            return
+        path = Path(t.resume_from_path) if t.resume_mode == "resume_path" else self.checkpointer.latest()
+        if path is None:
+            return
+        if not path.is_dir():
+            raise ConfigError(f"trainer.resume_from_path={str(path)!r} does not exist")
+        step, state = self.checkpointer.load(path, self.actor.model, self.actor.optimizer)
+        self.sampler.load_state_dict(state["sampler"])
+        self.actor.scheduler.load_state_dict(state["scheduler"])
+        self.actor.nonfinite_skips = int(state["nonfinite_skips"])
+        set_rng_state(state["rng"])
+        self.global_step = step
+        sync_weights(self.actor.model, self.engine, self.cfg.rollout.sync_bucket_mb)
+        self.metrics.resume_from(step)
+        if self.env.is_main:
+            log.info("resumed from %s (step %d)", path, step)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def describe(self) -> dict[str, Any]:
+        return {"total_steps": self.total_steps, "train_prompts": len(self.train_data)}
