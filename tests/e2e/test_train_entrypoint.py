@@ -1,0 +1,94 @@
+"""The real entrypoint under torchrun on a tiny model: it trains, writes its run, and a second launch resumes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.conftest import assert_ok, read_jsonl, run_cmd, torchrun
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+REQUIRED = [
+    "training/global_step", "actor/loss", "actor/entropy", "actor/ppo_ratio_mean", "actor/pg_clipfrac",
+    "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
+    "timing_s/sync", "timing_s/step", "perf/throughput", "rollout/logprob_diff", "reward/errors",
+]
+
+
+def _overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int) -> list[str]:
+    return [
+        f"model.path={model}", f"data.train_files={data[0]}", f"data.val_files={data[1]}",
+        "data.train_batch_size=4", "rollout.n=4", "rollout.max_num_seqs=32", "actor.lr=1e-2",
+        "reward.function=tests.e2e.rewards:digit_fraction",
+        "trainer.test_freq=2", "trainer.save_freq=2", f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run}",
+    ]
+
+
+def test_train_then_resume(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *_overrides(tiny_model, task_data, run, 4)]))
+
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["training/global_step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert "val/test_score/arithmetic" in rows[0] and "val/test_score/arithmetic" in rows[2]
+    for row in rows[1:]:
+        for key in REQUIRED:
+            assert key in row and math.isfinite(row[key]), f"{key} missing or not finite at step {row['training/global_step']}"
+        assert row["actor/ppo_ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy single pass
+        assert row["rollout/logprob_diff"] < 1e-3  # engine and trainer agree on the behaviour policy
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    assert (ckpts / "global_step_2" / "trainer_state.json").exists()
+    assert (run / "config.yaml").read_text().count("default_local_dir") == 1
+    assert (run / "plots" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The saved weights differ from the initial ones: training really changed the parameters.
+    dcp_to_torch_save(str(ckpts / "global_step_4" / "actor"), str(tmp_path / "actor.pt"))
+    trained = torch.load(tmp_path / "actor.pt", weights_only=True)["model"]
+    initial = load_file(str(tiny_model / "model.safetensors"))
+    assert set(trained) == set(initial)
+    changed = [k for k in initial if not torch.equal(trained[k], initial[k])]
+    assert len(changed) > len(initial) // 2, f"only {changed} changed"
+
+    # A second launch with a larger budget resumes from step 4 and continues the same history.
+    proc = torchrun(2, ["-m", "torchrl_post.train", *_overrides(tiny_model, task_data, run, 6)])
+    assert_ok(proc)
+    assert "resumed from" in proc.stdout + proc.stderr
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["training/global_step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+
+
+def _one_line_error(proc, needle: str) -> None:  # type: ignore[no-untyped-def]
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr[-3000:]
+
+
+def test_bad_inputs_fail_with_one_line(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    base = ["-m", "torchrl_post.train", f"trainer.default_local_dir={tmp_path / 'run'}"]
+    py = [str(Path(__import__("sys").executable))]
+    data = [f"data.train_files={task_data[0]}", f"data.val_files={task_data[1]}"]
+    _one_line_error(run_cmd(py + base + data + [f"model.path={tmp_path}"]), "model.path")
+    _one_line_error(run_cmd(py + base + [f"model.path={tiny_model}", f"data.train_files={tmp_path}/nope.jsonl"]),
+                    "nope.jsonl")
+    _one_line_error(run_cmd(py + base + ["actor.lrr=1"]), "actor.lrr")
+    _one_line_error(run_cmd(py + base + ["data.train_batch_size=lots"]), "data.train_batch_size")
+    # Impossible batch arithmetic across 2 ranks fails before any model loads.
+    _one_line_error(torchrun(2, base + ["data.train_batch_size=3"]), "data.train_batch_size=3")
+    # Nothing was written by the failed runs.
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_dry_run_prints_plan_without_loading(tmp_path: Path) -> None:
+    proc = run_cmd([__import__("sys").executable, "-m", "torchrl_post.train", "trainer.dry_run=true",
+                    f"model.path={tmp_path / 'no_model'}"])
+    assert_ok(proc)
+    assert "actor     ranks [0]" in proc.stdout and "samples_per_actor_rank: 128" in proc.stdout
