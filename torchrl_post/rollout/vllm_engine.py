@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 class VLLMEngine:
     def __init__(self, cfg: Config, device: torch.device, seed: int) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-call INFO lines drown the step log
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.cpu_kvcache_space_gb))
         import vllm
