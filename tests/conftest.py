@@ -25,7 +25,9 @@ def torchrun(nproc: int, target: list[str], timeout: int = 600, env: dict[str, s
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.trainer.dry_run:
         if env.is_main:
             print(placement.describe())
-            print(f"  device {env.device.type}, backend {env.backend}, actor mesh ('dp',) = ({len(placement.ranks['actor'])},)")
+            print(
+                f"  device {env.device.type}, backend {env.backend}, actor mesh ('dp',) = ({len(placement.ranks['actor'])},)"
+            )
             for k, v in plan.items():
                 print(f"  {k}: {v}")
         return

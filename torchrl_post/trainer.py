@@ -54,22 +54,33 @@ class Trainer:
             raise ConfigError("placement: roles on their own ranks are not supported yet; use placement.rollout=actor")
         for role in ("critic", "reference"):
             if placement.has(role):
-                raise ConfigError(f"placement.{role}: no algorithm in this version uses a {role}; set placement.{role}=null")
+                raise ConfigError(
+                    f"placement.{role}: no algorithm in this version uses a {role}; set placement.{role}=null"
+                )
         check_model_dir(cfg.model.path)
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.train_data = load_prompts(file_list("data.train_files", cfg.data.train_files), cfg.data, self.tokenizer, "train")
+        self.train_data = load_prompts(
+            file_list("data.train_files", cfg.data.train_files), cfg.data, self.tokenizer, "train"
+        )
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
-        self.val_data: PromptDataset | None = load_prompts(val_files, cfg.data, self.tokenizer, "val") if val_files else None
+        self.val_data: PromptDataset | None = (
+            load_prompts(val_files, cfg.data, self.tokenizer, "val") if val_files else None
+        )
         sources = set(self.train_data.data_sources) | set(self.val_data.data_sources if self.val_data else [])
         self.reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
 
         self.meshes = RoleMeshes(placement, env.device.type)
         self.dp_rank, self.dp_size = self.meshes.dp_rank("actor"), self.meshes.dp_size("actor")
         self.sampler = ShardedBatchSampler(
-            len(self.train_data), cfg.data.train_batch_size, self.dp_rank, self.dp_size, cfg.trainer.seed, cfg.data.shuffle
+            len(self.train_data),
+            cfg.data.train_batch_size,
+            self.dp_rank,
+            self.dp_size,
+            cfg.trainer.seed,
+            cfg.data.shuffle,
         )
         steps_from_epochs = self.sampler.batches_per_epoch * cfg.trainer.total_epochs
         if steps_from_epochs == 0:
@@ -83,8 +94,13 @@ class Trainer:
         self.engine = build_engine(cfg, env.device, cfg.trainer.seed + env.rank, self.tokenizer.pad_token_id, eos)
         self.checkpointer = Checkpointer(self.run_dir, env.rank, cfg.trainer.max_ckpt_to_keep)
         self.metrics = MetricsLogger(
-            self.run_dir, cfg.trainer.logger, env.is_main, self.total_steps, json.loads(json.dumps(cfg, default=vars)),
-            cfg.trainer.project_name, cfg.trainer.experiment_name,
+            self.run_dir,
+            cfg.trainer.logger,
+            env.is_main,
+            self.total_steps,
+            json.loads(json.dumps(cfg, default=vars)),
+            cfg.trainer.project_name,
+            cfg.trainer.experiment_name,
         )
         self.global_step = 0
         self.timing: dict[str, float] = {}
@@ -124,14 +140,21 @@ class Trainer:
         with self._timer("reward"):
             scores = self._score(rollout)
         with self._timer("adv"):
-            adv = grpo_advantages(scores.scores, cfg.rollout.n, rollout.response_mask, cfg.algorithm.norm_adv_by_std_in_grpo)
+            adv = grpo_advantages(
+                scores.scores, cfg.rollout.n, rollout.response_mask, cfg.algorithm.norm_adv_by_std_in_grpo
+            )
         on_policy = cfg.actor.ppo_epochs == 1 and (cfg.actor.ppo_mini_batch_size in (0, cfg.data.train_batch_size))
         old = None
         if not on_policy:
             with self._timer("old_log_prob"):
                 old = self.actor.compute_log_probs(rollout, cfg.rollout.temperature)
         batch = TrainBatch(
-            rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_mask, adv, old,
+            rollout.input_ids,
+            rollout.attention_mask,
+            rollout.position_ids,
+            rollout.response_mask,
+            adv,
+            old,
             rollout.rollout_log_probs,
         )
         mini = (cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n // self.dp_size
@@ -178,8 +201,11 @@ class Trainer:
         idx, positions = self.sampler.next_batch()
         d = self.train_data
         return PromptBatch(
-            [d.prompt_ids[i] for i in idx], [d.answers[i] for i in idx], [d.data_sources[i] for i in idx],
-            [d.extra_infos[i] for i in idx], positions,
+            [d.prompt_ids[i] for i in idx],
+            [d.answers[i] for i in idx],
+            [d.data_sources[i] for i in idx],
+            [d.extra_infos[i] for i in idx],
+            positions,
         )
 
     def _score(self, rollout: RolloutBatch):  # -> Scores
@@ -199,8 +225,11 @@ class Trainer:
         for start in range(0, len(mine), chunk):
             idx = mine[start : start + chunk]
             pb = PromptBatch(
-                [d.prompt_ids[i] for i in idx], [d.answers[i] for i in idx], [d.data_sources[i] for i in idx],
-                [d.extra_infos[i] for i in idx], idx,
+                [d.prompt_ids[i] for i in idx],
+                [d.answers[i] for i in idx],
+                [d.data_sources[i] for i in idx],
+                [d.extra_infos[i] for i in idx],
+                idx,
             )
             scores = self._score(self.generate(pb, params))
             for s, src in zip(scores.scores.tolist(), pb.data_sources, strict=True):
@@ -219,9 +248,18 @@ class Trainer:
         clipped = torch.tensor([r == "length" for r in rollout.finish_reasons], dtype=torch.float64)
         sums = torch.tensor(
             [
-                len(rollout), scores.sum(), resp_len.sum(), prompt_len.sum(), clipped.sum(), float(errors),
-                (adv * mask).sum() / max(mask.sum().item(), 1.0), diff, rollout.attention_mask.sum(),
-                scores.max(), -scores.min(), resp_len.max(),
+                len(rollout),
+                scores.sum(),
+                resp_len.sum(),
+                prompt_len.sum(),
+                clipped.sum(),
+                float(errors),
+                (adv * mask).sum() / max(mask.sum().item(), 1.0),
+                diff,
+                rollout.attention_mask.sum(),
+                scores.max(),
+                -scores.min(),
+                resp_len.max(),
             ],
             dtype=torch.float64,
         )
@@ -266,7 +304,7 @@ class Trainer:
         t = self.cfg.trainer
         if t.resume_mode == "disable":
             return
-        path = Path(t.resume_from_path) if t.resume_mode == "resume_path" else self.checkpointer.latest()
+        path = Path(t.resume_from_path or "") if t.resume_mode == "resume_path" else self.checkpointer.latest()
         if path is None:
             return
         if not path.is_dir():

@@ -82,7 +82,7 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     def select(self, idx: torch.Tensor | slice) -> TrainBatch:
-        return replace(
-            self,
-            **{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx]) for f in fields(self)},
-        )
+        picked: dict[str, Any] = {
+            f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx]) for f in fields(self)
+        }
+        return replace(self, **picked)

@@ -1,6 +1,6 @@
 """Run under torchrun by test_fsdp.py: bucketed gather of uneven FSDP2 shards, and update equivalences.
 
-    torchrun --nproc-per-node 2 tests/distributed/fsdp_worker.py <odd_model_dir> <out.json>
+torchrun --nproc-per-node 2 tests/distributed/fsdp_worker.py <odd_model_dir> <out.json>
 """
 
 from __future__ import annotations
@@ -72,7 +72,11 @@ def main() -> None:
     cfg.model.enable_gradient_checkpointing = True
     checkpointed = _updated(cfg, meshes, half, mini=per)
     report["checkpointing_max_diff"] = max((sharded[k] - checkpointed[k]).abs().max().item() for k in sharded)
-    report["grad_norms"] = [sharded["grad_norm"].item(), accumulated["grad_norm"].item(), checkpointed["grad_norm"].item()]
+    report["grad_norms"] = [
+        sharded["grad_norm"].item(),
+        accumulated["grad_norm"].item(),
+        checkpointed["grad_norm"].item(),
+    ]
     report["update_moved"] = max((sharded[k] - ref[k]).abs().max().item() for k in ref)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)

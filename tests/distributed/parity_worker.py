@@ -50,21 +50,29 @@ def main() -> None:
             # A real update: sampled responses, random advantages, one optimizer step; then sync.
             rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample), 2, 0)
             adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
-            tb = TrainBatch(rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None,
-                            rb.rollout_log_probs)
+            tb = TrainBatch(
+                rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None, rb.rollout_log_probs
+            )
             actor.update(tb, temperature=1.0, mini_size=len(tb))
             sync_weights(actor.model, engine, bucket_mb=1)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
         actor.model.eval()
         with torch.no_grad():
-            logits = actor.model(input_ids=rb.input_ids, attention_mask=rb.attention_mask,
-                                 position_ids=rb.position_ids).logits[:, -rb.response_width - 1 : -1]
+            logits = actor.model(
+                input_ids=rb.input_ids, attention_mask=rb.attention_mask, position_ids=rb.position_ids
+            ).logits[:, -rb.response_width - 1 : -1]
         logp, _ = logits_to_logprobs(logits, rb.responses, 0.0)
         mask = rb.response_mask.bool()
         argmax_match = bool((logits.argmax(-1) == rb.responses)[mask].all())
         lp_diff = (logp - rb.rollout_log_probs)[mask].abs().max().item()
-        results.append({"update": update, "argmax_match": argmax_match, "max_logprob_diff": lp_diff,
-                        "tokens": rb.responses[mask].tolist()})
+        results.append(
+            {
+                "update": update,
+                "argmax_match": argmax_match,
+                "max_logprob_diff": lp_diff,
+                "tokens": rb.responses[mask].tolist(),
+            }
+        )
     # The weights must really have moved, or parity would be trivial.
     first = torch.tensor(results[0]["tokens"]), torch.tensor(results[-1]["tokens"])
     moved = first[0].shape != first[1].shape or bool((first[0] != first[1]).any())

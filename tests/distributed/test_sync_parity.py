@@ -23,5 +23,7 @@ def test_engine_matches_trainer_after_updates(engine: str, tiny_model: Path, tmp
         assert len(rank["results"]) == 4
         for r in rank["results"]:
             assert r["argmax_match"], f"{engine} greedy token differs from the trainer's argmax at update {r['update']}"
-            assert r["max_logprob_diff"] < 1e-4, f"{engine} logprob off by {r['max_logprob_diff']} at update {r['update']}"
+            assert r["max_logprob_diff"] < 1e-4, (
+                f"{engine} logprob off by {r['max_logprob_diff']} at update {r['update']}"
+            )
         assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"

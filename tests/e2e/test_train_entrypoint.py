@@ -15,18 +15,37 @@ from tests.conftest import assert_ok, read_jsonl, run_cmd, torchrun
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 REQUIRED = [
-    "training/global_step", "actor/loss", "actor/entropy", "actor/ppo_ratio_mean", "actor/pg_clipfrac",
-    "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
-    "timing_s/sync", "timing_s/step", "perf/throughput", "rollout/logprob_diff", "reward/errors",
+    "training/global_step",
+    "actor/loss",
+    "actor/entropy",
+    "actor/ppo_ratio_mean",
+    "actor/pg_clipfrac",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/update_actor",
+    "timing_s/sync",
+    "timing_s/step",
+    "perf/throughput",
+    "rollout/logprob_diff",
+    "reward/errors",
 ]
 
 
 def _overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int) -> list[str]:
     return [
-        f"model.path={model}", f"data.train_files={data[0]}", f"data.val_files={data[1]}",
-        "data.train_batch_size=4", "rollout.n=4", "rollout.max_num_seqs=32", "actor.lr=1e-2",
+        f"model.path={model}",
+        f"data.train_files={data[0]}",
+        f"data.val_files={data[1]}",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "rollout.max_num_seqs=32",
+        "actor.lr=1e-2",
         "reward.function=tests.e2e.rewards:digit_fraction",
-        "trainer.test_freq=2", "trainer.save_freq=2", f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={run}",
     ]
 
@@ -40,7 +59,9 @@ def test_train_then_resume(tiny_model: Path, task_data: tuple[Path, Path], tmp_p
     assert "val/test_score/arithmetic" in rows[0] and "val/test_score/arithmetic" in rows[2]
     for row in rows[1:]:
         for key in REQUIRED:
-            assert key in row and math.isfinite(row[key]), f"{key} missing or not finite at step {row['training/global_step']}"
+            assert key in row and math.isfinite(row[key]), (
+                f"{key} missing or not finite at step {row['training/global_step']}"
+            )
         assert row["actor/ppo_ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy single pass
         assert row["rollout/logprob_diff"] < 1e-3  # engine and trainer agree on the behaviour policy
     ckpts = run / "checkpoints"
@@ -77,8 +98,9 @@ def test_bad_inputs_fail_with_one_line(tiny_model: Path, task_data: tuple[Path, 
     py = [str(Path(__import__("sys").executable))]
     data = [f"data.train_files={task_data[0]}", f"data.val_files={task_data[1]}"]
     _one_line_error(run_cmd(py + base + data + [f"model.path={tmp_path}"]), "model.path")
-    _one_line_error(run_cmd(py + base + [f"model.path={tiny_model}", f"data.train_files={tmp_path}/nope.jsonl"]),
-                    "nope.jsonl")
+    _one_line_error(
+        run_cmd(py + base + [f"model.path={tiny_model}", f"data.train_files={tmp_path}/nope.jsonl"]), "nope.jsonl"
+    )
     _one_line_error(run_cmd(py + base + ["actor.lrr=1"]), "actor.lrr")
     _one_line_error(run_cmd(py + base + ["data.train_batch_size=lots"]), "data.train_batch_size")
     # Impossible batch arithmetic across 2 ranks fails before any model loads.
@@ -88,7 +110,14 @@ def test_bad_inputs_fail_with_one_line(tiny_model: Path, task_data: tuple[Path, 
 
 
 def test_dry_run_prints_plan_without_loading(tmp_path: Path) -> None:
-    proc = run_cmd([__import__("sys").executable, "-m", "torchrl_post.train", "trainer.dry_run=true",
-                    f"model.path={tmp_path / 'no_model'}"])
+    proc = run_cmd(
+        [
+            __import__("sys").executable,
+            "-m",
+            "torchrl_post.train",
+            "trainer.dry_run=true",
+            f"model.path={tmp_path / 'no_model'}",
+        ]
+    )
     assert_ok(proc)
     assert "actor     ranks [0]" in proc.stdout and "samples_per_actor_rank: 128" in proc.stdout

@@ -66,7 +66,9 @@ class Checkpointer:
             return []
         return [p for p in self.root.glob("global_step_*") if p.is_dir() and (p / "trainer_state.json").exists()]
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, Any]) -> Path:
+    def save(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, Any]
+    ) -> Path:
         tmp = self.root / f"global_step_{step}.tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -78,7 +80,9 @@ class Checkpointer:
         dist.barrier()
         final = self.step_dir(step)
         if self.rank == 0:
-            (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step, "world_size": dist.get_world_size()}))
+            (tmp / "trainer_state.json").write_text(
+                json.dumps({"global_step": step, "world_size": dist.get_world_size()})
+            )
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             pointer_tmp = self.root / (LATEST + ".tmp")
@@ -109,7 +113,6 @@ class Checkpointer:
                 "resume with the same number of processes"
             )
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "actor"))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "actor"))  # fills in place
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         return int(meta["global_step"]), torch.load(rank_file, weights_only=True)

@@ -71,7 +71,9 @@ def validate(cfg: Config) -> None:
     _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
     _one_of("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
-        raise ConfigError("rollout.n=1 with algorithm.adv_estimator=grpo gives every sample zero advantage; set rollout.n >= 2")
+        raise ConfigError(
+            "rollout.n=1 with algorithm.adv_estimator=grpo gives every sample zero advantage; set rollout.n >= 2"
+        )
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
     t = cfg.trainer
@@ -95,8 +97,7 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int) -> dict[str, int
     for dp, role in ((actor_dp, "actor"), (rollout_dp, "rollout")):
         if bsz % dp:
             raise ConfigError(
-                f"data.train_batch_size={bsz} is not divisible by the {dp} {role} ranks; "
-                f"use a multiple of {dp}"
+                f"data.train_batch_size={bsz} is not divisible by the {dp} {role} ranks; use a multiple of {dp}"
             )
     if bsz % mini:
         raise ConfigError(f"actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size={bsz}")

@@ -110,13 +110,19 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str
     if prompt is None:
         prompt = row.get("messages")
     if prompt is None:
-        raise DataError(f"{where}: no '{cfg.prompt_key}' or 'messages' column; set data.prompt_key to the prompt column")
+        raise DataError(
+            f"{where}: no '{cfg.prompt_key}' or 'messages' column; set data.prompt_key to the prompt column"
+        )
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DataError(f"{where}: empty prompt in column '{cfg.prompt_key}'")
         return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
     ):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
     raise DataError(
@@ -151,7 +157,9 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
                 raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
             source = row.get(cfg.data_source_key) or cfg.default_data_source
             if not isinstance(source, str):
-                raise DataError(f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}")
+                raise DataError(
+                    f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}"
+                )
             extra = row.get("extra_info")
             out.prompt_ids.append(ids)
             out.answers.append(answer)
@@ -161,7 +169,10 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
     if too_long:
         log.warning(
             "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
-            split, len(too_long), cfg.max_prompt_length, too_long[0],
+            split,
+            len(too_long),
+            cfg.max_prompt_length,
+            too_long[0],
         )
     if not out.prompt_ids:
         raise DataError(

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
@@ -46,7 +47,7 @@ def build_tiny_model(
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
@@ -64,7 +65,8 @@ def save_model(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, out_dir: P
 
 def _encode(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     msgs = [{"role": "user", "content": prompt}]
-    return list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"])
+    enc: Any = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    return list(enc["input_ids"])
 
 
 @torch.no_grad()
@@ -75,9 +77,13 @@ def greedy_accuracy(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, rows:
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = (ids != tok.pad_token_id).long()
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    out = model.generate(  # type: ignore[misc]
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
     return sum(arithmetic("arithmetic", t, r["answer"]) for t, r in zip(texts, rows, strict=True)) / len(rows)

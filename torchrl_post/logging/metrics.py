@@ -49,13 +49,23 @@ def _console_line(m: dict[str, float], total: int) -> str:
     ):
         if key in m:
             parts.append(f"{label} " + fmt.format(m[key]))
-    parts += [f"{k.removeprefix('val/test_score/')} val {v:.3f}" for k, v in m.items() if k.startswith("val/test_score/")]
+    parts += [
+        f"{k.removeprefix('val/test_score/')} val {v:.3f}" for k, v in m.items() if k.startswith("val/test_score/")
+    ]
     return " | ".join(parts)
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, loggers: list[str], enabled: bool, total_steps: int, config: dict[str, Any],
-                 project: str, experiment: str) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        loggers: list[str],
+        enabled: bool,
+        total_steps: int,
+        config: dict[str, Any],
+        project: str,
+        experiment: str,
+    ) -> None:
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self.console = "console" in loggers
@@ -77,7 +87,9 @@ class MetricsLogger:
     def log(self, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        clean = {k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items() if not k.startswith("_")}
+        clean = {
+            k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items() if not k.startswith("_")
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
         if self.console:

@@ -1,6 +1,6 @@
 """Plots of a run from its metrics.jsonl: training reward and validation score against the step.
 
-    python -m torchrl_post.logging.plots outputs/demo
+python -m torchrl_post.logging.plots outputs/demo
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def plot_run(run_dir: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_v) = plt.subplots(1, 2, figsize=(11, 4))
-    train = [(r["training/global_step"], r["critic/score/mean"]) for r in rows if r.get("critic/score/mean") is not None]
+    train = [
+        (r["training/global_step"], r["critic/score/mean"]) for r in rows if r.get("critic/score/mean") is not None
+    ]
     if train:
         xs, ys = zip(*train, strict=True)
         ax_r.plot(xs, ys, lw=0.8, alpha=0.5, label="critic/score/mean")

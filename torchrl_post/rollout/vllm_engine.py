@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class VLLMEngine:
             trust_remote_code=cfg.model.trust_remote_code,
             distributed_executor_backend="external_launcher",
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            dtype=cfg.rollout.dtype,
+            dtype=cfg.rollout.dtype,  # type: ignore[arg-type]  # validated against DTYPES
             seed=seed,
             max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
             max_num_seqs=cfg.rollout.max_num_seqs,
@@ -65,12 +66,13 @@ class VLLMEngine:
             for uid in uids
         ]
         prompts = [{"prompt_token_ids": p} for p in prompt_ids]
-        outs = self.llm.generate(prompts, sps, use_tqdm=False)
+        outs = self.llm.generate(prompts, sps, use_tqdm=False)  # type: ignore[arg-type]
         gen = Generation([], [], [])
         for out in outs:
             for c in out.outputs:
                 gen.response_ids.append(list(c.token_ids))
-                gen.logprobs.append([lp[t].logprob for lp, t in zip(c.logprobs or [], c.token_ids, strict=True)])
+                lps: Any = c.logprobs or []
+                gen.logprobs.append([lp[t].logprob for lp, t in zip(lps, c.token_ids, strict=True)])
                 gen.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
         return gen
 

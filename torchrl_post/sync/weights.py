@@ -59,9 +59,9 @@ def iter_full_weights(model: torch.nn.Module, bucket_bytes: int) -> Iterator[tup
     """(HF name, full tensor) for every parameter, gathered in buckets of about `bucket_bytes`."""
     bucket: list[tuple[str, DTensor]] = []
     size = 0
-    for name, p in model.named_parameters():
-        p = p.detach()
-        if not _is_row_sharded(p):
+    for name, param in model.named_parameters():
+        p = param.detach()
+        if not isinstance(p, DTensor) or not _is_row_sharded(p):
             yield from _flush(bucket)
             bucket, size = [], 0
             yield name, p.full_tensor() if isinstance(p, DTensor) else p

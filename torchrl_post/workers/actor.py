@@ -53,7 +53,9 @@ class Actor:
         )
         self.nonfinite_skips = 0
 
-    def _fwd(self, b: RolloutBatch | TrainBatch, sl: slice, width: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fwd(
+        self, b: RolloutBatch | TrainBatch, sl: slice, width: int, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.device
         return response_log_probs(
             self.model,
@@ -116,16 +118,19 @@ class Actor:
                     mb_loss += pg.item() / self.dp_size
                     with torch.no_grad():
                         m = mask.double()
-                        sums += torch.stack([
-                            m.sum(),
-                            (out.ratio_bt * m).sum(),
-                            (out.clipped_bt * m).sum(),
-                            (out.approx_kl_bt * m).sum(),
-                            (ent * m).sum(),
-                            ((logp.detach() - mb.rollout_log_probs[micro].to(self.device)).abs() * m).sum()
-                            if epoch == 0 else m.new_zeros(()),
-                            m.sum() if epoch == 0 else m.new_zeros(()),
-                        ]).cpu()
+                        sums += torch.stack(
+                            [
+                                m.sum(),
+                                (out.ratio_bt * m).sum(),
+                                (out.clipped_bt * m).sum(),
+                                (out.approx_kl_bt * m).sum(),
+                                (ent * m).sum(),
+                                ((logp.detach() - mb.rollout_log_probs[micro].to(self.device)).abs() * m).sum()
+                                if epoch == 0
+                                else m.new_zeros(()),
+                                m.sum() if epoch == 0 else m.new_zeros(()),
+                            ]
+                        ).cpu()
                 grad_norm = self._clip_grads()
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -148,7 +153,7 @@ class Actor:
             "actor/ppo_kl": tot[3].item() / tokens,
             "actor/entropy": tot[4].item() / tokens,
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(steps),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
             "_trainer_rollout_logprob_diff": tot[5].item() / max(tot[6].item(), 1.0),

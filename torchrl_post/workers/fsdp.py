@@ -20,7 +20,9 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> torch.nn.Module:
     """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device."""
-    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype))
+    mp = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype)
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
     # The root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward needs

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def logits_to_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_to_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, V], labels [B, T] -> (log p(label) [B, T], entropy [B, T]), at `temperature`.
 
     Temperature 0 (greedy) uses the raw logits, as the rollout engine reports them.
