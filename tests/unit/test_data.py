@@ -299,6 +299,19 @@ def test_missing_nested_answer(tmp_path, tok):
     assert "reward_model.ground_truth" in msg
 
 
+def test_null_answer_in_parquet(tmp_path, tok):
+    path = tmp_path / "d.parquet"
+    pd.DataFrame([{"prompt": "1+1", "answer": 2}, {"prompt": "2+2", "answer": None}]).to_parquet(path)
+    msg = _data_error(load_prompts, [str(path)], DataConfig(), tok, "train")
+    assert f"{path} row 2" in msg
+
+
+def test_null_answer_in_jsonl(tmp_path, tok):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1", "answer": "2"}, {"prompt": "2+2", "answer": None}])
+    msg = _data_error(load_prompts, [str(path)], DataConfig(), tok, "train")
+    assert f"{path} row 2" in msg
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n"])
 def test_empty_prompt_string(tmp_path, tok, prompt):
     path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "answer": "2"}])

@@ -14,10 +14,22 @@ from torchrl_post.logging.plots import plot_run
 def test_jsonl_console_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     logger = MetricsLogger(tmp_path, ["console"], True, 2, {}, "p", "e")
     logger.log({"training/global_step": 0, "val/test_score/arithmetic": 0.25})
-    logger.log({"training/global_step": 1, "critic/score/mean": 0.5, "timing_s/step": 0.3, "_private": 1.0,
-                "actor/grad_norm": float("nan")})
+    logger.log(
+        {
+            "training/global_step": 1,
+            "critic/score/mean": 0.5,
+            "timing_s/step": 0.3,
+            "_private": 1.0,
+            "actor/grad_norm": float("nan"),
+        }
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[1] == {"training/global_step": 1, "critic/score/mean": 0.5, "timing_s/step": 0.3, "actor/grad_norm": None}
+    assert rows[1] == {
+        "training/global_step": 1,
+        "critic/score/mean": 0.5,
+        "timing_s/step": 0.3,
+        "actor/grad_norm": None,
+    }
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "step 0/2 | arithmetic val 0.250"
     assert out[1] == "step 1/2 | reward 0.500 | step_s 0.30"

@@ -7,7 +7,9 @@ its own output folders: the run directory is ours (trainer.default_local_dir).
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -40,8 +42,23 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+def _in_schema(dotted: str) -> bool:
+    node: Any = Config
+    for part in dotted.split("."):
+        found = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
+        if part not in found:
+            return False
+        node = found[part].default_factory() if callable(found[part].default_factory) else found[part].default
+    return True
+
+
 def load_config(overrides: list[str] | None = None, config_name: str = "config") -> Config:
     """Compose `configs/<config_name>.yaml` over the schema with `key=value` overrides; validate."""
+    for arg in overrides or []:
+        # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if arg.startswith(("+", "~")) and not _in_schema(key):
+            raise ConfigError(f"unknown config key '{key}' in override {arg!r}; the keys are in torchrl_post/config/schema.py")
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
     try:

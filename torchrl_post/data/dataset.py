@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # tolerate a byte-order mark
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
             if not line.strip():
@@ -64,7 +65,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         return _read_jsonl(p)
     if suffix == ".json":
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(p.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{p}: not a valid UTF-8 JSON file ({e})") from e
         if isinstance(data, dict) and isinstance(data.get("data"), list):
@@ -153,7 +154,7 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
                 too_long.append(where)
                 continue
             answer = _dig(row, cfg.answer_key)
-            if answer is None:
+            if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
                 raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
             source = row.get(cfg.data_source_key) or cfg.default_data_source
             if not isinstance(source, str):

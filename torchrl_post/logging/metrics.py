@@ -22,6 +22,8 @@ def truncate_history(path: Path, keep_through_step: int) -> int:
         return 0
     kept, dropped = [], 0
     for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
         try:
             step = json.loads(line).get("training/global_step", 0)
         except json.JSONDecodeError:
