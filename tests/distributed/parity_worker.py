@@ -30,6 +30,7 @@ def main() -> None:
     cfg.model.path = model_dir
     cfg.rollout.engine = engine_name
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
+    cfg.rollout.max_num_seqs = 512
     cfg.actor.lr = 5e-3
     cfg.actor.ppo_micro_batch_size_per_gpu = 4
     env = read_env("cpu")
@@ -73,6 +74,11 @@ def main() -> None:
                 "tokens": rb.responses[mask].tolist(),
             }
         )
+    # A batch larger than vLLM's default token budget (4096 on CPU): every prefill stays whole on CPU, where a split
+    # seeded prefill crashes vLLM 0.32 ("CPU Generator does not use offset").
+    big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]
+    big_gen = engine.generate(big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
+    assert len(big_gen.response_ids) == 400
     # The weights must really have moved, or parity would be trivial.
     first = torch.tensor(results[0]["tokens"]), torch.tensor(results[-1]["tokens"])
     moved = first[0].shape != first[1].shape or bool((first[0] != first[1]).any())

@@ -58,7 +58,9 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
         # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
         key = arg.split("=", 1)[0].lstrip("+~")
         if arg.startswith(("+", "~")) and not _in_schema(key):
-            raise ConfigError(f"unknown config key '{key}' in override {arg!r}; the keys are in torchrl_post/config/schema.py")
+            raise ConfigError(
+                f"unknown config key '{key}' in override {arg!r}; the keys are in torchrl_post/config/schema.py"
+            )
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
     try:

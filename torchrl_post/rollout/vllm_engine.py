@@ -35,6 +35,13 @@ class VLLMEngine:
         if device.type != "cuda" and cfg.rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        extra: dict[str, Any] = {}
+        if device.type == "cpu":
+            # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
+            # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
+            # running sequence whole means no prefill is ever split.
+            extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.rollout.max_num_seqs * max_len}
         self.llm = vllm.LLM(
             model=cfg.model.path,
             trust_remote_code=cfg.model.trust_remote_code,
@@ -42,12 +49,13 @@ class VLLMEngine:
             tensor_parallel_size=cfg.rollout.tensor_parallel_size,
             dtype=cfg.rollout.dtype,  # type: ignore[arg-type]  # validated against DTYPES
             seed=seed,
-            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            max_model_len=max_len,
             max_num_seqs=cfg.rollout.max_num_seqs,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             enforce_eager=cfg.rollout.enforce_eager,
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode="processed_logprobs",
+            **extra,
         )
 
     def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
@@ -96,6 +104,10 @@ class VLLMEngine:
             self.asleep = False
 
     def shutdown(self) -> None:
-        # Must run before the default process group is destroyed (vLLM tears down its groups here).
-        del self.llm
-        gc.collect()
+        # Must run before the default process group is destroyed (vLLM tears down its groups here). After an
+        # error inside the engine, vLLM may have torn them down already; that must not mask the error.
+        try:
+            del self.llm
+            gc.collect()
+        except Exception as e:  # teardown only
+            log.warning("vLLM shutdown: %s", e)
