@@ -7,7 +7,7 @@ its own output folders: the run directory is ours (trainer.default_local_dir).
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ def _in_schema(dotted: str) -> bool:
         found = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
         if part not in found:
             return False
-        node = found[part].default_factory() if callable(found[part].default_factory) else found[part].default
+        f = found[part]
+        node = f.default if f.default_factory is MISSING else f.default_factory()
     return True
 
 
