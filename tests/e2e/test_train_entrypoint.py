@@ -121,3 +121,17 @@ def test_dry_run_prints_plan_without_loading(tmp_path: Path) -> None:
     )
     assert_ok(proc)
     assert "actor     ranks [0]" in proc.stdout and "samples_per_actor_rank: 128" in proc.stdout
+
+
+def test_hf_engine_without_validation_or_saving(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """rollout.engine=hf; test_freq/save_freq <= 0 turn validation and saving off; val_files=null is no val set."""
+    run = tmp_path / "run"
+    overrides = _overrides(tiny_model, task_data, run, 2)
+    overrides = [o for o in overrides if not o.startswith(("trainer.test_freq", "trainer.save_freq", "data.val_files"))]
+    overrides += ["rollout.engine=hf", "trainer.test_freq=0", "trainer.save_freq=-1", "data.val_files=null"]
+    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *overrides]))
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["training/global_step"] for r in rows] == [1, 2]
+    assert not any(k.startswith("val/") for r in rows for k in r)
+    assert not (run / "checkpoints").exists()
+    assert rows[-1]["rollout/logprob_diff"] < 1e-3

@@ -41,7 +41,7 @@ def test_no_overrides_gives_demo_defaults():
     assert cfg.reward.function is None
     assert cfg.placement.actor is None
     assert cfg.placement.rollout == "actor"
-    assert cfg.trainer.total_training_steps == 300
+    assert cfg.trainer.total_training_steps == 500
     assert cfg.trainer.resume_mode == "auto"
     assert cfg.trainer.logger == ["console"]
 

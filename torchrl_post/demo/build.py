@@ -2,8 +2,10 @@
 
     python -m torchrl_post.demo.build [--out outputs/demo_model] [--data outputs/demo_data]
 
-The warm start is a brief supervised pass on the answer format ("<digits><|im_end|>") that stops as soon
-as greedy accuracy on the training prompts reaches `--target-acc`: RL then has signal, and plenty of room.
+The warm start is a brief supervised pass on prompt -> answer that stops as soon as greedy exact-match
+accuracy on training prompts reaches `--target-acc` (0.3). Half of its targets are written "=<answer>", a
+format the exact-match reward rejects, so the warm-started model is unsure of both the format and the sums:
+RL has signal from the first step and room to improve on both.
 Deterministic (seeded) and cached: nothing is rebuilt when the model directory is already complete.
 Tests call `build_tiny_model` directly for untrained models of any size.
 """
@@ -98,13 +100,20 @@ def warm_start(
     lr: float = 3e-3,
     batch_size: int = 64,
     seed: int = 0,
+    wordy_frac: float = 0.0,
 ) -> float:
-    """SFT on prompt -> answer until greedy accuracy reaches target_acc; returns the accuracy reached."""
+    """SFT on prompt -> answer until greedy accuracy reaches target_acc; returns the accuracy reached.
+
+    A `wordy_frac` share of the targets is written "=<answer>", which the exact-match reward rejects: the
+    model starts out unsure of the format as well as of the sums.
+    """
     gen = torch.Generator().manual_seed(seed)
+    wordy = torch.rand(len(rows), generator=gen) < wordy_frac
     seqs, masks = [], []
-    for r in rows:
+    for r, w in zip(rows, wordy.tolist(), strict=True):
         p = _encode(tok, r["prompt"])
-        a = tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        target = ("=" if w else "") + r["answer"]
+        a = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
     width = max(map(len, seqs))
@@ -127,7 +136,7 @@ def warm_start(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 10 == 9:
+        if step % 5 == 4:
             acc = greedy_accuracy(model, tok, probe)
             print(f"warm start step {step + 1}: loss {loss.item():.3f} greedy acc {acc:.2f}", flush=True)
         if not math.isfinite(loss.item()):
@@ -135,7 +144,9 @@ def warm_start(
     return acc
 
 
-def build_demo(model_dir: Path, data_dir: Path, target_acc: float = 0.3, seed: int = 0) -> None:
+def build_demo(
+    model_dir: Path, data_dir: Path, target_acc: float = 0.3, seed: int = 0, wordy_frac: float = 0.5
+) -> None:
     """Write the demo data and the warm-started model, unless both are already there."""
     train_path, _ = (data_dir / "train.jsonl", data_dir / "val.jsonl")
     if not train_path.exists() or not (data_dir / "val.jsonl").exists():
@@ -148,9 +159,10 @@ def build_demo(model_dir: Path, data_dir: Path, target_acc: float = 0.3, seed: i
     model, _ = build_tiny_model(model_dir, seed=seed)
     tok = AutoTokenizer.from_pretrained(model_dir)  # exactly the tokenizer the trainer and vLLM will load
     rows = [json.loads(line) for line in train_path.read_text().splitlines()]
-    acc = warm_start(model, tok, rows, target_acc, seed=seed)
+    acc = warm_start(model, tok, rows, target_acc, seed=seed, wordy_frac=wordy_frac)
     save_model(model, tok, model_dir)
-    marker.write_text(json.dumps({"greedy_train_accuracy": acc, "target_acc": target_acc, "seed": seed}) + "\n")
+    info = {"greedy_train_accuracy": acc, "target_acc": target_acc, "seed": seed, "wordy_frac": wordy_frac}
+    marker.write_text(json.dumps(info) + "\n")
     print(f"demo model written to {model_dir} (warm-start greedy accuracy {acc:.2f})")
 
 

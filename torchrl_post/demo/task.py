@@ -21,7 +21,7 @@ DATA_SOURCE = "arithmetic"
 
 
 def make_rows(seed: int = 0) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """All (a, b, phrasing) prompts, split 85/15 into train and a held-out validation split."""
+    """All (a, b, phrasing) prompts, split 80/20 into train and a held-out validation split."""
     rows = [
         {"prompt": t.format(a=a, b=b), "answer": str(a + b), "data_source": DATA_SOURCE}
         for a in range(10)
@@ -29,7 +29,7 @@ def make_rows(seed: int = 0) -> tuple[list[dict[str, str]], list[dict[str, str]]
         for t in TEMPLATES
     ]
     random.Random(seed).shuffle(rows)
-    n_val = len(rows) * 15 // 100
+    n_val = len(rows) // 5
     return rows[n_val:], rows[:n_val]
 
 
