@@ -7,6 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 NPROC ?= 2
 ARGS ?=
+LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
 .PHONY: setup demo train test lint unit distributed e2e bench clean
 
@@ -32,8 +33,8 @@ train: demo
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check torchrl_post tests benchmarks
-	$(VENV)/bin/ruff format --check torchrl_post tests benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy torchrl_post
 
 test: setup lint

@@ -34,14 +34,14 @@ def test_no_overrides_gives_demo_defaults():
     assert cfg.data.max_response_length == 8
     assert cfg.rollout.engine == "vllm"
     assert cfg.rollout.n == 8
-    assert cfg.actor.lr == pytest.approx(1e-3)
+    assert cfg.actor.lr == pytest.approx(5e-4)
     assert cfg.actor.betas == [0.9, 0.999]
     assert cfg.actor.loss_agg_mode == "token-mean"
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.reward.function is None
     assert cfg.placement.actor is None
     assert cfg.placement.rollout == "actor"
-    assert cfg.trainer.total_training_steps == 500
+    assert cfg.trainer.total_training_steps == 300
     assert cfg.trainer.resume_mode == "auto"
     assert cfg.trainer.logger == ["console"]
 
@@ -59,7 +59,7 @@ def test_overrides_apply():
 
 def test_overrides_do_not_leak_between_calls():
     assert load_config(["actor.lr=0.25"]).actor.lr == 0.25
-    assert load_config([]).actor.lr == pytest.approx(1e-3)
+    assert load_config([]).actor.lr == pytest.approx(5e-4)
 
 
 def test_unknown_key_in_section():

@@ -95,7 +95,7 @@ class FSDPConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = 1e-3
+    lr: float = 5e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -159,11 +159,11 @@ class TrainerConfig:
     """wandb run name."""
     total_epochs: int = 1000
     """Epochs over the training set; training stops at whichever of this and total_training_steps comes first."""
-    total_training_steps: int | None = 500
+    total_training_steps: int | None = 300
     """Stop after this many steps (null: total_epochs decides)."""
     save_freq: int = 100
     """Save a checkpoint every N steps and at the end; <= 0 turns saving off."""
-    test_freq: int = 50
+    test_freq: int = 25
     """Validate every N steps (and at step 0 and the end); <= 0 turns validation off."""
     val_before_train: bool = True
     """Validate once before the first update (logged as step 0)."""
