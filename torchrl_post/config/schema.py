@@ -49,6 +49,8 @@ class DataConfig:
     """Drop prompts over max_prompt_length (the count is logged); false makes them an error."""
     shuffle: bool = True
     """Shuffle the training set every epoch (seeded by trainer.seed and the epoch)."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first with an error naming file and line."""
 
 
 @dataclass
@@ -137,6 +139,8 @@ class AlgorithmConfig:
 class RewardConfig:
     function: str | None = None
     """Reward function as `package.module:function` (verl signature); null picks a built-in by data_source."""
+    timeout_s: float = 30.0
+    """A reward call running longer than this is stopped and scores 0 (counted in reward/errors); <= 0: no limit."""
 
 
 @dataclass
@@ -175,6 +179,10 @@ class TrainerConfig:
     """Checkpoint directory (global_step_N) to resume from when resume_mode=resume_path."""
     max_ckpt_to_keep: int | None = None
     """Keep at most this many checkpoints (oldest removed first); null keeps all."""
+    save_hf: bool = False
+    """Also write each checkpoint's policy as an HF model (safetensors, config, tokenizer) under hf/."""
+    max_nonfinite_skips: int = 3
+    """Stop after this many consecutive updates skipped for a non-finite loss or gradient norm."""
     logger: list[str] = field(default_factory=lambda: ["console"])
     """Loggers besides metrics.jsonl (always written): console, wandb."""
     seed: int = 1

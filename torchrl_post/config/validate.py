@@ -86,6 +86,7 @@ def validate(cfg: Config) -> None:
     _positive("trainer.total_epochs", t.total_epochs)
     if t.total_training_steps is not None:
         _positive("trainer.total_training_steps", t.total_training_steps)
+    _positive("trainer.max_nonfinite_skips", t.max_nonfinite_skips)
     if t.max_ckpt_to_keep is not None:
         _positive("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
 

@@ -22,23 +22,30 @@ log = logging.getLogger(__name__)
 FORMATS = (".json", ".jsonl", ".csv", ".parquet")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, bad: list[str] | None) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a bad line raises DataError, or is recorded in `bad` when that is a list."""
     rows = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # tolerate a byte-order mark
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
-            if not line.strip():
-                continue
-            try:
+                if not line.strip():
+                    continue
                 row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
+            except UnicodeDecodeError as e:
+                err = DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})")
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(row)
+                err = DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})")
+            except DataError as e:
+                err = e
+            else:
+                rows.append(row)
+                continue
+            if bad is None:
+                raise err
+            bad.append(str(err))
     return rows
 
 
@@ -53,8 +60,8 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of one data file, by extension."""
+def read_rows(path: str | Path, bad: list[str] | None = None) -> list[dict[str, Any]]:
+    """All rows of one data file, by extension; with a `bad` list, malformed JSONL lines go there."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file not found: {p} (check data.train_files / data.val_files)")
@@ -62,7 +69,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if suffix not in FORMATS:
         raise DataError(f"{p}: unsupported data format {suffix!r}; use one of {', '.join(FORMATS)}")
     if suffix == ".jsonl":
-        return _read_jsonl(p)
+        return _read_jsonl(p, bad)
     if suffix == ".json":
         try:
             data = json.loads(p.read_text(encoding="utf-8-sig"))
@@ -100,6 +107,7 @@ class PromptDataset:
     data_sources: list[str]
     extra_infos: list[dict[str, Any]]
     num_filtered: int = 0
+    num_bad: int = 0
     files: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -136,37 +144,20 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
     """Read, template, tokenize and length-filter the rows of `files`."""
     out = PromptDataset([], [], [], [], files=list(files))
     too_long: list[str] = []
+    bad: list[str] | None = [] if cfg.skip_bad_rows else None
     for path in files:
-        for i, row in enumerate(read_rows(path)):
+        for i, row in enumerate(read_rows(path, bad)):
             where = f"{path} row {i + 1}"
-            msgs = _messages(row, cfg, where)
-            if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
-                enc = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-                ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
-            else:
-                ids = tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
-            if len(ids) > cfg.max_prompt_length:
-                if not cfg.filter_overlong_prompts:
-                    raise DataError(
-                        f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={cfg.max_prompt_length}; "
-                        "raise the limit or set data.filter_overlong_prompts=true"
-                    )
-                too_long.append(where)
-                continue
-            answer = _dig(row, cfg.answer_key)
-            if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
-                raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
-            source = row.get(cfg.data_source_key) or cfg.default_data_source
-            if not isinstance(source, str):
-                raise DataError(
-                    f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}"
-                )
-            extra = row.get("extra_info")
-            out.prompt_ids.append(ids)
-            out.answers.append(answer)
-            out.data_sources.append(source)
-            out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})
+            try:
+                _add_row(out, row, i, where, cfg, tokenizer, too_long)
+            except DataError as e:
+                if bad is None:
+                    raise
+                bad.append(str(e))
     out.num_filtered = len(too_long)
+    out.num_bad = len(bad or [])
+    if bad:
+        log.warning("%s: skipped %d bad rows (data.skip_bad_rows=true); first: %s", split, len(bad), bad[0])
     if too_long:
         log.warning(
             "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
@@ -178,6 +169,37 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
     if not out.prompt_ids:
         raise DataError(
             f"{split} data {files} is empty after filtering ({len(too_long)} prompts over "
-            f"data.max_prompt_length={cfg.max_prompt_length})"
+            f"data.max_prompt_length={cfg.max_prompt_length}, {out.num_bad} bad rows skipped)"
         )
     return out
+
+
+def _add_row(
+    out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, tokenizer: Any, too_long: list[str]
+) -> None:
+    """Template, tokenize and check one row; append it to `out` (or its location to `too_long`)."""
+    msgs = _messages(row, cfg, where)
+    if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
+        enc = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+        ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
+    else:
+        ids = tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
+    if len(ids) > cfg.max_prompt_length:
+        if not cfg.filter_overlong_prompts:
+            raise DataError(
+                f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={cfg.max_prompt_length}; "
+                "raise the limit or set data.filter_overlong_prompts=true"
+            )
+        too_long.append(where)
+        return
+    answer = _dig(row, cfg.answer_key)
+    if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
+        raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
+    source = row.get(cfg.data_source_key) or cfg.default_data_source
+    if not isinstance(source, str):
+        raise DataError(f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}")
+    extra = row.get("extra_info")
+    out.prompt_ids.append(ids)
+    out.answers.append(answer)
+    out.data_sources.append(source)
+    out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})

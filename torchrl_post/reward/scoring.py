@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +53,29 @@ def resolve_reward_fn(function: str | None, data_sources: set[str]) -> Callable[
     return BUILTIN_BY_SOURCE.__getitem__
 
 
+class RewardTimeout(BaseException):  # not Exception: a reward function catching Exception must not swallow it
+    pass
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise RewardTimeout
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Interrupt the block after `seconds` (SIGALRM; main thread only, elsewhere no limit)."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclass
 class Scores:
     scores: torch.Tensor  # [B]
@@ -63,11 +89,13 @@ def score_batch(
     answers: list[Any],
     data_sources: list[str],
     extra_infos: list[dict[str, Any]],
+    timeout_s: float = 0.0,
 ) -> Scores:
     out = Scores(torch.zeros(len(texts)))
     for i, (text, answer, source, extra) in enumerate(zip(texts, answers, data_sources, extra_infos, strict=True)):
         try:
-            result = fn_for(source)(source, text, answer, extra)
+            with time_limit(timeout_s):
+                result = fn_for(source)(source, text, answer, extra)
             if isinstance(result, dict):
                 for k, v in result.items():
                     if k != "score" and isinstance(v, (int, float)):
@@ -76,9 +104,10 @@ def score_batch(
             value = float(result)
             if not math.isfinite(value):
                 raise ValueError(f"non-finite reward {value}")
-        except Exception as e:  # a user's reward function may raise anything; count it, keep training
+        except (Exception, RewardTimeout) as e:  # a user's reward function may raise anything; count it, go on
             if out.errors == 0:
-                log.warning("reward function failed on a %s sample (scored 0): %r", source, e)
+                why = f"timed out after {timeout_s}s (reward.timeout_s)" if isinstance(e, RewardTimeout) else repr(e)
+                log.warning("reward function failed on a %s sample (scored 0): %s", source, why)
             out.errors += 1
             value = 0.0
         out.scores[i] = value

@@ -52,6 +52,7 @@ class Actor:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
         )
         self.nonfinite_skips = 0
+        self.consecutive_skips = 0
 
     def _fwd(
         self, b: RolloutBatch | TrainBatch, sl: slice, width: int, temperature: float
@@ -132,12 +133,15 @@ class Actor:
                             ]
                         ).cpu()
                 grad_norm = self._clip_grads()
+                # A NaN/inf loss gives a non-finite gradient norm too: one check covers both.
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
+                    self.consecutive_skips = 0
                 else:
                     self.nonfinite_skips += 1
+                    self.consecutive_skips += 1
                     self.optimizer.zero_grad(set_to_none=True)
-                    log.warning("non-finite gradient norm: update skipped (%d so far)", self.nonfinite_skips)
+                    log.warning("non-finite loss or gradient norm: update skipped (%d so far)", self.nonfinite_skips)
                 pg_losses.append(mb_loss)
                 grad_norms.append(grad_norm)
                 steps += 1

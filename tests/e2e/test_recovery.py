@@ -1,0 +1,184 @@
+"""Checkpoints that never lose work: exact resume, a crash mid-save, a SIGKILLed rank under torchrun
+--max-restarts, the non-finite guard, corrupted checkpoints, and HF export loadable by transformers and vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.conftest import BIN, REPO, assert_ok, read_jsonl, run_cmd, torchrun, train_overrides
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+TRAIN = ["-m", "torchrl_post.train"]
+COMPARED = ["actor/loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean"]
+
+
+def _fast(model: Path, data: tuple[Path, Path], run: Path, steps: int, *extra: str) -> list[str]:
+    """No validation (it does not touch training state); save every step unless overridden."""
+    base = [
+        o
+        for o in train_overrides(model, data, run, steps)
+        if not o.startswith(("trainer.test_freq", "trainer.save_freq"))
+    ]
+    return base + ["trainer.test_freq=0", "trainer.save_freq=1", *extra]
+
+
+def _actor_weights(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    out = tmp / f"{ckpt.parent.parent.name}_{ckpt.name}.pt"
+    dcp_to_torch_save(str(ckpt / "actor"), str(out))
+    return torch.load(out, weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path, task_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """4 steps straight (with trainer.save_hf) and 2 steps + a restart + 2 steps (keeping 2 checkpoints)."""
+    root = tmp_path_factory.mktemp("resume")
+    straight, split = root / "straight", root / "split"
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, straight, 4, "trainer.save_hf=true")))
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 2)))
+    proc = torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 4, "trainer.max_ckpt_to_keep=2"))
+    assert_ok(proc)
+    assert "resumed from" in proc.stdout + proc.stderr
+    return {"straight": straight, "split": split, "root": root}
+
+
+def test_resume_is_exact(runs: dict[str, Path], tmp_path: Path) -> None:
+    a = {r["training/global_step"]: r for r in read_jsonl(runs["straight"] / "metrics.jsonl")}
+    b = {r["training/global_step"]: r for r in read_jsonl(runs["split"] / "metrics.jsonl")}
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        for key in COMPARED:
+            assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
+    wa = _actor_weights(runs["straight"] / "checkpoints" / "global_step_4", tmp_path)
+    wb = _actor_weights(runs["split"] / "checkpoints" / "global_step_4", tmp_path)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+
+
+def test_max_ckpt_to_keep_holds_after_resume(runs: dict[str, Path]) -> None:
+    ckpts = runs["split"] / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_3", "global_step_4"]
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+
+
+def test_run_dir_keeps_config_and_versions(runs: dict[str, Path]) -> None:
+    versions = (runs["straight"] / "versions.json").read_text()
+    assert '"torch": "2.13.0' in versions and '"transformers"' in versions
+    assert "save_hf: true" in (runs["straight"] / "config.yaml").read_text()
+
+
+def test_hf_export_matches_trainer_and_loads_in_vllm(runs: dict[str, Path], tmp_path: Path) -> None:
+    # save_hf wrote gathered weights at save time; the export CLI rebuilds them from the DCP shards.
+    saved = load_file(str(runs["straight"] / "checkpoints" / "global_step_4" / "hf" / "model.safetensors"))
+    out = tmp_path / "export"
+    ckpt = runs["split"] / "checkpoints" / "global_step_4"
+    assert_ok(run_cmd([sys.executable, "-m", "torchrl_post.export", str(ckpt), str(out)]))
+    exported = load_file(str(out / "model.safetensors"))
+    trainer = _actor_weights(ckpt, tmp_path)
+    assert set(exported) == set(trainer) == set(saved)
+    assert all(torch.equal(exported[k], trainer[k]) for k in trainer)
+    assert max((saved[k] - exported[k]).abs().max().item() for k in saved) <= 1e-6  # the exact-resume twin
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(dict(model.named_parameters())["lm_head.weight"].detach(), trainer["lm_head.weight"])
+    script = (
+        "import os; os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']='0'; os.environ['VLLM_CPU_KVCACHE_SPACE']='1'\n"
+        "from vllm import LLM, SamplingParams\n"
+        f"llm = LLM(model={str(out)!r}, dtype='float32', max_model_len=64, enforce_eager=True)\n"
+        "o = llm.generate([{'prompt_token_ids': [2, 91, 89, 75, 88, 5]}], SamplingParams(max_tokens=4, temperature=0))\n"
+        "print('GENERATED', len(o[0].outputs[0].token_ids))\n"
+    )
+    proc = run_cmd([sys.executable, "-c", script], timeout=300)
+    assert_ok(proc)
+    assert "GENERATED" in proc.stdout and "GENERATED 0" not in proc.stdout
+
+
+def test_crash_during_save_keeps_previous_checkpoint(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    args = TRAIN + _fast(tiny_model, task_data, run, 4, "trainer.save_freq=2")
+    crashed = torchrun(2, args, env={"TORCHRL_POST_FAULT": "kill_during_save:4:0"})
+    assert crashed.returncode != 0
+    ckpts = run / "checkpoints"
+    assert (ckpts / "global_step_4.tmp").is_dir() and not (ckpts / "global_step_4").exists()
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+    # A half-written checkpoint is refused by name; the complete one before it resumes.
+    bad = torchrun(
+        2, args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpts / 'global_step_4.tmp'}"]
+    )
+    assert bad.returncode != 0 and "global_step_4.tmp is not a complete checkpoint" in bad.stderr
+    resumed = torchrun(2, args)
+    assert_ok(resumed)
+    assert "global_step_2 (step 2)" in resumed.stdout + resumed.stderr
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert (ckpts / "global_step_4" / "trainer_state.json").exists() and not (ckpts / "global_step_4.tmp").exists()
+
+    # A corrupted shard is reported as such, naming the checkpoint.
+    for shard in (ckpts / "global_step_4" / "actor").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    corrupt = torchrun(2, args + ["trainer.total_training_steps=5"])
+    assert corrupt.returncode != 0 and "global_step_4 is corrupted" in corrupt.stderr
+
+
+def test_nonfinite_updates_stop_the_run(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = TRAIN + _fast(tiny_model, task_data, run, 8, "trainer.save_freq=2", "trainer.max_nonfinite_skips=3")
+    proc = torchrun(2, args, env={"TORCHRL_POST_FAULT": "nan_advantages:3+"})
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "step 5: 3 consecutive updates" in errors[0] and "global_step_4" in errors[0]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["actor/nonfinite_skips"] for r in rows] == [0, 0, 1, 2]
+    # Skipped updates leave the weights as they were after step 2.
+    ckpts = run / "checkpoints"
+    w2, w4 = _actor_weights(ckpts / "global_step_2", tmp_path), _actor_weights(ckpts / "global_step_4", tmp_path)
+    assert all(torch.equal(w2[k], w4[k]) for k in w2)
+    assert all(torch.isfinite(v).all() for v in w4.values())
+
+
+def test_sigkilled_rank_restarts_and_completes(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", "--max-restarts=2", *TRAIN]
+    cmd += _fast(tiny_model, task_data, run, 8, "trainer.save_freq=2")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    log = (tmp_path / "torchrun.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            rows = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+            if rows and rows[-1]["training/global_step"] >= 3:
+                break
+            assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
+            time.sleep(0.2)
+        workers = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "torchrl_post.train" in " ".join(p.cmdline())
+        ]
+        assert len(workers) == 2
+        victim = max(workers, key=lambda p: p.pid)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert proc.wait(timeout=400) == 0, (tmp_path / "torchrun.log").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = (tmp_path / "torchrun.log").read_text()
+    assert "resumed from" in output
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, 9))
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "8"

@@ -1,0 +1,28 @@
+"""Fault injection for recovery tests, off unless `TORCHRL_POST_FAULT` is set.
+
+    TORCHRL_POST_FAULT=<point>:<step>[+][:<rank>]
+
+`kill_during_save:4` SIGKILLs each rank (or only `<rank>`) once the step-4 shards are written and before
+the checkpoint is committed; `nan_advantages:3+` makes the advantages NaN from step 3 on. The recovery
+tests use these to fail at moments no external timer could hit reliably.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def active(point: str, step: int, rank: int) -> bool:
+    spec = os.environ.get("TORCHRL_POST_FAULT", "")
+    if not spec:
+        return False
+    parts = spec.split(":")
+    at = parts[1] if len(parts) > 1 else ""
+    hit = step >= int(at[:-1]) if at.endswith("+") else at.isdigit() and step == int(at)
+    return parts[0] == point and hit and (len(parts) < 3 or int(parts[2]) == rank)
+
+
+def maybe_kill(point: str, step: int, rank: int) -> None:
+    if active(point, step, rank):
+        os.kill(os.getpid(), signal.SIGKILL)
