@@ -127,6 +127,8 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> None:
         self._resume()
+        if self.global_step == 0:
+            self.metrics.start_fresh()
         tcfg = self.cfg.trainer
         if self.global_step == 0 and self.val_data is not None and tcfg.val_before_train and tcfg.test_freq > 0:
             self.metrics.log({"training/global_step": 0, **self.validate()})

@@ -122,7 +122,9 @@ def test_crash_during_save_keeps_previous_checkpoint(
         2, args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpts / 'global_step_4.tmp'}"]
     )
     assert bad.returncode != 0 and "global_step_4.tmp is not a complete checkpoint" in bad.stderr
-    resumed = torchrun(2, args)
+    resumed = torchrun(
+        2, args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpts / 'global_step_2'}"]
+    )
     assert_ok(resumed)
     assert "global_step_2 (step 2)" in resumed.stdout + resumed.stderr
     assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
@@ -133,6 +135,11 @@ def test_crash_during_save_keeps_previous_checkpoint(
         shard.write_bytes(shard.read_bytes()[:100])
     corrupt = torchrun(2, args + ["trainer.total_training_steps=5"])
     assert corrupt.returncode != 0 and "global_step_4 is corrupted" in corrupt.stderr
+
+    # resume_mode=disable starts over; the earlier history is kept aside, not appended to or deleted.
+    assert_ok(torchrun(2, args + ["trainer.resume_mode=disable", "trainer.total_training_steps=1"]))
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.1.jsonl.old")] == [1, 2, 3, 4]
 
 
 def test_nonfinite_updates_stop_the_run(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:

@@ -85,6 +85,10 @@ def test_bad_inputs_fail_with_one_line(tiny_model: Path, task_data: tuple[Path, 
         run_cmd(py + base + [f"model.path={tiny_model}", f"data.train_files={tmp_path}/nope.jsonl"]), "nope.jsonl"
     )
     _one_line_error(run_cmd(py + base + ["actor.lrr=1"]), "actor.lrr")
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((tiny_model / "config.json").read_text())
+    _one_line_error(run_cmd(py + base + data + [f"model.path={no_weights}"]), "no *.safetensors")
     _one_line_error(run_cmd(py + base + ["data.train_batch_size=lots"]), "data.train_batch_size")
     # Impossible batch arithmetic across 2 ranks fails before any model loads.
     _one_line_error(torchrun(2, base + ["data.train_batch_size=3"]), "data.train_batch_size=3")

@@ -80,6 +80,15 @@ class MetricsLogger:
 
                 self.wandb = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
 
+    def start_fresh(self) -> None:
+        """A run starting at step 0 in a directory with history keeps that history aside, never deletes it."""
+        if self.enabled and self.path.exists() and self.path.stat().st_size > 0:
+            n = 1
+            while (old := self.path.with_name(f"metrics.{n}.jsonl.old")).exists():
+                n += 1
+            self.path.rename(old)
+            log.info("metrics.jsonl of an earlier run moved to %s (this run starts at step 0)", old.name)
+
     def resume_from(self, step: int) -> None:
         if self.enabled:
             dropped = truncate_history(self.path, step)

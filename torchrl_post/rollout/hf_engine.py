@@ -20,7 +20,10 @@ from torchrl_post.workers.logprobs import response_log_probs
 class HFEngine:
     def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=getattr(torch, cfg.rollout.dtype), trust_remote_code=cfg.model.trust_remote_code
+            cfg.model.path,
+            dtype=getattr(torch, cfg.rollout.dtype),
+            trust_remote_code=cfg.model.trust_remote_code,
+            use_safetensors=True,
         )
         self.model = model.to(device)  # type: ignore[arg-type]  # transformers' stub types .to() oddly
         self.model.eval()

@@ -35,7 +35,10 @@ class Actor:
         self.dp_size = mesh.size()
         self.device = device
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code
+            cfg.model.path,
+            dtype=torch.float32,
+            trust_remote_code=cfg.model.trust_remote_code,
+            use_safetensors=True,  # never unpickle weights
         )
         if cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
