@@ -13,7 +13,7 @@ import os
 import sys
 
 from torchrl_post.config import UserError, load_config
-from torchrl_post.config.validate import validate_batch
+from torchrl_post.config.validate import resolve_roles, validate_batch
 from torchrl_post.distributed.env import init_distributed, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import plan_placement
 
@@ -41,11 +41,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(overrides, name)
         env = read_env(cfg.trainer.device)
+        role_notes = resolve_roles(cfg)
         placement = plan_placement(cfg.placement, env.world_size)
         plan = validate_batch(cfg, len(placement.ranks["actor"]), len(placement.ranks["rollout"]))
     except UserError as e:
         _fail(str(e))
         return
+    if env.is_main:
+        for note in role_notes:
+            print(f"note: {note}", flush=True)
     if cfg.trainer.dry_run:
         if env.is_main:
             print(placement.describe())

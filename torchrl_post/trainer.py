@@ -18,7 +18,9 @@ import torch.distributed as dist
 from transformers import AutoTokenizer
 
 from torchrl_post import faults
-from torchrl_post.algos.advantages import grpo_advantages
+from torchrl_post.algos.advantages import scores_to_token_rewards
+from torchrl_post.algos.estimators import GROUPED, compute_advantages
+from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty
 from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
 from torchrl_post.checkpoint.hf import write_hf_meta, write_hf_weights
 from torchrl_post.config.errors import ConfigError, TrainingError
@@ -36,6 +38,8 @@ from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import iter_full_weights, sync_weights
 from torchrl_post.types import PromptBatch, RolloutBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.critic import Critic, CriticBatch
+from torchrl_post.workers.reference import Reference
 
 log = logging.getLogger("torchrl_post")
 
@@ -67,11 +71,6 @@ class Trainer:
         self.cfg, self.env = cfg, env
         if not placement.fully_colocated():
             raise ConfigError("placement: roles on their own ranks are not supported yet; use placement.rollout=actor")
-        for role in ("critic", "reference"):
-            if placement.has(role):
-                raise ConfigError(
-                    f"placement.{role}: no algorithm in this version uses a {role}; set placement.{role}=null"
-                )
         check_model_dir(cfg.model.path)
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
@@ -105,6 +104,17 @@ class Trainer:
         self.total_steps = min(steps_from_epochs, cfg.trainer.total_training_steps or steps_from_epochs)
         torch.manual_seed(cfg.trainer.seed)
         self.actor = Actor(cfg, self.meshes.mesh("actor"), env.device)
+        # Roles that exist only when something uses them (resolve_roles placed them).
+        self.critic = Critic(cfg, self.meshes.mesh("critic"), env.device) if placement.has("critic") else None
+        self.reference = (
+            Reference(cfg, self.meshes.mesh("reference"), env.device) if placement.has("reference") else None
+        )
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl: AdaptiveKLController | FixedKLController = (
+            AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
+            if kc.type == "adaptive"
+            else FixedKLController(kc.kl_coef)
+        )
         eos = [self.tokenizer.eos_token_id]
         self.engine = build_engine(cfg, env.device, cfg.trainer.seed + env.rank, self.tokenizer.pad_token_id, eos)
         self.checkpointer = Checkpointer(self.run_dir, env.rank, cfg.trainer.max_ckpt_to_keep)
@@ -157,17 +167,9 @@ class Trainer:
         self.engine.sleep()
         with self._timer("reward"):
             scores = self._score(rollout)
-        with self._timer("adv"):
-            adv = grpo_advantages(
-                scores.scores, cfg.rollout.n, rollout.response_mask, cfg.algorithm.norm_adv_by_std_in_grpo
-            )
+        old, ref, values, adv, returns, adv_m = self._advantages(rollout, scores.scores)
         if faults.active("nan_advantages", step, self.env.rank):
             adv = adv * float("nan")
-        on_policy = cfg.actor.ppo_epochs == 1 and (cfg.actor.ppo_mini_batch_size in (0, cfg.data.train_batch_size))
-        old = None
-        if not on_policy:
-            with self._timer("old_log_prob"):
-                old = self.actor.compute_log_probs(rollout, cfg.rollout.temperature)
         batch = TrainBatch(
             rollout.input_ids,
             rollout.attention_mask,
@@ -176,8 +178,16 @@ class Trainer:
             adv,
             old,
             rollout.rollout_log_probs,
+            ref,
         )
         mini = (cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n // self.dp_size
+        if self.critic is not None:
+            assert values is not None
+            critic_batch = CriticBatch(
+                rollout.input_ids, rollout.attention_mask, rollout.position_ids, rollout.response_mask, values, returns
+            )
+            with self._timer("update_critic"):
+                adv_m |= self.critic.update(critic_batch, mini, cfg.actor.ppo_epochs)
         with self._timer("update_actor"):
             actor_m = self.actor.update(batch, cfg.rollout.temperature, mini)
         if self.actor.consecutive_skips >= cfg.trainer.max_nonfinite_skips:
@@ -198,6 +208,7 @@ class Trainer:
             "training/global_step": step,
             "training/epoch": self.sampler.epoch,
             **actor_m,
+            **adv_m,
             **self._batch_metrics(rollout, scores.scores, adv, scores.errors, diff),
             **{f"timing_s/{k}": v for k, v in self.timing.items() if k != "testing"},
             "timing_s/step": step_time,
@@ -209,6 +220,48 @@ class Trainer:
         return out
 
     # ---- stages ---------------------------------------------------------------------------------
+    def _advantages(self, rollout: RolloutBatch, scores_b: torch.Tensor) -> tuple[Any, ...]:
+        """Old/reference logprobs and values as needed, the KL penalty in the reward, then the estimator.
+
+        Returns (old_logp | None, ref_logp | None, values | None, advantages, returns, metrics).
+        """
+        cfg, temp, mask = self.cfg, self.cfg.rollout.temperature, rollout.response_mask
+        on_policy = cfg.actor.ppo_epochs == 1 and cfg.actor.ppo_mini_batch_size in (0, cfg.data.train_batch_size)
+        old = ref = values = None
+        metrics: dict[str, float] = {}
+        if not on_policy or cfg.algorithm.use_kl_in_reward:
+            with self._timer("old_log_prob"):
+                old = self.actor.compute_log_probs(rollout, temp)
+        if self.reference is not None:
+            with self._timer("ref"):
+                ref = self.reference.compute_log_probs(rollout, temp)
+        if self.critic is not None:
+            with self._timer("values"):
+                values = self.critic.compute_values(rollout)
+        token_rewards = scores_to_token_rewards(scores_b, mask)
+        if cfg.algorithm.use_kl_in_reward:
+            assert old is not None and ref is not None
+            kind = "k1" if cfg.algorithm.kl_penalty == "kl" else cfg.algorithm.kl_penalty
+            coef = self.kl_ctrl.value
+            token_rewards, kl_mean = apply_kl_in_reward(token_rewards, kl_penalty(old, ref, kind), mask, coef)
+            kl_global = self._mean_over_ranks(kl_mean)
+            self.kl_ctrl.update(kl_global, n_steps=len(rollout) * self.dp_size)
+            metrics |= {"actor/reward_kl_penalty": kl_global, "actor/reward_kl_penalty_coeff": coef}
+        with self._timer("adv"):
+            adv, returns = compute_advantages(cfg.algorithm, scores_b, token_rewards, mask, cfg.rollout.n, values)
+        if values is not None:
+            tokens = max(mask.sum().item(), 1.0)
+            metrics["critic/values/mean"] = self._mean_over_ranks((values * mask).sum().item() / tokens)
+        if cfg.algorithm.adv_estimator not in GROUPED:
+            tokens = max(mask.sum().item(), 1.0)
+            metrics["critic/returns/mean"] = self._mean_over_ranks((returns * mask).sum().item() / tokens)
+        return old, ref, values, adv, returns, metrics
+
+    def _mean_over_ranks(self, x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item() / self.env.world_size
+
     def generate(self, prompts: PromptBatch, params: SamplingParams) -> RolloutBatch:
         gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
         return collate(prompts, gen, params.n, self.tokenizer.pad_token_id)
@@ -329,12 +382,18 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "scheduler": self.actor.scheduler.state_dict(),
             "nonfinite_skips": self.actor.nonfinite_skips,
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            **({"critic_scheduler": self.critic.scheduler.state_dict()} if self.critic is not None else {}),
         }
-        path = self.checkpointer.save(
-            self.global_step, self.actor.model, self.actor.optimizer, state, write_extra=self._write_hf
-        )
+        path = self.checkpointer.save(self.global_step, self._trained_roles(), state, write_extra=self._write_hf)
         if self.env.is_main:
             log.info("saved checkpoint %s", path)
+
+    def _trained_roles(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        roles = {"actor": (self.actor.model, self.actor.optimizer)}
+        if self.critic is not None:
+            roles["critic"] = (self.critic.model, self.critic.optimizer)
+        return roles
 
     def _write_hf(self, ckpt_tmp: Path) -> None:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
@@ -354,10 +413,13 @@ class Trainer:
             return
         if not path.is_dir():
             raise ConfigError(f"trainer.resume_from_path={str(path)!r} does not exist")
-        step, state = self.checkpointer.load(path, self.actor.model, self.actor.optimizer)
+        step, state = self.checkpointer.load(path, self._trained_roles())
         self.sampler.load_state_dict(state["sampler"])
         self.actor.scheduler.load_state_dict(state["scheduler"])
         self.actor.nonfinite_skips = int(state["nonfinite_skips"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.critic is not None:
+            self.critic.scheduler.load_state_dict(state["critic_scheduler"])
         set_rng_state(state["rng"])
         self.global_step = step
         sync_weights(self.actor.model, self.engine, self.cfg.rollout.sync_bucket_mb)

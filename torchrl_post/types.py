@@ -77,6 +77,7 @@ class TrainBatch:
     advantages: torch.Tensor  # [B, R]
     old_log_probs: torch.Tensor | None  # [B, R]; None: on-policy, the update's own detached logprobs
     rollout_log_probs: torch.Tensor  # [B, R]
+    ref_log_probs: torch.Tensor | None = None  # [B, R]; for the KL loss
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -1,8 +1,14 @@
-"""Advantage estimators. Groups keep a [num_prompts, n] layout so group statistics are one vectorised op."""
+"""Advantage estimators: GRPO, RLOO, GAE, REINFORCE and REINFORCE++ (verl's definitions), plus reward placement.
+
+Groups keep a [num_prompts, n] layout so group statistics are one vectorised op. Token tensors are [B, T] with
+right-padded responses; mask_bt is 1.0 on real response tokens. Outputs are float32 and zero on masked tokens.
+"""
 
 from __future__ import annotations
 
 import torch
+
+from torchrl_post.algos.policy_loss import masked_mean
 
 
 def grpo_advantages(
@@ -18,3 +24,99 @@ def grpo_advantages(
     if norm_by_std:
         centered_gn = centered_gn / (groups_gn.std(dim=1, keepdim=True) + eps)
     return centered_gn.reshape(-1, 1) * response_mask_bt
+
+
+def masked_whiten(x_bt: torch.Tensor, mask_bt: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten over the masked entries of the whole batch (verl's masked_whiten with shift_mean=True).
+
+    mu = sum(m x) / sum(m); var = sum(m (x - mu)^2) / sum(m) * N / (N - 1) with N = sum(m) (unbiased);
+    out = (x - mu) / sqrt(var + eps). Not re-masked: callers multiply by the mask. verl raises when N <= 1;
+    here N = 1 gives the Bessel factor 1 (the single entry whitens to 0) and N = 0 gives mu = 0, var = 0.
+    """
+    mask = mask_bt.to(x_bt.dtype)
+    mean = masked_mean(x_bt, mask)
+    count = mask.sum()
+    var = masked_mean((x_bt - mean) ** 2, mask) * count / (count - 1).clamp(min=1)
+    return (x_bt - mean) * torch.rsqrt(var + eps)
+
+
+def gae_advantages(
+    token_rewards_bt: torch.Tensor, values_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over the response tokens, right to left (verl's compute_gae_advantage_return).
+
+    V'_{t+1} = V_{t+1} m_{t+1} (0 past the last real token); delta_t = r_t + gamma V'_{t+1} - V_t;
+    A_t = (delta_t + gamma lam A_{t+1}) m_t; returns R_t = (A_t + V_t) m_t (not whitened);
+    advantages = masked_whiten(A) m over the whole batch (unbiased var, eps 1e-8). Returns (adv_bt, returns_bt).
+    """
+    rewards_bt = token_rewards_bt.float()
+    values_f_bt = values_bt.float()
+    mask = mask_bt.float()
+    width = rewards_bt.shape[-1]
+    adv_raw_bt = torch.zeros_like(rewards_bt)
+    next_value_b = torch.zeros_like(rewards_bt[:, 0])
+    next_adv_b = torch.zeros_like(rewards_bt[:, 0])
+    for t in reversed(range(width)):
+        delta_b = rewards_bt[:, t] + gamma * next_value_b - values_f_bt[:, t]
+        next_adv_b = (delta_b + gamma * lam * next_adv_b) * mask[:, t]
+        adv_raw_bt[:, t] = next_adv_b
+        next_value_b = values_f_bt[:, t] * mask[:, t]
+    returns_bt = (adv_raw_bt + values_f_bt) * mask
+    adv_bt = masked_whiten(adv_raw_bt, mask) * mask
+    return adv_bt, returns_bt
+
+
+def reinforce_returns(token_rewards_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted return-to-go per response token (plain REINFORCE: no baseline, no whitening).
+
+    G_t = (r_t + gamma G_{t+1}) m_t with G_T = 0, so a sequence's sum stops at its last real token.
+    Returns [B, T], zero on masked tokens.
+    """
+    rewards_bt = token_rewards_bt.float()
+    mask = mask_bt.float()
+    returns_bt = torch.zeros_like(rewards_bt)
+    running_b = torch.zeros_like(rewards_bt[:, 0])
+    for t in reversed(range(rewards_bt.shape[-1])):
+        running_b = (rewards_bt[:, t] + gamma * running_b) * mask[:, t]
+        returns_bt[:, t] = running_b
+    return returns_bt
+
+
+def reinforce_plus_plus_advantages(
+    token_rewards_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (verl's reinforce_plus_plus): G = return-to-go as in reinforce_returns; A = masked_whiten(G) m.
+
+    The token rewards should already carry the KL shaping (apply_kl_in_reward). The whitening is over the
+    whole batch (unbiased var, eps 1e-8, mean shifted to 0). Returns (adv_bt, returns_bt), zero on masked tokens.
+    """
+    returns_bt = reinforce_returns(token_rewards_bt, mask_bt, gamma)
+    mask = mask_bt.float()
+    return masked_whiten(returns_bt, mask) * mask, returns_bt
+
+
+def rloo_advantages(scores_b: torch.Tensor, n: int, mask_bt: torch.Tensor) -> torch.Tensor:
+    """RLOO: A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_j r_j) within each group of n samples.
+
+    scores_b: [B] prompt-major, B = num_prompts * n. Broadcast to tokens, zero on masked tokens. Needs n >= 2.
+    """
+    if n < 2:
+        raise ValueError(f"RLOO needs at least 2 samples per prompt, got n={n}")
+    groups_gn = scores_b.float().view(-1, n)
+    adv_gn = (groups_gn - groups_gn.mean(dim=1, keepdim=True)) * (n / (n - 1))
+    return adv_gn.reshape(-1, 1) * mask_bt.float()
+
+
+def scores_to_token_rewards(scores_b: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
+    """Outcome reward placement: token_rewards[b, t] = score_b if t is row b's last real token, else 0.
+
+    A row with no real token gets nothing. Returns float32 [B, T].
+    """
+    rewards_bt = torch.zeros(mask_bt.shape, dtype=torch.float32, device=mask_bt.device)
+    if mask_bt.shape[-1] == 0:
+        return rewards_bt
+    positions_t = torch.arange(mask_bt.shape[-1], device=mask_bt.device)
+    last_b = torch.where(mask_bt > 0, positions_t, -1).amax(dim=-1)
+    rows_b = (last_b >= 0).nonzero().squeeze(-1)
+    rewards_bt[rows_b, last_b[rows_b]] = scores_b.float().to(mask_bt.device)[rows_b]
+    return rewards_bt

@@ -1,4 +1,4 @@
-"""PPO clipped surrogate and loss aggregation (verl's loss_agg_mode names)."""
+"""Policy losses (PPO clipped surrogate with optional dual clip, GSPO) and loss aggregation (verl's mode names)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ class PolicyLossOut:
     ratio_bt: torch.Tensor
     clipped_bt: torch.Tensor  # 1.0 where the clipped branch was taken
     approx_kl_bt: torch.Tensor  # old_logp - logp (k1), for actor/ppo_kl
+    dual_clipped_bt: torch.Tensor  # 1.0 where the dual-clip bound -A * clip_c was taken (A < 0); zeros otherwise
 
 
 def ppo_clip_loss(
@@ -47,11 +48,52 @@ def ppo_clip_loss(
     adv_bt: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    *,
+    clip_c: float | None = None,
 ) -> PolicyLossOut:
-    """Token-level PPO clipped surrogate: max(-A r, -A clip(r, 1 - low, 1 + high))."""
+    """Token-level PPO clipped surrogate: L = max(-A r, -A clip(r, 1 - low, 1 + high)), r = exp(logp - old_logp).
+
+    Dual clip (Ye et al. 2020, verl's clip_ratio_c), when clip_c is given (> 1): for A < 0, L = min(L, -A clip_c),
+    which bounds the loss (and zeroes the gradient) of negative-advantage tokens whose ratio exploded.
+    """
+    if clip_c is not None and not clip_c > 1.0:
+        raise ValueError(f"dual-clip clip_c must be > 1, got {clip_c}")
     log_ratio_bt = (logp_bt - old_logp_bt).clamp(-20.0, 20.0)
     ratio_bt = log_ratio_bt.exp()
     unclipped_bt = -adv_bt * ratio_bt
     clipped_bt = -adv_bt * ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss_bt = torch.maximum(unclipped_bt, clipped_bt)
-    return PolicyLossOut(loss_bt, ratio_bt, (clipped_bt > unclipped_bt).float(), -log_ratio_bt)
+    dual_clipped_bt = torch.zeros_like(loss_bt)
+    if clip_c is not None:
+        bound_bt = -adv_bt * clip_c
+        use_bound_bt = (adv_bt < 0) & (loss_bt > bound_bt)
+        loss_bt = torch.where(use_bound_bt, bound_bt, loss_bt)
+        dual_clipped_bt = use_bound_bt.to(loss_bt.dtype)
+    return PolicyLossOut(loss_bt, ratio_bt, (clipped_bt > unclipped_bt).float(), -log_ratio_bt, dual_clipped_bt)
+
+
+def gspo_loss(
+    logp_bt: torch.Tensor,
+    old_logp_bt: torch.Tensor,
+    adv_bt: torch.Tensor,
+    mask_bt: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> PolicyLossOut:
+    """GSPO (Zheng et al. 2025, verl's gspo): sequence-level ratio with per-token gradient.
+
+    s_b = exp(sum_t m_t (logp_t - old_t) / max(sum_t m_t, 1)); r_bt = sg[s_b] * exp(logp_t - sg[logp_t]), so r
+    equals s_b on every token of a sequence while d r_bt / d logp_bt = s_b flows per token. As in verl, log r is
+    clamped at 10. L = max(-A r, -A clip(r, 1 - low, 1 + high)); the clip ranges are small (e.g. 3e-4 / 4e-4).
+    """
+    mask = mask_bt.to(logp_bt.dtype)
+    log_ratio_bt = logp_bt - old_logp_bt
+    seq_log_ratio_b = (log_ratio_bt * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    log_seq_ratio_bt = (seq_log_ratio_b.detach().unsqueeze(-1) + logp_bt - logp_bt.detach()).clamp(max=10.0)
+    ratio_bt = log_seq_ratio_bt.exp()
+    unclipped_bt = -adv_bt * ratio_bt
+    clipped_bt = -adv_bt * ratio_bt.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_bt = torch.maximum(unclipped_bt, clipped_bt)
+    return PolicyLossOut(
+        loss_bt, ratio_bt, (clipped_bt > unclipped_bt).float(), -log_ratio_bt, torch.zeros_like(loss_bt)
+    )

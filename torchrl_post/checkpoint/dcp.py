@@ -1,7 +1,7 @@
 """Checkpoints with torch DCP: `{run_dir}/checkpoints/global_step_N/`.
 
 Layout of one checkpoint:
-    actor/                 DCP shards: model and optimizer state (each rank writes its own shard)
+    actor/, critic/        DCP shards of each trained role: model and optimizer state (each rank its own shard)
     rank_<r>.pt            per-rank state: RNG states, sampler position, LR scheduler (tensors/primitives only)
     trainer_state.json     global step and what wrote it
 A checkpoint is written under `global_step_N.tmp` and renamed when every rank has finished; only then is
@@ -29,6 +29,7 @@ from torchrl_post.faults import maybe_kill
 
 log = logging.getLogger(__name__)
 LATEST = "latest_checkpointed_iteration.txt"
+Trained = tuple[torch.nn.Module, torch.optim.Optimizer]
 
 
 def rng_state() -> dict[str, Any]:
@@ -72,8 +73,7 @@ class Checkpointer:
     def save(
         self,
         step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        roles: dict[str, Trained],
         rank_state: dict[str, Any],
         write_extra: Callable[[Path], None] | None = None,
     ) -> Path:
@@ -83,8 +83,9 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "actor"))
+        for role, (model, optimizer) in roles.items():
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / role))
         torch.save(rank_state, tmp / f"rank_{self.rank}.pt")
         if write_extra is not None:
             write_extra(tmp)
@@ -112,8 +113,8 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
             log.info("removed old checkpoint %s (trainer.max_ckpt_to_keep=%d)", old.name, self.max_keep)
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
-        """Restore model and optimizer in place; returns (global step, this rank's saved state)."""
+    def load(self, path: Path, roles: dict[str, Trained]) -> tuple[int, dict[str, Any]]:
+        """Restore each role's model and optimizer in place; returns (global step, this rank's saved state)."""
         state_file = path / "trainer_state.json"
         rank_file = path / f"rank_{self.rank}.pt"
         if not state_file.exists() or not rank_file.exists():
@@ -124,14 +125,23 @@ class Checkpointer:
                 f"{path} was written by {meta['world_size']} ranks, this run has {dist.get_world_size()}; "
                 "resume with the same number of processes"
             )
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        missing = [role for role in roles if not (path / role).is_dir()]
+        if missing:
+            raise ConfigError(
+                f"checkpoint {path} has no state for {missing} (saved without that role); "
+                "resume with the same algorithm or set trainer.resume_mode=disable"
+            )
+        states = {role: get_state_dict(model, optimizer) for role, (model, optimizer) in roles.items()}
         try:
-            dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "actor"))  # fills in place
+            for role, (model_sd, optim_sd) in states.items():
+                dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / role))  # fills in place
             rank_state = torch.load(rank_file, weights_only=True)
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             raise ConfigError(
                 f"checkpoint {path} is corrupted ({' '.join(str(e).split())[:200]}); resume from an earlier one "
                 "with trainer.resume_mode=resume_path trainer.resume_from_path=<dir>, or set trainer.resume_mode=disable"
             ) from e
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        for role, (model, optimizer) in roles.items():
+            model_sd, optim_sd = states[role]
+            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         return int(meta["global_step"]), rank_state

@@ -123,16 +123,84 @@ class ActorConfig:
     """Prompts per optimizer step (x rollout.n samples); 0 means the whole train batch (one update per step)."""
     ppo_micro_batch_size_per_gpu: int = 32
     """Samples per forward/backward on one rank (gradient accumulation splits the mini-batch into these)."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip bound for negative advantages (loss <= -A * c); null turns dual clip off. Must be > 1."""
+    policy_loss: str = "vanilla"
+    """Policy loss mode: vanilla (token-level PPO ratio) or gspo (sequence-level ratio, use small clip ratios)."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || reference) term to the loss (GRPO style); builds the reference policy."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator for the loss: k1, k2, k3/low_var_kl, abs, mse."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 
 
 @dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    """fixed or adaptive (Ziegler et al.: the coefficient follows target_kl)."""
+    kl_coef: float = 0.001
+    """(Initial) coefficient of the KL penalty in the reward."""
+    target_kl: float = 0.1
+    """Adaptive controller: the KL per sequence it steers toward."""
+    horizon: int = 10000
+    """Adaptive controller: samples over which the coefficient adapts."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """Advantage estimator: grpo."""
+    """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std (false gives Dr.GRPO-style mean-centering only)."""
+    gamma: float = 1.0
+    """Discount factor (gae, reinforce, reinforce_plus_plus)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_ctrl.kl_coef * KL(actor || reference) from the token rewards; builds the reference policy."""
+    kl_penalty: str = "kl"
+    """KL estimator for the reward penalty: kl/k1, k2, k3/low_var_kl, abs, mse."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Coefficient control for the KL in the reward."""
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = None
+    """Value model initialisation (an HF causal LM directory; a scalar head is added); null: model.path."""
+
+
+@dataclass
+class CriticConfig:
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """Where the value model starts from."""
+    lr: float = 1e-3
+    """Critic AdamW learning rate."""
+    weight_decay: float = 0.0
+    """Critic AdamW weight decay."""
+    lr_warmup_steps: int = 0
+    """Linear warmup steps for the critic."""
+    grad_clip: float = 1.0
+    """Clip the critic's gradient norm (<= 0 disables)."""
+    cliprange_value: float = 0.5
+    """Value clipping around the old values."""
+    loss_agg_mode: str = "token-mean"
+    """How token value losses become one number (as actor.loss_agg_mode)."""
+    ppo_micro_batch_size_per_gpu: int = 32
+    """Samples per critic forward/backward on one rank."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings of the critic."""
+
+
+@dataclass
+class ReferenceConfig:
+    param_offload: bool = False
+    """Keep the frozen reference weights in CPU memory between forwards (FSDP2 CPU offload; GPU only)."""
+    log_prob_micro_batch_size_per_gpu: int = 32
+    """Samples per reference forward on one rank."""
 
 
 @dataclass
@@ -150,9 +218,9 @@ class PlacementConfig:
     rollout: Any = "actor"
     """Rollout ranks: `actor` (colocated with the actor, the hybrid engine) or a list of ranks."""
     critic: Any = None
-    """Critic ranks: null (no critic), `actor`, or a list of ranks."""
+    """Critic ranks: `actor` or a list of ranks; null places it with the actor when the estimator needs values."""
     reference: Any = None
-    """Reference policy ranks: null (no reference), `actor`, or a list of ranks."""
+    """Reference ranks: `actor` or a list; null places it with the actor when a KL term needs it."""
 
 
 @dataclass
@@ -199,6 +267,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)

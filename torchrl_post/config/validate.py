@@ -8,7 +8,9 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADV_ESTIMATORS = ("grpo",)
+ADV_ESTIMATORS = ("grpo", "gae", "reinforce", "reinforce_plus_plus", "rloo")
+KL_KINDS = ("kl", "k1", "k2", "k3", "low_var_kl", "abs", "mse")
+POLICY_LOSSES = ("vanilla", "gspo")
 ENGINES = ("vllm", "hf")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LOGGERS = ("console", "wandb")
@@ -70,10 +72,26 @@ def validate(cfg: Config) -> None:
     _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, DTYPES)
     _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
     _one_of("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
-    if cfg.algorithm.adv_estimator == "grpo" and cfg.rollout.n < 2:
+    est = cfg.algorithm.adv_estimator
+    if est in ("grpo", "rloo") and cfg.rollout.n < 2:
         raise ConfigError(
-            "rollout.n=1 with algorithm.adv_estimator=grpo gives every sample zero advantage; set rollout.n >= 2"
+            f"rollout.n=1 with algorithm.adv_estimator={est} gives every sample zero advantage; set rollout.n >= 2"
         )
+    _one_of("actor.policy_loss", cfg.actor.policy_loss, POLICY_LOSSES)
+    if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
+        raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or null to turn dual clip off)")
+    _one_of("actor.kl_loss_type", cfg.actor.kl_loss_type, KL_KINDS)
+    _one_of("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_KINDS)
+    _one_of("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive"))
+    if not 0 <= cfg.algorithm.gamma <= 1 or not 0 <= cfg.algorithm.lam <= 1:
+        raise ConfigError(
+            f"algorithm.gamma={cfg.algorithm.gamma} and algorithm.lam={cfg.algorithm.lam} must be in [0, 1]"
+        )
+    _positive("critic.lr", cfg.critic.lr)
+    _positive("critic.cliprange_value", cfg.critic.cliprange_value)
+    _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
+    _one_of("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
+    _positive("reference.log_prob_micro_batch_size_per_gpu", cfg.reference.log_prob_micro_batch_size_per_gpu)
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
     t = cfg.trainer
@@ -115,3 +133,32 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int) -> dict[str, int
         "samples_per_mini_batch_per_rank": mini * n // actor_dp,
         "micro_batch_per_rank": min(cfg.actor.ppo_micro_batch_size_per_gpu, mini * n // actor_dp),
     }
+
+
+def needs_critic(cfg: Config) -> bool:
+    return cfg.algorithm.adv_estimator == "gae"
+
+
+def needs_reference(cfg: Config) -> bool:
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def resolve_roles(cfg: Config) -> list[str]:
+    """Place the critic and reference where they are needed and drop them where not; returns what changed.
+
+    gae without placement.critic places the critic with the actor (colocated); a KL term without
+    placement.reference does the same for the reference. A role placed but unused is not built.
+    """
+    notes = []
+    for role, needed, why in (
+        ("critic", needs_critic(cfg), "algorithm.adv_estimator=gae"),
+        ("reference", needs_reference(cfg), "actor.use_kl_loss / algorithm.use_kl_in_reward"),
+    ):
+        placed = getattr(cfg.placement, role)
+        if needed and placed is None:
+            setattr(cfg.placement, role, "actor")
+            notes.append(f"placement.{role}: colocated with the actor ({why} needs it)")
+        elif not needed and placed is not None:
+            setattr(cfg.placement, role, None)
+            notes.append(f"placement.{role}={placed!r} ignored: nothing uses a {role} ({why} is off)")
+    return notes

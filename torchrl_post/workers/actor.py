@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from torchrl_post.algos.policy_loss import agg_loss, ppo_clip_loss
+from torchrl_post.algos.kl import kl_penalty
+from torchrl_post.algos.policy_loss import agg_loss, gspo_loss, ppo_clip_loss
 from torchrl_post.config.schema import Config
 from torchrl_post.types import RolloutBatch, TrainBatch
 from torchrl_post.workers.fsdp import apply_fsdp
-from torchrl_post.workers.logprobs import response_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs, chunks, response_log_probs
+from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 log = logging.getLogger(__name__)
 
 
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
+def _agg(x_bt: torch.Tensor, mask_bt: torch.Tensor, mode: str, token_norm: float, frac: float) -> torch.Tensor:
+    """One micro-batch's share of the mini-batch loss: token-mean over the global mini-batch (exact across
+    ranks and micro-batches); the sequence modes weighted by the micro-batch's share of the rows."""
+    if mode == "token-mean":
+        return agg_loss(x_bt, mask_bt, "token-mean", token_norm)
+    return agg_loss(x_bt, mask_bt, mode) * frac
 
 
 class Actor:
@@ -44,15 +46,12 @@ class Actor:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         self.model = apply_fsdp(model, mesh, cfg.actor.fsdp)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=cfg.actor.lr,
-            betas=(cfg.actor.betas[0], cfg.actor.betas[1]),
-            weight_decay=cfg.actor.weight_decay,
-        )
-        warmup = cfg.actor.lr_warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model,
+            cfg.actor.lr,
+            cfg.actor.weight_decay,
+            cfg.actor.lr_warmup_steps,
+            (cfg.actor.betas[0], cfg.actor.betas[1]),
         )
         self.nonfinite_skips = 0
         self.consecutive_skips = 0
@@ -70,21 +69,12 @@ class Actor:
             temperature,
         )
 
-    @torch.no_grad()
     def compute_log_probs(self, batch: RolloutBatch, temperature: float) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
-        self.model.eval()
-        width = batch.response_mask.shape[1]
-        outs = [
-            self._fwd(batch, sl, width, temperature)[0].cpu()
-            for sl in _chunks(len(batch), self.acfg.ppo_micro_batch_size_per_gpu)
-        ]
-        return torch.cat(outs)
+        return batched_log_probs(self.model, batch, temperature, self.acfg.ppo_micro_batch_size_per_gpu, self.device)
 
     def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.to(self.device)
-        dist.all_reduce(t, group=self.group)
-        return t.cpu()
+        return global_sum(t, self.group, self.device)
 
     def update(self, batch: TrainBatch, temperature: float, mini_size: int) -> dict[str, float]:
         """PPO epochs over mini-batches of `mini_size` local samples, micro-batched; one optimizer step each."""
@@ -94,32 +84,45 @@ class Actor:
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         width = batch.response_mask.shape[1]
         # Local sums, reduced across ranks once at the end: tokens, ratio, clipped, kl, entropy, logprob diff.
-        sums = torch.zeros(7, dtype=torch.float64)
-        pg_losses, grad_norms, steps = [], [], 0
+        sums = torch.zeros(8, dtype=torch.float64)
+        pg_losses: list[float] = []
+        kl_losses: list[float] = []
+        grad_norms: list[float] = []
+        steps = 0
         for epoch in range(a.ppo_epochs):
-            for mini in _chunks(len(batch), mini_size):
+            for mini in chunks(len(batch), mini_size):
                 mb = batch.select(mini)
                 mask_all = mb.response_mask
                 global_tokens = float(self._global_sum(mask_all.sum().double()).item())
                 token_norm = max(global_tokens, 1.0) / self.dp_size
                 self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = 0.0
-                for micro in _chunks(len(mb), a.ppo_micro_batch_size_per_gpu):
+                mb_loss, mb_kl = 0.0, 0.0
+                for micro in chunks(len(mb), a.ppo_micro_batch_size_per_gpu):
                     logp, ent = self._fwd(mb, micro, width, temperature)
                     mask = mask_all[micro].to(self.device)
                     adv = mb.advantages[micro].to(self.device)
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
-                    out = ppo_clip_loss(logp, old, adv, low, high)
-                    if a.loss_agg_mode == "token-mean":
-                        pg = agg_loss(out.loss_bt, mask, "token-mean", token_norm)
-                        ent_term = agg_loss(ent, mask, "token-mean", token_norm)
+                    if a.policy_loss == "gspo":
+                        out = gspo_loss(logp, old, adv, mask, low, high)
                     else:
-                        scale = (micro.stop - micro.start) / len(mb)
-                        pg = agg_loss(out.loss_bt, mask, a.loss_agg_mode) * scale
-                        ent_term = agg_loss(ent, mask, a.loss_agg_mode) * scale
-                    loss = pg - a.entropy_coeff * ent_term if a.entropy_coeff else pg
+                        out = ppo_clip_loss(logp, old, adv, low, high, clip_c=a.clip_ratio_c)
+                    frac = (micro.stop - micro.start) / len(mb)
+                    pg = _agg(out.loss_bt, mask, a.loss_agg_mode, token_norm, frac)
+                    loss = (
+                        pg - a.entropy_coeff * _agg(ent, mask, a.loss_agg_mode, token_norm, frac)
+                        if a.entropy_coeff
+                        else pg
+                    )
+                    kl_value = 0.0
+                    if a.use_kl_loss:
+                        assert mb.ref_log_probs is not None, "the trainer computes reference logprobs for the KL loss"
+                        kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
+                        kl_term = _agg(kl_bt, mask, a.loss_agg_mode, token_norm, frac)
+                        loss = loss + a.kl_loss_coef * kl_term
+                        kl_value = kl_term.item() / self.dp_size
                     loss.backward()
                     mb_loss += pg.item() / self.dp_size
+                    mb_kl += kl_value
                     with torch.no_grad():
                         m = mask.double()
                         sums += torch.stack(
@@ -133,9 +136,10 @@ class Actor:
                                 if epoch == 0
                                 else m.new_zeros(()),
                                 m.sum() if epoch == 0 else m.new_zeros(()),
+                                (out.dual_clipped_bt * m).sum(),
                             ]
                         ).cpu()
-                grad_norm = self._clip_grads()
+                grad_norm = clip_grad_norm(self.model, self.acfg.grad_clip)
                 # A NaN/inf loss gives a non-finite gradient norm too: one check covers both.
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -146,17 +150,20 @@ class Actor:
                     self.optimizer.zero_grad(set_to_none=True)
                     log.warning("non-finite loss or gradient norm: update skipped (%d so far)", self.nonfinite_skips)
                 pg_losses.append(mb_loss)
+                kl_losses.append(mb_kl)
                 grad_norms.append(grad_norm)
                 steps += 1
         self.scheduler.step()
         tot = self._global_sum(sums)
         losses = self._global_sum(torch.tensor(pg_losses, dtype=torch.float64))
+        kls = self._global_sum(torch.tensor(kl_losses, dtype=torch.float64))
         tokens = max(tot[0].item(), 1.0)
         return {
-            "actor/loss": losses.mean().item(),
+            "actor/loss": losses.mean().item() + (self.acfg.kl_loss_coef * kls.mean().item() if a.use_kl_loss else 0.0),
             "actor/pg_loss": losses.mean().item(),
             "actor/ppo_ratio_mean": tot[1].item() / tokens,
             "actor/pg_clipfrac": tot[2].item() / tokens,
+            "actor/pg_clipfrac_lower": tot[7].item() / tokens,
             "actor/ppo_kl": tot[3].item() / tokens,
             "actor/entropy": tot[4].item() / tokens,
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
@@ -165,10 +172,3 @@ class Actor:
             "actor/nonfinite_skips": float(self.nonfinite_skips),
             "_trainer_rollout_logprob_diff": tot[5].item() / max(tot[6].item(), 1.0),
         }
-
-    def _clip_grads(self) -> float:
-        max_norm = self.acfg.grad_clip if self.acfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm.item())

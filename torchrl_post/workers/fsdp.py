@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from torchrl_post.config.schema import FSDPConfig
 
@@ -18,14 +20,19 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig) -> torch.nn.Module:
-    """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device."""
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, offload: bool = False) -> torch.nn.Module:
+    """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device.
+
+    `offload` keeps the sharded parameters in CPU memory between uses (FSDP2 CPUOffloadPolicy; for frozen
+    models on an accelerator).
+    """
     mp = MixedPrecisionPolicy(
         param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype)
     )
+    extra: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward, **extra)
     # The root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward needs
     # them right away.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False, **extra)
     return model

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 
 
@@ -34,3 +37,30 @@ def response_log_probs(
     # The token at column P + t is predicted by the logits at column P + t - 1.
     logits = out.logits[:, -response_width - 1 : -1]
     return logits_to_logprobs(logits, input_ids[:, -response_width:], temperature)
+
+
+def chunks(n: int, size: int) -> Iterator[slice]:
+    """Consecutive slices of at most `size` rows covering range(n)."""
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+@torch.no_grad()
+def batched_log_probs(
+    model: torch.nn.Module, batch: Any, temperature: float, micro: int, device: torch.device
+) -> torch.Tensor:
+    """Logprobs of every response token of a RolloutBatch/TrainBatch under `model`, [B, R], on CPU."""
+    model.eval()
+    width = batch.response_mask.shape[1]
+    outs = [
+        response_log_probs(
+            model,
+            batch.input_ids[sl].to(device),
+            batch.attention_mask[sl].to(device),
+            batch.position_ids[sl].to(device),
+            width,
+            temperature,
+        )[0].cpu()
+        for sl in chunks(len(batch), micro)
+    ]
+    return torch.cat(outs)

@@ -1,0 +1,32 @@
+"""What every trained role shares: AdamW with linear warmup, gradient clipping over DTensors, global sums."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def build_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, betas: tuple[float, float] = (0.9, 0.999)
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    )
+    return optimizer, scheduler
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip to `max_norm` (<= 0: only measure); returns the total norm before clipping (inf/nan if non-finite)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm.item())
+
+
+def global_sum(t: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """Sum a tensor over the ranks of `group` (on the backend's device), returned on CPU."""
+    t = t.to(device)
+    dist.all_reduce(t, group=group)
+    return t.cpu()
