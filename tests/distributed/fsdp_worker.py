@@ -69,6 +69,10 @@ def main() -> None:
     accumulated = _updated(cfg, meshes, half, mini=per)
     report["accumulation_max_diff"] = max((sharded[k] - accumulated[k]).abs().max().item() for k in sharded)
     cfg.actor.ppo_micro_batch_size_per_gpu = 32
+    cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = True, 20  # 1-2 rows per micro-batch
+    dynamic = _updated(cfg, meshes, half, mini=per)
+    report["dynamic_bsz_max_diff"] = max((sharded[k] - dynamic[k]).abs().max().item() for k in sharded)
+    cfg.actor.use_dynamic_bsz = False
     cfg.model.enable_gradient_checkpointing = True
     checkpointed = _updated(cfg, meshes, half, mini=per)
     report["checkpointing_max_diff"] = max((sharded[k] - checkpointed[k]).abs().max().item() for k in sharded)
@@ -76,6 +80,7 @@ def main() -> None:
         sharded["grad_norm"].item(),
         accumulated["grad_norm"].item(),
         checkpointed["grad_norm"].item(),
+        dynamic["grad_norm"].item(),
     ]
     report["update_moved"] = max((sharded[k] - ref[k]).abs().max().item() for k in ref)
     gathered: list[object] = [None] * env.world_size

@@ -123,6 +123,10 @@ class ActorConfig:
     """Prompts per optimizer step (x rollout.n samples); 0 means the whole train batch (one update per step)."""
     ppo_micro_batch_size_per_gpu: int = 32
     """Samples per forward/backward on one rank (gradient accumulation splits the mini-batch into these)."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of a row count."""
+    ppo_max_token_len_per_gpu: int = 4096
+    """With use_dynamic_bsz: most rows x (trimmed) columns in one micro-batch on one rank."""
     clip_ratio_c: float | None = 3.0
     """Dual-clip bound for negative advantages (loss <= -A * c); null turns dual clip off. Must be > 1."""
     policy_loss: str = "vanilla"

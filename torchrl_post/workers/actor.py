@@ -14,7 +14,7 @@ from torchrl_post.algos.policy_loss import agg_loss, gspo_loss, ppo_clip_loss
 from torchrl_post.config.schema import Config
 from torchrl_post.types import RolloutBatch, TrainBatch
 from torchrl_post.workers.fsdp import apply_fsdp
-from torchrl_post.workers.logprobs import batched_log_probs, chunks, response_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs, chunks, micro_slices, padded_forward_log_probs
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,9 @@ class Actor:
 
     def _fwd(
         self, b: RolloutBatch | TrainBatch, sl: slice, width: int, temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         dev = self.device
-        return response_log_probs(
+        return padded_forward_log_probs(
             self.model,
             b.input_ids[sl].to(dev),
             b.attention_mask[sl].to(dev),
@@ -69,9 +69,14 @@ class Actor:
             temperature,
         )
 
+    @property
+    def token_budget(self) -> int:
+        return self.acfg.ppo_max_token_len_per_gpu if self.acfg.use_dynamic_bsz else 0
+
     def compute_log_probs(self, batch: RolloutBatch, temperature: float) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
-        return batched_log_probs(self.model, batch, temperature, self.acfg.ppo_micro_batch_size_per_gpu, self.device)
+        micro = self.acfg.ppo_micro_batch_size_per_gpu
+        return batched_log_probs(self.model, batch, temperature, micro, self.device, self.token_budget)
 
     def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
         return global_sum(t, self.group, self.device)
@@ -85,6 +90,7 @@ class Actor:
         width = batch.response_mask.shape[1]
         # Local sums, reduced across ranks once at the end: tokens, ratio, clipped, kl, entropy, logprob diff.
         sums = torch.zeros(8, dtype=torch.float64)
+        padded_cells, real_cells = 0, 0.0
         pg_losses: list[float] = []
         kl_losses: list[float] = []
         grad_norms: list[float] = []
@@ -97,8 +103,10 @@ class Actor:
                 token_norm = max(global_tokens, 1.0) / self.dp_size
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_loss, mb_kl = 0.0, 0.0
-                for micro in chunks(len(mb), a.ppo_micro_batch_size_per_gpu):
-                    logp, ent = self._fwd(mb, micro, width, temperature)
+                for micro in micro_slices(mb.attention_mask, width, a.ppo_micro_batch_size_per_gpu, self.token_budget):
+                    logp, ent, cells = self._fwd(mb, micro, width, temperature)
+                    padded_cells += cells
+                    real_cells += float(mb.attention_mask[micro].sum())
                     mask = mask_all[micro].to(self.device)
                     adv = mb.advantages[micro].to(self.device)
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
@@ -169,6 +177,8 @@ class Actor:
             "actor/grad_norm": sum(grad_norms) / len(grad_norms),
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(steps),
+            "perf/padding_frac": 1.0 - real_cells / max(padded_cells, 1),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
+            **({"actor/kl_loss": kls.mean().item(), "actor/kl_coef": a.kl_loss_coef} if a.use_kl_loss else {}),
             "_trainer_rollout_logprob_diff": tot[5].item() / max(tot[6].item(), 1.0),
         }

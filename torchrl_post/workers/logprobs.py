@@ -47,13 +47,13 @@ def chunks(n: int, size: int) -> Iterator[slice]:
 
 @torch.no_grad()
 def batched_log_probs(
-    model: torch.nn.Module, batch: Any, temperature: float, micro: int, device: torch.device
+    model: torch.nn.Module, batch: Any, temperature: float, micro: int, device: torch.device, token_budget: int = 0
 ) -> torch.Tensor:
     """Logprobs of every response token of a RolloutBatch/TrainBatch under `model`, [B, R], on CPU."""
     model.eval()
     width = batch.response_mask.shape[1]
     outs = [
-        response_log_probs(
+        padded_forward_log_probs(
             model,
             batch.input_ids[sl].to(device),
             batch.attention_mask[sl].to(device),
@@ -61,6 +61,65 @@ def batched_log_probs(
             width,
             temperature,
         )[0].cpu()
-        for sl in chunks(len(batch), micro)
+        for sl in micro_slices(batch.attention_mask, width, micro, token_budget)
     ]
     return torch.cat(outs)
+
+
+def trim_span(attention_mask: torch.Tensor, response_width: int) -> tuple[int, int]:
+    """(first column, response columns kept) after dropping padding shared by every row of a micro-batch.
+
+    Prompts are left-padded and responses right-padded, so the columns before the earliest prompt token and
+    after the longest response carry nothing. At least one response column is kept.
+    """
+    prompt_width = attention_mask.shape[1] - response_width
+    real_cols = attention_mask.any(0).nonzero()
+    first = int(real_cols[0].item()) if len(real_cols) else 0
+    last = int(real_cols[-1].item()) if len(real_cols) else prompt_width
+    return min(first, prompt_width - 1), max(1, last + 1 - prompt_width)
+
+
+def micro_slices(attention_mask: torch.Tensor, response_width: int, max_rows: int, token_budget: int) -> list[slice]:
+    """Contiguous micro-batches of at most `max_rows` rows, or, with `token_budget` > 0 (dynamic batch size),
+    as many rows as fit rows x trimmed width <= token_budget (at least one row each)."""
+    n = attention_mask.shape[0]
+    if token_budget <= 0:
+        return list(chunks(n, max_rows))
+    prompt_width = attention_mask.shape[1] - response_width
+    firsts = torch.where(attention_mask.any(1), attention_mask.float().argmax(1), prompt_width - 1)
+    lasts = attention_mask.shape[1] - 1 - attention_mask.flip(1).float().argmax(1)
+    out: list[slice] = []
+    start, lo, hi = 0, 0, 0
+    for i in range(n):
+        f, last = int(firsts[i]), max(int(lasts[i]), prompt_width)
+        if i == start:
+            lo, hi = f, last
+        elif (i - start + 1) * (max(hi, last) - min(lo, f) + 1) > token_budget:
+            out.append(slice(start, i))
+            start, lo, hi = i, f, last
+        else:
+            lo, hi = min(lo, f), max(hi, last)
+    if start < n:
+        out.append(slice(start, n))
+    return out
+
+
+def padded_forward_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_width: int,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """response_log_probs on the trimmed span, padded back to [b, response_width]; also the cells computed."""
+    first, kept = trim_span(attention_mask, response_width)
+    end = attention_mask.shape[1] - response_width + kept
+    logp, ent = response_log_probs(
+        model, input_ids[:, first:end], attention_mask[:, first:end], position_ids[:, first:end], kept, temperature
+    )
+    pad = response_width - kept
+    if pad:
+        logp = torch.nn.functional.pad(logp, (0, pad))
+        ent = torch.nn.functional.pad(ent, (0, pad))
+    return logp, ent, input_ids.shape[0] * (end - first)
