@@ -232,3 +232,36 @@ def test_placement_ranks_without_role():
 def test_placement_rollout_null():
     msg = _placement_error(2, rollout=None)
     assert "placement.rollout" in msg
+
+
+def test_roles_placed_on_demand_and_dropped_when_unused() -> None:
+    from torchrl_post.config.validate import resolve_roles
+
+    cfg = load_config(["algorithm.adv_estimator=gae", "actor.use_kl_loss=true"])
+    notes = resolve_roles(cfg)
+    assert cfg.placement.critic == "actor" and cfg.placement.reference == "actor"
+    assert len(notes) == 2 and "algorithm.adv_estimator=gae" in notes[0]
+    cfg = load_config(["placement.critic=actor", "placement.reference=[0]"])
+    notes = resolve_roles(cfg)
+    assert cfg.placement.critic is None and cfg.placement.reference is None
+    assert all("ignored" in n for n in notes)
+    assert resolve_roles(load_config([])) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.adv_estimator=ppo", "algorithm.adv_estimator"),
+        ("actor.kl_loss_type=k9", "actor.kl_loss_type"),
+        ("algorithm.kl_penalty=big", "algorithm.kl_penalty"),
+        ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.type"),
+        ("actor.clip_ratio_c=0.5", "actor.clip_ratio_c"),
+        ("actor.policy_loss=dpo", "actor.policy_loss"),
+        ("algorithm.lam=1.5", "algorithm.lam"),
+        ("critic.loss_agg_mode=sum", "critic.loss_agg_mode"),
+    ],
+)
+def test_algorithm_keys_validated(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config([override])
+    assert key in str(err.value) and "\n" not in str(err.value)
