@@ -189,3 +189,19 @@ def test_sigkilled_rank_restarts_and_completes(tiny_model: Path, task_data: tupl
     assert "resumed from" in output
     assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, 9))
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "8"
+
+
+def test_resume_with_critic_is_exact(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """The critic is a trained role too: its weights, optimizer and schedule resume exactly (PPO + GAE)."""
+    gae = ("algorithm.adv_estimator=gae", "algorithm.lam=0.95", "trainer.save_freq=2")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, straight, 4, *gae)))
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 2, *gae)))
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 4, *gae)))
+    a = read_jsonl(straight / "metrics.jsonl")
+    b = read_jsonl(split / "metrics.jsonl")
+    assert [r["training/global_step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
+        for key in [*COMPARED, "critic/loss", "critic/values/mean", "critic/grad_norm"]:
+            assert rb[key] == pytest.approx(ra[key], abs=1e-6), f"{key} differs at step {ra['training/global_step']}"
+    assert (split / "checkpoints" / "global_step_4" / "critic").is_dir()
