@@ -161,6 +161,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg, t0 = self.cfg, time.perf_counter()
+        self.timing = {}  # this step's stages only
         prompts = self._next_prompts()
         with self._timer("gen"):
             rollout = self.generate(prompts, self._sampling(step, validation=False))
