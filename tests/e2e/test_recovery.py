@@ -22,6 +22,7 @@ from tests.conftest import BIN, REPO, assert_ok, read_jsonl, run_cmd, torchrun, 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 TRAIN = ["-m", "torchrl_post.train"]
 COMPARED = ["actor/loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "response_length/mean"]
+COMPARED_CRITIC = ["critic/loss", "critic/values/mean", "critic/grad_norm"]
 
 
 def _fast(model: Path, data: tuple[Path, Path], run: Path, steps: int, *extra: str) -> list[str]:
@@ -34,20 +35,28 @@ def _fast(model: Path, data: tuple[Path, Path], run: Path, steps: int, *extra: s
     return base + ["trainer.test_freq=0", "trainer.save_freq=1", *extra]
 
 
-def _actor_weights(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    out = tmp / f"{ckpt.parent.parent.name}_{ckpt.name}.pt"
-    dcp_to_torch_save(str(ckpt / "actor"), str(out))
+def _role_weights(ckpt: Path, tmp: Path, role: str) -> dict[str, torch.Tensor]:
+    out = tmp / f"{ckpt.parent.parent.name}_{ckpt.name}_{role}.pt"
+    dcp_to_torch_save(str(ckpt / role), str(out))
     return torch.load(out, weights_only=True)["model"]
+
+
+def _actor_weights(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    return _role_weights(ckpt, tmp, "actor")
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_model: Path, task_data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """4 steps straight (with trainer.save_hf) and 2 steps + a restart + 2 steps (keeping 2 checkpoints)."""
+    """4 steps straight (with trainer.save_hf) and 2 steps + a restart + 2 steps (keeping 2 checkpoints).
+
+    PPO + GAE, so both trained roles (actor and critic) must resume exactly.
+    """
     root = tmp_path_factory.mktemp("resume")
     straight, split = root / "straight", root / "split"
-    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, straight, 4, "trainer.save_hf=true")))
-    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 2)))
-    proc = torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 4, "trainer.max_ckpt_to_keep=2"))
+    gae = ("algorithm.adv_estimator=gae", "algorithm.lam=0.95")
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, straight, 4, "trainer.save_hf=true", *gae)))
+    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 2, *gae)))
+    proc = torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 4, "trainer.max_ckpt_to_keep=2", *gae))
     assert_ok(proc)
     assert "resumed from" in proc.stdout + proc.stderr
     return {"straight": straight, "split": split, "root": root}
@@ -58,11 +67,12 @@ def test_resume_is_exact(runs: dict[str, Path], tmp_path: Path) -> None:
     b = {r["training/global_step"]: r for r in read_jsonl(runs["split"] / "metrics.jsonl")}
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
-        for key in COMPARED:
+        for key in COMPARED + COMPARED_CRITIC:
             assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
-    wa = _actor_weights(runs["straight"] / "checkpoints" / "global_step_4", tmp_path)
-    wb = _actor_weights(runs["split"] / "checkpoints" / "global_step_4", tmp_path)
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    for role in ("actor", "critic"):
+        wa = _role_weights(runs["straight"] / "checkpoints" / "global_step_4", tmp_path, role)
+        wb = _role_weights(runs["split"] / "checkpoints" / "global_step_4", tmp_path, role)
+        assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6, f"{role} weights differ"
 
 
 def test_max_ckpt_to_keep_holds_after_resume(runs: dict[str, Path]) -> None:
@@ -183,25 +193,11 @@ def test_sigkilled_rank_restarts_and_completes(tiny_model: Path, task_data: tupl
         os.kill(victim.pid, signal.SIGKILL)
         assert proc.wait(timeout=400) == 0, (tmp_path / "torchrun.log").read_text()[-5000:]
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed run: take the workers down with the agent
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             proc.kill()
     output = (tmp_path / "torchrun.log").read_text()
     assert "resumed from" in output
     assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, 9))
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "8"
-
-
-def test_resume_with_critic_is_exact(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
-    """The critic is a trained role too: its weights, optimizer and schedule resume exactly (PPO + GAE)."""
-    gae = ("algorithm.adv_estimator=gae", "algorithm.lam=0.95", "trainer.save_freq=2")
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, straight, 4, *gae)))
-    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 2, *gae)))
-    assert_ok(torchrun(2, TRAIN + _fast(tiny_model, task_data, split, 4, *gae)))
-    a = read_jsonl(straight / "metrics.jsonl")
-    b = read_jsonl(split / "metrics.jsonl")
-    assert [r["training/global_step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b, strict=True):
-        for key in [*COMPARED, "critic/loss", "critic/values/mean", "critic/grad_norm"]:
-            assert rb[key] == pytest.approx(ra[key], abs=1e-6), f"{key} differs at step {ra['training/global_step']}"
-    assert (split / "checkpoints" / "global_step_4" / "critic").is_dir()

@@ -64,7 +64,23 @@ def init_distributed(env: DistEnv, timeout_s: int = 1800) -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(backend=env.backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After a restart (torchrun --max-restarts), the ranks must not read addresses the dead ranks left in the
+        # agent's store: gloo would connect to them and hang. Keys live under a prefix per attempt.
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size, is_master=False, timeout=timeout
+        )
+        dist.init_process_group(
+            backend=env.backend,
+            store=dist.PrefixStore(f"torchrl_post/attempt_{attempt}", store),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+        )
+        return
+    dist.init_process_group(backend=env.backend, timeout=timeout)
 
 
 def shutdown_distributed() -> None:
