@@ -250,11 +250,10 @@ class Trainer:
             metrics |= {"actor/reward_kl_penalty": kl_global, "actor/reward_kl_penalty_coeff": coef}
         with self._timer("adv"):
             adv, returns = compute_advantages(cfg.algorithm, scores_b, token_rewards, mask, cfg.rollout.n, values)
+        tokens = max(mask.sum().item(), 1.0)
         if values is not None:
-            tokens = max(mask.sum().item(), 1.0)
             metrics["critic/values/mean"] = self._mean_over_ranks((values * mask).sum().item() / tokens)
         if cfg.algorithm.adv_estimator not in GROUPED:
-            tokens = max(mask.sum().item(), 1.0)
             metrics["critic/returns/mean"] = self._mean_over_ranks((returns * mask).sum().item() / tokens)
         return old, ref, values, adv, returns, metrics
 
@@ -430,6 +429,3 @@ class Trainer:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-    def describe(self) -> dict[str, Any]:
-        return {"total_steps": self.total_steps, "train_prompts": len(self.train_data)}

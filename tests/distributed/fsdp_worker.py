@@ -19,6 +19,8 @@ from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import TrainBatch
 from torchrl_post.workers.actor import Actor
 
+_KEEP: list[Actor] = []
+
 
 def _batch(gen: torch.Generator, rows: int = 8, width: int = 12, resp: int = 5) -> TrainBatch:
     ids = torch.randint(5, 100, (rows, width), generator=gen)
@@ -35,6 +37,7 @@ def _updated(cfg: Config, meshes: RoleMeshes, batch: TrainBatch, mini: int) -> d
     """Weights after one update, plus the pre-clip gradient norm (Adam hides loss-scale errors; the norm does not)."""
     torch.manual_seed(0)
     actor = Actor(cfg, meshes.mesh("actor"), torch.device("cpu"))
+    _KEEP.append(actor)  # freed at exit, not mid-run while the other rank still runs collectives
     metrics = actor.update(batch, temperature=1.0, mini_size=mini)
     return {**dict(iter_full_weights(actor.model, 1 << 20)), "grad_norm": torch.tensor(metrics["actor/grad_norm"])}
 

@@ -113,14 +113,8 @@ class RoleMeshes:
             return self._meshes["actor"]
         return self._meshes[role]
 
-    def is_member(self, role: str) -> bool:
-        return self.rank in self.placement.ranks.get(role, [])
-
     def dp_rank(self, role: str) -> int:
         return self.placement.ranks[role].index(self.rank)
 
     def dp_size(self, role: str) -> int:
         return len(self.placement.ranks[role])
-
-    def group(self, role: str) -> dist.ProcessGroup:
-        return self.mesh(role).get_group()
