@@ -13,9 +13,10 @@ import os
 import sys
 
 from torchrl_post.config import UserError, load_config
-from torchrl_post.config.validate import resolve_roles, validate_batch
-from torchrl_post.distributed.env import init_distributed, read_env, shutdown_distributed
-from torchrl_post.distributed.placement import plan_placement
+from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import resolve_roles, validate_batch, validate_placement
+from torchrl_post.distributed.env import read_env, shutdown_distributed
+from torchrl_post.distributed.placement import Placement, plan_placement
 
 
 def _fail(msg: str) -> None:
@@ -36,6 +37,31 @@ def _parse_args(argv: list[str]) -> tuple[str, list[str]]:
     return name, overrides
 
 
+def describe_plan(cfg: Config, placement: Placement, plan: dict[str, int], device: str, backend: str) -> str:
+    """The dry-run plan: roles -> ranks, meshes, engines, the sync group and the per-rank batch arithmetic."""
+    lines = [placement.describe(), f"  device {device}, backend {backend}"]
+    for role, fsdp in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp)):
+        if role not in placement.ranks:
+            continue
+        n = len(placement.ranks[role])
+        if 0 < fsdp.fsdp_size < n:
+            lines.append(
+                f"  {role} mesh ('dp_replicate', 'dp_shard') = ({n // fsdp.fsdp_size}, {fsdp.fsdp_size}) (HSDP)"
+            )
+        else:
+            lines.append(f"  {role} mesh ('dp',) = ({n},) (FSDP)")
+    tp = cfg.rollout.tensor_parallel_size
+    roll = placement.ranks["rollout"]
+    engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
+    lines.append(f"  rollout engines ({cfg.rollout.engine}, tensor_parallel_size={tp}): {engines}")
+    mode = cfg.rollout.mode
+    if mode == "async":
+        mode += f", trainer.max_off_policy_steps={cfg.trainer.max_off_policy_steps}"
+    lines.append(f"  rollout mode: {mode}")
+    lines += [f"  {k}: {v}" for k, v in plan.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     name, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -43,7 +69,10 @@ def main(argv: list[str] | None = None) -> None:
         env = read_env(cfg.trainer.device)
         role_notes = resolve_roles(cfg)
         placement = plan_placement(cfg.placement, env.world_size)
-        plan = validate_batch(cfg, len(placement.ranks["actor"]), len(placement.ranks["rollout"]))
+        validate_placement(cfg, placement.ranks, placement.colocated)
+        others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}
+        engines = len(placement.ranks["rollout"]) // cfg.rollout.tensor_parallel_size
+        plan = validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
     except UserError as e:
         _fail(str(e))
         return
@@ -52,24 +81,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"note: {note}", flush=True)
     if cfg.trainer.dry_run:
         if env.is_main:
-            print(placement.describe())
-            print(
-                f"  device {env.device.type}, backend {env.backend}, actor mesh ('dp',) = ({len(placement.ranks['actor'])},)"
-            )
-            for k, v in plan.items():
-                print(f"  {k}: {v}")
+            print(describe_plan(cfg, placement, plan, env.device.type, env.backend))
         return
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING,
         format=f"[rank{env.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    init_distributed(env)
     trainer = None
     try:
+        from torchrl_post.distributed.placement import Topology
         from torchrl_post.trainer import Trainer
 
-        trainer = Trainer(cfg, env, placement)
+        fsdp_sizes = {"actor": cfg.actor.fsdp.fsdp_size, "critic": cfg.critic.fsdp.fsdp_size}
+        fsdp_sizes["reference"] = cfg.actor.fsdp.fsdp_size
+        trainer = Trainer(cfg, env, Topology(placement, env, fsdp_sizes))
         trainer.fit()
     except UserError as e:
         _fail(str(e))

@@ -1,5 +1,9 @@
 """The step loop: prompts -> rollout -> reward -> advantage -> update -> weight sync, plus validation,
-checkpoints and metrics. Every rank runs the same loop; in this version every role is colocated.
+checkpoints and metrics.
+
+Every rank runs `fit`. Actor ranks run `train_step`; with the rollout on ranks of its own, rollout ranks run
+`serve_step`, which mirrors the actor's collectives one for one (rows + route of the batch, then the weight
+broadcast), and in `rollout.mode=async` keeps `trainer.max_off_policy_steps` batches generated ahead.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import json
 import logging
 import platform
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,13 +35,14 @@ from torchrl_post.config.validate import file_list
 from torchrl_post.data.dataset import PromptDataset, load_prompts
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
-from torchrl_post.distributed.placement import Placement, RoleMeshes
+from torchrl_post.distributed.placement import Topology
+from torchrl_post.distributed.transfer import ROW_GEN_MS, ROW_VERSION, all_gather_rows, plan_transfer, route
 from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.reward import resolve_reward_fn, score_batch
 from torchrl_post.rollout import SamplingParams, build_engine, collate
-from torchrl_post.sync.weights import iter_full_weights, sync_weights
-from torchrl_post.types import PromptBatch, RolloutBatch, TrainBatch
+from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, sync_weights
+from torchrl_post.types import Generation, PromptBatch, RolloutBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.critic import Critic, CriticBatch
 from torchrl_post.workers.reference import Reference
@@ -67,10 +73,14 @@ def check_model_dir(path: str) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, env: DistEnv, placement: Placement) -> None:
-        self.cfg, self.env = cfg, env
-        if not placement.fully_colocated():
-            raise ConfigError("placement: roles on their own ranks are not supported yet; use placement.rollout=actor")
+    def __init__(self, cfg: Config, env: DistEnv, topo: Topology) -> None:
+        self.cfg, self.env, self.topo = cfg, env, topo
+        placement = topo.placement
+        for role in ("critic", "reference"):
+            if placement.has(role) and not placement.colocated[role]:
+                raise ConfigError(
+                    f"placement.{role}: a {role} on ranks of its own is not supported yet; use placement.{role}=actor"
+                )
         check_model_dir(cfg.model.path)
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
@@ -86,13 +96,23 @@ class Trainer:
         sources = set(self.train_data.data_sources) | set(self.val_data.data_sources if self.val_data else [])
         self.reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
 
-        self.meshes = RoleMeshes(placement, env.device.type)
-        self.dp_rank, self.dp_size = self.meshes.dp_rank("actor"), self.meshes.dp_size("actor")
+        self.actor_ranks, self.rollout_ranks = placement.ranks["actor"], placement.ranks["rollout"]
+        self.disagg = not placement.colocated["rollout"]
+        self.is_actor, self.is_rollout = topo.has("actor"), topo.has("rollout")
+        self.is_main = env.rank == self.actor_ranks[0]  # writes metrics, plots and the run's files
+        self.dp_size = len(self.actor_ranks)
+        self.dp_rank = self.actor_ranks.index(env.rank) if self.is_actor else 0
+        # Engines: one per tensor-parallel group of rollout ranks; its first rank speaks for it.
+        tp = cfg.rollout.tensor_parallel_size
+        self.n_engines = len(self.rollout_ranks) // tp
+        self.engine_index = self.rollout_ranks.index(env.rank) // tp if self.is_rollout else -1
+        self.engine_leader = self.is_rollout and self.rollout_ranks.index(env.rank) % tp == 0
+        # Disaggregated, every rank draws the whole step's batch (the same on all ranks) and keeps its part.
         self.sampler = ShardedBatchSampler(
             len(self.train_data),
             cfg.data.train_batch_size,
-            self.dp_rank,
-            self.dp_size,
+            0 if self.disagg else self.dp_rank,
+            1 if self.disagg else self.dp_size,
             cfg.trainer.seed,
             cfg.data.shuffle,
         )
@@ -103,12 +123,14 @@ class Trainer:
             )
         self.total_steps = min(steps_from_epochs, cfg.trainer.total_training_steps or steps_from_epochs)
         torch.manual_seed(cfg.trainer.seed)
-        self.actor = Actor(cfg, self.meshes.mesh("actor"), env.device)
-        # Roles that exist only when something uses them (resolve_roles placed them).
-        self.critic = Critic(cfg, self.meshes.mesh("critic"), env.device) if placement.has("critic") else None
-        self.reference = (
-            Reference(cfg, self.meshes.mesh("reference"), env.device) if placement.has("reference") else None
-        )
+        self.actor: Actor | None = None
+        self.critic: Critic | None = None
+        self.reference: Reference | None = None
+        if self.is_actor:
+            self.actor = Actor(cfg, topo.mesh("actor"), env.device)
+            # Roles that exist only when something uses them (resolve_roles placed them).
+            self.critic = Critic(cfg, topo.mesh("critic"), env.device) if placement.has("critic") else None
+            self.reference = Reference(cfg, topo.mesh("reference"), env.device) if placement.has("reference") else None
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl: AdaptiveKLController | FixedKLController = (
             AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
@@ -116,12 +138,31 @@ class Trainer:
             else FixedKLController(kc.kl_coef)
         )
         eos = [self.tokenizer.eos_token_id]
-        self.engine = build_engine(cfg, env.device, cfg.trainer.seed + env.rank, self.tokenizer.pad_token_id, eos)
-        self.checkpointer = Checkpointer(self.run_dir, env.rank, cfg.trainer.max_ckpt_to_keep)
+        self.engine = (
+            build_engine(cfg, env.device, cfg.trainer.seed + self.engine_index, self.tokenizer.pad_token_id, eos)
+            if self.is_rollout
+            else None
+        )
+        self.bsync: BroadcastSync | None = None
+        if self.disagg and (self.is_actor or self.is_rollout):
+            self.bsync = BroadcastSync(
+                topo.sync,
+                env.device,
+                cfg.rollout.sync_bucket_mb << 20,
+                getattr(torch, cfg.rollout.dtype),
+                self.actor.model if self.actor is not None else None,
+            )
+        # Async rollout: batches generated ahead of the actor, and the policy version the engine holds.
+        self.ahead: deque[tuple[int, dict[int, Any], torch.Tensor, dict[str, Any]]] = deque()
+        self.version = 0
+        self.sent_sampler_state: dict[str, Any] = self.sampler.state_dict()
+        self.checkpointer = Checkpointer(
+            self.run_dir, env.rank, cfg.trainer.max_ckpt_to_keep, env.world_size, self._barrier_all
+        )
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.trainer.logger,
-            env.is_main,
+            self.is_main,
             self.total_steps,
             json.loads(json.dumps(cfg, default=vars)),
             cfg.trainer.project_name,
@@ -129,10 +170,24 @@ class Trainer:
         )
         self.global_step = 0
         self.timing: dict[str, float] = {}
-        if env.is_main:
+        if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             (self.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
+
+    def _barrier_all(self) -> None:
+        if self.topo.world is None:
+            dist.barrier()
+        else:
+            self.topo.world.barrier().wait()
+
+    def _sum_all(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank (all cells)."""
+        if self.topo.world is None:
+            dist.all_reduce(t)
+        else:
+            self.topo.world.allreduce([t]).wait()
+        return t
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -145,7 +200,7 @@ class Trainer:
         while self.global_step < self.total_steps:
             self.global_step += 1
             step = self.global_step
-            metrics = self.train_step(step)
+            metrics = self.train_step(step) if self.is_actor else self.serve_step(step)
             last = step == self.total_steps
             if self.val_data is not None and tcfg.test_freq > 0 and (step % tcfg.test_freq == 0 or last):
                 with self._timer("testing"):
@@ -154,7 +209,7 @@ class Trainer:
             self.metrics.log(metrics)
             if tcfg.save_freq > 0 and (step % tcfg.save_freq == 0 or last):
                 self.save()
-        if self.env.is_main:
+        if self.is_main:
             png = plot_run(self.run_dir)
             log.info("run finished at step %d; plots: %s", self.global_step, png)
         self.metrics.close()
@@ -162,10 +217,18 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg, t0 = self.cfg, time.perf_counter()
         self.timing = {}  # this step's stages only
-        prompts = self._next_prompts()
-        with self._timer("gen"):
-            rollout = self.generate(prompts, self._sampling(step, validation=False))
-        self.engine.sleep()
+        actor = self.actor
+        assert actor is not None
+        if self.disagg:
+            with self._timer("gen"):  # the wait for the rollout ranks' batch
+                rollout, gen_m = self._receive_rollout(step)
+        else:
+            assert self.engine is not None
+            prompts = self._next_prompts()
+            with self._timer("gen"):
+                rollout = self.generate(prompts, self._sampling(step, validation=False))
+            self.engine.sleep()
+            gen_m = {"rollout/staleness": 0.0}
         with self._timer("reward"):
             scores = self._score(rollout)
         old, ref, values, adv, returns, adv_m = self._advantages(rollout, scores.scores)
@@ -190,16 +253,16 @@ class Trainer:
             with self._timer("update_critic"):
                 adv_m |= self.critic.update(critic_batch, mini, cfg.actor.ppo_epochs)
         with self._timer("update_actor"):
-            actor_m = self.actor.update(batch, cfg.rollout.temperature, mini)
-        if self.actor.consecutive_skips >= cfg.trainer.max_nonfinite_skips:
+            actor_m = actor.update(batch, cfg.rollout.temperature, mini)
+        if actor.consecutive_skips >= cfg.trainer.max_nonfinite_skips:
             latest = self.checkpointer.latest()
             raise TrainingError(
-                f"step {step}: {self.actor.consecutive_skips} consecutive updates had a non-finite loss or gradient "
+                f"step {step}: {actor.consecutive_skips} consecutive updates had a non-finite loss or gradient "
                 f"norm (trainer.max_nonfinite_skips={cfg.trainer.max_nonfinite_skips}); stopping. The last good "
                 f"checkpoint is {latest or 'none'}; lower actor.lr or check the rewards and data"
             )
         with self._timer("sync"):
-            moved = sync_weights(self.actor.model, self.engine, cfg.rollout.sync_bucket_mb)
+            moved = self._push_weights()
         step_time = time.perf_counter() - t0
         diff = actor_m.pop("_trainer_rollout_logprob_diff")
         if old is not None:
@@ -211,6 +274,7 @@ class Trainer:
             **actor_m,
             **adv_m,
             **self._batch_metrics(rollout, scores.scores, adv, scores.errors, diff),
+            **gen_m,
             **{f"timing_s/{k}": v for k, v in self.timing.items() if k != "testing"},
             "timing_s/step": step_time,
             "perf/sync_bytes": float(moved),
@@ -219,6 +283,94 @@ class Trainer:
         for k, v in scores.extra.items():
             out[f"reward/{k}"] = sum(v) / len(v)
         return out
+
+    def serve_step(self, step: int) -> dict[str, float]:
+        """Rollout ranks (disaggregated): hand over batch `step`, generate ahead, take the new weights.
+
+        The collectives mirror `train_step`: the rows + route of the batch, then the weight broadcast.
+        Sync mode generates batch k with the weights of update k-1 (staleness 0); async generates batch
+        k + s while the actor updates step k, with the weights of update k-1 (staleness s).
+        """
+        lag = self.cfg.trainer.max_off_policy_steps if self.cfg.rollout.mode == "async" else 0
+        nxt = self.ahead[-1][0] + 1 if self.ahead else step
+        while nxt <= min(step + max(lag, 1) - 1, self.total_steps):  # after a start or resume
+            self._generate_ahead(nxt)
+            nxt += 1
+        got, items, rows, sampler_state = self.ahead.popleft()
+        assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
+        self._publish(items, rows)
+        self.sent_sampler_state = sampler_state
+        if lag and step + lag <= self.total_steps:
+            self._generate_ahead(step + lag)  # overlaps the actor's update of `step`
+        self._pull_weights()
+        self.version = step
+        return {}
+
+    # ---- moving batches and weights between cells ----------------------------------------------------
+    def _push_weights(self) -> int:
+        assert self.actor is not None
+        if self.bsync is not None:
+            return self.bsync.send(self.actor.model)
+        assert self.engine is not None
+        return sync_weights(self.actor.model, self.engine, self.cfg.rollout.sync_bucket_mb)
+
+    def _pull_weights(self) -> None:
+        assert self.bsync is not None and self.engine is not None
+        self.bsync.receive(self.engine)
+
+    def _rows_per_engine(self) -> int:
+        return -(-self.cfg.data.train_batch_size // self.n_engines)
+
+    def _generate_ahead(self, step: int) -> None:
+        """Rollout ranks: draw batch `step`, generate this engine's share, queue it with its rows."""
+        assert self.engine is not None
+        idx, positions = self.sampler.next_batch()
+        sampler_state = self.sampler.state_dict()
+        per = len(idx) // self.n_engines
+        share = list(range(self.engine_index * per, (self.engine_index + 1) * per))
+        pb = self._prompt_batch([idx[i] for i in share], [positions[i] for i in share])
+        t0 = time.perf_counter()
+        gen = self.engine.generate(pb.prompt_ids, pb.uids, self._sampling(step, validation=False))
+        ms = int((time.perf_counter() - t0) * 1000)
+        n = self.cfg.rollout.n
+        items: dict[int, Any] = {}
+        rows = torch.empty(0, 5, dtype=torch.int64)
+        if self.engine_leader:  # the other ranks of a tensor-parallel engine hold the same samples
+            table = []
+            for j, g in enumerate(share):
+                sl = slice(j * n, (j + 1) * n)
+                items[g] = (gen.response_ids[sl], gen.logprobs[sl], gen.finish_reasons[sl])
+                tokens = n * len(pb.prompt_ids[j]) + sum(len(r) for r in gen.response_ids[sl])
+                table.append([g, self.env.rank, tokens, self.version, ms])
+            rows = torch.tensor(table, dtype=torch.int64).view(-1, 5)
+        self.ahead.append((step, items, rows, sampler_state))
+
+    def _publish(self, items: dict[int, Any], rows: torch.Tensor) -> None:
+        assert self.topo.world is not None
+        table = all_gather_rows(self.topo.world, rows, self._rows_per_engine())
+        owner, dest = plan_transfer(table, self.cfg.data.train_batch_size, self.actor_ranks)
+        route(self.topo.world, items, owner, dest)
+
+    def _receive_rollout(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Actor ranks: this rank's prompt groups of batch `step`, balanced by tokens, whole."""
+        assert self.topo.world is not None
+        idx, positions = self.sampler.next_batch()
+        table = all_gather_rows(self.topo.world, torch.empty(0, 5, dtype=torch.int64), self._rows_per_engine())
+        owner, dest = plan_transfer(table, len(idx), self.actor_ranks)
+        got = route(self.topo.world, {}, owner, dest)
+        mine = sorted(g for g, r in dest.items() if r == self.env.rank)
+        prompts = self._prompt_batch([idx[g] for g in mine], [positions[g] for g in mine])
+        gen = Generation([], [], [])
+        for g in mine:
+            ids, lps, fins = got[g]
+            gen.response_ids += ids
+            gen.logprobs += lps
+            gen.finish_reasons += fins
+        staleness = float((step - 1) - table[:, ROW_VERSION].min().item())
+        return collate(prompts, gen, self.cfg.rollout.n, self.tokenizer.pad_token_id), {
+            "rollout/staleness": staleness,
+            "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
+        }
 
     # ---- stages ---------------------------------------------------------------------------------
     def _advantages(self, rollout: RolloutBatch, scores_b: torch.Tensor) -> tuple[Any, ...]:
@@ -231,6 +383,7 @@ class Trainer:
         old = ref = values = None
         metrics: dict[str, float] = {}
         if not on_policy or cfg.algorithm.use_kl_in_reward:
+            assert self.actor is not None
             with self._timer("old_log_prob"):
                 old = self.actor.compute_log_probs(rollout, temp)
         if self.reference is not None:
@@ -258,11 +411,13 @@ class Trainer:
         return old, ref, values, adv, returns, metrics
 
     def _mean_over_ranks(self, x: float) -> float:
+        """Mean over the actor's ranks (its cell's default group)."""
         t = torch.tensor([x], dtype=torch.float64)
         dist.all_reduce(t)
-        return t.item() / self.env.world_size
+        return t.item() / self.dp_size
 
     def generate(self, prompts: PromptBatch, params: SamplingParams) -> RolloutBatch:
+        assert self.engine is not None
         gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
         return collate(prompts, gen, params.n, self.tokenizer.pad_token_id)
 
@@ -278,14 +433,16 @@ class Trainer:
         )
 
     def _next_prompts(self) -> PromptBatch:
-        idx, positions = self.sampler.next_batch()
-        d = self.train_data
+        return self._prompt_batch(*self.sampler.next_batch())
+
+    def _prompt_batch(self, idx: list[int], uids: list[int], data: PromptDataset | None = None) -> PromptBatch:
+        d = data or self.train_data
         return PromptBatch(
             [d.prompt_ids[i] for i in idx],
             [d.answers[i] for i in idx],
             [d.data_sources[i] for i in idx],
             [d.extra_infos[i] for i in idx],
-            positions,
+            uids,
         )
 
     def _score(self, rollout: RolloutBatch):  # -> Scores
@@ -301,29 +458,30 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy (rollout.val_temperature) score per data_source over the whole validation set."""
+        """Greedy (rollout.val_temperature) score per data_source over the whole validation set.
+
+        The engines split the set; a tensor-parallel engine's first rank counts for it; totals are summed
+        over every rank (ranks without an engine add zeros)."""
         assert self.val_data is not None
-        d, rank, world = self.val_data, self.env.rank, self.env.world_size
-        mine = list(range(rank, len(d), world))
-        chunk = self.cfg.data.val_batch_size or max(1, len(mine))
+        d = self.val_data
         sources = sorted(set(d.data_sources))
         totals = torch.zeros(2, len(sources), dtype=torch.float64)
-        params = self._sampling(0, validation=True)
-        for start in range(0, len(mine), chunk):
-            idx = mine[start : start + chunk]
-            pb = PromptBatch(
-                [d.prompt_ids[i] for i in idx],
-                [d.answers[i] for i in idx],
-                [d.data_sources[i] for i in idx],
-                [d.extra_infos[i] for i in idx],
-                idx,
-            )
-            scores = self._score(self.generate(pb, params))
-            for s, src in zip(scores.scores.tolist(), pb.data_sources, strict=True):
-                j = sources.index(src)
-                totals[0, j] += s
-                totals[1, j] += 1
-        dist.all_reduce(totals)
+        if self.is_rollout:
+            assert self.engine is not None
+            mine = list(range(self.engine_index, len(d), self.n_engines))
+            chunk = self.cfg.data.val_batch_size or max(1, len(mine))
+            params = self._sampling(0, validation=True)
+            for start in range(0, len(mine), chunk):
+                idx = mine[start : start + chunk]
+                pb = self._prompt_batch(idx, idx, d)
+                scores = self._score(self.generate(pb, params))
+                if not self.engine_leader:
+                    continue
+                for sc, src in zip(scores.scores.tolist(), pb.data_sources, strict=True):
+                    j = sources.index(src)
+                    totals[0, j] += sc
+                    totals[1, j] += 1
+        self._sum_all(totals)
         return {f"val/test_score/{src}": (totals[0, j] / totals[1, j]).item() for j, src in enumerate(sources)}
 
     def _batch_metrics(
@@ -353,7 +511,7 @@ class Trainer:
         maxes = sums[9:].clone()
         dist.all_reduce(sums[:9])
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-        n, world = sums[0].item(), self.env.world_size
+        n, world = sums[0].item(), self.dp_size
         return {
             "critic/score/mean": sums[1].item() / n,
             "critic/score/max": maxes[0].item(),
@@ -377,32 +535,39 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def save(self) -> None:
-        state = {
-            "rng": rng_state(),
-            "sampler": self.sampler.state_dict(),
-            "scheduler": self.actor.scheduler.state_dict(),
-            "nonfinite_skips": self.actor.nonfinite_skips,
-            "kl_ctrl": self.kl_ctrl.state_dict(),
-            **({"critic_scheduler": self.critic.scheduler.state_dict()} if self.critic is not None else {}),
-        }
+        state: dict[str, Any] = {"rng": rng_state(), "sampler": self.sampler.state_dict()}
+        if self.actor is not None:
+            state |= {
+                "scheduler": self.actor.scheduler.state_dict(),
+                "nonfinite_skips": self.actor.nonfinite_skips,
+                "kl_ctrl": self.kl_ctrl.state_dict(),
+            }
+        else:  # a rollout rank's sampler may have drawn batches ahead: keep the position of the last one sent
+            state["sampler"] = self.sent_sampler_state
+        if self.critic is not None:
+            state["critic_scheduler"] = self.critic.scheduler.state_dict()
         path = self.checkpointer.save(self.global_step, self._trained_roles(), state, write_extra=self._write_hf)
-        if self.env.is_main:
+        if self.is_main:
             log.info("saved checkpoint %s", path)
 
     def _trained_roles(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
-        roles = {"actor": (self.actor.model, self.actor.optimizer)}
+        roles = {}
+        if self.actor is not None:
+            roles["actor"] = (self.actor.model, self.actor.optimizer)
         if self.critic is not None:
             roles["critic"] = (self.critic.model, self.critic.optimizer)
         return roles
 
     def _write_hf(self, ckpt_tmp: Path) -> None:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
+        if self.actor is None:
+            return
         out = ckpt_tmp / "hf"
-        if self.env.is_main:
+        if self.is_main:
             write_hf_meta(self.actor.model.config, self.tokenizer, out)
         if self.cfg.trainer.save_hf:
             weights = iter_full_weights(self.actor.model, self.cfg.rollout.sync_bucket_mb << 20)
-            write_hf_weights(weights, out, self.env.is_main)
+            write_hf_weights(weights, out, self.is_main)
 
     def _resume(self) -> None:
         t = self.cfg.trainer
@@ -415,17 +580,23 @@ class Trainer:
             raise ConfigError(f"trainer.resume_from_path={str(path)!r} does not exist")
         step, state = self.checkpointer.load(path, self._trained_roles())
         self.sampler.load_state_dict(state["sampler"])
-        self.actor.scheduler.load_state_dict(state["scheduler"])
-        self.actor.nonfinite_skips = int(state["nonfinite_skips"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.sent_sampler_state = state["sampler"]
+        if self.actor is not None:
+            self.actor.scheduler.load_state_dict(state["scheduler"])
+            self.actor.nonfinite_skips = int(state["nonfinite_skips"])
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         if self.critic is not None:
             self.critic.scheduler.load_state_dict(state["critic_scheduler"])
         set_rng_state(state["rng"])
-        self.global_step = step
-        sync_weights(self.actor.model, self.engine, self.cfg.rollout.sync_bucket_mb)
+        self.global_step = self.version = step
+        if self.actor is not None:
+            self._push_weights()
+        else:
+            self._pull_weights()
         self.metrics.resume_from(step)
-        if self.env.is_main:
+        if self.is_main:
             log.info("resumed from %s (step %d)", path, step)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        if self.engine is not None:
+            self.engine.shutdown()

@@ -11,10 +11,11 @@ import sys
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
+from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_distributed, read_env, shutdown_distributed
-from torchrl_post.distributed.placement import RoleMeshes, plan_placement
+from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import TrainBatch
 from torchrl_post.workers.actor import Actor
@@ -33,10 +34,10 @@ def _batch(gen: torch.Generator, rows: int = 8, width: int = 12, resp: int = 5) 
     return TrainBatch(ids, attn, pos, mask, adv, None, torch.zeros(rows, resp))
 
 
-def _updated(cfg: Config, meshes: RoleMeshes, batch: TrainBatch, mini: int) -> dict[str, torch.Tensor]:
+def _updated(cfg: Config, mesh: DeviceMesh, batch: TrainBatch, mini: int) -> dict[str, torch.Tensor]:
     """Weights after one update, plus the pre-clip gradient norm (Adam hides loss-scale errors; the norm does not)."""
     torch.manual_seed(0)
-    actor = Actor(cfg, meshes.mesh("actor"), torch.device("cpu"))
+    actor = Actor(cfg, mesh, torch.device("cpu"))
     _KEEP.append(actor)  # freed at exit, not mid-run while the other rank still runs collectives
     metrics = actor.update(batch, temperature=1.0, mini_size=mini)
     return {**dict(iter_full_weights(actor.model, 1 << 20)), "grad_norm": torch.tensor(metrics["actor/grad_norm"])}
@@ -45,15 +46,15 @@ def _updated(cfg: Config, meshes: RoleMeshes, batch: TrainBatch, mini: int) -> d
 def main() -> None:
     model_dir, out_path = sys.argv[1:3]
     env = read_env("cpu")
-    init_distributed(env)
+    init_world(env)
     cfg = Config()
     cfg.model.path = model_dir
     cfg.actor.lr = 1e-2
-    meshes = RoleMeshes(plan_placement(cfg.placement, env.world_size), "cpu")
+    mesh = fsdp_mesh("cpu", env.world_size, cfg.actor.fsdp.fsdp_size)
     report: dict[str, object] = {}
 
     # 1. Gathered weights equal the checkpoint exactly, whatever the bucket size (odd dims shard unevenly).
-    actor = Actor(cfg, meshes.mesh("actor"), torch.device("cpu"))
+    actor = Actor(cfg, mesh, torch.device("cpu"))
     ref = load_file(f"{model_dir}/model.safetensors")
     for bucket in (1, 4096, 1 << 30):
         got = dict(iter_full_weights(actor.model, bucket))
@@ -67,17 +68,17 @@ def main() -> None:
     full = _batch(gen)
     per = len(full) // env.world_size
     half = full.select(slice(env.rank * per, env.rank * per + per))
-    sharded = _updated(cfg, meshes, half, mini=per)
+    sharded = _updated(cfg, mesh, half, mini=per)
     cfg.actor.ppo_micro_batch_size_per_gpu = 1  # gradient accumulation over micro-batches of one sample
-    accumulated = _updated(cfg, meshes, half, mini=per)
+    accumulated = _updated(cfg, mesh, half, mini=per)
     report["accumulation_max_diff"] = max((sharded[k] - accumulated[k]).abs().max().item() for k in sharded)
     cfg.actor.ppo_micro_batch_size_per_gpu = 32
     cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = True, 20  # 1-2 rows per micro-batch
-    dynamic = _updated(cfg, meshes, half, mini=per)
+    dynamic = _updated(cfg, mesh, half, mini=per)
     report["dynamic_bsz_max_diff"] = max((sharded[k] - dynamic[k]).abs().max().item() for k in sharded)
     cfg.actor.use_dynamic_bsz = False
     cfg.model.enable_gradient_checkpointing = True
-    checkpointed = _updated(cfg, meshes, half, mini=per)
+    checkpointed = _updated(cfg, mesh, half, mini=per)
     report["checkpointing_max_diff"] = max((sharded[k] - checkpointed[k]).abs().max().item() for k in sharded)
     report["grad_norms"] = [
         sharded["grad_norm"].item(),

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_distributed, read_env, shutdown_distributed
-from torchrl_post.distributed.placement import RoleMeshes, plan_placement
+from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import sync_weights
 from torchrl_post.types import PromptBatch, TrainBatch
@@ -34,11 +34,10 @@ def main() -> None:
     cfg.actor.lr = 5e-3
     cfg.actor.ppo_micro_batch_size_per_gpu = 4
     env = read_env("cpu")
-    init_distributed(env)
-    placement = plan_placement(cfg.placement, env.world_size)
-    meshes = RoleMeshes(placement, "cpu")
+    init_world(env)
+    mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     torch.manual_seed(0)
-    actor = Actor(cfg, meshes.mesh("actor"), env.device)
+    actor = Actor(cfg, mesh, env.device)
     engine = build_engine(cfg, env.device, seed=env.rank, pad_id=0, eos_ids=[3])
     gen = torch.Generator().manual_seed(100 + env.rank)
     prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]

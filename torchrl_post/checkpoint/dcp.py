@@ -47,10 +47,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, rank: int, max_keep: int | None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        max_keep: int | None,
+        world_size: int | None = None,
+        barrier: Callable[[], None] | None = None,
+    ) -> None:
+        """`rank`/`world_size` are global; `barrier` spans every rank (default: the default group's barrier).
+        Role state goes through DCP over each role's own default group (its cell)."""
         self.root = run_dir / "checkpoints"
         self.rank = rank
         self.max_keep = max_keep
+        self.world_size = world_size
+        self.barrier = barrier or dist.barrier
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"global_step_{step}"
@@ -82,7 +93,7 @@ class Checkpointer:
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-        dist.barrier()
+        self.barrier()
         for role, (model, optimizer) in roles.items():
             model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / role))
@@ -90,20 +101,21 @@ class Checkpointer:
         if write_extra is not None:
             write_extra(tmp)
         maybe_kill("kill_during_save", step, self.rank)
-        dist.barrier()
+        self.barrier()
         final = self.step_dir(step)
         if self.rank == 0:
-            (tmp / "trainer_state.json").write_text(
-                json.dumps({"global_step": step, "world_size": dist.get_world_size()})
-            )
+            (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step, "world_size": self._world()}))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             pointer_tmp = self.root / (LATEST + ".tmp")
             pointer_tmp.write_text(f"{step}\n")
             pointer_tmp.replace(self.root / LATEST)
             self._prune()
-        dist.barrier()
+        self.barrier()
         return final
+
+    def _world(self) -> int:
+        return self.world_size if self.world_size is not None else dist.get_world_size()
 
     def _prune(self) -> None:
         if self.max_keep is None:
@@ -120,9 +132,9 @@ class Checkpointer:
         if not state_file.exists() or not rank_file.exists():
             raise ConfigError(f"{path} is not a complete checkpoint (no trainer_state.json or {rank_file.name})")
         meta = json.loads(state_file.read_text())
-        if meta["world_size"] != dist.get_world_size():
+        if meta["world_size"] != self._world():
             raise ConfigError(
-                f"{path} was written by {meta['world_size']} ranks, this run has {dist.get_world_size()}; "
+                f"{path} was written by {meta['world_size']} ranks, this run has {self._world()}; "
                 "resume with the same number of processes"
             )
         missing = [role for role in roles if not (path / role).is_dir()]

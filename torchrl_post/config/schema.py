@@ -76,7 +76,10 @@ class RolloutConfig:
     dtype: str = "float32"
     """Engine weight dtype (float32, bfloat16, float16); float32 keeps CPU parity with the trainer exact."""
     tensor_parallel_size: int = 1
-    """vLLM tensor parallel size (1 for now; larger sizes come with disaggregated placement)."""
+    """vLLM tensor parallel size: consecutive rollout ranks that hold one engine (must divide the rollout ranks)."""
+    mode: str = "sync"
+    """sync: generate, then update. async (rollout on its own ranks): the rollout generates the batch of step
+    k + trainer.max_off_policy_steps while the actor updates step k."""
     free_cache_engine: bool = True
     """On GPU, put vLLM to sleep during the update to free its memory (no sleep mode on CPU)."""
     enforce_eager: bool = True
@@ -87,6 +90,9 @@ class RolloutConfig:
 
 @dataclass
 class FSDPConfig:
+    fsdp_size: int = -1
+    """Ranks each parameter is sharded over; -1 (or the group size) is plain FSDP, smaller is HSDP: a
+    (group / fsdp_size) x fsdp_size mesh, sharded within rows, replicated across them."""
     param_dtype: str = "float32"
     """Mixed-precision dtype for parameters in forward/backward (float32, bfloat16, float16)."""
     reduce_dtype: str = "float32"
@@ -169,6 +175,12 @@ class AlgorithmConfig:
     """KL estimator for the reward penalty: kl/k1, k2, k3/low_var_kl, abs, mse."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient control for the KL in the reward."""
+    rollout_is: str = "auto"
+    """Rollout-policy correction: token multiplies each token's policy loss by min(pi_old / pi_rollout,
+    rollout_is_threshold), the rollout engine's logprobs being the behaviour policy (truncated importance
+    sampling); none turns it off; auto is token with rollout.mode=async and none otherwise."""
+    rollout_is_threshold: float = 2.0
+    """Cap of the truncated importance weight."""
 
 
 @dataclass
@@ -261,6 +273,8 @@ class TrainerConfig:
     """Seed for data order, sampling and initialisation."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu or cuda; also picks the backend (nccl or gloo)."""
+    max_off_policy_steps: int = 1
+    """rollout.mode=async: how many updates the policy that generated a batch may lag (rollout/staleness)."""
     dry_run: bool = False
     """Print the placement plan and batch arithmetic, then exit without loading a model."""
 

@@ -16,6 +16,8 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LOGGERS = ("console", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
+ROLLOUT_MODES = ("sync", "async")
+ROLLOUT_IS = ("auto", "token", "none")
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -53,11 +55,14 @@ def validate(cfg: Config) -> None:
     _positive("rollout.val_temperature", cfg.rollout.val_temperature, allow_zero=True)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
-    if cfg.rollout.tensor_parallel_size != 1:
-        raise ConfigError(
-            f"rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size}: only 1 is supported with the "
-            "colocated engine; set rollout.tensor_parallel_size=1"
-        )
+    _positive("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size)
+    _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
+    _one_of("algorithm.rollout_is", cfg.algorithm.rollout_is, ROLLOUT_IS)
+    _positive("algorithm.rollout_is_threshold", cfg.algorithm.rollout_is_threshold)
+    if cfg.rollout.mode == "async":
+        _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps)
+        if cfg.rollout.engine != "vllm":
+            raise ConfigError("rollout.mode=async needs rollout.engine=vllm (the hf engine runs on the actor's ranks)")
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
     _positive("actor.lr", cfg.actor.lr)
@@ -109,11 +114,43 @@ def validate(cfg: Config) -> None:
         _positive("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
 
 
-def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int) -> dict[str, int]:
+def uses_rollout_is(cfg: Config) -> bool:
+    """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
+    return cfg.algorithm.rollout_is == "token" or (cfg.algorithm.rollout_is == "auto" and cfg.rollout.mode == "async")
+
+
+def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict[str, bool]) -> None:
+    """What the placement must satisfy beyond its rank lists: tensor-parallel and FSDP sizes, async needs."""
+    tp, n_roll = cfg.rollout.tensor_parallel_size, len(ranks["rollout"])
+    if n_roll % tp:
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={tp} does not divide the {n_roll} rollout ranks {ranks['rollout']}; "
+            f"use a divisor of {n_roll} or place a multiple of {tp} ranks in placement.rollout"
+        )
+    if cfg.rollout.engine == "hf" and not colocated["rollout"]:
+        raise ConfigError("rollout.engine=hf runs on the actor's ranks; set placement.rollout=actor or use vllm")
+    if cfg.rollout.engine == "hf" and tp > 1:
+        raise ConfigError("rollout.tensor_parallel_size > 1 needs rollout.engine=vllm")
+    if cfg.rollout.mode == "async" and colocated["rollout"]:
+        raise ConfigError(
+            "rollout.mode=async needs the rollout on ranks of its own (placement.rollout=[...] disjoint from "
+            "placement.actor); colocated ranks cannot generate and train at once"
+        )
+    for role, fsdp in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp)):
+        n = len(ranks.get(role, []))
+        if n and fsdp.fsdp_size > 0 and n % fsdp.fsdp_size:
+            raise ConfigError(
+                f"{role}.fsdp.fsdp_size={fsdp.fsdp_size} does not divide the {n} {role} ranks; "
+                f"use a divisor of {n} (or -1 to shard over all of them)"
+            )
+
+
+def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str, int] | None = None) -> dict[str, int]:
     """Batch arithmetic against the data-parallel sizes; returns the per-rank numbers for the plan."""
     bsz, n = cfg.data.train_batch_size, cfg.rollout.n
     mini = cfg.actor.ppo_mini_batch_size or bsz
-    for dp, role in ((actor_dp, "actor"), (rollout_dp, "rollout")):
+    sizes = [(actor_dp, "actor"), (rollout_dp, "rollout (engines)"), *((dp, r) for r, dp in (others or {}).items())]
+    for dp, role in sizes:
         if bsz % dp:
             raise ConfigError(
                 f"data.train_batch_size={bsz} is not divisible by the {dp} {role} ranks; use a multiple of {dp}"
@@ -127,7 +164,7 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int) -> dict[str, int
     return {
         "prompts_per_step": bsz,
         "samples_per_step": bsz * n,
-        "prompts_per_rollout_rank": bsz // rollout_dp,
+        "prompts_per_rollout_engine": bsz // rollout_dp,
         "samples_per_actor_rank": bsz * n // actor_dp,
         "mini_batches_per_epoch": bsz // mini,
         "samples_per_mini_batch_per_rank": mini * n // actor_dp,

@@ -8,9 +8,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# A c10d backend object (ProcessGroupGloo / ProcessGroupNCCL) used directly: `.broadcast([t], opts)`, `.send`,
+# `.recv`, `.allgather`, `.barrier`. torch's stubs do not declare those methods on Backend, hence Any.
+RawGroup = Any
 
 
 @dataclass(frozen=True)
@@ -53,34 +58,75 @@ def read_env(device_preference: str = "auto") -> DistEnv:
     return DistEnv(rank, world, local_rank, local_world, device, backend)
 
 
-def init_distributed(env: DistEnv, timeout_s: int = 1800) -> None:
-    """Create the default process group (also for a world of one, so every code path is the same)."""
+def open_store(env: DistEnv, timeout_s: int = 1800) -> dist.Store:
+    """A client of torchrun's rendezvous store, under a prefix per restart attempt.
+
+    After a restart (torchrun --max-restarts) the ranks must not read addresses the dead ranks left in the
+    agent's store: gloo would connect to them and hang. So every key lives under `attempt_<n>/`.
+    """
+    if "MASTER_ADDR" not in os.environ:  # plain python, not torchrun
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    timeout = timedelta(seconds=timeout_s)
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=not agent and env.rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"torchrl_post/attempt_{attempt}", store)
+
+
+def init_distributed(env: DistEnv, store: dist.Store, cell: list[int], name: str, timeout_s: int = 1800) -> None:
+    """Make `cell` (global ranks sharing one set of roles) this rank's default process group.
+
+    Fully colocated, the cell is the whole world. With roles on their own ranks each cell is its own torch
+    world: vLLM's `external_launcher` builds its groups with collectives over the default world, so a rollout
+    cell must be a world of its own; cross-role traffic goes over the explicit groups of `new_group`.
+    """
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
     if dist.is_initialized():
         return
-    if "MASTER_ADDR" not in os.environ:  # plain python, not torchrun
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-    timeout = timedelta(seconds=timeout_s)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # After a restart (torchrun --max-restarts), the ranks must not read addresses the dead ranks left in the
-        # agent's store: gloo would connect to them and hang. Keys live under a prefix per attempt.
-        store = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size, is_master=False, timeout=timeout
-        )
-        dist.init_process_group(
-            backend=env.backend,
-            store=dist.PrefixStore(f"torchrl_post/attempt_{attempt}", store),
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timeout,
-        )
-        return
-    dist.init_process_group(backend=env.backend, timeout=timeout)
+    dist.init_process_group(
+        backend=env.backend,
+        store=dist.PrefixStore(f"cell_{name}", store),
+        rank=cell.index(env.rank),
+        world_size=len(cell),
+        timeout=timedelta(seconds=timeout_s),
+    )
+    # vLLM (external_launcher) reads the torchrun variables; inside a cell they are the cell's.
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(cell.index(env.rank)), str(len(cell))
+
+
+def init_world(env: DistEnv) -> dist.Store:
+    """One cell of every rank (the colocated layout); returns the store for further groups."""
+    store = open_store(env)
+    init_distributed(env, store, list(range(env.world_size)), "all")
+    return store
+
+
+def new_group(
+    env: DistEnv, store: dist.Store, name: str, members: list[int], device_side: bool, timeout_s: int = 1800
+) -> RawGroup | None:
+    """A process group over `members` (global ranks) outside torch's registry; None on non-members.
+
+    `device_side` picks the accelerator backend (nccl) for tensors on the device, else gloo (CPU objects).
+    Only the members call this, so cells can build groups among themselves without the others.
+    """
+    if env.rank not in members:
+        return None
+    prefixed = dist.PrefixStore(f"group_{name}", store)
+    rank, size, timeout = members.index(env.rank), len(members), timedelta(seconds=timeout_s)
+    if device_side and env.device.type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
+    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
 
 
 def shutdown_distributed() -> None:

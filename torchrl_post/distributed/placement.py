@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.config.errors import ConfigError
+from torchrl_post.distributed.env import DistEnv, init_distributed, new_group, open_store
 
 ROLES = ("actor", "rollout", "critic", "reference")
 
@@ -34,11 +35,37 @@ class Placement:
     def fully_colocated(self) -> bool:
         return all(self.colocated.get(r, True) for r in self.ranks)
 
+    def cells(self) -> dict[str, list[int]]:
+        """Cell name -> global ranks: `actor` (with every colocated role), then each role on its own ranks."""
+        out = {"actor": self.ranks["actor"]}
+        for role, ranks in self.ranks.items():
+            if not self.colocated.get(role):
+                out[role] = ranks
+        return out
+
+    def cell_of(self, rank: int) -> str:
+        return next(name for name, ranks in self.cells().items() if rank in ranks)
+
+    def roles_of(self, rank: int) -> list[str]:
+        return [role for role, ranks in self.ranks.items() if rank in ranks]
+
+    def sync_ranks(self) -> list[int]:
+        """The weight broadcast group: the first actor rank + the rollout ranks; [] when colocated."""
+        if self.colocated.get("rollout"):
+            return []
+        return [self.ranks["actor"][0], *self.ranks["rollout"]]
+
     def describe(self) -> str:
-        lines = [f"world size {self.world_size}"]
+        lines = [f"world size {self.world_size}, {len(self.cells())} cell(s) (a cell is one torch world)"]
         for role, ranks in self.ranks.items():
             how = " (colocated with actor)" if self.colocated.get(role) and role != "actor" else ""
             lines.append(f"  {role:<9} ranks {ranks}{how}")
+        sync = self.sync_ranks()
+        lines.append(
+            f"  weight sync: broadcast over ranks {sync} (rank {sync[0]} sends)"
+            if sync
+            else "  weight sync: in-process reload on every actor rank (colocated)"
+        )
         return "\n".join(lines)
 
 
@@ -93,28 +120,65 @@ def plan_placement(cfg: Any, world_size: int) -> Placement:
     return Placement(world_size, ranks, colocated)
 
 
-class RoleMeshes:
-    """DeviceMeshes and process groups per role, built once on every rank."""
+class Topology:
+    """This rank's part of the placement: its cell (the default world), role meshes, cross-role groups.
 
-    def __init__(self, placement: Placement, device_type: str) -> None:
-        self.placement = placement
-        self.device_type = device_type
-        self.rank = dist.get_rank()
+    A cell is a set of ranks that share one set of roles: the actor's ranks (with every colocated role), and
+    each role placed on ranks of its own. Each cell is its own torch world (vLLM's `external_launcher`
+    builds its groups over the default world, so a rollout cell must be one). Roles talk across cells over:
+      world   gloo over all ranks: batch transfer, metrics, barriers (None when fully colocated)
+      sync    {first actor rank} + rollout ranks on the device backend: weight broadcast (None if colocated)
+    Every group here is built by its members only, so no cell waits on another to build its own.
+    """
+
+    def __init__(self, placement: Placement, env: DistEnv, fsdp_sizes: dict[str, int], timeout_s: int = 1800):
+        self.placement, self.env, self.rank = placement, env, env.rank
+        self.cell_name = placement.cell_of(env.rank)
+        self.cell = placement.cells()[self.cell_name]
+        self.store = open_store(env, timeout_s)
+        init_distributed(env, self.store, self.cell, self.cell_name, timeout_s)
+        everyone = list(range(placement.world_size))
+        colocated = placement.fully_colocated()
+        self.world = None if colocated else new_group(env, self.store, "world", everyone, False, timeout_s)
+        self.sync_ranks = placement.sync_ranks()
+        self.sync = (
+            None if not self.sync_ranks else new_group(env, self.store, "sync", self.sync_ranks, True, timeout_s)
+        )
         self._meshes: dict[str, DeviceMesh] = {}
-        for role, ranks in placement.ranks.items():
-            if placement.colocated.get(role) and role != "actor":
-                continue
-            mesh = torch.tensor(ranks, dtype=torch.int)
-            # DeviceMesh construction creates its group on every rank (collective), members or not.
-            self._meshes[role] = DeviceMesh(device_type, mesh, mesh_dim_names=("dp",))
+        for role in placement.roles_of(env.rank):
+            if role == "rollout":
+                continue  # vLLM builds its own groups over the cell
+            self._meshes[role] = fsdp_mesh(env.device.type, len(self.cell), fsdp_sizes.get(role, -1))
 
     def mesh(self, role: str) -> DeviceMesh:
-        if self.placement.colocated.get(role) and role != "actor":
-            return self._meshes["actor"]
         return self._meshes[role]
+
+    def has(self, role: str) -> bool:
+        return self.rank in self.placement.ranks.get(role, [])
 
     def dp_rank(self, role: str) -> int:
         return self.placement.ranks[role].index(self.rank)
 
     def dp_size(self, role: str) -> int:
         return len(self.placement.ranks[role])
+
+
+def fsdp_mesh(device_type: str, n: int, fsdp_size: int) -> DeviceMesh:
+    """1-D ("dp",) for FSDP over the whole cell; 2-D ("dp_replicate", "dp_shard") for HSDP when fsdp_size < n."""
+    if fsdp_size <= 0 or fsdp_size >= n:
+        return DeviceMesh(device_type, torch.arange(n, dtype=torch.int), mesh_dim_names=("dp",))
+    return DeviceMesh(
+        device_type,
+        torch.arange(n, dtype=torch.int).view(n // fsdp_size, fsdp_size),
+        mesh_dim_names=("dp_replicate", "dp_shard"),
+    )
+
+
+def dp_group(mesh: DeviceMesh) -> dist.ProcessGroup:
+    """All data-parallel ranks of a role mesh: its group for a 1-D mesh; for HSDP's 2-D mesh (which spans its
+    whole cell, see `Topology`) the cell's default group."""
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    group = dist.group.WORLD
+    assert group is not None and dist.get_world_size() == mesh.size()
+    return group

@@ -10,8 +10,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForCausalLM
 
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import agg_loss, gspo_loss, ppo_clip_loss
+from torchrl_post.algos.policy_loss import agg_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
 from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import uses_rollout_is
+from torchrl_post.distributed.placement import dp_group
 from torchrl_post.types import RolloutBatch, TrainBatch
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.logprobs import batched_log_probs, chunks, micro_slices, padded_forward_log_probs
@@ -33,7 +35,9 @@ class Actor:
         self.cfg = cfg
         self.acfg = cfg.actor
         self.mesh = mesh
-        self.group = mesh.get_group()
+        self.group = dp_group(mesh)
+        # Truncated importance sampling against the rollout engine's logprobs (0: off).
+        self.is_cap = cfg.algorithm.rollout_is_threshold if uses_rollout_is(cfg) else 0.0
         self.dp_size = mesh.size()
         self.device = device
         model = AutoModelForCausalLM.from_pretrained(
@@ -89,7 +93,7 @@ class Actor:
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         width = batch.response_mask.shape[1]
         # Local sums, reduced across ranks once at the end: tokens, ratio, clipped, kl, entropy, logprob diff.
-        sums = torch.zeros(8, dtype=torch.float64)
+        sums = torch.zeros(10, dtype=torch.float64)
         padded_cells, real_cells = 0, 0.0
         pg_losses: list[float] = []
         kl_losses: list[float] = []
@@ -114,8 +118,11 @@ class Actor:
                         out = gspo_loss(logp, old, adv, mask, low, high)
                     else:
                         out = ppo_clip_loss(logp, old, adv, low, high, clip_c=a.clip_ratio_c)
+                    rollout_lp = mb.rollout_log_probs[micro].to(self.device)
+                    is_w = truncated_is_weights(old, rollout_lp, self.is_cap) if self.is_cap else None
+                    loss_bt = out.loss_bt if is_w is None else out.loss_bt * is_w
                     frac = (micro.stop - micro.start) / len(mb)
-                    pg = _agg(out.loss_bt, mask, a.loss_agg_mode, token_norm, frac)
+                    pg = _agg(loss_bt, mask, a.loss_agg_mode, token_norm, frac)
                     loss = (
                         pg - a.entropy_coeff * _agg(ent, mask, a.loss_agg_mode, token_norm, frac)
                         if a.entropy_coeff
@@ -140,11 +147,11 @@ class Actor:
                                 (out.clipped_bt * m).sum(),
                                 (out.approx_kl_bt * m).sum(),
                                 (ent * m).sum(),
-                                ((logp.detach() - mb.rollout_log_probs[micro].to(self.device)).abs() * m).sum()
-                                if epoch == 0
-                                else m.new_zeros(()),
+                                ((logp.detach() - rollout_lp).abs() * m).sum() if epoch == 0 else m.new_zeros(()),
                                 m.sum() if epoch == 0 else m.new_zeros(()),
                                 (out.dual_clipped_bt * m).sum(),
+                                (is_w * m).sum() if is_w is not None else m.new_zeros(()),
+                                ((is_w >= self.is_cap) * m).sum() if is_w is not None else m.new_zeros(()),
                             ]
                         ).cpu()
                 grad_norm = clip_grad_norm(self.model, self.acfg.grad_clip)
@@ -180,5 +187,13 @@ class Actor:
             "perf/padding_frac": 1.0 - real_cells / max(padded_cells, 1),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
             **({"actor/kl_loss": kls.mean().item(), "actor/kl_coef": a.kl_loss_coef} if a.use_kl_loss else {}),
+            **(
+                {
+                    "rollout_corr/is_weight_mean": tot[8].item() / tokens,
+                    "rollout_corr/is_clipfrac": tot[9].item() / tokens,
+                }
+                if self.is_cap
+                else {}
+            ),
             "_trainer_rollout_logprob_diff": tot[5].item() / max(tot[6].item(), 1.0),
         }

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from torchrl_post.algos.value_loss import clipped_value_loss
 from torchrl_post.config.schema import Config
+from torchrl_post.distributed.placement import dp_group
 from torchrl_post.types import RolloutBatch
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.logprobs import chunks
@@ -37,7 +38,7 @@ class CriticBatch:
 class Critic:
     def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device) -> None:
         self.cfg, self.ccfg, self.device = cfg, cfg.critic, device
-        self.group, self.dp_size = mesh.get_group(), mesh.size()
+        self.group, self.dp_size = dp_group(mesh), mesh.size()
         path = cfg.critic.model.path or cfg.model.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
         config.num_labels = 1
