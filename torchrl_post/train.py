@@ -13,6 +13,7 @@ import os
 import sys
 
 from torchrl_post.config import UserError, load_config
+from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import resolve_roles, validate_batch, validate_placement
 from torchrl_post.distributed.env import read_env, shutdown_distributed
@@ -35,6 +36,18 @@ def _parse_args(argv: list[str]) -> tuple[str, list[str]]:
         else:
             overrides.append(arg)
     return name, overrides
+
+
+def planned_world(configured: int | None, launched: int, under_torchrun: bool) -> int:
+    if configured is None:
+        return launched
+    if configured < 1:
+        raise ConfigError(f"trainer.world_size={configured} must be >= 1 (or null for torchrun's world)")
+    if under_torchrun and configured != launched:
+        raise ConfigError(
+            f"trainer.world_size={configured} but torchrun started {launched} processes; drop the key or match it"
+        )
+    return configured
 
 
 def describe_plan(cfg: Config, placement: Placement, plan: dict[str, int], device: str, backend: str) -> str:
@@ -68,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(overrides, name)
         env = read_env(cfg.trainer.device)
         role_notes = resolve_roles(cfg)
-        placement = plan_placement(cfg.placement, env.world_size)
+        world = planned_world(cfg.trainer.world_size, env.world_size, "WORLD_SIZE" in os.environ)
+        placement = plan_placement(cfg.placement, world)
         validate_placement(cfg, placement.ranks, placement.colocated)
         others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}
         engines = len(placement.ranks["rollout"]) // cfg.rollout.tensor_parallel_size

@@ -138,7 +138,7 @@ def test_validate_batch_per_rank_numbers():
     assert out == {
         "prompts_per_step": 16,
         "samples_per_step": 128,
-        "prompts_per_rollout_rank": 8,
+        "prompts_per_rollout_engine": 8,
         "samples_per_actor_rank": 64,
         "mini_batches_per_epoch": 1,
         "samples_per_mini_batch_per_rank": 64,
@@ -149,7 +149,7 @@ def test_validate_batch_per_rank_numbers():
 def test_validate_batch_with_mini_batches_and_separate_rollout_ranks():
     cfg = _cfg(train_batch_size=16, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=64)
     out = validate_batch(cfg, actor_dp=2, rollout_dp=4)
-    assert out["prompts_per_rollout_rank"] == 4  # 16 / 4
+    assert out["prompts_per_rollout_engine"] == 4  # 16 / 4
     assert out["samples_per_actor_rank"] == 64  # 16 * 8 / 2
     assert out["mini_batches_per_epoch"] == 4  # 16 / 4
     assert out["samples_per_mini_batch_per_rank"] == 16  # 4 * 8 / 2

@@ -275,6 +275,9 @@ class TrainerConfig:
     """auto (cuda when available, else cpu), cpu or cuda; also picks the backend (nccl or gloo)."""
     max_off_policy_steps: int = 1
     """rollout.mode=async: how many updates the policy that generated a batch may lag (rollout/staleness)."""
+    world_size: int | None = None
+    """Ranks to plan for: null takes torchrun's WORLD_SIZE; set it to check a placement with a dry run from
+    plain python (under torchrun it must equal the launched world)."""
     dry_run: bool = False
     """Print the placement plan and batch arithmetic, then exit without loading a model."""
 

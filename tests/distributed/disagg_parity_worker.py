@@ -1,0 +1,111 @@
+"""Run under torchrun by test_disaggregated.py: parity across ranks after the broadcast weight sync.
+
+    torchrun --nproc-per-node 3|4 tests/distributed/disagg_parity_worker.py <model_dir> <tp> <out.json>
+
+Actor ranks [0, 1] train under FSDP2; the vLLM engine lives on the rollout ranks ([2], or [2, 3] as one
+tensor-parallel engine). After each update, the actor's first rank broadcasts the weights in flat buckets;
+the engine's greedy tokens and logprobs travel back (the trainer's transfer) and must equal the trainer's
+argmax and logprobs. Rank 0 writes the measured differences.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import read_env, shutdown_distributed
+from torchrl_post.distributed.placement import Topology, plan_placement
+from torchrl_post.distributed.transfer import route
+from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.sync.weights import BroadcastSync
+from torchrl_post.types import Generation, PromptBatch, TrainBatch
+from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.logprobs import logits_to_logprobs
+
+
+def main() -> None:
+    model_dir, tp, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    cfg = Config()
+    cfg.model.path = model_dir
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
+    cfg.rollout.max_num_seqs, cfg.rollout.tensor_parallel_size = 64, tp
+    cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4
+    env = read_env("cpu")
+    rollout = list(range(2, env.world_size))
+    placement = plan_placement(SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size)
+    topo = Topology(placement, env, {"actor": -1})
+    assert topo.world is not None
+    torch.manual_seed(0)
+    is_actor = env.rank in (0, 1)
+    actor = Actor(cfg, topo.mesh("actor"), env.device) if is_actor else None
+    engine = None if is_actor else build_engine(cfg, env.device, seed=0, pad_id=0, eos_ids=[3])
+    # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
+    sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None)
+    gen = torch.Generator().manual_seed(100)
+    prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
+    pb = PromptBatch(prompts, ["0"] * 4, ["arithmetic"] * 4, [{}] * 4, [0, 1, 2, 3])
+    greedy = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=6, seed=0)
+    # Greedy samples from rank 2 to both actor ranks: items 0..3 to rank 0, 10..13 to rank 1.
+    owner = {g: 2 for g in (0, 1, 2, 3, 10, 11, 12, 13)}
+    dest = {g: 0 if g < 10 else 1 for g in owner}
+    results = []
+    for update in range(3):
+        if update > 0:
+            if actor is not None:
+                rb = last
+                adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
+                tb = TrainBatch(
+                    rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None, rb.rollout_log_probs
+                )
+                actor.update(tb, temperature=1.0, mini_size=len(tb))
+                sync.send(actor.model)
+            else:
+                assert engine is not None
+                sync.receive(engine)
+        items = {}
+        if engine is not None:
+            g_out = engine.generate(pb.prompt_ids, pb.uids, greedy)
+            if env.rank == 2:
+                for i in range(4):
+                    one = ([g_out.response_ids[i]], [g_out.logprobs[i]], [g_out.finish_reasons[i]])
+                    items[i], items[10 + i] = one, one
+        got = route(topo.world, items, owner, dest)
+        if actor is None:
+            continue
+        g_all = Generation([], [], [])
+        for i in range(4):
+            ids, lps, fins = got[i + 10 * env.rank]
+            g_all.response_ids += ids
+            g_all.logprobs += lps
+            g_all.finish_reasons += fins
+        last = collate(pb, g_all, 1, 0)
+        actor.model.eval()
+        with torch.no_grad():
+            logits = actor.model(
+                input_ids=last.input_ids, attention_mask=last.attention_mask, position_ids=last.position_ids
+            ).logits[:, -last.response_width - 1 : -1]
+        logp, _ = logits_to_logprobs(logits, last.responses, 0.0)
+        mask = last.response_mask.bool()
+        results.append(
+            {
+                "update": update,
+                "argmax_match": bool((logits.argmax(-1) == last.responses)[mask].all()),
+                "max_logprob_diff": (logp - last.rollout_log_probs)[mask].abs().max().item(),
+                "tokens": last.responses[mask].tolist(),
+            }
+        )
+    if env.rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"results": results, "sync_bytes": sync.nbytes, "buckets": len(sync.buckets)}, f)
+    topo.world.barrier().wait()
+    if engine is not None:
+        engine.shutdown()
+    shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main()
