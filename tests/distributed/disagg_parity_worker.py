@@ -22,7 +22,7 @@ from torchrl_post.distributed.placement import Topology, plan_placement
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import BroadcastSync
-from torchrl_post.types import Generation, PromptBatch, TrainBatch
+from torchrl_post.types import Generation, PromptBatch, RolloutBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.logprobs import logits_to_logprobs
 
@@ -53,9 +53,11 @@ def main() -> None:
     owner = {g: 2 for g in (0, 1, 2, 3, 10, 11, 12, 13)}
     dest = {g: 0 if g < 10 else 1 for g in owner}
     results = []
+    last: RolloutBatch | None = None
     for update in range(3):
         if update > 0:
             if actor is not None:
+                assert last is not None
                 rb = last
                 adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
                 tb = TrainBatch(
