@@ -36,7 +36,9 @@ def main() -> None:
     cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4
     env = read_env("cpu")
     rollout = list(range(2, env.world_size))
-    placement = plan_placement(SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size)
+    placement = plan_placement(
+        SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size
+    )
     topo = Topology(placement, env, {"actor": -1})
     assert topo.world is not None
     torch.manual_seed(0)

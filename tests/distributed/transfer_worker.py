@@ -33,7 +33,9 @@ def main() -> None:
     out = Path(sys.argv[1])
     env = read_env("cpu")
     rollout = list(range(2, env.world_size))
-    placement = plan_placement(SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size)
+    placement = plan_placement(
+        SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size
+    )
     topo = Topology(placement, env, {"actor": -1})
     assert topo.world is not None
     per = GROUPS // len(rollout)

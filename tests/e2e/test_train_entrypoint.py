@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,23 @@ def test_hf_engine_without_validation_or_saving(tiny_model: Path, task_data: tup
     assert rows[-1]["rollout/logprob_diff"] < 1e-3
     assert all(r["actor/optimizer_steps"] == 4 and "timing_s/old_log_prob" in r for r in rows)
     assert rows[-1]["actor/ppo_ratio_mean"] != 1.0  # later mini-batches see an updated policy
+
+
+def test_dry_run_plans_roles_on_their_own_ranks(tmp_path: Path) -> None:
+    """trainer.world_size plans a torchrun world from plain python; nothing is loaded (the model does not exist)."""
+    base = [sys.executable, "-m", "torchrl_post.train", "trainer.dry_run=true", f"model.path={tmp_path / 'none'}"]
+    proc = run_cmd(base + ["trainer.world_size=4", "placement.actor=[0,1]", "placement.rollout=[2,3]"])
+    assert_ok(proc)
+    assert "rollout   ranks [2, 3]" in proc.stdout
+    assert "weight sync: broadcast over ranks [0, 2, 3] (rank 0 sends)" in proc.stdout
+    assert "rollout engines (vllm, tensor_parallel_size=1): [[2], [3]]" in proc.stdout
+    assert "samples_per_actor_rank: 64" in proc.stdout
+    for bad, needle in (
+        (["placement.rollout=[2,4]"], "outside the world of 4"),
+        (["placement.rollout=[2]"], "ranks [3] have no role"),
+        (["placement.rollout=[1,2,3]"], "partly overlaps"),
+        (["placement.rollout=[2,3]", "rollout.tensor_parallel_size=3"], "does not divide the 2 rollout ranks"),
+        (["placement.rollout=[2,3]", "data.train_batch_size=3"], "data.train_batch_size=3"),
+    ):
+        proc = run_cmd(base + ["trainer.world_size=4", "placement.actor=[0,1]", *bad])
+        _one_line_error(proc, needle)
