@@ -36,6 +36,7 @@ from torchrl_post.data.dataset import PromptDataset, load_prompts
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology
+from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.distributed.transfer import ROW_GEN_MS, ROW_VERSION, all_gather_rows, plan_transfer, route
 from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
@@ -76,11 +77,6 @@ class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, topo: Topology) -> None:
         self.cfg, self.env, self.topo = cfg, env, topo
         placement = topo.placement
-        for role in ("critic", "reference"):
-            if placement.has(role) and not placement.colocated[role]:
-                raise ConfigError(
-                    f"placement.{role}: a {role} on ranks of its own is not supported yet; use placement.{role}=actor"
-                )
         check_model_dir(cfg.model.path)
         self.run_dir = Path(cfg.trainer.default_local_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
@@ -126,11 +122,26 @@ class Trainer:
         self.actor: Actor | None = None
         self.critic: Critic | None = None
         self.reference: Reference | None = None
+        # Roles exist only when something uses them (resolve_roles placed them); each on the ranks placed for it.
         if self.is_actor:
             self.actor = Actor(cfg, topo.mesh("actor"), env.device)
-            # Roles that exist only when something uses them (resolve_roles placed them).
-            self.critic = Critic(cfg, topo.mesh("critic"), env.device) if placement.has("critic") else None
-            self.reference = Reference(cfg, topo.mesh("reference"), env.device) if placement.has("reference") else None
+        if topo.has("critic"):
+            self.critic = Critic(cfg, topo.mesh("critic"), env.device)
+        if topo.has("reference"):
+            self.reference = Reference(cfg, topo.mesh("reference"), env.device)
+        # A critic or reference on ranks of its own: the actor sends it prompt groups, it answers per token.
+        self.links = {
+            role: RoleLink(
+                group,
+                len(self.actor_ranks),
+                len(placement.ranks[role]),
+                cfg.data.train_batch_size,
+                cfg.rollout.n,
+                self.tokenizer.pad_token_id,
+            )
+            for role, group in topo.links.items()
+            if group is not None
+        }
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl: AdaptiveKLController | FixedKLController = (
             AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
@@ -200,7 +211,12 @@ class Trainer:
         while self.global_step < self.total_steps:
             self.global_step += 1
             step = self.global_step
-            metrics = self.train_step(step) if self.is_actor else self.serve_step(step)
+            if self.is_actor:
+                metrics = self.train_step(step)
+            elif self.is_rollout:
+                metrics = self.serve_step(step)
+            else:
+                metrics = self.serve_role_step(step)
             last = step == self.total_steps
             if self.val_data is not None and tcfg.test_freq > 0 and (step % tcfg.test_freq == 0 or last):
                 with self._timer("testing"):
@@ -252,8 +268,13 @@ class Trainer:
             )
             with self._timer("update_critic"):
                 adv_m |= self.critic.update(critic_batch, mini, cfg.actor.ppo_epochs)
+        elif "critic" in self.links:  # the critic's ranks update while the actor does
+            self.links["critic"].to_role(rollout, returns)
         with self._timer("update_actor"):
             actor_m = actor.update(batch, cfg.rollout.temperature, mini)
+        if "critic" in self.links:
+            with self._timer("wait_critic"):
+                adv_m |= self.links["critic"].metrics_to_actor(None)
         if actor.consecutive_skips >= cfg.trainer.max_nonfinite_skips:
             latest = self.checkpointer.latest()
             raise TrainingError(
@@ -304,6 +325,38 @@ class Trainer:
             self._generate_ahead(step + lag)  # overlaps the actor's update of `step`
         self._pull_weights()
         self.version = step
+        return {}
+
+    def serve_role_step(self, step: int) -> dict[str, float]:
+        """A critic or reference on ranks of its own: answer the actor's groups (and update the critic).
+
+        Mirrors the actor's calls: the rollout transfer on the cross-cell group (it holds nothing there),
+        then its link's exchanges in `_advantages` and `train_step` order."""
+        cfg = self.cfg
+        if self.disagg:
+            assert self.topo.world is not None
+            table = all_gather_rows(self.topo.world, torch.empty(0, 5, dtype=torch.int64), self._rows_per_engine())
+            owner, dest = plan_transfer(table, cfg.data.train_batch_size, self.actor_ranks)
+            route(self.topo.world, {}, owner, dest)
+        if self.reference is not None:
+            link = self.links["reference"]
+            batch = link.exchange_groups(None)
+            assert batch is not None
+            link.to_actor(batch, self.reference.compute_log_probs(batch, cfg.rollout.temperature))
+        if self.critic is not None:
+            link = self.links["critic"]
+            batch = link.exchange_groups(None)
+            assert batch is not None
+            values = self.critic.compute_values(batch)
+            link.to_actor(batch, values)
+            returns = link.to_role(batch, None)
+            assert returns is not None
+            mini = (cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size) * cfg.rollout.n
+            mini //= len(self.topo.placement.ranks["critic"])
+            critic_batch = CriticBatch(
+                batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask, values, returns
+            )
+            link.metrics_to_actor(self.critic.update(critic_batch, mini, cfg.actor.ppo_epochs))
         return {}
 
     # ---- moving batches and weights between cells ----------------------------------------------------
@@ -389,9 +442,17 @@ class Trainer:
         if self.reference is not None:
             with self._timer("ref"):
                 ref = self.reference.compute_log_probs(rollout, temp)
+        elif "reference" in self.links:
+            with self._timer("ref"):
+                self.links["reference"].exchange_groups(rollout)
+                ref = self.links["reference"].to_actor(rollout, None)
         if self.critic is not None:
             with self._timer("values"):
                 values = self.critic.compute_values(rollout)
+        elif "critic" in self.links:
+            with self._timer("values"):
+                self.links["critic"].exchange_groups(rollout)
+                values = self.links["critic"].to_actor(rollout, None)
         token_rewards = scores_to_token_rewards(scores_b, mask)
         if cfg.algorithm.use_kl_in_reward:
             assert old is not None and ref is not None
@@ -591,7 +652,7 @@ class Trainer:
         self.global_step = self.version = step
         if self.actor is not None:
             self._push_weights()
-        else:
+        elif self.is_rollout:
             self._pull_weights()
         self.metrics.resume_from(step)
         if self.is_main:

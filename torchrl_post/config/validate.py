@@ -157,6 +157,11 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str
             )
     if bsz % mini:
         raise ConfigError(f"actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size={bsz}")
+    for dp, role in sizes[2:]:
+        if mini % dp:
+            raise ConfigError(
+                f"actor.ppo_mini_batch_size={mini} is not divisible by the {dp} {role} ranks; use a multiple of {dp}"
+            )
     if mini % actor_dp:
         raise ConfigError(
             f"actor.ppo_mini_batch_size={mini} is not divisible by the {actor_dp} actor ranks; use a multiple of {actor_dp}"

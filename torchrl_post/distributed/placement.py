@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.distributed.env import DistEnv, init_distributed, new_group, open_store
+from torchrl_post.distributed.env import DistEnv, RawGroup, init_distributed, new_group, open_store
 
 ROLES = ("actor", "rollout", "critic", "reference")
 
@@ -128,6 +128,7 @@ class Topology:
     builds its groups over the default world, so a rollout cell must be one). Roles talk across cells over:
       world   gloo over all ranks: batch transfer, metrics, barriers (None when fully colocated)
       sync    {first actor rank} + rollout ranks on the device backend: weight broadcast (None if colocated)
+      links   per critic/reference on ranks of its own: gloo over the actor's and its ranks (role_link.py)
     Every group here is built by its members only, so no cell waits on another to build its own.
     """
 
@@ -144,6 +145,12 @@ class Topology:
         self.sync = (
             None if not self.sync_ranks else new_group(env, self.store, "sync", self.sync_ranks, True, timeout_s)
         )
+        # A critic or reference on ranks of its own talks to the actor over a gloo group of both.
+        self.links: dict[str, RawGroup | None] = {}
+        for role in ("critic", "reference"):
+            if placement.has(role) and not placement.colocated[role]:
+                members = placement.ranks["actor"] + placement.ranks[role]
+                self.links[role] = new_group(env, self.store, f"link_{role}", members, False, timeout_s)
         self._meshes: dict[str, DeviceMesh] = {}
         for role in placement.roles_of(env.rank):
             if role == "rollout":

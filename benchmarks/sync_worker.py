@@ -1,0 +1,239 @@
+"""Weight-sync speed, one topology per launch: the framework's sync against a raw collective of the same bytes.
+
+    torchrun --standalone --nproc-per-node K benchmarks/sync_worker.py \
+        --model DIR --mode {colocated,broadcast} --actor N --rollout M --bucket-mb B --repeats R --out FILE
+
+colocated (K = N): actor (FSDP2) and vLLM engine on the same N ranks. Timed: `sync_weights` (bucketed
+    all_gather of the shards, streamed into vLLM's in-place reload) against one all_gather_into_tensor of
+    the total parameter bytes over the actor mesh.
+broadcast (K = N + M): actor on ranks 0..N-1, engines on N..N+M-1. Timed: `BroadcastSync.send/receive`
+    (gather, pack, bucketed broadcast, reload) against one broadcast of one flat tensor of the same bytes
+    over the sync group.
+
+Both also time the two halves of the sync apart: `transfer_s` (the sync path with no engine load) and
+`load_s` (the engine's reload from tensors already in memory). Every timed region is bracketed by a barrier
+over all ranks, warmed up once, and the median of R repeats (taken on global rank 0) is reported; rank 0
+writes one JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from torchrl_post.config import load_config
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import DistEnv, read_env
+from torchrl_post.distributed.placement import Topology, plan_placement
+from torchrl_post.rollout import RolloutEngine, build_engine
+from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, sync_weights
+from torchrl_post.workers.actor import Actor
+
+GB = 1e9
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, type=Path)
+    ap.add_argument("--mode", required=True, choices=("colocated", "broadcast"))
+    ap.add_argument("--actor", required=True, type=int, help="actor ranks")
+    ap.add_argument("--rollout", type=int, default=0, help="rollout ranks (broadcast mode)")
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", required=True, type=Path)
+    return ap.parse_args(argv)
+
+
+def build_config(model: Path, bucket_mb: int) -> Config:
+    """A full Config for the actor and a small vLLM engine (data files are never read here)."""
+    return load_config(
+        [
+            f"model.path={model.resolve()}",
+            "data.train_files=unused.jsonl",
+            "data.val_files=null",
+            "data.max_prompt_length=16",
+            "data.max_response_length=8",
+            "rollout.engine=vllm",
+            "rollout.max_num_seqs=8",
+            "rollout.cpu_kvcache_space_gb=1",
+            f"rollout.sync_bucket_mb={bucket_mb}",
+            "trainer.device=cpu",
+        ]
+    )
+
+
+def build_topology(args: argparse.Namespace, env: DistEnv) -> Topology:
+    actor = list(range(args.actor))
+    rollout: list[int] | str = (
+        "actor" if args.mode == "colocated" else list(range(args.actor, args.actor + args.rollout))
+    )
+    want = args.actor if args.mode == "colocated" else args.actor + args.rollout
+    if env.world_size != want:
+        raise SystemExit(
+            f"{args.mode} with actor={args.actor} rollout={args.rollout} needs {want} ranks, got {env.world_size}"
+        )
+    spec = types.SimpleNamespace(actor=actor, rollout=rollout, critic=None, reference=None)
+    return Topology(plan_placement(spec, env.world_size), env, {"actor": -1})
+
+
+def build_engine_for(cfg: Config, env: DistEnv) -> RolloutEngine:
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    return build_engine(cfg, env.device, env.rank, tok.pad_token_id, [tok.eos_token_id])
+
+
+def barrier_all(topo: Topology) -> None:
+    if topo.world is not None:
+        topo.world.barrier().wait()
+    else:
+        dist.barrier()
+
+
+def timed(topo: Topology, fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of `fn` between barriers over every rank, after one warm-up call."""
+    barrier_all(topo)
+    fn()
+    times = []
+    for _ in range(repeats):
+        barrier_all(topo)
+        t0 = time.perf_counter()
+        fn()
+        barrier_all(topo)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def param_stats(model: torch.nn.Module) -> tuple[int, int]:
+    """(parameters, bytes) of the full (unsharded) model."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+
+
+def drain(it: Iterator[tuple[str, torch.Tensor]]) -> None:
+    for _ in it:
+        pass
+
+
+def stand_in_weights(specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> list[tuple[str, torch.Tensor]]:
+    """Full tensors in the wire layout, for timing the engine's reload on its own."""
+    gen = torch.Generator().manual_seed(0)
+    return [(n, (torch.randn(s, generator=gen) * 0.02).to(d)) for n, s, d in specs]
+
+
+# ---- colocated ---------------------------------------------------------------------------------------------
+
+
+def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: argparse.Namespace) -> dict[str, Any]:
+    model, bucket_bytes = actor.model, args.bucket_mb << 20
+    params, nbytes = param_stats(model)
+    world = dist.get_world_size(actor.group)
+    recv = torch.empty(-(-nbytes // 4 // world) * world, dtype=torch.float32)
+    send = torch.ones(recv.numel() // world, dtype=torch.float32)
+    full = [(n, t.clone()) for n, t in iter_full_weights(model, bucket_bytes)]
+    times = {
+        "sync_s": timed(topo, lambda: sync_weights(model, engine, args.bucket_mb), args.repeats),
+        "raw_s": timed(topo, lambda: dist.all_gather_single(recv, send, group=actor.group), args.repeats),
+        "transfer_s": timed(topo, lambda: drain(iter_full_weights(model, bucket_bytes)), args.repeats),
+        "load_s": timed(topo, lambda: engine.load_weights(iter(full)), args.repeats),
+    }
+    return {"params": params, "bytes": nbytes, **times}
+
+
+# ---- broadcast ---------------------------------------------------------------------------------------------
+
+
+def raw_broadcast(topo: Topology, flat: torch.Tensor | None) -> None:
+    if topo.sync is not None and flat is not None:
+        topo.sync.broadcast([flat], dist.BroadcastOptions()).wait()
+
+
+def bench_broadcast(
+    topo: Topology, actor: Actor | None, engine: RolloutEngine | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    bsync = BroadcastSync(
+        topo.sync, topo.env.device, args.bucket_mb << 20, torch.float32, actor.model if actor is not None else None
+    )
+    flat = torch.ones(-(-bsync.nbytes // 4), dtype=torch.float32) if topo.sync is not None else None
+    specs = [s for b in bsync.buckets for s in b]
+    stand_in = stand_in_weights(specs) if engine is not None else []
+
+    def sync() -> None:
+        if actor is not None:
+            bsync.send(actor.model)
+        elif engine is not None:
+            bsync.receive(engine)
+
+    def transfer() -> None:
+        if actor is not None:
+            bsync.send(actor.model)
+        else:
+            drain(bsync.received())
+
+    def load() -> None:
+        if engine is not None:
+            engine.load_weights(iter(stand_in))
+
+    times = {
+        "sync_s": timed(topo, sync, args.repeats),
+        "raw_s": timed(topo, lambda: raw_broadcast(topo, flat), args.repeats),
+        "transfer_s": timed(topo, transfer, args.repeats),
+        "load_s": timed(topo, load, args.repeats),
+    }
+    params = sum(torch.Size(s).numel() for _, s, _ in specs)
+    return {"params": params, "bytes": bsync.nbytes, **times}
+
+
+# ---- main --------------------------------------------------------------------------------------------------
+
+
+def record(args: argparse.Namespace, env: DistEnv, r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "mode": args.mode,
+        "actor": args.actor,
+        "rollout": args.rollout if args.mode == "broadcast" else args.actor,
+        "world": env.world_size,
+        "bucket_mb": args.bucket_mb,
+        "repeats": args.repeats,
+        "model": args.model.name,
+        **r,
+        "sync_GBps": r["bytes"] / r["sync_s"] / GB,
+        "raw_GBps": r["bytes"] / r["raw_s"] / GB,
+        "ratio": r["raw_s"] / r["sync_s"],
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    env = read_env("cpu")
+    cfg = build_config(args.model, args.bucket_mb)
+    topo = build_topology(args, env)
+    torch.manual_seed(0)
+    actor = Actor(cfg, topo.mesh("actor"), env.device) if topo.has("actor") else None
+    engine = build_engine_for(cfg, env) if topo.has("rollout") else None
+    try:
+        if args.mode == "colocated":
+            assert actor is not None and engine is not None
+            result = bench_colocated(topo, actor, engine, args)
+        else:
+            result = bench_broadcast(topo, actor, engine, args)
+        if env.rank == 0:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record(args, env, result), indent=1) + "\n")
+        barrier_all(topo)
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(parse_args())
