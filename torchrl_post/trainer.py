@@ -605,6 +605,11 @@ class Trainer:
             }
         else:  # a rollout rank's sampler may have drawn batches ahead: keep the position of the last one sent
             state["sampler"] = self.sent_sampler_state
+        if self.is_rollout and self.disagg:
+            # Async: the batches generated ahead (with older weights) are part of the run: a resume that
+            # regenerated them with the restored weights would not be the same run.
+            state["version"] = self.version
+            state["ahead"] = [list(entry) for entry in self.ahead]
         if self.critic is not None:
             state["critic_scheduler"] = self.critic.scheduler.state_dict()
         path = self.checkpointer.save(self.global_step, self._trained_roles(), state, write_extra=self._write_hf)
@@ -650,6 +655,11 @@ class Trainer:
             self.critic.scheduler.load_state_dict(state["critic_scheduler"])
         set_rng_state(state["rng"])
         self.global_step = self.version = step
+        if "ahead" in state:
+            self.version = int(state["version"])
+            self.ahead = deque((int(a), items, rows, ss) for a, items, rows, ss in state["ahead"])
+            if self.ahead:  # the sampler continues after the last batch drawn, not the last one sent
+                self.sampler.load_state_dict(self.ahead[-1][3])
         if self.actor is not None:
             self._push_weights()
         elif self.is_rollout:

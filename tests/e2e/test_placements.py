@@ -1,8 +1,9 @@
 """The real entrypoint under torchrun with roles on their own ranks (3 and 4 processes, gloo).
 
-Every placement samples the same responses (per-prompt seeds, the same weights), so each run's per-step
-numbers must equal a colocated 2-rank run's: the batch transfer, the broadcast sync and HSDP change where
-the work happens, not what is computed. Async rollout is checked for its staleness bound and correction.
+Every placement samples the same responses (per-prompt seeds, the same weights), so its per-step numbers
+must equal a colocated 2-rank run's: the batch transfer, the broadcast sync, HSDP and the role links change
+where the work happens, not what is computed. Runs that stop and resume must still match, so each of those
+checks exact resume too. Async rollout is checked for its staleness bound, its correction and its resume.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 TRAIN = ["-m", "torchrl_post.train"]
 EXACT = ["critic/score/mean", "response_length/mean"]
 CLOSE = ["actor/pg_loss", "actor/grad_norm", "actor/entropy"]
+CRITIC = ["critic/values/mean", "critic/loss", "critic/grad_norm", "actor/kl_loss"]
 THREE = ["placement.actor=[0,1]", "placement.rollout=[2]"]
-FOUR = ["placement.actor=[0,1]", "placement.rollout=[2,3]"]
+ASYNC = ["placement.actor=[0,1]", "placement.rollout=[2,3]", "rollout.tensor_parallel_size=2", "rollout.mode=async"]
+GAE_KL = ["algorithm.adv_estimator=gae", "actor.use_kl_loss=true"]
 
 
 def _train(nproc: int, model: Path, data: tuple[Path, Path], run: Path, steps: int, *extra: str) -> dict[int, dict]:
@@ -33,12 +36,12 @@ def _train(nproc: int, model: Path, data: tuple[Path, Path], run: Path, steps: i
     return rows
 
 
-def _same(a: dict[int, dict], b: dict[int, dict], steps: list[int]) -> None:
+def _same(a: dict[int, dict], b: dict[int, dict], steps: list[int], extra: tuple[str, ...] = ()) -> None:
     for step in steps:
+        # The same samples; sums over a different number of ranks differ only in the last float bits.
         for key in EXACT:
-            # The same samples; sums over a different number of ranks differ only in the last float bits.
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-6), f"{key} differs at step {step}"
-        for key in CLOSE:
+        for key in [*CLOSE, *extra]:
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-3, abs=1e-5), f"{key} differs at step {step}"
         vals = [k for k in a[step] if k.startswith("val/")]
         assert [b[step][k] for k in vals] == pytest.approx([a[step][k] for k in vals], rel=1e-6)
@@ -49,53 +52,61 @@ def colocated(tiny_model: Path, task_data: tuple[Path, Path], tmp_path_factory: 
     return _train(2, tiny_model, task_data, tmp_path_factory.mktemp("colocated"), 4)
 
 
-def test_rollout_on_its_own_rank_matches_colocated_and_resumes_exactly(
+def test_rollout_on_its_own_rank_matches_colocated_through_a_resume(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    straight = _train(3, tiny_model, task_data, tmp_path / "straight", 4, *THREE)
-    _same(colocated, straight, [1, 2, 3, 4])
-    assert all(straight[s]["rollout/staleness"] == 0 for s in (1, 2, 3, 4))
-    assert straight[1]["perf/sync_bytes"] > 0
+    """3 processes: 2 steps, a restart that resumes from the step-2 checkpoint, 2 more: equal to colocated."""
+    _train(3, tiny_model, task_data, tmp_path, 2, *THREE)
+    rows = _train(3, tiny_model, task_data, tmp_path, 4, *THREE)
+    _same(colocated, rows, [1, 2, 3, 4])
+    assert all(rows[s]["rollout/staleness"] == 0 for s in (1, 2, 3, 4))
+    assert rows[1]["perf/sync_bytes"] > 0
     # Weights moved: the final checkpoint's actor differs from the initial model.
     initial = load_file(str(tiny_model / "model.safetensors"))
-    out = tmp_path / "final.pt"
-    dcp_to_torch_save(str(tmp_path / "straight" / "checkpoints" / "global_step_4" / "actor"), str(out))
-    final = torch.load(out, weights_only=True)["model"]
+    dcp_to_torch_save(str(tmp_path / "checkpoints" / "global_step_4" / "actor"), str(tmp_path / "final.pt"))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)["model"]
     assert max((final[k] - initial[k]).abs().max().item() for k in initial) > 1e-3
-    # 2 steps, then a restart that resumes from the step-2 checkpoint and runs to 4.
-    _train(3, tiny_model, task_data, tmp_path / "split", 2, *THREE)
-    split = _train(3, tiny_model, task_data, tmp_path / "split", 4, *THREE)
-    for step in (3, 4):
-        for key in EXACT + CLOSE:
-            assert split[step][key] == pytest.approx(straight[step][key], abs=1e-6), f"{key} differs at {step}"
-
-
-def test_tensor_parallel_engine_on_two_rollout_ranks(
-    colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
-) -> None:
-    rows = _train(4, tiny_model, task_data, tmp_path, 2, *FOUR, "rollout.tensor_parallel_size=2")
-    _same(colocated, rows, [1, 2])
 
 
 def test_hsdp_actor_matches_fsdp(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    rows = _train(4, tiny_model, task_data, tmp_path, 2, "actor.fsdp.fsdp_size=2")
-    _same(colocated, rows, [1, 2])
+    _same(colocated, _train(4, tiny_model, task_data, tmp_path, 2, "actor.fsdp.fsdp_size=2"), [1, 2])
 
 
-def test_async_rollout_bounds_staleness_and_corrects(
+def test_critic_and_reference_on_their_own_ranks(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """4 processes: actor [0,1] (with the rollout), critic [2], reference [3]; PPO + GAE + KL loss, through a
+    resume (the critic's DCP shards live on its own ranks)."""
+    base = _train(2, tiny_model, task_data, tmp_path / "colocated", 2, *GAE_KL)
+    own = [*GAE_KL, "placement.actor=[0,1]", "placement.critic=[2]", "placement.reference=[3]"]
+    _train(4, tiny_model, task_data, tmp_path / "own", 1, *own, "trainer.save_freq=1")
+    rows = _train(4, tiny_model, task_data, tmp_path / "own", 2, *own, "trainer.save_freq=1")
+    _same(base, rows, [1, 2], tuple(CRITIC))
+    assert rows[2]["actor/kl_loss"] > 0, "the reference answered with its own logprobs"
+    assert (tmp_path / "own" / "checkpoints" / "global_step_2" / "critic").is_dir()
+
+
+def test_async_rollout_bounds_staleness_corrects_and_resumes_exactly(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    rows = _train(4, tiny_model, task_data, tmp_path, 4, *FOUR, "rollout.mode=async", "trainer.max_off_policy_steps=1")
+    """4 processes, a tensor-parallel engine on ranks [2,3] generating one step ahead (max_off_policy_steps=1)."""
+    straight = _train(4, tiny_model, task_data, tmp_path / "straight", 3, *ASYNC, "trainer.save_freq=1")
     # Batch 1 comes from the initial weights (as in sync mode); batch k+1 is generated during update k.
-    assert [rows[s]["rollout/staleness"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
-    _same(colocated, rows, [1])
-    for s in (2, 3, 4):
-        assert rows[s]["rollout/logprob_diff"] > 1e-4, "a stale batch differs from the current policy"
-        assert 0 < rows[s]["rollout_corr/is_weight_mean"] < 2.0
-        assert 0 <= rows[s]["rollout_corr/is_clipfrac"] < 1
-    assert rows[1]["rollout_corr/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: weight 1
-    assert rows[2]["critic/score/mean"] != colocated[2]["critic/score/mean"] or rows[2]["actor/grad_norm"] != (
-        pytest.approx(colocated[2]["actor/grad_norm"], rel=1e-6)
-    ), "a stale batch must differ from the on-policy one"
+    assert [straight[s]["rollout/staleness"] for s in (1, 2, 3)] == [0, 1, 1]
+    _same(colocated, straight, [1])
+    assert straight[1]["rollout_corr/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: weight 1
+    for s in (2, 3):
+        assert straight[s]["rollout/logprob_diff"] > 1e-4, "a stale batch differs from the current policy"
+        assert 0 < straight[s]["rollout_corr/is_weight_mean"] < 2.0
+        assert 0 <= straight[s]["rollout_corr/is_clipfrac"] < 1
+    assert straight[2]["critic/score/mean"] != colocated[2]["critic/score/mean"]
+    # A crash while saving step 3 (batch 3 was generated during step 2, with the step-1 weights), then a
+    # restart from the step-2 checkpoint: the queued batch is restored, not regenerated, so step 3 is the same.
+    args = TRAIN + train_overrides(tiny_model, task_data, tmp_path / "split", 3) + [*ASYNC, "trainer.save_freq=1"]
+    crashed = torchrun(4, args, env={"TORCHRL_POST_FAULT": "kill_during_save:3:0"})
+    assert crashed.returncode != 0
+    split = _train(4, tiny_model, task_data, tmp_path / "split", 3, *ASYNC, "trainer.save_freq=1")
+    for key in EXACT + CLOSE + ["rollout/staleness", "rollout_corr/is_weight_mean"]:
+        assert split[3][key] == pytest.approx(straight[3][key], abs=1e-6), f"{key} differs after the resume"

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +43,8 @@ class VLLMEngine:
             # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
             # running sequence whole means no prefill is ever split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.rollout.max_num_seqs * max_len}
+        if device.type == "cpu" and cfg.rollout.tensor_parallel_size > 1:
+            _remove_stale_cpu_shm()
         self.llm = vllm.LLM(
             model=cfg.model.path,
             trust_remote_code=cfg.model.trust_remote_code,
@@ -111,3 +114,14 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def _remove_stale_cpu_shm() -> None:
+    """vLLM's CPU tensor-parallel all-reduce keeps a /dev/shm segment per rank named after the group only
+    (`-tp:0-[0-1]-cpushm_0` under torchrun, no run id in it). A killed run leaves them behind, and the next
+    start fails with "create shm in SHMManager failed. errno: 17". Every rank of the engine removes them
+    before the engine starts; none is created before all of them got there (vLLM all-reduces first)."""
+    shm = Path("/dev/shm")
+    for seg in shm.glob("-tp*cpushm*") if shm.is_dir() else []:
+        log.info("removing a stale vLLM CPU shared-memory segment %s", seg.name)
+        seg.unlink(missing_ok=True)
