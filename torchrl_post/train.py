@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
         fsdp_sizes = {"actor": cfg.actor.fsdp.fsdp_size, "critic": cfg.critic.fsdp.fsdp_size}
         fsdp_sizes["reference"] = cfg.actor.fsdp.fsdp_size
-        trainer = Trainer(cfg, env, Topology(placement, env, fsdp_sizes))
+        trainer = Trainer(cfg, env, Topology(placement, env, fsdp_sizes, cfg.rollout.tensor_parallel_size))
         trainer.fit()
     except UserError as e:
         _fail(str(e))

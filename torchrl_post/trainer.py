@@ -477,9 +477,23 @@ class Trainer:
         dist.all_reduce(t)
         return t.item() / self.dp_size
 
-    def generate(self, prompts: PromptBatch, params: SamplingParams) -> RolloutBatch:
+    def generate(self, prompts: PromptBatch, params: SamplingParams, shared: bool = False) -> RolloutBatch:
+        """This rank's prompts through its engine. A colocated tensor-parallel engine spans several actor
+        ranks with different prompts: they generate the union (every rank of an engine must submit the same
+        requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
         assert self.engine is not None
-        gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
+        group = self.topo.engine_group
+        if group is None or shared:
+            gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
+            return collate(prompts, gen, params.n, self.tokenizer.pad_token_id)
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids), group=group)
+        ids = [p for part_ids, _ in parts for p in part_ids]
+        uids = [u for _, part_uids in parts for u in part_uids]
+        every = self.engine.generate(ids, uids, params)
+        start = sum(len(part_ids) for part_ids, _ in parts[: dist.get_rank(group)]) * params.n
+        end = start + len(prompts) * params.n
+        gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])
         return collate(prompts, gen, params.n, self.tokenizer.pad_token_id)
 
     def _sampling(self, step: int, validation: bool) -> SamplingParams:
@@ -535,7 +549,7 @@ class Trainer:
             for start in range(0, len(mine), chunk):
                 idx = mine[start : start + chunk]
                 pb = self._prompt_batch(idx, idx, d)
-                scores = self._score(self.generate(pb, params))
+                scores = self._score(self.generate(pb, params, shared=True))
                 if not self.engine_leader:
                     continue
                 for sc, src in zip(scores.scores.tolist(), pb.data_sources, strict=True):

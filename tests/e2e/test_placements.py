@@ -68,6 +68,13 @@ def test_rollout_on_its_own_rank_matches_colocated_through_a_resume(
     assert max((final[k] - initial[k]).abs().max().item() for k in initial) > 1e-3
 
 
+def test_colocated_tensor_parallel_engine_spans_the_actor_ranks(
+    colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """One vLLM engine over both actor ranks: they generate the union of their prompts, each keeps its own."""
+    _same(colocated, _train(2, tiny_model, task_data, tmp_path, 2, "rollout.tensor_parallel_size=2"), [1, 2])
+
+
 def test_hsdp_actor_matches_fsdp(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -132,7 +132,9 @@ class Topology:
     Every group here is built by its members only, so no cell waits on another to build its own.
     """
 
-    def __init__(self, placement: Placement, env: DistEnv, fsdp_sizes: dict[str, int], timeout_s: int = 1800):
+    def __init__(
+        self, placement: Placement, env: DistEnv, fsdp_sizes: dict[str, int], tp: int = 1, timeout_s: int = 1800
+    ):
         self.placement, self.env, self.rank = placement, env, env.rank
         self.cell_name = placement.cell_of(env.rank)
         self.cell = placement.cells()[self.cell_name]
@@ -151,6 +153,12 @@ class Topology:
             if placement.has(role) and not placement.colocated[role]:
                 members = placement.ranks["actor"] + placement.ranks[role]
                 self.links[role] = new_group(env, self.store, f"link_{role}", members, False, timeout_s)
+        # A colocated tensor-parallel engine spans consecutive actor ranks: a group per engine (creation is
+        # collective over the cell, so every rank creates all of them). Disaggregated, vLLM owns its groups.
+        self.engine_group: dist.ProcessGroup | None = None
+        if colocated and tp > 1:
+            engines = [self.cell[i : i + tp] for i in range(0, len(self.cell), tp)]
+            self.engine_group, _ = dist.new_subgroups_by_enumeration(engines)
         self._meshes: dict[str, DeviceMesh] = {}
         for role in placement.roles_of(env.rank):
             if role == "rollout":
