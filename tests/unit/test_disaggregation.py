@@ -16,7 +16,7 @@ from torchrl_post.config.schema import PlacementConfig
 from torchrl_post.config.validate import uses_rollout_is, validate_batch, validate_placement
 from torchrl_post.distributed.placement import plan_placement
 from torchrl_post.distributed.transfer import balance_groups, plan_transfer
-from torchrl_post.sync.weights import plan_buckets
+from torchrl_post.sync.weights import WireBucket, plan_wire, split_bucket
 from torchrl_post.train import describe_plan, planned_world
 
 # --- cells and the sync group ---------------------------------------------------------------------------------
@@ -86,12 +86,30 @@ def test_plan_transfer_detects_missing_group() -> None:
 # --- weight sync buckets --------------------------------------------------------------------------------------
 
 
-def test_plan_buckets_by_size_and_dtype() -> None:
+def test_plan_wire_by_size_dtype_and_shard_world() -> None:
     f32, bf16 = torch.float32, torch.bfloat16
-    specs = [("a", (4, 4), f32), ("b", (8,), f32), ("c", (100,), f32), ("d", (2,), bf16), ("e", (2,), f32)]
-    buckets = plan_buckets(specs, bucket_bytes=96)
-    # a (64 B) + b (32 B) fill 96; c (400 B) alone; a dtype change starts a bucket.
-    assert [[n for n, *_ in b] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+    specs = [
+        ("a", (4, 4), f32, 2),  # 2 rows per rank slot of 4 -> 8 elements a slot, 64 B in full
+        ("b", (3,), f32, 2),  # rows 2 per slot (the second rank holds 1): 2 elements, 16 B in full
+        ("c", (100,), f32, 2),  # 400 B: alone
+        ("d", (2,), bf16, 2),  # a dtype change starts a bucket
+        ("e", (2,), bf16, 1),  # so does an unsharded parameter
+    ]
+    buckets = plan_wire(specs, bucket_bytes=96)
+    assert [[e[0] for e in b.entries] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert buckets[0].entries == (("a", (4, 4), 2, 8), ("b", (3,), 2, 2))
+    assert (buckets[0].slot, buckets[0].numel, buckets[0].nbytes) == (10, 20, 80)
+    assert buckets[3].world == 1 and buckets[3].nbytes == 4
+
+
+def test_split_bucket_undoes_the_rank_major_layout() -> None:
+    """What one all_gather of [a rows 0-1, b rows 0-1] and [a rows 2-3, b row 2, pad] looks like."""
+    a, b = torch.arange(16.0).view(4, 4), torch.tensor([100.0, 101.0, 102.0])
+    bucket = WireBucket(torch.float32, 2, (("a", (4, 4), 2, 8), ("b", (3,), 2, 2)))
+    rank0 = torch.cat([a[:2].reshape(-1), b[:2]])
+    rank1 = torch.cat([a[2:].reshape(-1), b[2:], torch.zeros(1)])
+    got = dict(split_bucket(torch.cat([rank0, rank1]), bucket))
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
 
 
 # --- truncated importance sampling ----------------------------------------------------------------------------

@@ -1,14 +1,20 @@
 """Weight sync, trainer -> rollout engine: FSDP2 shards gathered bucket by bucket, in HF names.
 
-`iter_full_weights` is a generator: each bucket (many parameters, up to `bucket_bytes`) costs one
-all_gather over the actor mesh, and is handed on before the next is gathered, so a consumer (vLLM's
-reload) can load bucket k while nothing else is held. Every colocated rank must consume the generator
-in the same order: the gathers are collectives.
+A `WireBucket` is the unit of both paths: consecutive parameters of one dtype, sharded over the same
+number of ranks, up to `bucket_bytes` in full. Its flat buffer is rank-major (each rank's padded slot of
+every parameter, one after the other), which is what one all_gather over the FSDP group produces, so:
+- colocated: every actor rank gathers a bucket and hands the full tensors (views into it) to its engine;
+- disaggregated: the actor ranks gather, and the first actor rank broadcasts the gathered buffer as is to
+  the rollout ranks (no repacking), which cut it into parameters while their engine loads the previous one.
+Floating tensors are cast to the wire dtype while they are copied into the send buffer (free), so a bf16
+engine halves the bytes gathered and sent. Every rank must walk the buckets in the same order (collectives).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,39 +24,58 @@ from torch.distributed.tensor import DTensor, Shard
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.rollout.base import RolloutEngine
 
+Entry = tuple[str, tuple[int, ...], int, int]  # name, full shape, rows per rank slot, elements per rank slot
+ParamSpec = tuple[str, tuple[int, ...], torch.dtype, int]  # name, full shape, dtype on the wire, shard ranks
+
+
+@dataclass(frozen=True)
+class WireBucket:
+    dtype: torch.dtype
+    world: int  # rank slots: the FSDP shard group size, 1 for unsharded parameters
+    entries: tuple[Entry, ...]
+
+    @property
+    def slot(self) -> int:
+        return sum(n for *_, n in self.entries)
+
+    @property
+    def numel(self) -> int:
+        return self.world * self.slot
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
 
 def _rows_per_rank(dim0: int, world: int) -> int:
     return -(-dim0 // world)  # DTensor Shard(0) follows torch.chunk: ceil-sized chunks, short tail
 
 
-def _gather_bucket(bucket: list[tuple[str, DTensor]], group: dist.ProcessGroup) -> Iterator[tuple[str, torch.Tensor]]:
-    """One all_gather for a bucket of Shard(0) DTensors of one dtype; yields the full tensors."""
-    world = dist.get_world_size(group)
-    layout = []  # (name, full shape, rows per rank, elements per padded rank slot)
-    for name, p in bucket:
-        shape = tuple(p.shape)
-        rows = _rows_per_rank(shape[0], world)
-        layout.append((name, shape, rows, rows * (p.numel() // max(shape[0], 1))))
-    slot = sum(n for *_, n in layout)
-    local = bucket[0][1].to_local()
-    send = torch.zeros(slot, dtype=local.dtype, device=local.device)
-    offset = 0
-    for (_, p), (_, _, _, n) in zip(bucket, layout, strict=True):
-        flat = p.to_local().reshape(-1)
-        send[offset : offset + flat.numel()] = flat
-        offset += n
-    recv = torch.empty(world * slot, dtype=send.dtype, device=send.device)
-    dist.all_gather_single(recv, send, group=group)
-    offset = 0
-    for name, shape, rows, n in layout:
-        row_numel = n // rows if rows else 0
-        parts = []
-        for r in range(world):
-            have = max(0, min(rows, shape[0] - r * rows))
-            start = r * slot + offset
-            parts.append(recv[start : start + have * row_numel])
-        offset += n
-        yield name, torch.cat(parts).view(shape)
+def plan_wire(specs: list[ParamSpec], bucket_bytes: int) -> list[WireBucket]:
+    """Group parameters, in order, into buckets of one dtype and shard world, at most `bucket_bytes` in full
+    (a larger parameter alone). Pure: every rank computes the same plan from the same specs."""
+    buckets: list[WireBucket] = []
+    cur: list[Entry] = []
+    key: tuple[torch.dtype, int] | None = None
+    size = 0
+    for name, shape, dtype, world in specs:
+        dim0 = shape[0] if shape else 1
+        rows = _rows_per_rank(dim0, world)
+        per_row = 1
+        for d in shape[1:]:
+            per_row *= d
+        n = rows * per_row
+        full = world * n * dtype.itemsize
+        if cur and ((dtype, world) != key or size + full > bucket_bytes):
+            assert key is not None
+            buckets.append(WireBucket(key[0], key[1], tuple(cur)))
+            cur, size = [], 0
+        cur.append((name, shape, rows, n))
+        key, size = (dtype, world), size + full
+    if cur:
+        assert key is not None
+        buckets.append(WireBucket(key[0], key[1], tuple(cur)))
+    return buckets
 
 
 def _shard_group(p: torch.Tensor) -> dist.ProcessGroup | None:
@@ -62,30 +87,74 @@ def _shard_group(p: torch.Tensor) -> dist.ProcessGroup | None:
     return p.device_mesh.get_group(p.device_mesh.ndim - 1)
 
 
+def param_specs(model: torch.nn.Module, wire_dtype: torch.dtype | None = None) -> list[ParamSpec]:
+    """(HF name, full shape, dtype on the wire, shard ranks) of every parameter."""
+    specs = []
+    for name, p in model.named_parameters():
+        group = _shard_group(p)
+        dtype = wire_dtype if wire_dtype is not None and p.is_floating_point() else p.dtype
+        specs.append((name, tuple(p.shape), dtype, 1 if group is None else dist.get_world_size(group)))
+    return specs
+
+
+def _local_or_full(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value on this rank without a gather where possible (unsharded, or one shard)."""
+    if not isinstance(p, DTensor):
+        return p
+    group = _shard_group(p)
+    if group is not None and dist.get_world_size(group) == 1:
+        return p.to_local()
+    return p.full_tensor()
+
+
+def gather_bucket(bucket: WireBucket, params: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """This bucket's flat, rank-major buffer: one all_gather over the shard group (none for world 1)."""
+    first = params[bucket.entries[0][0]]
+    send = torch.zeros(bucket.slot, dtype=bucket.dtype, device=device)
+    offset = 0
+    for name, _, _, n in bucket.entries:
+        p = params[name].detach()
+        local = p.to_local() if isinstance(p, DTensor) and bucket.world > 1 else _local_or_full(p)
+        flat = local.reshape(-1)
+        send[offset : offset + flat.numel()].copy_(flat)  # casts to the wire dtype
+        offset += n
+    if bucket.world == 1:
+        return send
+    group = _shard_group(first)
+    assert group is not None
+    recv = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
+    dist.all_gather_into_tensor(recv, send, group=group)
+    return recv
+
+
+def split_bucket(flat: torch.Tensor, bucket: WireBucket) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for every parameter of a gathered buffer; views when there is one rank slot."""
+    offset, slot = 0, bucket.slot
+    for name, shape, rows, n in bucket.entries:
+        numel = 1
+        for d in shape:
+            numel *= d
+        if bucket.world == 1:
+            yield name, flat[offset : offset + numel].view(shape)
+        else:
+            dim0 = shape[0] if shape else 1
+            per_row = n // rows if rows else 0
+            parts = []
+            for r in range(bucket.world):
+                have = max(0, min(rows, dim0 - r * rows))
+                start = r * slot + offset
+                parts.append(flat[start : start + have * per_row])
+            yield name, torch.cat(parts).view(shape)
+        offset += n
+
+
 def iter_full_weights(model: torch.nn.Module, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) for every parameter, gathered in buckets of about `bucket_bytes`."""
-    bucket: list[tuple[str, DTensor]] = []
-    size = 0
-    for name, param in model.named_parameters():
-        p = param.detach()
-        if not isinstance(p, DTensor) or _shard_group(p) is None:
-            yield from _flush(bucket)
-            bucket, size = [], 0
-            yield name, p.full_tensor() if isinstance(p, DTensor) else p
-            continue
-        if bucket and (bucket[0][1].dtype != p.dtype or size + p.numel() * p.element_size() > bucket_bytes):
-            yield from _flush(bucket)
-            bucket, size = [], 0
-        bucket.append((name, p))
-        size += p.numel() * p.element_size()
-    yield from _flush(bucket)
-
-
-def _flush(bucket: list[tuple[str, DTensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    if bucket:
-        group = _shard_group(bucket[0][1])
-        assert group is not None
-        yield from _gather_bucket(bucket, group)
+    """(HF name, full tensor) for every parameter, gathered in buckets of about `bucket_bytes`, in the
+    parameters' own dtype. Each bucket is handed on before the next is gathered."""
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    for bucket in plan_wire(param_specs(model), bucket_bytes):
+        yield from split_bucket(gather_bucket(bucket, params, device), bucket)
 
 
 def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int) -> int:
@@ -102,39 +171,13 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int) 
     return moved
 
 
-# ---- disaggregated: one actor rank broadcasts flat buckets to the rollout ranks --------------------------------
-
-Spec = tuple[str, tuple[int, ...], torch.dtype]  # HF name, full shape, dtype on the wire
-
-
-def plan_buckets(specs: list[Spec], bucket_bytes: int) -> list[list[Spec]]:
-    """Split parameters, in order, into buckets of one dtype and at most `bucket_bytes` (a larger tensor alone)."""
-    buckets: list[list[Spec]] = []
-    size = 0
-    for spec in specs:
-        nbytes = _numel(spec[1]) * spec[2].itemsize
-        if not buckets or buckets[-1][0][2] != spec[2] or size + nbytes > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(spec)
-        size += nbytes
-    return buckets
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 class BroadcastSync:
     """Weight sync over the `sync` group ({first actor rank} + rollout ranks, rank 0 the sender).
 
-    The sender packs the gathered full tensors into flat buckets (cast to the engine's dtype) and broadcasts
-    each one asynchronously while the next is gathered; receivers post the broadcast of bucket k+1 before
-    handing bucket k's views to the engine. Every actor rank calls `send` (the gathers are collectives over
-    the actor mesh); only the actor rank in the group broadcasts. The layout goes over once, at construction.
+    Every actor rank calls `send` (the gathers are collectives over the actor mesh); the first actor rank
+    broadcasts each gathered bucket asynchronously (two in flight) while the next is gathered. Rollout ranks
+    post the broadcast of bucket k+1 before their engine loads bucket k. The plan goes over once, at
+    construction; actor ranks outside the group only gather.
     """
 
     def __init__(
@@ -145,61 +188,42 @@ class BroadcastSync:
         wire_dtype: torch.dtype,
         model: torch.nn.Module | None = None,
     ) -> None:
-        self.group, self.device, self.bucket_bytes = group, device, bucket_bytes
+        self.group, self.device = group, device
         self.is_sender = group is not None and group.rank() == 0
-        specs: list[Spec] | None = None
-        if model is not None:
-            specs = [
-                (n, tuple(p.shape), wire_dtype if p.is_floating_point() else p.dtype)
-                for n, p in model.named_parameters()
-            ]
+        plan = plan_wire(param_specs(model, wire_dtype), bucket_bytes) if model is not None else None
         if group is not None:
-            specs = self._share(specs)
-        self.buckets = plan_buckets(specs or [], bucket_bytes)
+            plan = self._share(plan)
+        self.buckets: list[WireBucket] = plan or []
 
-    def _share(self, specs: list[Spec] | None) -> list[Spec]:
+    def _share(self, plan: list[WireBucket] | None) -> list[WireBucket]:
         assert self.group is not None
-        import pickle
-
         size = torch.zeros(1, dtype=torch.int64, device=self.device)
-        data = b""
-        if self.is_sender:
-            data = pickle.dumps(specs)
-            size[0] = len(data)
+        data = pickle.dumps(plan) if self.is_sender else b""
+        size[0] = len(data)
         self.group.broadcast([size], dist.BroadcastOptions()).wait()
         buf = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
         if self.is_sender:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         self.group.broadcast([buf], dist.BroadcastOptions()).wait()
-        shared: list[Spec] = pickle.loads(buf.cpu().numpy().tobytes())
+        shared: list[WireBucket] = pickle.loads(buf.cpu().numpy().tobytes())
         return shared
 
     @property
     def nbytes(self) -> int:
-        return sum(_numel(s) * d.itemsize for b in self.buckets for _, s, d in b)
+        return sum(b.nbytes for b in self.buckets)
 
     def send(self, model: torch.nn.Module) -> int:
-        """Actor ranks: gather every parameter; the sender broadcasts bucket by bucket. Returns bytes sent."""
-        full = iter_full_weights(model, self.bucket_bytes)
+        """Actor ranks: gather every bucket; the sender broadcasts each. Returns the bytes sent (0 elsewhere)."""
+        params = dict(model.named_parameters())
         inflight: list[tuple[Any, torch.Tensor]] = []
         for bucket in self.buckets:
-            flat = None
-            if self.is_sender:
-                flat = torch.empty(sum(_numel(s) for _, s, _ in bucket), dtype=bucket[0][2], device=self.device)
-            offset = 0
-            for name, shape, _ in bucket:
-                got, t = next(full)
-                if got != name:
-                    raise RuntimeError(f"weight sync layout mismatch: expected {name}, got {got}")
-                n = _numel(shape)
-                if flat is not None:
-                    flat[offset : offset + n].copy_(t.reshape(-1))
-                offset += n
-            if flat is not None:
-                assert self.group is not None
-                if len(inflight) >= 2:  # at most two buckets in flight
-                    inflight.pop(0)[0].wait()
-                inflight.append((self.group.broadcast([flat], dist.BroadcastOptions()), flat))
+            flat = gather_bucket(bucket, params, self.device)
+            if not self.is_sender:
+                continue
+            assert self.group is not None
+            if len(inflight) >= 2:
+                inflight.pop(0)[0].wait()
+            inflight.append((self.group.broadcast([flat], dist.BroadcastOptions()), flat))
         for work, _ in inflight:
             work.wait()
         return self.nbytes if self.is_sender else 0
@@ -207,11 +231,11 @@ class BroadcastSync:
     def received(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Rollout ranks: (name, tensor) for every parameter, as the broadcasts arrive."""
         assert self.group is not None and not self.is_sender
+        group = self.group
 
         def post(i: int) -> tuple[Any, torch.Tensor]:
-            b = self.buckets[i]
-            flat = torch.empty(sum(_numel(s) for _, s, _ in b), dtype=b[0][2], device=self.device)
-            return self.group.broadcast([flat], dist.BroadcastOptions()), flat  # type: ignore[union-attr]
+            flat = torch.empty(self.buckets[i].numel, dtype=self.buckets[i].dtype, device=self.device)
+            return group.broadcast([flat], dist.BroadcastOptions()), flat
 
         pending = post(0) if self.buckets else None
         for i, bucket in enumerate(self.buckets):
@@ -219,11 +243,7 @@ class BroadcastSync:
             work, flat = pending
             work.wait()
             pending = post(i + 1) if i + 1 < len(self.buckets) else None
-            offset = 0
-            for name, shape, _ in bucket:
-                n = _numel(shape)
-                yield name, flat[offset : offset + n].view(shape)
-                offset += n
+            yield from split_bucket(flat, bucket)
 
     def receive(self, engine: RolloutEngine) -> int:
         """Rollout ranks: stream the broadcast into the engine's in-place reload. Returns bytes received."""
