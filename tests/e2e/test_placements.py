@@ -68,6 +68,14 @@ def test_rollout_on_its_own_rank_matches_colocated_through_a_resume(
     assert max((final[k] - initial[k]).abs().max().item() for k in initial) > 1e-3
 
 
+def test_two_engines_on_two_rollout_ranks(
+    colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """4 processes: actor [0,1], an engine each on ranks 2 and 3 (the batch split between them)."""
+    rows = _train(4, tiny_model, task_data, tmp_path, 2, "placement.actor=[0,1]", "placement.rollout=[2,3]")
+    _same(colocated, rows, [1, 2])
+
+
 def test_colocated_tensor_parallel_engine_spans_the_actor_ranks(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
