@@ -124,7 +124,14 @@ def launch(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         tail = "\n".join(log.read_text().splitlines()[-20:])
         raise SystemExit(f"{run.tag} failed (exit {proc.returncode}); log {log}:\n{tail}")
     rec: dict[str, Any] = json.loads(out.read_text())
+    rec["loadavg_1m"] = os.getloadavg()[0]  # at the end: above `world`, something else shared the CPUs
     return rec
+
+
+def warn_if_busy() -> None:
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cpus:
+        print(f"    warning: load average {load:.1f} on {cpus} CPUs; other processes share the timings", flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -168,6 +175,7 @@ COLUMNS = (
     ("sync GB/s", "sync_GBps", "{:.3f}"),
     ("raw GB/s", "raw_GBps", "{:.3f}"),
     ("ratio", "ratio", "{:.2f}"),
+    ("loadavg", "loadavg_1m", "{:.1f}"),
 )
 SCALE = {"bytes": 1e-6, "sync_s": 1e3, "raw_s": 1e3, "transfer_s": 1e3, "load_s": 1e3}
 
@@ -184,7 +192,8 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "# Weight-sync benchmark",
             "",
             f"{meta['cpu_count']} CPUs, torch {meta['torch']}, vllm {meta['vllm']}, gloo. Median of the repeats; "
-            "`transfer` is the sync path without the engine load, `load` the engine's reload alone.",
+            "`transfer` is the sync path without the engine load, `load ms` the engine's reload alone; `loadavg` is the "
+            "1-minute load average at the end of the run (above the run's own ranks: the CPUs were shared).",
             "",
             head,
             rule,
@@ -251,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     for i, run in enumerate(runs, 1):
         t0 = time.perf_counter()
         print(f"[{i}/{len(runs)}] {run.tag} on {run.nproc} ranks ...", flush=True)
+        warn_if_busy()
         rec = launch(run, args)
         records.append(rec)
         print(f"    {summary(rec)}  ({time.perf_counter() - t0:.0f} s)", flush=True)

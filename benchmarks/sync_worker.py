@@ -12,8 +12,8 @@ broadcast (K = N + M): actor on ranks 0..N-1, engines on N..N+M-1. Timed: `Broad
 
 Both also time the two halves of the sync apart: `transfer_s` (the sync path with no engine load) and
 `load_s` (the engine's reload from tensors already in memory). Every timed region is bracketed by a barrier
-over all ranks, warmed up once, and the median of R repeats (taken on global rank 0) is reported; rank 0
-writes one JSON record.
+over all ranks, warmed up once, and the median of R repeats (taken on global rank 0) is reported; the four
+take turns within each repeat, so outside load on the CPUs skews them alike. Rank 0 writes one JSON record.
 """
 
 from __future__ import annotations
@@ -98,18 +98,23 @@ def barrier_all(topo: Topology) -> None:
         dist.barrier()
 
 
-def timed(topo: Topology, fn: Callable[[], Any], repeats: int) -> float:
-    """Median seconds of `fn` between barriers over every rank, after one warm-up call."""
-    barrier_all(topo)
-    fn()
-    times = []
-    for _ in range(repeats):
+def timed(topo: Topology, fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each fn between barriers over every rank, after one warm-up call each.
+
+    The fns take turns within every repeat, so load from outside the benchmark hits them alike.
+    """
+    for fn in fns.values():
         barrier_all(topo)
-        t0 = time.perf_counter()
         fn()
-        barrier_all(topo)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            barrier_all(topo)
+            t0 = time.perf_counter()
+            fn()
+            barrier_all(topo)
+            times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def param_stats(model: torch.nn.Module) -> tuple[int, int]:
@@ -123,10 +128,11 @@ def drain(it: Iterator[tuple[str, torch.Tensor]]) -> None:
         pass
 
 
-def stand_in_weights(specs: list[tuple[str, tuple[int, ...], torch.dtype]]) -> list[tuple[str, torch.Tensor]]:
-    """Full tensors in the wire layout, for timing the engine's reload on its own."""
-    gen = torch.Generator().manual_seed(0)
-    return [(n, (torch.randn(s, generator=gen) * 0.02).to(d)) for n, s, d in specs]
+def checkpoint_weights(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
+    """The model's weights as saved (HF names, full tensors), for timing the engine's reload on its own."""
+    from safetensors.torch import load_file
+
+    return [(n, t) for f in sorted(model_dir.glob("*.safetensors")) for n, t in load_file(f).items()]
 
 
 # ---- colocated ---------------------------------------------------------------------------------------------
@@ -138,13 +144,14 @@ def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: a
     world = dist.get_world_size(actor.group)
     recv = torch.empty(-(-nbytes // 4 // world) * world, dtype=torch.float32)
     send = torch.ones(recv.numel() // world, dtype=torch.float32)
-    full = [(n, t.clone()) for n, t in iter_full_weights(model, bucket_bytes)]
-    times = {
-        "sync_s": timed(topo, lambda: sync_weights(model, engine, args.bucket_mb), args.repeats),
-        "raw_s": timed(topo, lambda: dist.all_gather_single(recv, send, group=actor.group), args.repeats),
-        "transfer_s": timed(topo, lambda: drain(iter_full_weights(model, bucket_bytes)), args.repeats),
-        "load_s": timed(topo, lambda: engine.load_weights(iter(full)), args.repeats),
+    full = checkpoint_weights(args.model)
+    fns: dict[str, Callable[[], Any]] = {
+        "sync_s": lambda: sync_weights(model, engine, args.bucket_mb),
+        "raw_s": lambda: dist.all_gather_single(recv, send, group=actor.group),
+        "transfer_s": lambda: drain(iter_full_weights(model, bucket_bytes)),
+        "load_s": lambda: engine.load_weights(iter(full)),
     }
+    times = timed(topo, fns, args.repeats)
     return {"params": params, "bytes": nbytes, **times}
 
 
@@ -163,8 +170,7 @@ def bench_broadcast(
         topo.sync, topo.env.device, args.bucket_mb << 20, torch.float32, actor.model if actor is not None else None
     )
     flat = torch.ones(-(-bsync.nbytes // 4), dtype=torch.float32) if topo.sync is not None else None
-    specs = [s for b in bsync.buckets for s in b]
-    stand_in = stand_in_weights(specs) if engine is not None else []
+    stand_in = checkpoint_weights(args.model) if engine is not None else []
 
     def sync() -> None:
         if actor is not None:
@@ -182,13 +188,9 @@ def bench_broadcast(
         if engine is not None:
             engine.load_weights(iter(stand_in))
 
-    times = {
-        "sync_s": timed(topo, sync, args.repeats),
-        "raw_s": timed(topo, lambda: raw_broadcast(topo, flat), args.repeats),
-        "transfer_s": timed(topo, transfer, args.repeats),
-        "load_s": timed(topo, load, args.repeats),
-    }
-    params = sum(torch.Size(s).numel() for _, s, _ in specs)
+    fns = {"sync_s": sync, "raw_s": lambda: raw_broadcast(topo, flat), "transfer_s": transfer, "load_s": load}
+    times = timed(topo, fns, args.repeats)
+    params = param_stats(actor.model)[0] if actor is not None else 0  # global rank 0 is an actor rank
     return {"params": params, "bytes": bsync.nbytes, **times}
 
 

@@ -19,9 +19,12 @@ from torchrl_post.config.validate import resolve_roles, validate_batch, validate
 from torchrl_post.distributed.env import read_env, shutdown_distributed
 from torchrl_post.distributed.placement import Placement, plan_placement
 
+# torchrun's global rank, read before a cell's process group rewrites RANK to the rank within the cell.
+_LAUNCH_RANK = os.environ.get("RANK", "0")
+
 
 def _fail(msg: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
+    if _LAUNCH_RANK == "0":
         print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
 
