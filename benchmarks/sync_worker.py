@@ -4,10 +4,10 @@
         --model DIR --mode {colocated,broadcast} --actor N --rollout M --bucket-mb B --repeats R --out FILE
 
 colocated (K = N): actor (FSDP2) and vLLM engine on the same N ranks. Timed: `sync_weights` (bucketed
-    all_gather of the shards, streamed into vLLM's in-place reload) against one all_gather_into_tensor of
-    the total parameter bytes over the actor mesh.
+    all_gather of the shards, streamed into vLLM's in-place reload) against the same all_gathers (one per
+    wire bucket, the same sizes) into buffers allocated once: the raw collective for the same bytes.
 broadcast (K = N + M): actor on ranks 0..N-1, engines on N..N+M-1. Timed: `BroadcastSync.send/receive`
-    (gather, pack, bucketed broadcast, reload) against one broadcast of one flat tensor of the same bytes
+    (gather, bucketed broadcast of the gathered buffers, reload) against one broadcast of one flat tensor of the same bytes
     over the sync group.
 
 Both also time the two halves of the sync apart: `transfer_s` (the sync path with no engine load) and
@@ -36,7 +36,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DistEnv, read_env
 from torchrl_post.distributed.placement import Topology, plan_placement
 from torchrl_post.rollout import RolloutEngine, build_engine
-from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, sync_weights
+from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, param_specs, plan_wire, sync_weights
 from torchrl_post.workers.actor import Actor
 
 GB = 1e9
@@ -141,13 +141,20 @@ def checkpoint_weights(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
 def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: argparse.Namespace) -> dict[str, Any]:
     model, bucket_bytes = actor.model, args.bucket_mb << 20
     params, nbytes = param_stats(model)
-    world = dist.get_world_size(actor.group)
-    recv = torch.empty(-(-nbytes // 4 // world) * world, dtype=torch.float32)
-    send = torch.ones(recv.numel() // world, dtype=torch.float32)
+    # The raw collective: the same all_gathers (one per wire bucket, the same sizes) into buffers made once.
+    buffers = [
+        (torch.ones(b.slot, dtype=b.dtype), torch.empty(b.numel, dtype=b.dtype))
+        for b in plan_wire(param_specs(model), bucket_bytes)
+    ]
     full = checkpoint_weights(args.model)
+
+    def raw() -> None:
+        for send, recv in buffers:
+            dist.all_gather_into_tensor(recv, send, group=actor.group)
+
     fns: dict[str, Callable[[], Any]] = {
         "sync_s": lambda: sync_weights(model, engine, args.bucket_mb),
-        "raw_s": lambda: dist.all_gather_single(recv, send, group=actor.group),
+        "raw_s": raw,
         "transfer_s": lambda: drain(iter_full_weights(model, bucket_bytes)),
         "load_s": lambda: engine.load_weights(iter(full)),
     }

@@ -110,13 +110,14 @@ def _local_or_full(p: torch.Tensor) -> torch.Tensor:
 def gather_bucket(bucket: WireBucket, params: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
     """This bucket's flat, rank-major buffer: one all_gather over the shard group (none for world 1)."""
     first = params[bucket.entries[0][0]]
-    send = torch.zeros(bucket.slot, dtype=bucket.dtype, device=device)
+    send = torch.empty(bucket.slot, dtype=bucket.dtype, device=device)
     offset = 0
     for name, _, _, n in bucket.entries:
         p = params[name].detach()
         local = p.to_local() if isinstance(p, DTensor) and bucket.world > 1 else _local_or_full(p)
         flat = local.reshape(-1)
         send[offset : offset + flat.numel()].copy_(flat)  # casts to the wire dtype
+        send[offset + flat.numel() : offset + n].zero_()  # the short last shard's padding
         offset += n
     if bucket.world == 1:
         return send
