@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import json
 import sys
-from types import SimpleNamespace
 
 import torch
 
+from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import read_env, shutdown_distributed
-from torchrl_post.distributed.placement import Topology, plan_placement
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Generation, PromptBatch, RolloutBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
-from torchrl_post.workers.logprobs import logits_to_logprobs
 
 
 def main() -> None:
@@ -35,11 +33,7 @@ def main() -> None:
     cfg.rollout.max_num_seqs, cfg.rollout.tensor_parallel_size = 64, tp
     cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4
     env = read_env("cpu")
-    rollout = list(range(2, env.world_size))
-    placement = plan_placement(
-        SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size
-    )
-    topo = Topology(placement, env, {"actor": -1})
+    topo = actor_rollout_topology(env)
     assert topo.world is not None
     torch.manual_seed(0)
     is_actor = env.rank in (0, 1)
@@ -87,21 +81,7 @@ def main() -> None:
             g_all.logprobs += lps
             g_all.finish_reasons += fins
         last = collate(pb, g_all, 1, 0)
-        actor.model.eval()
-        with torch.no_grad():
-            logits = actor.model(
-                input_ids=last.input_ids, attention_mask=last.attention_mask, position_ids=last.position_ids
-            ).logits[:, -last.response_width - 1 : -1]
-        logp, _ = logits_to_logprobs(logits, last.responses, 0.0)
-        mask = last.response_mask.bool()
-        results.append(
-            {
-                "update": update,
-                "argmax_match": bool((logits.argmax(-1) == last.responses)[mask].all()),
-                "max_logprob_diff": (logp - last.rollout_log_probs)[mask].abs().max().item(),
-                "tokens": last.responses[mask].tolist(),
-            }
-        )
+        results.append({"update": update, **engine_vs_trainer(actor.model, last)})
     if env.rank == 0:
         with open(out_path, "w") as f:
             json.dump({"results": results, "sync_bytes": sync.nbytes, "buckets": len(sync.buckets)}, f)

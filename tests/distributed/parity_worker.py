@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from tests.distributed.checks import engine_vs_trainer
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
@@ -21,7 +22,6 @@ from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import sync_weights
 from torchrl_post.types import PromptBatch, TrainBatch
 from torchrl_post.workers.actor import Actor
-from torchrl_post.workers.logprobs import logits_to_logprobs
 
 
 def main() -> None:
@@ -56,23 +56,7 @@ def main() -> None:
             actor.update(tb, temperature=1.0, mini_size=len(tb))
             sync_weights(actor.model, engine, bucket_mb=1)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
-        actor.model.eval()
-        with torch.no_grad():
-            logits = actor.model(
-                input_ids=rb.input_ids, attention_mask=rb.attention_mask, position_ids=rb.position_ids
-            ).logits[:, -rb.response_width - 1 : -1]
-        logp, _ = logits_to_logprobs(logits, rb.responses, 0.0)
-        mask = rb.response_mask.bool()
-        argmax_match = bool((logits.argmax(-1) == rb.responses)[mask].all())
-        lp_diff = (logp - rb.rollout_log_probs)[mask].abs().max().item()
-        results.append(
-            {
-                "update": update,
-                "argmax_match": argmax_match,
-                "max_logprob_diff": lp_diff,
-                "tokens": rb.responses[mask].tolist(),
-            }
-        )
+        results.append({"update": update, **engine_vs_trainer(actor.model, rb)})
     # A batch larger than vLLM's default token budget (4096 on CPU): every prefill stays whole on CPU, where a split
     # seeded prefill crashes vLLM 0.32 ("CPU Generator does not use offset").
     big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+from tests.distributed.checks import actor_rollout_topology
 from torchrl_post.distributed.env import read_env, shutdown_distributed
-from torchrl_post.distributed.placement import Topology, plan_placement
 from torchrl_post.distributed.transfer import all_gather_rows, plan_transfer, route
 
 GROUPS, N = 12, 4
@@ -33,10 +32,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     env = read_env("cpu")
     rollout = list(range(2, env.world_size))
-    placement = plan_placement(
-        SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None), env.world_size
-    )
-    topo = Topology(placement, env, {"actor": -1})
+    topo = actor_rollout_topology(env)
     assert topo.world is not None
     per = GROUPS // len(rollout)
     items, rows = {}, []

@@ -76,17 +76,13 @@ def test_two_engines_on_two_rollout_ranks(
     _same(colocated, rows, [1, 2])
 
 
-def test_colocated_tensor_parallel_engine_spans_the_actor_ranks(
+def test_hsdp_actor_with_tensor_parallel_engines_over_its_ranks(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """One vLLM engine over both actor ranks: they generate the union of their prompts, each keeps its own."""
-    _same(colocated, _train(2, tiny_model, task_data, tmp_path, 2, "rollout.tensor_parallel_size=2"), [1, 2])
-
-
-def test_hsdp_actor_matches_fsdp(
-    colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
-) -> None:
-    _same(colocated, _train(4, tiny_model, task_data, tmp_path, 2, "actor.fsdp.fsdp_size=2"), [1, 2])
+    """4 processes, all colocated: the actor as HSDP (2 replicas x 2 shards) and two vLLM engines of TP=2 over
+    its ranks, whose ranks generate the union of their prompts and keep their own."""
+    rows = _train(4, tiny_model, task_data, tmp_path, 2, "actor.fsdp.fsdp_size=2", "rollout.tensor_parallel_size=2")
+    _same(colocated, rows, [1, 2])
 
 
 def test_critic_and_reference_on_their_own_ranks(
