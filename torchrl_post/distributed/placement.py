@@ -156,8 +156,8 @@ class Topology:
         # A colocated tensor-parallel engine spans consecutive actor ranks: a group per engine (creation is
         # collective over the cell, so every rank creates all of them). Disaggregated, vLLM owns its groups.
         self.engine_group: dist.ProcessGroup | None = None
-        if colocated and tp > 1:
-            engines = [self.cell[i : i + tp] for i in range(0, len(self.cell), tp)]
+        if placement.colocated["rollout"] and self.cell_name == "actor" and tp > 1:
+            engines = [list(range(i, i + tp)) for i in range(0, len(self.cell), tp)]  # ranks of the cell's world
             self.engine_group, _ = dist.new_subgroups_by_enumeration(engines)
         self._meshes: dict[str, DeviceMesh] = {}
         for role in placement.roles_of(env.rank):
@@ -170,12 +170,6 @@ class Topology:
 
     def has(self, role: str) -> bool:
         return self.rank in self.placement.ranks.get(role, [])
-
-    def dp_rank(self, role: str) -> int:
-        return self.placement.ranks[role].index(self.rank)
-
-    def dp_size(self, role: str) -> int:
-        return len(self.placement.ranks[role])
 
 
 def fsdp_mesh(device_type: str, n: int, fsdp_size: int) -> DeviceMesh:
