@@ -74,6 +74,11 @@ def describe_plan(cfg: Config, placement: Placement, plan: dict[str, int], devic
     if mode == "async":
         mode += f", trainer.max_off_policy_steps={cfg.trainer.max_off_policy_steps}"
     lines.append(f"  rollout mode: {mode}")
+    if not placement.colocated["rollout"]:
+        lines.append(
+            f"  batch transfer: whole prompt groups ({cfg.rollout.n} samples) from {len(engines)} engine(s) to "
+            f"{len(placement.ranks['actor'])} actor ranks, equal counts, balanced by tokens"
+        )
     lines += [f"  {k}: {v}" for k, v in plan.items()]
     return "\n".join(lines)
 

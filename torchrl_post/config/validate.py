@@ -149,18 +149,20 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str
     """Batch arithmetic against the data-parallel sizes; returns the per-rank numbers for the plan."""
     bsz, n = cfg.data.train_batch_size, cfg.rollout.n
     mini = cfg.actor.ppo_mini_batch_size or bsz
-    sizes = [(actor_dp, "actor"), (rollout_dp, "rollout (engines)"), *((dp, r) for r, dp in (others or {}).items())]
-    for dp, role in sizes:
+    # (data-parallel size, what it counts): every engine and every trained/forward role takes whole prompts.
+    sizes = [(actor_dp, "actor ranks"), (rollout_dp, "rollout engines")]
+    sizes += [(dp, f"{role} ranks") for role, dp in (others or {}).items()]
+    for dp, what in sizes:
         if bsz % dp:
             raise ConfigError(
-                f"data.train_batch_size={bsz} is not divisible by the {dp} {role} ranks; use a multiple of {dp}"
+                f"data.train_batch_size={bsz} is not divisible by the {dp} {what}; use a multiple of {dp}"
             )
     if bsz % mini:
         raise ConfigError(f"actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size={bsz}")
-    for dp, role in sizes[2:]:
+    for dp, what in sizes[2:]:
         if mini % dp:
             raise ConfigError(
-                f"actor.ppo_mini_batch_size={mini} is not divisible by the {dp} {role} ranks; use a multiple of {dp}"
+                f"actor.ppo_mini_batch_size={mini} is not divisible by the {dp} {what}; use a multiple of {dp}"
             )
     if mini % actor_dp:
         raise ConfigError(

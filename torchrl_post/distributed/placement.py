@@ -66,6 +66,12 @@ class Placement:
             if sync
             else "  weight sync: in-process reload on every actor rank (colocated)"
         )
+        for role in ("critic", "reference"):
+            if self.has(role) and not self.colocated[role]:
+                lines.append(
+                    f"  {role} link: actor ranks {self.ranks['actor']} <-> {role} ranks {self.ranks[role]} "
+                    "(prompt groups out, per-token results back)"
+                )
         return "\n".join(lines)
 
 
