@@ -49,6 +49,7 @@ from torchrl_post.workers.critic import Critic, CriticBatch
 from torchrl_post.workers.reference import Reference
 
 log = logging.getLogger("torchrl_post")
+NO_ROWS = torch.empty(0, 5, dtype=torch.int64)  # a rank that holds no rollout groups
 
 
 def package_versions() -> dict[str, str]:
@@ -319,7 +320,7 @@ class Trainer:
             nxt += 1
         got, items, rows, sampler_state = self.ahead.popleft()
         assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
-        self._publish(items, rows)
+        self._transfer_rollout(items, rows)
         self.sent_sampler_state = sampler_state
         if lag and step + lag <= self.total_steps:
             self._generate_ahead(step + lag)  # overlaps the actor's update of `step`
@@ -334,10 +335,7 @@ class Trainer:
         then its link's exchanges in `_advantages` and `train_step` order."""
         cfg = self.cfg
         if self.disagg:
-            assert self.topo.world is not None
-            table = all_gather_rows(self.topo.world, torch.empty(0, 5, dtype=torch.int64), self._rows_per_engine())
-            owner, dest = plan_transfer(table, cfg.data.train_batch_size, self.actor_ranks)
-            route(self.topo.world, {}, owner, dest)
+            self._transfer_rollout({}, NO_ROWS)
         if self.reference is not None:
             link = self.links["reference"]
             batch = link.exchange_groups(None)
@@ -387,7 +385,7 @@ class Trainer:
         ms = int((time.perf_counter() - t0) * 1000)
         n = self.cfg.rollout.n
         items: dict[int, Any] = {}
-        rows = torch.empty(0, 5, dtype=torch.int64)
+        rows = NO_ROWS
         if self.engine_leader:  # the other ranks of a tensor-parallel engine hold the same samples
             table = []
             for j, g in enumerate(share):
@@ -398,19 +396,20 @@ class Trainer:
             rows = torch.tensor(table, dtype=torch.int64).view(-1, 5)
         self.ahead.append((step, items, rows, sampler_state))
 
-    def _publish(self, items: dict[int, Any], rows: torch.Tensor) -> None:
+    def _transfer_rollout(
+        self, items: dict[int, Any], rows: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[int, int], dict[int, Any]]:
+        """Every rank, once per step: the engines' rows to all, then whole groups to the actor ranks.
+        Returns (all rows, group -> actor rank, the groups this rank received)."""
         assert self.topo.world is not None
         table = all_gather_rows(self.topo.world, rows, self._rows_per_engine())
         owner, dest = plan_transfer(table, self.cfg.data.train_batch_size, self.actor_ranks)
-        route(self.topo.world, items, owner, dest)
+        return table, dest, route(self.topo.world, items, owner, dest)
 
     def _receive_rollout(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Actor ranks: this rank's prompt groups of batch `step`, balanced by tokens, whole."""
-        assert self.topo.world is not None
         idx, positions = self.sampler.next_batch()
-        table = all_gather_rows(self.topo.world, torch.empty(0, 5, dtype=torch.int64), self._rows_per_engine())
-        owner, dest = plan_transfer(table, len(idx), self.actor_ranks)
-        got = route(self.topo.world, {}, owner, dest)
+        table, dest, got = self._transfer_rollout({}, NO_ROWS)
         mine = sorted(g for g, r in dest.items() if r == self.env.rank)
         prompts = self._prompt_batch([idx[g] for g in mine], [positions[g] for g in mine])
         gen = Generation([], [], [])
