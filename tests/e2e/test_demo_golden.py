@@ -1,0 +1,33 @@
+"""Behaviour lock: the demo's first 20 steps (2 processes, default config) equal the recorded fixture.
+
+The fixture (`golden/demo_20_steps.jsonl`, written by `python -m tests.e2e.golden.record`) holds the metrics of
+the code before the step redesign; every key present in both runs, except timings and throughput, must match
+to 1e-6. Floating-point results depend on the CPU, so the comparison needs the machine the fixture was
+recorded on (`golden/demo_20_steps.machine.json`); elsewhere the test says so and skips.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.golden.record import FINGERPRINT, FIXTURE, STEPS, compared_keys, machine, rows_by_step, run_demo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+
+def test_demo_metrics_equal_the_recorded_run(tmp_path: Path) -> None:
+    recorded_on = json.loads(FINGERPRINT.read_text())
+    if machine() != recorded_on:
+        pytest.skip(f"fixture recorded on {recorded_on}, this machine is {machine()}: float results differ by CPU")
+    want = rows_by_step(FIXTURE)
+    got = rows_by_step(run_demo(tmp_path))
+    assert sorted(got) == sorted(want) == list(range(STEPS + 1))
+    for step in sorted(want):
+        keys = compared_keys(want[step], got[step])
+        assert len(keys) >= (2 if step == 0 else 20), f"step {step} shares only {keys}"
+        for key in keys:
+            w, g = want[step][key], got[step][key]
+            assert g == pytest.approx(w, rel=1e-6, abs=1e-6), f"step {step}: {key} = {g}, recorded {w}"
