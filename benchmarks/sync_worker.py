@@ -225,7 +225,19 @@ def run(args: argparse.Namespace) -> None:
     cfg = build_config(args.model, args.bucket_mb)
     topo = build_topology(args, env)
     torch.manual_seed(0)
-    actor = Actor(cfg, topo.mesh("actor"), env.device) if topo.has("actor") else None
+    actor = (
+        Actor(
+            cfg.model,
+            cfg.actor,
+            topo.mesh("actor"),
+            env.device,
+            temperature=cfg.rollout.temperature,
+            mini_batch_samples=1,
+            max_response_length=cfg.data.max_response_length,
+        )
+        if topo.has("actor")
+        else None
+    )
     engine = build_engine_for(cfg, env) if topo.has("rollout") else None
     try:
         if args.mode == "colocated":

@@ -1,4 +1,4 @@
-"""Entrypoint: config -> placement check -> process group -> Trainer(cfg).fit().
+"""Entrypoint: config -> placement check -> process groups -> this rank's program -> fit.
 
     torchrun --standalone --nproc-per-node 2 -m torchrl_post.train [key=value ...]
     python -m torchrl_post.train trainer.dry_run=true        # print the plan, load nothing
@@ -110,20 +110,22 @@ def main(argv: list[str] | None = None) -> None:
         format=f"[rank{env.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    trainer = None
+    program = None
     try:
         from torchrl_post.distributed.placement import Topology
-        from torchrl_post.trainer import Trainer
+        from torchrl_post.loop import Run, fit
+        from torchrl_post.trainer import build_program
 
         fsdp_sizes = {"actor": cfg.actor.fsdp.fsdp_size, "critic": cfg.critic.fsdp.fsdp_size}
         fsdp_sizes["reference"] = cfg.actor.fsdp.fsdp_size
-        trainer = Trainer(cfg, env, Topology(placement, env, fsdp_sizes, cfg.rollout.tensor_parallel_size))
-        trainer.fit()
+        topo = Topology(placement, env, fsdp_sizes, cfg.rollout.tensor_parallel_size)
+        program = build_program(Run.prepare(cfg, env, topo))
+        fit(program)
     except UserError as e:
         _fail(str(e))
     finally:
-        if trainer is not None:
-            trainer.shutdown()
+        if program is not None:
+            program.shutdown()
         shutdown_distributed()
 
 

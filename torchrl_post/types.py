@@ -1,16 +1,33 @@
-"""The data contracts that cross stages: prompts -> generations -> rollout batch -> train batch.
+"""The data contracts that cross stages: prompts -> generations -> one `Batch` that the whole step fills in.
 
 Tensors keep verl's layout: prompts left-padded to a common width P, responses right-padded to R, so
 `input_ids = [prompt | response]` is [B, P + R] and response token t sits at column P + t.
-Samples are prompt-major: the n samples of prompt i are rows i*n .. i*n + n - 1.
+Samples are prompt-major: the n samples of prompt i are rows i*n .. i*n + n - 1, and `group_ids` names the
+prompt (its position in the step's global batch).
+
+A `Batch` is born in the rollout source (tokens, masks, rollout logprobs, termination, scores) and each
+later stage adds its tensors (old/ref logprobs, values, advantages, returns). What crosses a process
+boundary is `Batch.to_wire()` of a batch's groups (`split_groups`), and `Batch.concat` joins them again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
+
+TERMINATIONS = ("stop", "length", "env_done", "max_turns", "max_prompt_length", "timeout", "error")
+"""Why a sample ended: `stop` (EOS or a stop token), `length` (data.max_response_length), and for agent
+episodes `env_done`, `max_turns`, `max_prompt_length` (the context filled up), `timeout`, `error`."""
+
+
+def termination_codes(reasons: list[str]) -> torch.Tensor:
+    """Reason names -> int64 codes (indices into TERMINATIONS)."""
+    unknown = sorted(set(reasons) - set(TERMINATIONS))
+    if unknown:
+        raise ValueError(f"unknown termination reasons {unknown}; expected one of {', '.join(TERMINATIONS)}")
+    return torch.tensor([TERMINATIONS.index(r) for r in reasons], dtype=torch.long)
 
 
 @dataclass
@@ -36,54 +53,156 @@ class Generation:
     logprobs: list[list[float]]
     """The engine's logprob of each generated token (after temperature)."""
     finish_reasons: list[str]
-    """`stop` (EOS or a stop token) or `length` (hit data.max_response_length)."""
+    """A name from TERMINATIONS: engines give `stop` or `length`."""
+
+
+# Which fields have which layout (the serialiser and `concat` pad and cut by these).
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
+TOKEN_FIELDS = ("loss_mask", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "advantages", "returns")
+SAMPLE_FIELDS = ("group_ids", "termination", "weights", "scores", "reward_errors")  # [B]
 
 
 @dataclass
-class RolloutBatch:
-    """Prompt and response tokens of every sample on this rank, padded into tensors."""
+class Batch:
+    """Every sample of one step on this rank, with named fields; later stages fill in the optional ones."""
 
-    input_ids: torch.Tensor  # [B, P+R]
-    attention_mask: torch.Tensor  # [B, P+R]
-    position_ids: torch.Tensor  # [B, P+R]
-    response_mask: torch.Tensor  # [B, R] float
-    rollout_log_probs: torch.Tensor  # [B, R]
-    group_ids: torch.Tensor  # [B]
-    finish_reasons: list[str]
-    answers: list[Any]
-    data_sources: list[str]
-    extra_infos: list[dict[str, Any]]
+    input_ids: torch.Tensor  # [B, P+R] long
+    attention_mask: torch.Tensor  # [B, P+R] long: every real token, prompt, response and observations
+    position_ids: torch.Tensor  # [B, P+R] long
+    loss_mask: torch.Tensor  # [B, R] float: the response tokens trained on (observation tokens are 0)
+    rollout_log_probs: torch.Tensor  # [B, R] the engine's logprobs (the behaviour policy)
+    group_ids: torch.Tensor  # [B] long
+    termination: torch.Tensor  # [B] long, an index into TERMINATIONS
+    weights: torch.Tensor  # [B] float: 1 trains, 0 is filtered out (leaves every loss denominator)
+    scores: torch.Tensor | None = None  # [B] sequence reward
+    reward_errors: torch.Tensor | None = None  # [B] 1.0 where the reward function failed (scored 0)
+    reward_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # [B] each; NaN where not given
+    old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
+    ref_log_probs: torch.Tensor | None = None  # [B, R]
+    values: torch.Tensor | None = None  # [B, R]
+    advantages: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
 
     @property
     def response_width(self) -> int:
-        return self.response_mask.shape[1]
+        return self.loss_mask.shape[1]
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.response_width
 
     @property
     def responses(self) -> torch.Tensor:
         return self.input_ids[:, -self.response_width :]
 
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """[B, R] float: every real token of the response part (generated and observed)."""
+        return self.attention_mask[:, self.prompt_width :].float()
 
+    @property
+    def train_mask(self) -> torch.Tensor:
+        """[B, R] loss_mask * weight: what the losses and their denominators count."""
+        return self.loss_mask * self.weights.unsqueeze(-1)
 
-@dataclass
-class TrainBatch:
-    """What the actor update consumes."""
+    @property
+    def termination_names(self) -> list[str]:
+        return [TERMINATIONS[i] for i in self.termination.tolist()]
 
-    input_ids: torch.Tensor  # [B, P+R]
-    attention_mask: torch.Tensor  # [B, P+R]
-    position_ids: torch.Tensor  # [B, P+R]
-    response_mask: torch.Tensor  # [B, R]
-    advantages: torch.Tensor  # [B, R]
-    old_log_probs: torch.Tensor | None  # [B, R]; None: on-policy, the update's own detached logprobs
-    rollout_log_probs: torch.Tensor  # [B, R]
-    ref_log_probs: torch.Tensor | None = None  # [B, R]; for the KL loss
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def select(self, idx: torch.Tensor | slice) -> TrainBatch:
-        picked: dict[str, Any] = {
-            f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx]) for f in fields(self)
-        }
+    def select(self, idx: torch.Tensor | slice) -> Batch:
+        """The rows `idx` of every field."""
+        picked: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "reward_extra":
+                picked[f.name] = {k: v[idx] for k, v in value.items()}
+            else:
+                picked[f.name] = None if value is None else value[idx]
         return replace(self, **picked)
+
+    def trimmed(self) -> Batch:
+        """Without the prompt columns that are padding in every row and the response columns past the
+        longest response (at least one response column stays)."""
+        real = self.attention_mask.any(0)
+        p = self.prompt_width
+        prompt_real = real[:p].nonzero()
+        first = int(prompt_real[0].item()) if len(prompt_real) else p - 1
+        resp_real = real[p:].nonzero()
+        keep = max(1, int(resp_real[-1].item()) + 1 if len(resp_real) else 1)
+        return self._slice_columns(first, keep)
+
+    def _slice_columns(self, first: int, keep: int) -> Batch:
+        p = self.prompt_width
+        out: dict[str, Any] = {}
+        for name in SEQUENCE_FIELDS:
+            out[name] = getattr(self, name)[:, first : p + keep]
+        for name in TOKEN_FIELDS:
+            value = getattr(self, name)
+            out[name] = None if value is None else value[:, :keep]
+        return replace(self, **out)
+
+    def split_groups(self) -> dict[int, Batch]:
+        """group id -> that group's rows (in order), trimmed: the unit that moves between ranks."""
+        out = {}
+        for g in self.group_ids.unique().tolist():
+            out[int(g)] = self.select((self.group_ids == g).nonzero().flatten()).trimmed()
+        return out
+
+    @staticmethod
+    def concat(parts: list[Batch], pad_id: int) -> Batch:
+        """Rows of several batches in order: prompts left-padded, responses right-padded to the widest."""
+        p_width = max(b.prompt_width for b in parts)
+        r_width = max(b.response_width for b in parts)
+        out: dict[str, Any] = {}
+        for name in SEQUENCE_FIELDS:
+            fill = pad_id if name == "input_ids" else 0
+            out[name] = torch.cat([_pad_sequence(getattr(b, name), b, p_width, r_width, fill, name) for b in parts])
+        for name in TOKEN_FIELDS:
+            values = [getattr(b, name) for b in parts]
+            if any(v is None for v in values):
+                out[name] = None
+                continue
+            out[name] = torch.cat([torch.nn.functional.pad(v, (0, r_width - v.shape[1])) for v in values])
+        for name in SAMPLE_FIELDS:
+            values = [getattr(b, name) for b in parts]
+            out[name] = None if any(v is None for v in values) else torch.cat(values)
+        keys = set(parts[0].reward_extra)
+        if any(set(b.reward_extra) != keys for b in parts):  # a key one part lacks is NaN there
+            keys = set().union(*(b.reward_extra for b in parts))
+        out["reward_extra"] = {
+            k: torch.cat([b.reward_extra.get(k, torch.full((len(b),), float("nan"))) for b in parts]) for k in keys
+        }
+        return Batch(**out)
+
+    def to_wire(self) -> dict[str, torch.Tensor]:
+        """Named tensors only (no pickled classes): what `route` and the role links send."""
+        wire = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reward_extra"}
+        wire = {k: v for k, v in wire.items() if v is not None}
+        wire |= {f"reward_extra/{k}": v for k, v in self.reward_extra.items()}
+        return wire
+
+    @staticmethod
+    def from_wire(wire: dict[str, torch.Tensor]) -> Batch:
+        extra = {k.removeprefix("reward_extra/"): v for k, v in wire.items() if k.startswith("reward_extra/")}
+        known = {f.name for f in fields(Batch)}
+        unknown = sorted(k for k in wire if k not in known and not k.startswith("reward_extra/"))
+        if unknown:  # both sides run the same code; this is a protocol error
+            raise RuntimeError(f"batch wire format has unknown fields {unknown}")
+        return Batch(**{k: v for k, v in wire.items() if k in known}, reward_extra=extra)
+
+
+def _pad_sequence(t: torch.Tensor, b: Batch, p_width: int, r_width: int, fill: int, name: str) -> torch.Tensor:
+    """[b, P_b + R_b] -> [b, p_width + r_width]: left-pad the prompt part, right-pad the response part.
+
+    Position ids continue the last position into the right padding (as `collate` makes them)."""
+    left = p_width - b.prompt_width
+    right = r_width - b.response_width
+    out = torch.nn.functional.pad(t, (left, 0), value=fill)
+    if right == 0:
+        return out
+    if name == "position_ids":
+        return torch.cat([out, out[:, -1:].expand(-1, right)], dim=1)
+    return torch.nn.functional.pad(out, (0, right), value=fill)

@@ -15,14 +15,13 @@ import sys
 
 import torch
 
-from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer
+from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, make_actor
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import read_env, shutdown_distributed
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import BroadcastSync
-from torchrl_post.types import Generation, PromptBatch, RolloutBatch, TrainBatch
-from torchrl_post.workers.actor import Actor
+from torchrl_post.types import Batch, Generation, PromptBatch
 
 
 def main() -> None:
@@ -37,7 +36,7 @@ def main() -> None:
     assert topo.world is not None
     torch.manual_seed(0)
     is_actor = env.rank in (0, 1)
-    actor = Actor(cfg, topo.mesh("actor"), env.device) if is_actor else None
+    actor = make_actor(cfg, topo.mesh("actor")) if is_actor else None
     engine = None if is_actor else build_engine(cfg, env.device, seed=0, pad_id=0, eos_ids=[3])
     # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
     sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None)
@@ -49,17 +48,14 @@ def main() -> None:
     owner = {g: 2 for g in (0, 1, 2, 3, 10, 11, 12, 13)}
     dest = {g: 0 if g < 10 else 1 for g in owner}
     results = []
-    last: RolloutBatch | None = None
+    last: Batch | None = None
     for update in range(3):
         if update > 0:
             if actor is not None:
                 assert last is not None
                 rb = last
-                adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
-                tb = TrainBatch(
-                    rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None, rb.rollout_log_probs
-                )
-                actor.update(tb, temperature=1.0, mini_size=len(tb))
+                rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
+                actor.update(rb)
                 sync.send(actor.model)
             else:
                 assert engine is not None

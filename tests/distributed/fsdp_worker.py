@@ -13,33 +13,46 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.device_mesh import DeviceMesh
 
+from tests.distributed.checks import make_actor
+from torchrl_post.algos.policy_loss import LOSS_AGG_MODES
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
-from torchrl_post.types import TrainBatch
+from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
 
 _KEEP: list[Actor] = []
 
 
-def _batch(gen: torch.Generator, rows: int = 8, width: int = 12, resp: int = 5) -> TrainBatch:
+def _batch(gen: torch.Generator, rows: int = 8, width: int = 12, resp: int = 5) -> Batch:
     ids = torch.randint(5, 100, (rows, width), generator=gen)
     attn = torch.ones_like(ids)
     attn[0, :3] = 0  # a left-padded prompt
     attn[1, -2:] = 0  # a short response
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     mask = attn[:, -resp:].float()
+    mask[3, :] = 0  # a filtered sample: its row leaves every denominator
     adv = torch.randn(rows, 1, generator=gen) * mask
-    return TrainBatch(ids, attn, pos, mask, adv, None, torch.zeros(rows, resp))
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=pos,
+        loss_mask=mask,
+        rollout_log_probs=torch.zeros(rows, resp),
+        group_ids=torch.arange(rows),
+        termination=torch.zeros(rows, dtype=torch.long),
+        weights=torch.ones(rows),
+        advantages=adv,
+    )
 
 
-def _updated(cfg: Config, mesh: DeviceMesh, batch: TrainBatch, mini: int) -> dict[str, torch.Tensor]:
+def _updated(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> dict[str, torch.Tensor]:
     """Weights after one update, plus the pre-clip gradient norm (Adam hides loss-scale errors; the norm does not)."""
     torch.manual_seed(0)
-    actor = Actor(cfg, mesh, torch.device("cpu"))
+    actor = make_actor(cfg, mesh, mini)
     _KEEP.append(actor)  # freed at exit, not mid-run while the other rank still runs collectives
-    metrics = actor.update(batch, temperature=1.0, mini_size=mini)
+    metrics = actor.update(batch)
     return {**dict(iter_full_weights(actor.model, 1 << 20)), "grad_norm": torch.tensor(metrics["actor/grad_norm"])}
 
 
@@ -54,7 +67,7 @@ def main() -> None:
     report: dict[str, object] = {}
 
     # 1. Gathered weights equal the checkpoint exactly, whatever the bucket size (odd dims shard unevenly).
-    actor = Actor(cfg, mesh, torch.device("cpu"))
+    actor = make_actor(cfg, mesh)
     ref = load_file(f"{model_dir}/model.safetensors")
     for bucket in (1, 4096, 1 << 30):
         got = dict(iter_full_weights(actor.model, bucket))
@@ -87,6 +100,22 @@ def main() -> None:
         dynamic["grad_norm"].item(),
     ]
     report["update_moved"] = max((sharded[k] - ref[k]).abs().max().item() for k in ref)
+    cfg.model.enable_gradient_checkpointing = False
+
+    # 3. Every loss aggregation mode: the same gradient for any split of the mini-batch (micro-batches of 3
+    #    rows, so 4 = 3 + 1 is uneven, and token-budget micro-batches) as for the whole one.
+    modes: dict[str, list[float]] = {}
+    for mode in LOSS_AGG_MODES:
+        cfg.actor.loss_agg_mode = mode
+        whole = _updated(cfg, mesh, half, mini=per)
+        cfg.actor.ppo_micro_batch_size_per_gpu = 3
+        uneven = _updated(cfg, mesh, half, mini=per)
+        cfg.actor.ppo_micro_batch_size_per_gpu = 32
+        cfg.actor.use_dynamic_bsz = True
+        dyn = _updated(cfg, mesh, half, mini=per)
+        cfg.actor.use_dynamic_bsz = False
+        modes[mode] = [whole["grad_norm"].item(), uneven["grad_norm"].item(), dyn["grad_norm"].item()]
+    report["agg_mode_grad_norms"] = modes
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)
     if env.rank == 0:

@@ -14,14 +14,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tests.distributed.checks import engine_vs_trainer
+from tests.distributed.checks import engine_vs_trainer, make_actor
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.weights import sync_weights
-from torchrl_post.types import PromptBatch, TrainBatch
-from torchrl_post.workers.actor import Actor
+from torchrl_post.types import PromptBatch
 
 
 def main() -> None:
@@ -37,7 +36,7 @@ def main() -> None:
     init_world(env)
     mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     torch.manual_seed(0)
-    actor = Actor(cfg, mesh, env.device)
+    actor = make_actor(cfg, mesh)
     engine = build_engine(cfg, env.device, seed=env.rank, pad_id=0, eos_ids=[3])
     gen = torch.Generator().manual_seed(100 + env.rank)
     prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
@@ -49,11 +48,8 @@ def main() -> None:
         if update > 0:
             # A real update: sampled responses, random advantages, one optimizer step; then sync.
             rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample), 2, 0)
-            adv = torch.randn(len(rb), 1, generator=gen) * rb.response_mask
-            tb = TrainBatch(
-                rb.input_ids, rb.attention_mask, rb.position_ids, rb.response_mask, adv, None, rb.rollout_log_probs
-            )
-            actor.update(tb, temperature=1.0, mini_size=len(tb))
+            rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
+            actor.update(rb)
             sync_weights(actor.model, engine, bucket_mb=1)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})

@@ -45,7 +45,11 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
         g = rank["grad_norms"]
         assert all(x == pytest.approx(g[0], rel=1e-5) for x in g[1:]), g
         assert rank["dynamic_bsz_max_diff"] < 1e-4
+        for mode, norms in rank["agg_mode_grad_norms"].items():  # whole, uneven micro-batches, token budget
+            assert norms[1:] == pytest.approx([norms[0]] * 2, rel=1e-5), f"{mode}: {norms}"
     w1 = torch.load(tmp_path / "one.json.pt", weights_only=True)
     w2 = torch.load(tmp_path / "two.json.pt", weights_only=True)
     assert w1["grad_norm"].item() == pytest.approx(w2["grad_norm"].item(), rel=1e-5)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, "2-rank update differs from 1-rank update"
+    for mode in one[0]["agg_mode_grad_norms"]:  # every mode: 2 ranks with the global counts = 1 rank
+        assert two[0]["agg_mode_grad_norms"][mode][0] == pytest.approx(one[0]["agg_mode_grad_norms"][mode][0], rel=1e-5)

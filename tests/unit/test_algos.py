@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchrl_post.algos.advantages import grpo_advantages
-from torchrl_post.algos.policy_loss import agg_loss, masked_mean, ppo_clip_loss
+from torchrl_post.algos.policy_loss import LossScale, agg_loss, masked_mean, ppo_clip_loss
 
 # --- grpo_advantages ----------------------------------------------------------------------------------------
 
@@ -148,8 +148,9 @@ def test_agg_loss_token_mean():
     assert agg_loss(LOSS, MASK, "token-mean").item() == pytest.approx(11 / 4)
 
 
-def test_agg_loss_token_mean_with_token_norm():
-    assert agg_loss(LOSS, MASK, "token-mean", token_norm=10).item() == pytest.approx(11 / 10)
+def test_agg_loss_token_mean_with_global_count():
+    # 10 tokens in the whole mini-batch, 2 ranks whose gradients FSDP averages: this share is 11 / (10 / 2)
+    assert agg_loss(LOSS, MASK, "token-mean", LossScale(10, 4, 4, 2)).item() == pytest.approx(11 / 5)
 
 
 def test_agg_loss_seq_mean_token_sum():
@@ -163,11 +164,11 @@ def test_agg_loss_seq_mean_token_mean():
 
 
 def test_agg_loss_seq_mean_token_sum_norm():
-    # total 11 / T (= 4, the padded width)
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(11 / 4)
+    # total 11 / (2 sequences x max_response_length): the constant, not the padded width
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", LossScale(4, 2, 4)).item() == pytest.approx(11 / 8)
     wide = torch.cat([LOSS, torch.full((2, 4), 100.0)], dim=1)
     wide_mask = torch.cat([MASK, torch.zeros(2, 4)], dim=1)
-    assert agg_loss(wide, wide_mask, "seq-mean-token-sum-norm").item() == pytest.approx(11 / 8)
+    assert agg_loss(wide, wide_mask, "seq-mean-token-sum-norm", LossScale(4, 2, 4)).item() == pytest.approx(11 / 8)
 
 
 def test_agg_loss_ignores_masked_values():
@@ -176,10 +177,10 @@ def test_agg_loss_ignores_masked_values():
         assert agg_loss(poisoned, MASK, mode).item() == pytest.approx(agg_loss(LOSS, MASK, mode).item())
 
 
-def test_agg_loss_empty_row_does_not_divide_by_zero():
+def test_agg_loss_empty_row_is_not_counted():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    # seq means 2 and 0 (empty row counts as 0) -> 1
-    assert agg_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx(1.0)
+    # the empty (filtered) row leaves the denominator: seq mean 2 over one sequence
+    assert agg_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx(2.0)
     assert agg_loss(LOSS, torch.zeros(2, 4), "token-mean").item() == 0.0
 
 

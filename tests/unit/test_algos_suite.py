@@ -16,7 +16,7 @@ from torchrl_post.algos.advantages import (
     scores_to_token_rewards,
 )
 from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty
-from torchrl_post.algos.policy_loss import gspo_loss, ppo_clip_loss
+from torchrl_post.algos.policy_loss import LossScale, gspo_loss, ppo_clip_loss
 from torchrl_post.algos.value_loss import clipped_value_loss
 
 # Two rows: 3 real tokens and 1 real token, width 4 (right padding).
@@ -375,7 +375,7 @@ def test_clipped_value_loss_token_mean():
 def test_clipped_value_loss_other_modes():
     loss, _ = clipped_value_loss(V, V_OLD, RET, V_MASK, 0.2, "seq-mean-token-mean")
     assert loss.item() == pytest.approx(((0.18 + 0.5) / 2 + 3.125) / 2)
-    loss, _ = clipped_value_loss(V, V_OLD, RET, V_MASK, 0.2, "token-mean", token_norm=10.0)
+    loss, _ = clipped_value_loss(V, V_OLD, RET, V_MASK, 0.2, "token-mean", LossScale(10.0, 2, 4))
     assert loss.item() == pytest.approx((0.18 + 0.5 + 3.125) / 10)
 
 

@@ -83,15 +83,15 @@ def test_collate_tensors():
     assert len(b) == 4
 
 
-def test_collate_repeats_prompt_fields():
+def test_collate_groups_terminations_and_weights():
     prompts, gen = _batch()
     b = collate(prompts, gen, n=2, pad_id=PAD)
     assert b.group_ids.tolist() == [5, 5, 9, 9]
     assert b.group_ids.dtype == torch.long
-    assert b.answers == ["a0", "a0", "a1", "a1"]
-    assert b.data_sources == ["src0", "src0", "src1", "src1"]
-    assert b.extra_infos == [{"i": 0}, {"i": 0}, {"i": 1}, {"i": 1}]
-    assert b.finish_reasons == ["stop", "stop", "length", "stop"]
+    assert b.termination_names == ["stop", "stop", "length", "stop"]
+    assert b.weights.tolist() == [1.0] * 4
+    assert torch.equal(b.loss_mask, b.response_mask)  # single turn: every response token is trained on
+    assert b.scores is None and b.advantages is None  # later stages fill these in
 
 
 def test_collate_pad_id_and_all_empty_responses():

@@ -106,8 +106,11 @@ def test_score_batch_dict_results():
     out = score_batch(lambda source: _flaky, texts, ["x"] * 3, ["s"] * 3, [{}] * 3)
     torch.testing.assert_close(out.scores, torch.tensor([0.75, 1.0, 0.75]))
     assert out.errors == 0
-    # numeric extras only (bool is an int); one entry per dict result
-    assert out.extra == {"acc": [1.0, 1.0], "format": [0.5, 0.5]}
+    # numeric extras only (bool is an int), per sample: NaN where the sample returned no dict
+    assert sorted(out.extra) == ["acc", "format"]
+    nan = float("nan")
+    torch.testing.assert_close(out.extra["acc"], torch.tensor([1.0, nan, 1.0]), equal_nan=True)
+    torch.testing.assert_close(out.extra["format"], torch.tensor([0.5, nan, 0.5]), equal_nan=True)
 
 
 def test_score_batch_dict_without_score_is_an_error():

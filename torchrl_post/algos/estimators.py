@@ -1,6 +1,8 @@
-"""Advantage estimator dispatch: scores (and values, KL-shaped token rewards) -> advantages and returns."""
+"""Advantage estimator dispatch: a scored batch (and its values, KL-shaped token rewards) -> advantages, returns."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,9 +12,15 @@ from torchrl_post.algos.advantages import (
     reinforce_plus_plus_advantages,
     reinforce_returns,
     rloo_advantages,
+    scores_to_token_rewards,
 )
-from torchrl_post.config.schema import AlgorithmConfig
+from torchrl_post.algos.kl import apply_kl_in_reward, kl_penalty
+from torchrl_post.types import Batch
 
+if TYPE_CHECKING:  # the config package imports this module for its enum sets
+    from torchrl_post.config.schema import AlgorithmConfig
+
+ADV_ESTIMATORS = ("grpo", "gae", "reinforce", "reinforce_plus_plus", "rloo")
 NEEDS_VALUES = ("gae",)
 GROUPED = ("grpo", "rloo")
 
@@ -46,4 +54,28 @@ def compute_advantages(
         return returns, returns
     if est == "reinforce_plus_plus":
         return reinforce_plus_plus_advantages(token_rewards_bt, mask_bt, cfg.gamma)
-    raise ValueError(f"unknown adv_estimator {est!r}")
+    raise ValueError(f"unknown adv_estimator {est!r}; expected one of {', '.join(ADV_ESTIMATORS)}")
+
+
+def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, n: int, kl_coef: float) -> dict[str, tuple[str, float]]:
+    """Fill `batch.advantages` and `batch.returns` (the KL penalty, if on, shapes the token rewards first).
+
+    Returns this rank's metrics as {name: (reduce op, value)} for `logging.reduce.reduce_metrics`; the
+    adaptive KL controller is updated by the caller with the reduced `actor/reward_kl_penalty`.
+    """
+    assert batch.scores is not None, "the rollout source scores every batch"
+    mask = batch.loss_mask
+    token_rewards = scores_to_token_rewards(batch.scores, mask)
+    local: dict[str, tuple[str, float]] = {}
+    if cfg.use_kl_in_reward:
+        assert batch.old_log_probs is not None and batch.ref_log_probs is not None
+        kl_bt = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.kl_penalty)
+        token_rewards, kl_mean = apply_kl_in_reward(token_rewards, kl_bt, mask, kl_coef)
+        local["actor/reward_kl_penalty"] = ("mean", kl_mean)
+    batch.advantages, batch.returns = compute_advantages(cfg, batch.scores, token_rewards, mask, n, batch.values)
+    tokens = max(mask.sum().item(), 1.0)
+    if batch.values is not None:
+        local["critic/values/mean"] = ("mean", (batch.values * mask).sum().item() / tokens)
+    if cfg.adv_estimator not in GROUPED:
+        local["critic/returns/mean"] = ("mean", (batch.returns * mask).sum().item() / tokens)
+    return local

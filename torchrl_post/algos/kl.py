@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import torch
 
-KL_KINDS = ("k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+"""verl's names; `kl` is k1, `mse` is k2, `low_var_kl` is k3. The loss and the reward accept every one."""
 
 
 def kl_penalty(logp_bt: torch.Tensor, ref_logp_bt: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference, with d = logp - ref_logp.
 
-    k1: d.  abs: |d|.  mse / k2: 0.5 d^2.
+    kl / k1: d.  abs: |d|.  mse / k2: 0.5 d^2.
     low_var_kl / k3 (Schulman's unbiased low-variance estimator): x = clamp(-d, -20, 20);
     kl = clamp(exp(x) - x - 1, -10, 10), which is >= 0 and 0 exactly when logp == ref_logp.
     Differentiable (usable as a loss term); no masking here.
     """
-    if kind == "k1":
+    if kind in ("kl", "k1"):
         return logp_bt - ref_logp_bt
     if kind == "abs":
         return (logp_bt - ref_logp_bt).abs()
@@ -27,7 +28,7 @@ def kl_penalty(logp_bt: torch.Tensor, ref_logp_bt: torch.Tensor, kind: str) -> t
     if kind in ("low_var_kl", "k3"):
         log_ratio_bt = (ref_logp_bt - logp_bt).clamp(-20.0, 20.0)
         return (log_ratio_bt.exp() - log_ratio_bt - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown KL penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
+    raise ValueError(f"unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
 def apply_kl_in_reward(

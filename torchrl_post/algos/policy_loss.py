@@ -6,31 +6,62 @@ from dataclasses import dataclass
 
 import torch
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSSES = ("vanilla", "gspo")
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def agg_loss(loss_bt: torch.Tensor, mask_bt: torch.Tensor, mode: str, token_norm: float | None = None) -> torch.Tensor:
-    """Reduce token losses [B, T] to a scalar.
+@dataclass(frozen=True)
+class LossScale:
+    """The denominators of one mini-batch, counted over every micro-batch on every data-parallel rank.
 
-    token-mean: sum over all tokens / number of tokens (or / token_norm when given: the global count
-    across ranks and micro-batches, which makes gradient accumulation exact).
-    seq-mean-token-sum: mean over sequences of each sequence's token sum.
-    seq-mean-token-mean: mean over sequences of each sequence's token mean.
-    seq-mean-token-sum-norm: total token sum / T (the padded width; Dr.GRPO's constant normaliser).
+    With them each micro-batch's `agg_loss` is its exact share of the mini-batch loss, so the summed
+    gradient does not depend on how the mini-batch is split (row counts, token budgets, uneven tails).
     """
+
+    tokens: float
+    """Sum of the mask over the mini-batch (all ranks)."""
+    seqs: float
+    """Rows whose mask is not all zero (all ranks): filtered samples do not count."""
+    max_response_length: int
+    """data.max_response_length: the constant of seq-mean-token-sum-norm (Dr.GRPO)."""
+    dp_size: int = 1
+    """Ranks whose gradients FSDP averages: each rank's share is scaled up by it."""
+
+    @staticmethod
+    def local(mask_bt: torch.Tensor, max_response_length: int | None = None) -> LossScale:
+        """The scale of `mask_bt` taken as the whole mini-batch on one rank."""
+        seqs = float((mask_bt.sum(-1) > 0).sum())
+        return LossScale(float(mask_bt.sum()), seqs, max_response_length or mask_bt.shape[-1])
+
+
+def agg_loss(loss_bt: torch.Tensor, mask_bt: torch.Tensor, mode: str, scale: LossScale | None = None) -> torch.Tensor:
+    """This micro-batch's share of the mini-batch loss (verl's loss_agg_mode names and definitions).
+
+    With S = `scale` (default: this mask alone), m the mask, l the token losses, and "valid" the rows whose
+    mask is not all zero:
+    token-mean:              sum_bt l m / S.tokens
+    seq-mean-token-sum:      sum_b (sum_t l m) / S.seqs
+    seq-mean-token-mean:     sum_b (sum_t l m / sum_t m) / S.seqs           (valid rows only)
+    seq-mean-token-sum-norm: sum_bt l m / (S.seqs * S.max_response_length)  (Dr.GRPO's constant normaliser,
+                             as current verl: the batch size times the maximum response length)
+    Each is multiplied by S.dp_size, since FSDP averages the ranks' gradients.
+    """
+    scale = scale or LossScale.local(mask_bt)
     if mode == "token-mean":
-        denom = token_norm if token_norm is not None else mask_bt.sum().clamp(min=1)
-        return (loss_bt * mask_bt).sum() / denom
+        return (loss_bt * mask_bt).sum() / (max(scale.tokens, 1.0) / scale.dp_size)
     seq_sum_b = (loss_bt * mask_bt).sum(-1)
+    seqs = max(scale.seqs, 1.0) / scale.dp_size
     if mode == "seq-mean-token-sum":
-        return seq_sum_b.mean()
+        return seq_sum_b.sum() / seqs
     if mode == "seq-mean-token-mean":
-        return (seq_sum_b / mask_bt.sum(-1).clamp(min=1)).mean()
+        return (seq_sum_b / mask_bt.sum(-1).clamp(min=1)).sum() / seqs
     if mode == "seq-mean-token-sum-norm":
-        return seq_sum_b.sum() / loss_bt.shape[-1]
-    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+        return seq_sum_b.sum() / (seqs * scale.max_response_length)
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
 
 
 @dataclass

@@ -1,7 +1,20 @@
-"""Config schema (dataclasses), loading (Hydra compose) and validation."""
+"""Config schema (dataclasses), loading (Hydra compose) and validation.
+
+`load_config` is imported on first use: validation reads the enum sets from the modules that dispatch on
+them, and those modules import `config.errors` / `config.schema`, so this package must not import them back.
+"""
+
+from typing import Any
 
 from torchrl_post.config.errors import ConfigError, DataError, UserError
-from torchrl_post.config.load import load_config
 from torchrl_post.config.schema import Config
 
 __all__ = ["Config", "ConfigError", "DataError", "UserError", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_config":
+        from torchrl_post.config.load import load_config
+
+        return load_config
+    raise AttributeError(name)

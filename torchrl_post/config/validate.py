@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchrl_post.algos.estimators import ADV_ESTIMATORS
+from torchrl_post.algos.kl import KL_KINDS
+from torchrl_post.algos.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES
+from torchrl_post.checkpoint.dcp import RESUME_MODES
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import DEVICES
+from torchrl_post.logging.metrics import LOGGERS
+from torchrl_post.rollout import ENGINES, ROLLOUT_MODES
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADV_ESTIMATORS = ("grpo", "gae", "reinforce", "reinforce_plus_plus", "rloo")
-KL_KINDS = ("kl", "k1", "k2", "k3", "low_var_kl", "abs", "mse")
-POLICY_LOSSES = ("vanilla", "gspo")
-ENGINES = ("vllm", "hf")
-RESUME_MODES = ("auto", "disable", "resume_path")
-LOGGERS = ("console", "wandb")
-DEVICES = ("auto", "cpu", "cuda")
+# Each enum set lives beside the code that dispatches on it; these two are dispatched here and in the workers.
 DTYPES = ("float32", "bfloat16", "float16")
-ROLLOUT_MODES = ("sync", "async")
 ROLLOUT_IS = ("auto", "token", "none")
 
 

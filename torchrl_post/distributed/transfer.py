@@ -9,7 +9,8 @@ with token sums as even as a greedy pass makes them (FSDP ranks run their micro-
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -96,8 +97,27 @@ def _unpack(t: torch.Tensor) -> Any:
     return pickle.loads(t.numpy().tobytes())
 
 
-# Columns of the rows rollout engines publish for each prompt group they generated.
-ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS = range(5)
+class GroupRow(NamedTuple):
+    """What a rank publishes about each prompt group it holds, before the groups move (one int64 row)."""
+
+    group: int
+    """The group's position in the step's global batch (its group id)."""
+    owner: int
+    """The rank holding it, in the group the transfer runs over."""
+    tokens: int
+    """Its real tokens (the balance weight)."""
+    version: int = 0
+    """The policy version that generated it (async staleness)."""
+    gen_ms: int = 0
+    """How long its engine took to generate and score the batch."""
+
+
+ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS = range(len(GroupRow._fields))
+
+
+def group_rows(rows: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """[k, 5] int64 (k may be 0) for `all_gather_rows`."""
+    return torch.tensor([tuple(r) for r in rows], dtype=torch.int64).view(-1, len(GroupRow._fields))
 
 
 def plan_transfer(table: torch.Tensor, n_groups: int, dst_ranks: list[int]) -> tuple[dict[int, int], dict[int, int]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("torchrl_post")
+LOGGERS = ("console", "wandb")  # besides metrics.jsonl, always written
 
 
 def truncate_history(path: Path, keep_through_step: int) -> int:

@@ -79,8 +79,13 @@ def time_limit(seconds: float) -> Iterator[None]:
 @dataclass
 class Scores:
     scores: torch.Tensor  # [B]
-    errors: int = 0
-    extra: dict[str, list[float]] = field(default_factory=dict)
+    failed: torch.Tensor  # [B] 1.0 where the function raised, timed out or returned a non-finite value
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[B] per numeric key of returned dicts besides "score"; NaN for samples that did not return it."""
+
+    @property
+    def errors(self) -> int:
+        return int(self.failed.sum().item())
 
 
 def score_batch(
@@ -91,7 +96,8 @@ def score_batch(
     extra_infos: list[dict[str, Any]],
     timeout_s: float = 0.0,
 ) -> Scores:
-    out = Scores(torch.zeros(len(texts)))
+    n = len(texts)
+    out = Scores(torch.zeros(n), torch.zeros(n))
     for i, (text, answer, source, extra) in enumerate(zip(texts, answers, data_sources, extra_infos, strict=True)):
         try:
             with time_limit(timeout_s):
@@ -99,7 +105,7 @@ def score_batch(
             if isinstance(result, dict):
                 for k, v in result.items():
                     if k != "score" and isinstance(v, (int, float)):
-                        out.extra.setdefault(k, []).append(float(v))
+                        out.extra.setdefault(k, torch.full((n,), float("nan")))[i] = float(v)
                 result = result["score"]
             value = float(result)
             if not math.isfinite(value):
@@ -108,7 +114,7 @@ def score_batch(
             if out.errors == 0:
                 why = f"timed out after {timeout_s}s (reward.timeout_s)" if isinstance(e, RewardTimeout) else repr(e)
                 log.warning("reward function failed on a %s sample (scored 0): %s", source, why)
-            out.errors += 1
+            out.failed[i] = 1.0
             value = 0.0
         out.scores[i] = value
     return out

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from torchrl_post.config.schema import Config
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 
-__all__ = ["RolloutEngine", "SamplingParams", "build_engine", "collate"]
+if TYPE_CHECKING:  # the config package imports this module for its enum sets
+    from torchrl_post.config.schema import Config
+
+__all__ = ["ENGINES", "ROLLOUT_MODES", "RolloutEngine", "SamplingParams", "build_engine", "collate"]
+ENGINES = ("vllm", "hf")  # build_engine
+ROLLOUT_MODES = ("sync", "async")  # workers/remote.py: RolloutServer generates ahead in async mode
 
 
 def build_engine(cfg: Config, device: torch.device, seed: int, pad_id: int, eos_ids: list[int]) -> RolloutEngine:

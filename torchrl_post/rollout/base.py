@@ -1,4 +1,4 @@
-"""The rollout engine interface, sampling parameters, and padding generations into a RolloutBatch."""
+"""The rollout engine interface, sampling parameters, and padding generations into a Batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from torchrl_post.types import Generation, PromptBatch, RolloutBatch
+from torchrl_post.types import Batch, Generation, PromptBatch, termination_codes
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class RolloutEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> RolloutBatch:
-    """Left-pad prompts, right-pad responses, build masks and positions; repeat prompt fields n times."""
+def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> Batch:
+    """Left-pad prompts, right-pad responses, build masks and positions; every sample weight 1, unscored."""
     num = len(gen.response_ids)
     assert num == len(prompts) * n, "engines return n samples per prompt"
     p_width = max(len(p) for p in prompts.prompt_ids)
@@ -61,16 +61,13 @@ def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> Rollo
             attention_mask[i, p_width : p_width + len(r)] = 1
             rollout_lp[i, : len(r)] = torch.tensor(gen.logprobs[i], dtype=torch.float32)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    rep = [j for j in range(len(prompts)) for _ in range(n)]
-    return RolloutBatch(
+    return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        response_mask=attention_mask[:, p_width:].float(),
+        loss_mask=attention_mask[:, p_width:].float(),
         rollout_log_probs=rollout_lp,
-        group_ids=torch.tensor([prompts.uids[j] for j in rep], dtype=torch.long),
-        finish_reasons=list(gen.finish_reasons),
-        answers=[prompts.answers[j] for j in rep],
-        data_sources=[prompts.data_sources[j] for j in rep],
-        extra_infos=[prompts.extra_infos[j] for j in rep],
+        group_ids=torch.tensor([prompts.uids[i // n] for i in range(num)], dtype=torch.long),
+        termination=termination_codes(gen.finish_reasons),
+        weights=torch.ones(num),
     )

@@ -172,6 +172,16 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int) 
     return moved
 
 
+class ReloadSync:
+    """Colocated weight push: every actor rank gathers the buckets and reloads its own engine in place."""
+
+    def __init__(self, engine: RolloutEngine, bucket_mb: int) -> None:
+        self.engine, self.bucket_mb = engine, bucket_mb
+
+    def push(self, model: torch.nn.Module) -> int:
+        return sync_weights(model, self.engine, self.bucket_mb)
+
+
 class BroadcastSync:
     """Weight sync over the `sync` group ({first actor rank} + rollout ranks, rank 0 the sender).
 
@@ -228,6 +238,8 @@ class BroadcastSync:
         for work, _ in inflight:
             work.wait()
         return self.nbytes if self.is_sender else 0
+
+    push = send
 
     def received(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Rollout ranks: (name, tensor) for every parameter, as the broadcasts arrive."""

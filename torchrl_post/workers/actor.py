@@ -4,115 +4,101 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from transformers import AutoModelForCausalLM
 
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import agg_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
-from torchrl_post.config.schema import Config
-from torchrl_post.config.validate import uses_rollout_is
+from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
+from torchrl_post.config.schema import ActorConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
-from torchrl_post.types import RolloutBatch, TrainBatch
-from torchrl_post.workers.fsdp import apply_fsdp
+from torchrl_post.logging.reduce import reduce_metrics
+from torchrl_post.types import Batch
+from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
 from torchrl_post.workers.logprobs import batched_log_probs, chunks, micro_slices, padded_forward_log_probs
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 log = logging.getLogger(__name__)
 
 
-def _agg(x_bt: torch.Tensor, mask_bt: torch.Tensor, mode: str, token_norm: float, frac: float) -> torch.Tensor:
-    """One micro-batch's share of the mini-batch loss: token-mean over the global mini-batch (exact across
-    ranks and micro-batches); the sequence modes weighted by the micro-batch's share of the rows."""
-    if mode == "token-mean":
-        return agg_loss(x_bt, mask_bt, "token-mean", token_norm)
-    return agg_loss(x_bt, mask_bt, mode) * frac
-
-
 class Actor:
-    def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device) -> None:
-        self.cfg = cfg
-        self.acfg = cfg.actor
-        self.mesh = mesh
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: ActorConfig,
+        mesh: DeviceMesh,
+        device: torch.device,
+        *,
+        temperature: float,
+        mini_batch_samples: int,
+        max_response_length: int,
+        is_cap: float = 0.0,
+    ) -> None:
+        """`mini_batch_samples`: samples per optimizer step on this rank; `is_cap` > 0 turns on truncated
+        importance sampling against the rollout engine's logprobs with that cap."""
+        self.cfg, self.mesh, self.device = cfg, mesh, device
         self.group = dp_group(mesh)
-        # Truncated importance sampling against the rollout engine's logprobs (0: off).
-        self.is_cap = cfg.algorithm.rollout_is_threshold if uses_rollout_is(cfg) else 0.0
         self.dp_size = mesh.size()
-        self.device = device
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path,
-            dtype=torch.float32,
-            trust_remote_code=cfg.model.trust_remote_code,
-            use_safetensors=True,  # never unpickle weights
-        )
-        if cfg.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
+        self.max_response_length, self.is_cap = max_response_length, is_cap
+        model = load_causal_lm(model_cfg)
         model.config.use_cache = False
-        self.model = apply_fsdp(model, mesh, cfg.actor.fsdp)
+        self.model = apply_fsdp(model, mesh, cfg.fsdp)
         self.optimizer, self.scheduler = build_optimizer(
-            self.model,
-            cfg.actor.lr,
-            cfg.actor.weight_decay,
-            cfg.actor.lr_warmup_steps,
-            (cfg.actor.betas[0], cfg.actor.betas[1]),
+            self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps, (cfg.betas[0], cfg.betas[1])
         )
         self.nonfinite_skips = 0
         self.consecutive_skips = 0
 
-    def _fwd(
-        self, b: RolloutBatch | TrainBatch, sl: slice, width: int, temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        dev = self.device
-        return padded_forward_log_probs(
-            self.model,
-            b.input_ids[sl].to(dev),
-            b.attention_mask[sl].to(dev),
-            b.position_ids[sl].to(dev),
-            width,
-            temperature,
-        )
-
     @property
     def token_budget(self) -> int:
-        return self.acfg.ppo_max_token_len_per_gpu if self.acfg.use_dynamic_bsz else 0
+        return self.cfg.ppo_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
 
-    def compute_log_probs(self, batch: RolloutBatch, temperature: float) -> torch.Tensor:
+    def log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
-        micro = self.acfg.ppo_micro_batch_size_per_gpu
-        return batched_log_probs(self.model, batch, temperature, micro, self.device, self.token_budget)
+        micro = self.cfg.ppo_micro_batch_size_per_gpu
+        return batched_log_probs(self.model, batch, self.temperature, micro, self.device, self.token_budget)
 
-    def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return global_sum(t, self.group, self.device)
+    def _scale(self, mask_bt: torch.Tensor) -> LossScale:
+        """The mini-batch's denominators over every rank (one all_reduce)."""
+        local = torch.stack([mask_bt.sum().double(), (mask_bt.sum(-1) > 0).sum().double()])
+        tokens, seqs = global_sum(local, self.group, self.device).tolist()
+        return LossScale(tokens, seqs, self.max_response_length, self.dp_size)
 
-    def update(self, batch: TrainBatch, temperature: float, mini_size: int) -> dict[str, float]:
-        """PPO epochs over mini-batches of `mini_size` local samples, micro-batched; one optimizer step each."""
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches, micro-batched; one optimizer step per mini-batch."""
+        assert batch.advantages is not None
         self.model.train()
-        a = self.acfg
+        a = self.cfg
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
-        width = batch.response_mask.shape[1]
-        # Local sums, reduced across ranks once at the end: tokens, ratio, clipped, kl, entropy, logprob diff.
-        sums = torch.zeros(10, dtype=torch.float64)
-        padded_cells, real_cells = 0, 0.0
-        pg_losses: list[float] = []
-        kl_losses: list[float] = []
+        width = batch.response_width
+        sums = dict.fromkeys(
+            ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip"),
+            0.0,
+        )
+        padded_cells, real_cells, pg_total, kl_total = 0, 0.0, 0.0, 0.0
         grad_norms: list[float] = []
-        steps = 0
         for epoch in range(a.ppo_epochs):
-            for mini in chunks(len(batch), mini_size):
+            for mini in chunks(len(batch), self.mini_batch_samples):
                 mb = batch.select(mini)
-                mask_all = mb.response_mask
-                global_tokens = float(self._global_sum(mask_all.sum().double()).item())
-                token_norm = max(global_tokens, 1.0) / self.dp_size
+                mask_all = mb.train_mask
+                scale = self._scale(mask_all)
                 self.optimizer.zero_grad(set_to_none=True)
-                mb_loss, mb_kl = 0.0, 0.0
                 for micro in micro_slices(mb.attention_mask, width, a.ppo_micro_batch_size_per_gpu, self.token_budget):
-                    logp, ent, cells = self._fwd(mb, micro, width, temperature)
+                    logp, ent, cells = padded_forward_log_probs(
+                        self.model,
+                        mb.input_ids[micro].to(self.device),
+                        mb.attention_mask[micro].to(self.device),
+                        mb.position_ids[micro].to(self.device),
+                        width,
+                        self.temperature,
+                    )
                     padded_cells += cells
                     real_cells += float(mb.attention_mask[micro].sum())
                     mask = mask_all[micro].to(self.device)
-                    adv = mb.advantages[micro].to(self.device)
+                    adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
                     if a.policy_loss == "gspo":
                         out = gspo_loss(logp, old, adv, mask, low, high)
@@ -121,79 +107,96 @@ class Actor:
                     rollout_lp = mb.rollout_log_probs[micro].to(self.device)
                     is_w = truncated_is_weights(old, rollout_lp, self.is_cap) if self.is_cap else None
                     loss_bt = out.loss_bt if is_w is None else out.loss_bt * is_w
-                    frac = (micro.stop - micro.start) / len(mb)
-                    pg = _agg(loss_bt, mask, a.loss_agg_mode, token_norm, frac)
-                    loss = (
-                        pg - a.entropy_coeff * _agg(ent, mask, a.loss_agg_mode, token_norm, frac)
-                        if a.entropy_coeff
-                        else pg
-                    )
-                    kl_value = 0.0
+                    pg = agg_loss(loss_bt, mask, a.loss_agg_mode, scale)
+                    loss = pg - a.entropy_coeff * agg_loss(ent, mask, a.loss_agg_mode, scale) if a.entropy_coeff else pg
                     if a.use_kl_loss:
                         assert mb.ref_log_probs is not None, "the trainer computes reference logprobs for the KL loss"
                         kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
-                        kl_term = _agg(kl_bt, mask, a.loss_agg_mode, token_norm, frac)
+                        kl_term = agg_loss(kl_bt, mask, a.loss_agg_mode, scale)
                         loss = loss + a.kl_loss_coef * kl_term
-                        kl_value = kl_term.item() / self.dp_size
+                        kl_total += kl_term.item() / self.dp_size
                     loss.backward()
-                    mb_loss += pg.item() / self.dp_size
-                    mb_kl += kl_value
+                    pg_total += pg.item() / self.dp_size
                     with torch.no_grad():
                         m = mask.double()
-                        sums += torch.stack(
-                            [
-                                m.sum(),
-                                (out.ratio_bt * m).sum(),
-                                (out.clipped_bt * m).sum(),
-                                (out.approx_kl_bt * m).sum(),
-                                (ent * m).sum(),
-                                ((logp.detach() - rollout_lp).abs() * m).sum() if epoch == 0 else m.new_zeros(()),
-                                m.sum() if epoch == 0 else m.new_zeros(()),
-                                (out.dual_clipped_bt * m).sum(),
-                                (is_w * m).sum() if is_w is not None else m.new_zeros(()),
-                                ((is_w >= self.is_cap) * m).sum() if is_w is not None else m.new_zeros(()),
-                            ]
-                        ).cpu()
-                grad_norm = clip_grad_norm(self.model, self.acfg.grad_clip)
-                # A NaN/inf loss gives a non-finite gradient norm too: one check covers both.
-                if math.isfinite(grad_norm):
-                    self.optimizer.step()
-                    self.consecutive_skips = 0
-                else:
-                    self.nonfinite_skips += 1
-                    self.consecutive_skips += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    log.warning("non-finite loss or gradient norm: update skipped (%d so far)", self.nonfinite_skips)
-                pg_losses.append(mb_loss)
-                kl_losses.append(mb_kl)
-                grad_norms.append(grad_norm)
-                steps += 1
+                        first = epoch == 0
+                        for key, value in (
+                            ("tokens", m.sum()),
+                            ("ratio", (out.ratio_bt * m).sum()),
+                            ("clipped", (out.clipped_bt * m).sum()),
+                            ("kl", (out.approx_kl_bt * m).sum()),
+                            ("entropy", (ent * m).sum()),
+                            ("diff", ((logp.detach() - rollout_lp).abs() * m).sum() if first else None),
+                            ("diff_tokens", m.sum() if first else None),
+                            ("dual_clipped", (out.dual_clipped_bt * m).sum()),
+                            ("is_w", (is_w * m).sum() if is_w is not None else None),
+                            ("is_clip", ((is_w >= self.is_cap) * m).sum() if is_w is not None else None),
+                        ):
+                            if value is not None:
+                                sums[key] += value.item()
+                grad_norms.append(self._step())
         self.scheduler.step()
-        tot = self._global_sum(sums)
-        losses = self._global_sum(torch.tensor(pg_losses, dtype=torch.float64))
-        kls = self._global_sum(torch.tensor(kl_losses, dtype=torch.float64))
-        tokens = max(tot[0].item(), 1.0)
-        return {
-            "actor/loss": losses.mean().item() + (self.acfg.kl_loss_coef * kls.mean().item() if a.use_kl_loss else 0.0),
-            "actor/pg_loss": losses.mean().item(),
-            "actor/ppo_ratio_mean": tot[1].item() / tokens,
-            "actor/pg_clipfrac": tot[2].item() / tokens,
-            "actor/pg_clipfrac_lower": tot[7].item() / tokens,
-            "actor/ppo_kl": tot[3].item() / tokens,
-            "actor/entropy": tot[4].item() / tokens,
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+        return self._metrics(sums, pg_total, kl_total, grad_norms, real_cells, padded_cells, batch)
+
+    def _step(self) -> float:
+        grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
+        # A NaN/inf loss gives a non-finite gradient norm too: one check covers both.
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.consecutive_skips = 0
+        else:
+            self.nonfinite_skips += 1
+            self.consecutive_skips += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            log.warning("non-finite loss or gradient norm: update skipped (%d so far)", self.nonfinite_skips)
+        return grad_norm
+
+    def _metrics(
+        self,
+        sums: dict[str, float],
+        pg_total: float,
+        kl_total: float,
+        grad_norms: list[float],
+        real_cells: float,
+        padded_cells: int,
+        batch: Batch,
+    ) -> dict[str, float]:
+        a = self.cfg
+        local = {k: ("sum", v) for k, v in sums.items()} | {"pg": ("sum", pg_total), "kl_loss": ("sum", kl_total)}
+        if batch.old_log_probs is not None:  # the proximal policy is the batch's: compare the engine with it
+            m = batch.train_mask
+            local["diff"] = ("sum", float(((batch.old_log_probs - batch.rollout_log_probs).abs() * m).sum()))
+            local["diff_tokens"] = ("sum", float(m.sum()))
+        tot = reduce_metrics(local, self.group, self.device)
+        tokens, steps = max(tot["tokens"], 1.0), len(grad_norms)
+        out: dict[str, Any] = {
+            "actor/loss": tot["pg"] / steps + (a.kl_loss_coef * tot["kl_loss"] / steps if a.use_kl_loss else 0.0),
+            "actor/pg_loss": tot["pg"] / steps,
+            "actor/ppo_ratio_mean": tot["ratio"] / tokens,
+            "actor/pg_clipfrac": tot["clipped"] / tokens,
+            "actor/pg_clipfrac_lower": tot["dual_clipped"] / tokens,
+            "actor/ppo_kl": tot["kl"] / tokens,
+            "actor/entropy": tot["entropy"] / tokens,
+            "actor/grad_norm": sum(grad_norms) / steps,
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(steps),
             "perf/padding_frac": 1.0 - real_cells / max(padded_cells, 1),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
-            **({"actor/kl_loss": kls.mean().item(), "actor/kl_coef": a.kl_loss_coef} if a.use_kl_loss else {}),
-            **(
-                {
-                    "rollout_corr/is_weight_mean": tot[8].item() / tokens,
-                    "rollout_corr/is_clipfrac": tot[9].item() / tokens,
-                }
-                if self.is_cap
-                else {}
-            ),
-            "_trainer_rollout_logprob_diff": tot[5].item() / max(tot[6].item(), 1.0),
+            "rollout/logprob_diff": tot["diff"] / max(tot["diff_tokens"], 1.0),
         }
+        if a.use_kl_loss:
+            out |= {"actor/kl_loss": tot["kl_loss"] / steps, "actor/kl_coef": a.kl_loss_coef}
+        if self.is_cap:
+            out |= {
+                "rollout_corr/is_weight_mean": tot["is_w"] / tokens,
+                "rollout_corr/is_clipfrac": tot["is_clip"] / tokens,
+            }
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the DCP model/optimizer shards."""
+        return {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.nonfinite_skips = int(state["nonfinite_skips"])

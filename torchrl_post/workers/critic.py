@@ -7,103 +7,104 @@ same shift as the policy's logprobs). Clipped value loss, its own AdamW and sche
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoConfig, AutoModelForTokenClassification
 
+from torchrl_post.algos.policy_loss import LossScale
 from torchrl_post.algos.value_loss import clipped_value_loss
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import CriticConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
-from torchrl_post.types import RolloutBatch
+from torchrl_post.logging.reduce import reduce_metrics
+from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.logprobs import chunks
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 
-@dataclass
-class CriticBatch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    response_mask: torch.Tensor
-    old_values: torch.Tensor  # [B, R], the values the advantages were computed with
-    returns: torch.Tensor  # [B, R]
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-
 class Critic:
-    def __init__(self, cfg: Config, mesh: DeviceMesh, device: torch.device) -> None:
-        self.cfg, self.ccfg, self.device = cfg, cfg.critic, device
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: CriticConfig,
+        mesh: DeviceMesh,
+        device: torch.device,
+        *,
+        mini_batch_samples: int,
+        epochs: int,
+        max_response_length: int,
+    ) -> None:
+        """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs)."""
+        self.cfg, self.device = cfg, device
         self.group, self.dp_size = dp_group(mesh), mesh.size()
-        path = cfg.critic.model.path or cfg.model.path
-        config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
+        path = cfg.model.path or model_cfg.path
+        config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         config.num_labels = 1
         config.classifier_dropout = 0.0  # a value head wants no dropout noise
         model = AutoModelForTokenClassification.from_pretrained(
             path,
             config=config,
             dtype=torch.float32,
-            trust_remote_code=cfg.model.trust_remote_code,
+            trust_remote_code=model_cfg.trust_remote_code,
             use_safetensors=True,
         )
-        if cfg.model.enable_gradient_checkpointing:
+        if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = apply_fsdp(model, mesh, cfg.critic.fsdp)
-        self.optimizer, self.scheduler = build_optimizer(
-            self.model, cfg.critic.lr, cfg.critic.weight_decay, cfg.critic.lr_warmup_steps
-        )
+        self.model = apply_fsdp(model, mesh, cfg.fsdp)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
-    def _values(self, b: RolloutBatch | CriticBatch, sl: slice) -> torch.Tensor:
-        width = b.response_mask.shape[1]
+    def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         out = self.model(
             input_ids=b.input_ids[sl].to(self.device),
             attention_mask=b.attention_mask[sl].to(self.device),
             position_ids=b.position_ids[sl].to(self.device),
         )
-        return out.logits[:, -width - 1 : -1, 0].float()
+        return out.logits[:, -b.response_width - 1 : -1, 0].float()
 
     @torch.no_grad()
-    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        """V(s_t) for every response token, [B, R], zero on padding, on CPU."""
+    def values(self, batch: Batch) -> torch.Tensor:
+        """V(s_t) for every response token, [B, R], zero outside the loss mask, on CPU."""
         self.model.eval()
-        vals = [self._values(batch, sl).cpu() for sl in chunks(len(batch), self.ccfg.ppo_micro_batch_size_per_gpu)]
-        return torch.cat(vals) * batch.response_mask
+        vals = [self._values(batch, sl).cpu() for sl in chunks(len(batch), self.cfg.ppo_micro_batch_size_per_gpu)]
+        return torch.cat(vals) * batch.loss_mask
 
-    def update(self, batch: CriticBatch, mini_size: int, epochs: int) -> dict[str, float]:
-        """Clipped value regression onto the returns; one optimizer step per mini-batch."""
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Clipped value regression of the values onto `batch.returns`; one optimizer step per mini-batch."""
+        assert batch.values is not None and batch.returns is not None
         self.model.train()
-        c = self.ccfg
-        sums = torch.zeros(3, dtype=torch.float64)  # tokens, clipped tokens, loss
+        c = self.cfg
+        tokens, clipped, loss_total = 0.0, 0.0, 0.0
         norms: list[float] = []
-        for _ in range(epochs):
-            for mini in chunks(len(batch), mini_size):
-                mask_all = batch.response_mask[mini]
-                global_tokens = float(global_sum(mask_all.sum().double(), self.group, self.device).item())
-                token_norm = max(global_tokens, 1.0) / self.dp_size
+        for _ in range(self.epochs):
+            for mini in chunks(len(batch), self.mini_batch_samples):
+                mask_all = batch.train_mask[mini]
+                local = torch.stack([mask_all.sum().double(), (mask_all.sum(-1) > 0).sum().double()])
+                g_tokens, g_seqs = global_sum(local, self.group, self.device).tolist()
+                scale = LossScale(g_tokens, g_seqs, self.max_response_length, self.dp_size)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in chunks(mini.stop - mini.start, c.ppo_micro_batch_size_per_gpu):
                     rows = slice(mini.start + micro.start, mini.start + micro.stop)
-                    mask = batch.response_mask[rows].to(self.device)
-                    values = self._values(batch, rows)
-                    norm = token_norm if c.loss_agg_mode == "token-mean" else None
+                    mask = mask_all[micro].to(self.device)
                     loss, clipfrac = clipped_value_loss(
-                        values,
-                        batch.old_values[rows].to(self.device),
+                        self._values(batch, rows),
+                        batch.values[rows].to(self.device),
                         batch.returns[rows].to(self.device),
                         mask,
                         c.cliprange_value,
                         c.loss_agg_mode,
-                        token_norm=norm,
+                        scale,
                     )
-                    if c.loss_agg_mode != "token-mean":
-                        loss = loss * (micro.stop - micro.start) / (mini.stop - mini.start)
                     loss.backward()
-                    n_tok = mask.sum().double().cpu()
-                    sums += torch.stack([n_tok, clipfrac.double().cpu() * n_tok, loss.detach().double().cpu()])
+                    n_tok = float(mask.sum())
+                    tokens, clipped, loss_total = (
+                        tokens + n_tok,
+                        clipped + clipfrac.item() * n_tok,
+                        loss_total + loss.item(),
+                    )
                 grad_norm = clip_grad_norm(self.model, c.grad_clip)
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -111,11 +112,30 @@ class Critic:
                     self.optimizer.zero_grad(set_to_none=True)
                 norms.append(grad_norm)
         self.scheduler.step()
-        tot = global_sum(sums, self.group, self.device)
+        tot = reduce_metrics(
+            {"tokens": ("sum", tokens), "clipped": ("sum", clipped), "loss": ("sum", loss_total)},
+            self.group,
+            self.device,
+        )
         steps = max(len(norms), 1)
         return {
-            "critic/loss": tot[2].item() / self.dp_size / steps,
-            "critic/vf_clipfrac": tot[1].item() / max(tot[0].item(), 1.0),
+            "critic/loss": tot["loss"] / self.dp_size / steps,
+            "critic/vf_clipfrac": tot["clipped"] / max(tot["tokens"], 1.0),
             "critic/grad_norm": sum(norms) / steps,
             "critic/lr": float(self.scheduler.get_last_lr()[0]),
         }
+
+    def start_update(self, batch: Batch) -> Callable[[], dict[str, float]]:
+        """Update now; the metrics come from the returned call (a critic on its own ranks updates while
+        the actor does, and its proxy answers that call when it is done)."""
+        metrics = self.update(batch)
+        return lambda: metrics
+
+    def trained(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        return {"critic": (self.model, self.optimizer)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -1,4 +1,5 @@
-"""FSDP2 wrapping: fully_shard each decoder layer, then the root, over a role's mesh."""
+"""Models for the trained and frozen roles: load an HF model from disk, then FSDP2 (each decoder layer, then
+the root) over a role's mesh."""
 
 from __future__ import annotations
 
@@ -7,8 +8,21 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from torchrl_post.config.schema import FSDPConfig
+from torchrl_post.config.schema import FSDPConfig, ModelConfig
+
+
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> PreTrainedModel:
+    """The policy in float32 from safetensors (never unpickled), with activation checkpointing if asked."""
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.path, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+    )
+    if not trainable:
+        model.requires_grad_(False)
+    elif cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

