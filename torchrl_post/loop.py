@@ -95,6 +95,7 @@ class Run:
             )
         steps = per_epoch * cfg.trainer.total_epochs
         total = min(steps, cfg.trainer.total_training_steps or steps)
+        torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
         return Run(cfg, env, topo, tokenizer, train, val, reward_fn_for, Path(cfg.trainer.default_local_dir), total)
 
     @property

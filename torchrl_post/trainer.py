@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,28 +118,20 @@ class Trainer:
         }
 
     def train_step(self, step: int) -> dict[str, float]:
-        t = self.timer
-        batch = self.rollouts.next_batch(step)  # scored, on this rank
+        timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
+        batch = self.rollouts.next_batch(step)  # prompts -> engine -> reward, on this rank
         if self.needs_old:
-            with t("old_log_prob"):
-                batch.old_log_probs = self.actor.log_probs(batch)
+            batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
         if self.reference is not None:
-            with t("ref"):
-                batch.ref_log_probs = self.reference.log_probs(batch)
+            batch.ref_log_probs = timed("ref", self.reference.log_probs, batch)
         if self.critic is not None:
-            with t("values"):
-                batch.values = self.critic.values(batch)
-        with t("adv"):
-            metrics = self._advantages(batch, step)
-        with t("update_critic"):
-            critic_metrics: Callable[[], dict[str, float]] = self.critic.start_update(batch) if self.critic else dict
-        with t("update_actor"):
-            metrics |= self.actor.update(batch)
-        with t("wait_critic"):
-            metrics |= critic_metrics()
+            batch.values = timed("values", self.critic.values, batch)
+        metrics = timed("adv", self._advantages, batch, step)
+        critic_metrics = timed("update_critic", self.critic.start_update, batch) if self.critic else dict
+        metrics |= timed("update_actor", self.actor.update, batch)
+        metrics |= timed("wait_critic", critic_metrics)
         self._check_finite(step)
-        with t("sync"):
-            metrics["perf/sync_bytes"] = float(self.weights.push(self.actor.model))
+        metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
         return metrics | self._batch_metrics(batch) | self.rollouts.metrics()
 
     def _advantages(self, batch: Batch, step: int) -> dict[str, float]:

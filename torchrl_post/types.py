@@ -178,11 +178,11 @@ class Batch:
         return Batch(**out)
 
     def to_wire(self) -> dict[str, torch.Tensor]:
-        """Named tensors only (no pickled classes): what `route` and the role links send."""
+        """Named tensors only (no pickled classes): what `route` and the role links send. Each is a copy:
+        a pickled view would carry its whole storage, e.g. every padded column `trimmed` dropped."""
         wire = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reward_extra"}
-        wire = {k: v for k, v in wire.items() if v is not None}
         wire |= {f"reward_extra/{k}": v for k, v in self.reward_extra.items()}
-        return wire
+        return {k: v.clone() for k, v in wire.items() if v is not None}
 
     @staticmethod
     def from_wire(wire: dict[str, torch.Tensor]) -> Batch:

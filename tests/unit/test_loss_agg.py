@@ -85,13 +85,13 @@ def test_micro_batch_sum_equals_whole(mode, sizes):
 def _reference(l_bt: torch.Tensor, m_bt: torch.Tensor, mode: str) -> torch.Tensor:
     """The modes' definitions, written row by row (valid rows only for the seq modes)."""
     rows = [(l_bt[b], m_bt[b]) for b in range(len(l_bt)) if m_bt[b].sum() > 0]
-    tok_sum = sum((l * m).sum() for l, m in rows)
+    tok_sum = sum((x * m).sum() for x, m in rows)
     if mode == "token-mean":
         return tok_sum / sum(m.sum() for _, m in rows)
     if mode == "seq-mean-token-sum":
         return tok_sum / len(rows)
     if mode == "seq-mean-token-mean":
-        return sum((l * m).sum() / m.sum() for l, m in rows) / len(rows)
+        return sum((x * m).sum() / m.sum() for x, m in rows) / len(rows)
     assert mode == "seq-mean-token-sum-norm"
     return tok_sum / (len(rows) * L)
 
@@ -113,6 +113,18 @@ def test_micro_slices_with_token_budget_split_unevenly():
     # without a budget: chunks of max_rows
     assert micro_slices(attention, R, max_rows=5, token_budget=0) == [slice(0, 5), slice(5, 10), slice(10, 12)]
     assert list(chunks(12, 5)) == [slice(0, 5), slice(5, 10), slice(10, 12)]
+
+
+def test_micro_slices_hand_example():
+    """Rows x trimmed width may reach the budget exactly; an empty response still counts one column."""
+    full = torch.ones(5, 4, dtype=torch.long)  # P = 2, R = 2, every row 4 wide
+    assert micro_slices(full, 2, max_rows=99, token_budget=8) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert micro_slices(full, 2, max_rows=99, token_budget=3) == [slice(i, i + 1) for i in range(5)]  # >= 1 row
+    short = torch.tensor([[0, 1, 0, 0], [0, 1, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1]])  # widths 2, 2, 2, 4
+    assert micro_slices(short, 2, max_rows=99, token_budget=6) == [slice(0, 3), slice(3, 4)]
+    empty = torch.tensor([[0, 1, 0, 0]] * 3)  # the forward keeps one response column: 2 wide each
+    assert micro_slices(empty, 2, max_rows=99, token_budget=3) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert micro_slices(empty, 2, max_rows=99, token_budget=4) == [slice(0, 2), slice(2, 3)]
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)

@@ -1,10 +1,13 @@
-"""Stage timings of one step: `with timer("gen"): ...` -> `timing_s/gen`."""
+"""Stage timings of one step: `with timer("gen"): ...` or `timer.timed("gen", fn, *args)` -> `timing_s/gen`."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Timer:
@@ -18,6 +21,11 @@ class Timer:
             yield
         finally:
             self.seconds[name] = time.perf_counter() - t
+
+    def timed(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args), timed as `name`."""
+        with self(name):
+            return fn(*args)
 
     def reset(self) -> None:
         self.seconds = {}
