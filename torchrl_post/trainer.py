@@ -26,6 +26,7 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.loop import RankProgram, Run, Trained
+from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.source import RolloutSource
 from torchrl_post.sync.weights import BroadcastSync, ReloadSync, iter_full_weights
 from torchrl_post.types import TERMINATIONS, Batch
@@ -161,8 +162,14 @@ class Trainer:
         mask, scores = batch.response_mask, batch.scores
         resp_len = mask.sum(-1)
         tokens = max(batch.loss_mask.sum().item(), 1.0)
+        # Compact filtering: the fraction of samples masked for each flagged termination reason.
+        masked = {
+            f"filter/{reason}": ("sum", float((batch.termination == TERMINATIONS.index(reason)).sum()))
+            for reason in masked_reasons(self.run.cfg.algorithm.compact_filtering)
+        }
         out = reduce_metrics(
-            {
+            masked
+            | {
                 "n": ("sum", float(len(batch))),
                 "score": ("sum", float(scores.sum())),
                 "resp_len": ("sum", float(resp_len.sum())),
@@ -177,6 +184,7 @@ class Trainer:
             }
         )
         n = out.pop("n")
+        out |= {k: v / n for k, v in out.items() if k.startswith("filter/")}
         out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / n
         out["response_length/mean"] = out.pop("resp_len") / n
         out["response_length/clip_ratio"] = out.pop("length") / n

@@ -160,6 +160,33 @@ class KLControlConfig:
 
 
 @dataclass
+class RejectionSampleConfig:
+    enable: bool = False
+    """Drop prompt groups whose rewards are all equal (no GRPO signal) and generate more to keep the batch full."""
+    max_extra_rounds: int = 2
+    """Extra generation rounds per step (each draws another share of prompts); when they are spent, the batch is
+    filled with dropped groups at weight 0 (counted in filter/rejection/short_groups)."""
+
+
+@dataclass
+class CompactFilteringConfig:
+    enable: bool = False
+    """Give samples that ended for the reasons flagged below weight 0: they leave every loss and denominator."""
+    mask_max_prompt_length_exceeded: bool = True
+    """Termination `max_prompt_length` (an agent's context filled up)."""
+    mask_max_response_length_exceeded: bool = True
+    """Termination `length` (data.max_response_length reached: a truncated answer)."""
+    mask_max_turns_exceeded: bool = True
+    """Termination `max_turns`."""
+    mask_timeout: bool = True
+    """Termination `timeout`."""
+    mask_error: bool = True
+    """Termination `error`."""
+    mask_env_done: bool = False
+    """Termination `env_done` (the environment ended the episode normally)."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
@@ -181,6 +208,11 @@ class AlgorithmConfig:
     sampling); none turns it off; auto is token with rollout.mode=async and none otherwise."""
     rollout_is_threshold: float = 2.0
     """Cap of the truncated importance weight."""
+    rejection_sample: RejectionSampleConfig = field(default_factory=RejectionSampleConfig)
+    """Rejection sampling of uniform groups, with bounded oversampling (rLLM's rejection_sample, DAPO's dynamic
+    sampling)."""
+    compact_filtering: CompactFilteringConfig = field(default_factory=CompactFilteringConfig)
+    """Mask samples by termination reason (rLLM's compact_filtering)."""
 
 
 @dataclass

@@ -55,6 +55,9 @@ def validate(cfg: Config) -> None:
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
     _positive("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size)
+    _positive(
+        "algorithm.rejection_sample.max_extra_rounds", cfg.algorithm.rejection_sample.max_extra_rounds, allow_zero=True
+    )
     _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
     _one_of("algorithm.rollout_is", cfg.algorithm.rollout_is, ROLLOUT_IS)
     _positive("algorithm.rollout_is_threshold", cfg.algorithm.rollout_is_threshold)

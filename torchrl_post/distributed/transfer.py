@@ -110,9 +110,17 @@ class GroupRow(NamedTuple):
     """The policy version that generated it (async staleness)."""
     gen_ms: int = 0
     """How long its engine took to generate and score the batch."""
+    dropped: int = 0
+    """Rejection sampling on its engine this step: uniform groups dropped, ..."""
+    rounds: int = 0
+    """... extra generation rounds, ..."""
+    short: int = 0
+    """... and dropped groups that filled the batch at weight 0 (the same on every row of one engine)."""
 
 
-ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS = range(len(GroupRow._fields))
+ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS, ROW_DROPPED, ROW_ROUNDS, ROW_SHORT = range(
+    len(GroupRow._fields)
+)
 
 
 def group_rows(rows: Sequence[tuple[int, ...]]) -> torch.Tensor:

@@ -16,10 +16,12 @@ import torch.distributed as dist
 from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
 
@@ -71,6 +73,10 @@ class EngineSource:
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group = engine_group
         self.pad_id = tokenizer.pad_token_id
+        self.masked = masked_reasons(cfg.algorithm.compact_filtering)
+        self.rejection = cfg.algorithm.rejection_sample
+        self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
+        self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
 
     # ---- one step ---------------------------------------------------------------------------------
     def next_batch(self, step: int) -> Batch:
@@ -80,20 +86,59 @@ class EngineSource:
         return batch
 
     def metrics(self) -> dict[str, float]:
-        return {"rollout/staleness": 0.0}
+        """Colocated (every actor rank calls it): staleness 0 and the filters' counts over all ranks."""
+        out = {"rollout/staleness": 0.0}
+        if self.rejection.enable:
+            counts = {f"filter/rejection/{k}": ("sum", float(v)) for k, v in self.filter_counts.items()}
+            out |= reduce_metrics(counts)
+        return out
 
     @property
     def epoch(self) -> int:
         return self.sampler.epoch
 
     def produce(self, step: int) -> Batch:
-        """Draw this rank's prompts of batch `step`, generate `rollout.n` samples each, score them."""
-        prompts = self.prompt_batch(*self.sampler.next_batch())
+        """Draw this rank's prompts of batch `step`, generate `rollout.n` samples each, score and filter them."""
+        idx, uids = self.sampler.next_batch()
+        batch = self._generate_scored(step, idx, uids)
+        if not self.rejection.enable:
+            return batch
+        return self._reject_uniform(step, batch, uids)
+
+    def _generate_scored(self, step: int, idx: list[int], uids: list[int]) -> Batch:
+        prompts = self.prompt_batch(idx, uids)
         with self.timer("gen"):
             batch = self.generate(prompts, self.sampling(step, validation=False))
         with self.timer("reward"):
             self.score(batch, prompts)
+        if self.masked:
+            compact_filter(batch, self.masked)
         return batch
+
+    def _reject_uniform(self, step: int, batch: Batch, uids: list[int]) -> Batch:
+        """Keep informative groups (the reserve first), generating extra rounds of prompts while short; fill
+        what is still missing with dropped groups at weight 0. Ranks of one engine do the same rounds."""
+        kept, dropped = self.reserve, list[Batch]()
+        self.reserve = []
+        rounds, bsz = 0, self.cfg.data.train_batch_size
+        while True:
+            uniform = uniform_groups(batch)
+            for g, part in batch.split_groups().items():
+                (dropped if g in uniform else kept).append(part)
+            more = len(kept) < len(uids) and rounds < self.rejection.max_extra_rounds
+            if self.engine_group is not None:  # a tensor-parallel engine submits the same requests everywhere
+                flag = torch.tensor([int(more)])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.engine_group)
+                more = bool(flag.item())
+            if not more:
+                break
+            rounds += 1
+            idx, positions = self.sampler.next_batch()
+            # Seeds follow the uid: an extra round's prompts get uids of their own.
+            batch = self._generate_scored(step, idx, [p + rounds * bsz for p in positions])
+        take, self.reserve, short = pick_groups(kept, dropped, len(uids))
+        self.filter_counts = {"dropped_groups": len(dropped), "extra_rounds": rounds, "short_groups": short}
+        return Batch.concat(relabel(take, uids), self.pad_id)
 
     def sampling(self, step: int, validation: bool) -> SamplingParams:
         r = self.cfg.rollout
@@ -177,7 +222,9 @@ class EngineSource:
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
+        """The data position and the reserve of informative groups (named tensors: `weights_only` loads them)."""
+        return {"sampler": self.sampler.state_dict(), "reserve": [part.to_wire() for part in self.reserve]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+        self.reserve = [Batch.from_wire(wire) for wire in state.get("reserve", [])]

@@ -22,7 +22,11 @@ from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.distributed.transfer import (
+    ROW_DROPPED,
     ROW_GEN_MS,
+    ROW_OWNER,
+    ROW_ROUNDS,
+    ROW_SHORT,
     ROW_VERSION,
     GroupRow,
     all_gather_rows,
@@ -121,6 +125,14 @@ class RemoteRollouts:
             "rollout/staleness": float((step - 1) - table[:, ROW_VERSION].min().item()),
             "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
         }
+        if self.run.cfg.algorithm.rejection_sample.enable:  # each engine's counts sit on all of its rows
+            engines = {int(row[ROW_OWNER]): row for row in table}
+            for name, col in (
+                ("dropped_groups", ROW_DROPPED),
+                ("extra_rounds", ROW_ROUNDS),
+                ("short_groups", ROW_SHORT),
+            ):
+                self._metrics[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
         return Batch.concat([Batch.from_wire(parts[g]) for g in sorted(parts)], self.run.tokenizer.pad_token_id)
 
     def metrics(self) -> dict[str, float]:
@@ -180,7 +192,7 @@ class RemoteCritic:
 
 
 Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, Any]]
-"""A batch generated ahead: (step, group -> wire batch, its group rows, the sampler state after drawing it)."""
+"""A batch generated ahead: (step, group -> wire batch, its group rows, the source's state after making it)."""
 
 
 class RolloutServer:
@@ -205,7 +217,7 @@ class RolloutServer:
         self.lag = cfg.trainer.max_off_policy_steps if cfg.rollout.mode == "async" else 0
         self.ahead: deque[Ahead] = deque()
         self.version = 0
-        self.sent_sampler_state: dict[str, Any] = sampler.state_dict()
+        self.sent_state: dict[str, Any] = self.source.state_dict()
 
     def step(self, step: int) -> dict[str, float]:
         total = self.run.total_steps
@@ -213,10 +225,10 @@ class RolloutServer:
         while nxt <= min(step + max(self.lag, 1) - 1, total):  # after a start or resume
             self._generate_ahead(nxt)
             nxt += 1
-        got, items, rows, sampler_state = self.ahead.popleft()
+        got, items, rows, source_state = self.ahead.popleft()
         assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
         transfer_rollout(self.run, items, rows)
-        self.sent_sampler_state = sampler_state
+        self.sent_state = source_state
         if self.lag and step + self.lag <= total:
             self._generate_ahead(step + self.lag)  # overlaps the actor's update of `step`
         self.sync.receive(self.source.engine)
@@ -233,11 +245,12 @@ class RolloutServer:
         if self.source.engine_leader:  # the other ranks of a tensor-parallel engine hold the same samples
             parts = batch.split_groups()
             items = {g: part.to_wire() for g, part in parts.items()}
-            rank = self.run.env.rank
+            rank, counts = self.run.env.rank, self.source.filter_counts
+            filtered = (counts["dropped_groups"], counts["extra_rounds"], counts["short_groups"])
             rows = group_rows(
-                [GroupRow(g, rank, int(p.attention_mask.sum()), self.version, ms) for g, p in parts.items()]
+                [GroupRow(g, rank, int(p.attention_mask.sum()), self.version, ms, *filtered) for g, p in parts.items()]
             )
-        self.ahead.append((step, items, rows, self.source.sampler.state_dict()))
+        self.ahead.append((step, items, rows, self.source.state_dict()))
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
         return self.source.validation_totals(data, sources)
@@ -246,16 +259,15 @@ class RolloutServer:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        # The sampler may have drawn batches ahead: keep the position of the last one sent, and the queue.
-        return {"sampler": self.sent_sampler_state, "version": self.version, "ahead": [list(a) for a in self.ahead]}
+        # The source may have drawn batches ahead: keep its state after the last one sent, and the queue.
+        return {"source": self.sent_state, "version": self.version, "ahead": [list(a) for a in self.ahead]}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        self.source.sampler.load_state_dict(state["sampler"])
-        self.sent_sampler_state = state["sampler"]
+        self.sent_state = state["source"]
         self.version = int(state["version"])
         self.ahead = deque((int(s), items, rows, ss) for s, items, rows, ss in state["ahead"])
-        if self.ahead:  # the sampler continues after the last batch drawn, not the last one sent
-            self.source.sampler.load_state_dict(self.ahead[-1][3])
+        # The source continues after the last batch made, not the last one sent.
+        self.source.load_state_dict(self.ahead[-1][3] if self.ahead else self.sent_state)
 
     def after_resume(self) -> None:
         self.sync.receive(self.source.engine)

@@ -1,0 +1,72 @@
+"""Filters that act on a scored batch where it was generated, before it is shipped: pure functions.
+
+- Compact filtering (rLLM's `compact_filtering`): samples that ended for a flagged termination reason get
+  weight 0, so they stay in the batch (groups stay whole, ranks stay in step) but leave every loss and
+  denominator.
+- Rejection sampling (rLLM's `rejection_sample`, DAPO's dynamic sampling): a group whose rewards are all
+  equal carries no GRPO signal; `pick_groups` keeps the informative groups first and fills up with dropped
+  ones at weight 0 only when the extra generation rounds are spent.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchrl_post.config.schema import CompactFilteringConfig
+from torchrl_post.types import TERMINATIONS, Batch
+
+# compact_filtering flag -> the termination reason it masks
+COMPACT_FLAGS = {
+    "mask_max_prompt_length_exceeded": "max_prompt_length",
+    "mask_max_response_length_exceeded": "length",
+    "mask_max_turns_exceeded": "max_turns",
+    "mask_timeout": "timeout",
+    "mask_error": "error",
+    "mask_env_done": "env_done",
+}
+
+
+def masked_reasons(cfg: CompactFilteringConfig) -> list[str]:
+    """The termination reasons compact filtering masks (none when it is off)."""
+    return [reason for flag, reason in COMPACT_FLAGS.items() if cfg.enable and getattr(cfg, flag)]
+
+
+def compact_filter(batch: Batch, reasons: list[str]) -> None:
+    """Weight 0 for every sample whose termination is one of `reasons` (in place)."""
+    codes = torch.tensor([TERMINATIONS.index(r) for r in reasons], dtype=torch.long)
+    hit = torch.isin(batch.termination, codes)
+    batch.weights = torch.where(hit, torch.zeros_like(batch.weights), batch.weights)
+
+
+def uniform_groups(batch: Batch) -> set[int]:
+    """Group ids whose samples all have the same score."""
+    assert batch.scores is not None
+    out = set()
+    for g in batch.group_ids.unique().tolist():
+        s = batch.scores[batch.group_ids == g]
+        if bool((s == s[0]).all()):
+            out.add(int(g))
+    return out
+
+
+def pick_groups(kept: list[Batch], dropped: list[Batch], need: int) -> tuple[list[Batch], list[Batch], int]:
+    """(the `need` groups to train on, informative groups left over, how many dropped groups filled in).
+
+    Informative groups come first, in the order they were generated; the left-over ones carry to the next
+    step. Dropped groups fill what is missing, at weight 0.
+    """
+    take, rest = kept[:need], kept[need:]
+    short = need - len(take)
+    for part in dropped[:short]:
+        part.weights = torch.zeros_like(part.weights)
+        take.append(part)
+    if len(take) < need:  # more groups were asked for than exist: a caller error
+        raise RuntimeError(f"{len(take)} groups generated, {need} needed")
+    return take, rest, short
+
+
+def relabel(parts: list[Batch], group_ids: list[int]) -> list[Batch]:
+    """Give the i-th group the i-th id (the positions this rank's share holds in the step's batch)."""
+    for part, g in zip(parts, group_ids, strict=True):
+        part.group_ids = torch.full_like(part.group_ids, g)
+    return parts
