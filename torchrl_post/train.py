@@ -70,10 +70,11 @@ def describe_plan(cfg: Config, placement: Placement, plan: dict[str, int], devic
     roll = placement.ranks["rollout"]
     engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
     lines.append(f"  rollout engines ({cfg.rollout.engine}, tensor_parallel_size={tp}): {engines}")
-    mode = cfg.rollout.mode
-    if mode == "async":
-        mode += f", trainer.max_off_policy_steps={cfg.trainer.max_off_policy_steps}"
-    lines.append(f"  rollout mode: {mode}")
+    ahead = cfg.trainer.max_off_policy_steps
+    lines.append(
+        f"  rollout mode: {cfg.rollout.mode}, trainer.max_off_policy_steps={ahead}"
+        + (" (on-policy)" if not ahead else "")
+    )
     if not placement.colocated["rollout"]:
         lines.append(
             f"  batch transfer: whole prompt groups ({cfg.rollout.n} samples) from {len(engines)} engine(s) to "

@@ -23,7 +23,13 @@ EXACT = ["critic/score/mean", "response_length/mean"]
 CLOSE = ["actor/pg_loss", "actor/grad_norm", "actor/entropy"]
 CRITIC = ["critic/values/mean", "critic/loss", "critic/grad_norm", "actor/kl_loss"]
 THREE = ["placement.actor=[0,1]", "placement.rollout=[2]"]
-ASYNC = ["placement.actor=[0,1]", "placement.rollout=[2,3]", "rollout.tensor_parallel_size=2", "rollout.mode=async"]
+ASYNC = [
+    "placement.actor=[0,1]",
+    "placement.rollout=[2,3]",
+    "rollout.tensor_parallel_size=2",
+    "rollout.mode=async",
+    "trainer.max_off_policy_steps=1",
+]
 GAE_KL = ["algorithm.adv_estimator=gae", "actor.use_kl_loss=true"]
 
 

@@ -123,11 +123,22 @@ def test_truncated_is_weights_hand_computed() -> None:
     assert not w.requires_grad
 
 
-def test_rollout_is_auto_follows_mode() -> None:
+def test_rollout_is_auto_follows_off_policy_steps() -> None:
     assert not uses_rollout_is(load_config([]))
-    assert uses_rollout_is(load_config(["rollout.mode=async"]))
+    assert not uses_rollout_is(load_config(["rollout.mode=async"]))  # continuous batching, still on-policy
+    assert uses_rollout_is(load_config(["trainer.max_off_policy_steps=1"]))
     assert uses_rollout_is(load_config(["algorithm.rollout_is=token"]))
-    assert not uses_rollout_is(load_config(["rollout.mode=async", "algorithm.rollout_is=none"]))
+    assert not uses_rollout_is(load_config(["trainer.max_off_policy_steps=1", "algorithm.rollout_is=none"]))
+
+
+def test_rollout_mode_async_is_valid_colocated() -> None:
+    """verl users set rollout.mode=async everywhere; it must not be an error with the hybrid engine."""
+    cfg = load_config(["rollout.mode=async"])
+    p = plan_placement(cfg.placement, 2)
+    validate_placement(cfg, p.ranks, p.colocated)
+    assert "rollout mode: async, trainer.max_off_policy_steps=0 (on-policy)" in describe_plan(
+        cfg, p, validate_batch(cfg, 2, 2), "cpu", "gloo"
+    )
 
 
 # --- placement checks -----------------------------------------------------------------------------------------
@@ -149,7 +160,7 @@ def _placement_error(world: int, overrides: list[str]) -> str:
     [
         (3, ["placement.actor=[0,1]", "placement.rollout=[2]", "rollout.tensor_parallel_size=2"], "does not divide"),
         (3, ["placement.actor=[0,1]", "placement.rollout=[2]", "rollout.engine=hf"], "rollout.engine=hf"),
-        (2, ["rollout.mode=async"], "rollout.mode=async needs the rollout on ranks of its own"),
+        (2, ["trainer.max_off_policy_steps=1"], "trainer.max_off_policy_steps=1 needs the rollout on ranks of its own"),
         (4, ["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size=3"),
         (5, ["placement.actor=[0,1,2]", "placement.rollout=[3,4]", "data.train_batch_size=16"], "3 actor"),
         (4, ["placement.actor=[0,1]", "placement.rollout=[2,3]", "data.train_batch_size=3"], "train_batch_size=3"),
@@ -168,7 +179,7 @@ def test_planned_world() -> None:
 
 
 def test_describe_plan_shows_meshes_engines_and_sync_group() -> None:
-    cfg = load_config(["rollout.tensor_parallel_size=2", "actor.fsdp.fsdp_size=2", "rollout.mode=async"])
+    cfg = load_config(["rollout.tensor_parallel_size=2", "actor.fsdp.fsdp_size=2", "trainer.max_off_policy_steps=1"])
     cfg.placement.actor, cfg.placement.rollout = [0, 1, 2, 3], [4, 5, 6, 7]
     p = plan_placement(cfg.placement, 8)
     text = describe_plan(cfg, p, validate_batch(cfg, 4, 2), "cpu", "gloo")

@@ -78,8 +78,9 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size: consecutive rollout ranks that hold one engine (must divide the rollout ranks)."""
     mode: str = "sync"
-    """sync: generate, then update. async (rollout on its own ranks): the rollout generates the batch of step
-    k + trainer.max_off_policy_steps while the actor updates step k."""
+    """sync or async, as verl and rLLM mean it: async is the continuous-batching rollout (the agent loop when an
+    agent is configured); valid in every placement. Without an agent both modes send a step's requests to the
+    engine as one continuous batch. Off-policy look-ahead is trainer.max_off_policy_steps."""
     free_cache_engine: bool = True
     """On GPU, put vLLM to sleep during the update to free its memory (no sleep mode on CPU)."""
     enforce_eager: bool = True
@@ -305,8 +306,9 @@ class TrainerConfig:
     """Seed for data order, sampling and initialisation."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu or cuda; also picks the backend (nccl or gloo)."""
-    max_off_policy_steps: int = 1
-    """rollout.mode=async: how many updates the policy that generated a batch may lag (rollout/staleness)."""
+    max_off_policy_steps: int = 0
+    """0: on-policy. k > 0 (rollout on ranks of its own): the rollout generates the batch of step i + k while the
+    actor updates step i, with the weights of update i - 1 (rollout/staleness <= k)."""
     world_size: int | None = None
     """Ranks to plan for: null takes torchrun's WORLD_SIZE; set it to check a placement with a dry run from
     plain python (under torchrun it must equal the launched world)."""

@@ -61,10 +61,7 @@ def validate(cfg: Config) -> None:
     _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
     _one_of("algorithm.rollout_is", cfg.algorithm.rollout_is, ROLLOUT_IS)
     _positive("algorithm.rollout_is_threshold", cfg.algorithm.rollout_is_threshold)
-    if cfg.rollout.mode == "async":
-        _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps)
-        if cfg.rollout.engine != "vllm":
-            raise ConfigError("rollout.mode=async needs rollout.engine=vllm (the hf engine runs on the actor's ranks)")
+    _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps, allow_zero=True)
     _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
     _positive("actor.lr", cfg.actor.lr)
@@ -118,7 +115,8 @@ def validate(cfg: Config) -> None:
 
 def uses_rollout_is(cfg: Config) -> bool:
     """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
-    return cfg.algorithm.rollout_is == "token" or (cfg.algorithm.rollout_is == "auto" and cfg.rollout.mode == "async")
+    auto = cfg.algorithm.rollout_is == "auto" and cfg.trainer.max_off_policy_steps > 0
+    return cfg.algorithm.rollout_is == "token" or auto
 
 
 def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict[str, bool]) -> None:
@@ -133,10 +131,11 @@ def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict
         raise ConfigError("rollout.engine=hf runs on the actor's ranks; set placement.rollout=actor or use vllm")
     if cfg.rollout.engine == "hf" and tp > 1:
         raise ConfigError("rollout.tensor_parallel_size > 1 needs rollout.engine=vllm")
-    if cfg.rollout.mode == "async" and colocated["rollout"]:
+    steps = cfg.trainer.max_off_policy_steps
+    if steps > 0 and colocated["rollout"]:
         raise ConfigError(
-            "rollout.mode=async needs the rollout on ranks of its own (placement.rollout=[...] disjoint from "
-            "placement.actor); colocated ranks cannot generate and train at once"
+            f"trainer.max_off_policy_steps={steps} needs the rollout on ranks of its own (placement.rollout=[...] "
+            "disjoint from placement.actor); colocated ranks cannot generate and train at once (0 is on-policy)"
         )
     for role, fsdp in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp)):
         n = len(ranks.get(role, []))

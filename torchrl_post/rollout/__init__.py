@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # the config package imports this module for its enum sets
 
 __all__ = ["ENGINES", "ROLLOUT_MODES", "RolloutEngine", "SamplingParams", "build_engine", "collate"]
 ENGINES = ("vllm", "hf")  # build_engine
-ROLLOUT_MODES = ("sync", "async")  # workers/remote.py: RolloutServer generates ahead in async mode
+ROLLOUT_MODES = ("sync", "async")  # rollout.mode; the off-policy look-ahead is trainer.max_off_policy_steps
 
 
 def build_engine(cfg: Config, device: torch.device, seed: int, pad_id: int, eos_ids: list[int]) -> RolloutEngine:

@@ -198,7 +198,7 @@ Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, A
 class RolloutServer:
     """Rank program of rollout-only ranks: hand over batch k, generate ahead, take the new weights.
 
-    Sync mode generates batch k with the weights of update k-1 (staleness 0); async generates batch k + s
+    On-policy, it generates batch k with the weights of update k-1 (staleness 0); with look-ahead it generates batch k + s
     while the actor updates step k, with the weights of update k-1 (staleness s = trainer.max_off_policy_steps).
     The queue of batches generated ahead and the engine's policy version are checkpointed: a resumed async
     run continues with the very batches the uninterrupted run would have used.
@@ -214,7 +214,7 @@ class RolloutServer:
         self.sync = BroadcastSync(
             run.topo.sync, run.env.device, cfg.rollout.sync_bucket_mb << 20, getattr(torch, cfg.rollout.dtype)
         )
-        self.lag = cfg.trainer.max_off_policy_steps if cfg.rollout.mode == "async" else 0
+        self.lag = cfg.trainer.max_off_policy_steps
         self.ahead: deque[Ahead] = deque()
         self.version = 0
         self.sent_state: dict[str, Any] = self.source.state_dict()
