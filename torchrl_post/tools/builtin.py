@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 from torchrl_post.tools.sandbox import SandboxLimits, run_sandboxed
 
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -17,7 +19,7 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def _eval(node: ast.AST) -> Fraction:
