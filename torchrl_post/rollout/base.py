@@ -47,27 +47,52 @@ def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> Batch
     """Left-pad prompts, right-pad responses, build masks and positions; every sample weight 1, unscored."""
     num = len(gen.response_ids)
     assert num == len(prompts) * n, "engines return n samples per prompt"
-    p_width = max(len(p) for p in prompts.prompt_ids)
-    r_width = max(1, max(len(r) for r in gen.response_ids))
+    return pad_samples(
+        [prompts.prompt_ids[i // n] for i in range(num)],
+        gen.response_ids,
+        gen.logprobs,
+        [[1.0] * len(r) for r in gen.response_ids],
+        [prompts.uids[i // n] for i in range(num)],
+        gen.finish_reasons,
+        pad_id,
+    )
+
+
+def pad_samples(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    logprobs: list[list[float]],
+    loss_masks: list[list[float]],
+    group_ids: list[int],
+    terminations: list[str],
+    pad_id: int,
+) -> Batch:
+    """One row per sample: the prompt left-padded, the response (with any observation tokens, loss mask 0)
+    right-padded; positions count real tokens."""
+    num = len(response_ids)
+    p_width = max(len(p) for p in prompt_ids)
+    r_width = max(1, max(len(r) for r in response_ids))
     input_ids = torch.full((num, p_width + r_width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((num, p_width + r_width), dtype=torch.long)
     rollout_lp = torch.zeros((num, r_width), dtype=torch.float32)
+    loss_mask = torch.zeros((num, r_width), dtype=torch.float32)
     for i in range(num):
-        p, r = prompts.prompt_ids[i // n], gen.response_ids[i]
+        p, r = prompt_ids[i], response_ids[i]
         input_ids[i, p_width - len(p) : p_width] = torch.tensor(p)
         attention_mask[i, p_width - len(p) : p_width] = 1
         if r:
             input_ids[i, p_width : p_width + len(r)] = torch.tensor(r)
             attention_mask[i, p_width : p_width + len(r)] = 1
-            rollout_lp[i, : len(r)] = torch.tensor(gen.logprobs[i], dtype=torch.float32)
+            rollout_lp[i, : len(r)] = torch.tensor(logprobs[i], dtype=torch.float32)
+            loss_mask[i, : len(r)] = torch.tensor(loss_masks[i], dtype=torch.float32)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        loss_mask=attention_mask[:, p_width:].float(),
+        loss_mask=loss_mask,
         rollout_log_probs=rollout_lp,
-        group_ids=torch.tensor([prompts.uids[i // n] for i in range(num)], dtype=torch.long),
-        termination=termination_codes(gen.finish_reasons),
+        group_ids=torch.tensor(group_ids, dtype=torch.long),
+        termination=termination_codes(terminations),
         weights=torch.ones(num),
     )

@@ -87,6 +87,39 @@ class VLLMEngine:
                 gen.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
         return gen
 
+    # ---- step-driven generation (the agent loop adds a turn as soon as the previous one finished) ----
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+        """Queue one sample of `prompt_ids` (n is ignored) seeded by `uid`; `step` advances every request."""
+        from vllm.inputs.engine import tokens_input
+
+        self.wake_up()
+        sp = self._vllm.SamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_tokens,
+            seed=params.prompt_seed(uid),
+            logprobs=0,
+            detokenize=False,
+        )
+        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), sp)
+
+    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+        """One engine step: (request id, tokens so far, their logprobs, finish reason or None) per request
+        that progressed."""
+        out = []
+        for o in self.llm.llm_engine.step():
+            c: Any = o.outputs[0]  # type: ignore[index]
+            lps: Any = c.logprobs or []
+            ids = list(c.token_ids)
+            reason = None if not o.finished else ("length" if c.finish_reason == "length" else "stop")
+            out.append((o.request_id, ids, [lp[t].logprob for lp, t in zip(lps, ids, strict=False)], reason))
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.asleep:
             self.llm.wake_up(tags=["weights"])

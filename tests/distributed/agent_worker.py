@@ -1,0 +1,93 @@
+"""Run under torchrun (1 process) by test_agent_loop.py: the agent loop on a real in-process vLLM engine.
+
+    torchrun --nproc-per-node 1 tests/distributed/agent_worker.py <model_dir> <out.json>
+
+Checks token in, token out turn after turn, and that the trainer's logprobs of the trained tokens of the
+multi-turn samples equal the engine's; writes what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from torchrl_post.agent.base import trajectories_to_batch
+from torchrl_post.agent.chat import render
+from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
+from torchrl_post.agent.loop import AgentLoop, LoopLimits
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.rollout import SamplingParams, build_engine
+from torchrl_post.workers.logprobs import response_log_probs
+
+
+def main() -> None:
+    model_dir, out_path = sys.argv[1:3]
+    cfg = Config()
+    cfg.model.path = model_dir
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 96, 32
+    cfg.rollout.max_num_seqs = 64
+    env = read_env("cpu")
+    init_world(env)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    limits = LoopLimits(max_turns=3, max_response_length=24, max_model_len=128, timeout_s=120)
+    loop = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits)
+    params = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=6, seed=5)
+    tasks = [(i, {"answer": str(i % 10)}) for i in range(6)]
+    trajs = loop.run(tasks, params)
+    again = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits).run(tasks, params)
+
+    report: dict[str, object] = {"turns": [len(t.steps) for t in trajs], "terms": [t.termination for t in trajs]}
+    report["reproducible"] = [[s.response_ids for s in t.steps] for t in trajs] == [
+        [s.response_ids for s in t.steps] for t in again
+    ]
+    # Token in, token out: every turn's context is the previous context + its response + the observation delta.
+    report["context_grows_by_delta"] = all(
+        t.steps[k].prompt_ids
+        == t.steps[k - 1].prompt_ids + t.steps[k - 1].response_ids + t.steps[k - 1].observation_ids
+        for t in trajs
+        for k in range(1, len(t.steps))
+    )
+    # The deltas are what the chat template renders for the whole conversation.
+    rendered_ok = []
+    for t in trajs:
+        if len(t.steps) < 2:
+            continue
+        msgs = GuessAgent().initial_messages(t.task, GuessNumberEnv().reset(t.task))
+        for s in t.steps[:-1]:  # a turn cut at its token budget has no end token: the delta supplies it
+            ended = s.response_ids[-1:] == [tok.eos_token_id]
+            msgs.append({"role": "assistant", "content": tok.decode(s.response_ids[:-1] if ended else s.response_ids)})
+            msgs.append(
+                {"role": "user", "content": tok.decode(s.observation_ids).split("user\n")[-1].split("<|im_end|>")[0]}
+            )
+        last = t.steps[-1].prompt_ids
+        rendered_ok.append(tok.decode(last) == render(tok, msgs, True))
+    report["rendered_checks"] = len(rendered_ok)
+    report["rendered_equal"] = all(rendered_ok)
+    # The trainer sees the engine's tokens: its logprobs of the trained tokens equal the engine's.
+    batch = trajectories_to_batch(trajs, tok.pad_token_id)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp, _ = response_log_probs(
+            model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_width, 1.0
+        )
+    m = batch.loss_mask.bool()
+    report["max_logprob_diff"] = (logp - batch.rollout_log_probs)[m].abs().max().item()
+    report["observation_tokens"] = int((batch.response_mask.bool() & ~m).sum())
+    report["rows_equal_trajectories"] = all(
+        batch.input_ids[i][batch.attention_mask[i].bool()].tolist() == t.prompt + t.response_tokens()[0]
+        for i, t in enumerate(trajs)
+    )
+    report["engine_steps"] = loop.engine_steps
+    with open(out_path, "w") as f:
+        json.dump(report, f)
+    engine.shutdown()
+    shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main()

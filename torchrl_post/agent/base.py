@@ -1,0 +1,101 @@
+"""Agents and environments: the protocols (rLLM's shape), and the trajectory they produce.
+
+An environment is reset with a task (a data row's fields) and stepped with the agent's action:
+    reset(task) -> observation;  step(action) -> (observation, reward, done, info)
+An agent turns the conversation into chat messages and parses a response into an action:
+    initial_messages(task, observation) -> messages;  parse(response_text) -> action
+    observation_message(observation) -> the message that carries the next observation
+Both are loaded by import path (`agent.env=pkg.module:Class`, `agent.agent=pkg.module:Class`), like reward
+functions. A trajectory keeps token ids exactly as the engine produced them (token in, token out): each step's
+response ids and logprobs, then the observation ids appended as a delta (with any template tokens the model
+does not emit), never re-rendered and re-tokenised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from torchrl_post.rollout.base import pad_samples
+from torchrl_post.types import Batch
+
+AGENT_TERMINATIONS = ("env_done", "max_turns", "length", "max_prompt_length", "timeout", "error")
+"""Why a trajectory ended (rLLM's set; `length` is rLLM's max_response_length, the name verl's finish reason and
+`types.TERMINATIONS` use). Every one is also a `types.TERMINATIONS` name."""
+
+
+class Env(Protocol):
+    def reset(self, task: dict[str, Any]) -> str: ...
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]: ...
+
+
+class Agent(Protocol):
+    def initial_messages(self, task: dict[str, Any], observation: str) -> list[dict[str, str]]: ...
+
+    def parse(self, response_text: str) -> str: ...
+
+    def observation_message(self, observation: str) -> dict[str, str]: ...
+
+
+@dataclass
+class Step:
+    """One turn: what the engine was given and produced, and what the environment answered."""
+
+    prompt_ids: list[int]
+    """The whole context the engine saw for this turn."""
+    response_ids: list[int]
+    logprobs: list[float]
+    observation_ids: list[int] = field(default_factory=list)
+    """Tokens appended after the response before the next turn (template bridge + observation); loss mask 0."""
+    reward: float = 0.0
+    action: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    uid: int
+    """The prompt group it belongs to (its task's position in the step's batch)."""
+    task: dict[str, Any]
+    steps: list[Step] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    """The first prompt's ids (the rendered initial messages)."""
+    termination: str = "env_done"
+    reward: float = 0.0
+    """The trajectory's reward (the sum of step rewards unless a reward function rescored it)."""
+
+    def response_tokens(self) -> tuple[list[int], list[float], list[float]]:
+        """Everything after the first prompt as (ids, logprobs, loss mask): responses trained (mask 1),
+        observations attended but not trained (mask 0); the last observation is dropped (nothing follows it)."""
+        ids: list[int] = []
+        lps: list[float] = []
+        mask: list[float] = []
+        for i, s in enumerate(self.steps):
+            ids += s.response_ids
+            lps += s.logprobs
+            mask += [1.0] * len(s.response_ids)
+            if i + 1 < len(self.steps):
+                ids += s.observation_ids
+                lps += [0.0] * len(s.observation_ids)
+                mask += [0.0] * len(s.observation_ids)
+        return ids, lps, mask
+
+
+def trajectories_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
+    """Whole trajectories as samples: the first prompt, then every response (loss mask 1) with the
+    observations between them (loss mask 0); score = the trajectory's reward."""
+    rows = [t.response_tokens() for t in trajectories]
+    batch = pad_samples(
+        [t.prompt or [pad_id] for t in trajectories],
+        [ids for ids, _, _ in rows],
+        [lps for _, lps, _ in rows],
+        [mask for _, _, mask in rows],
+        [t.uid for t in trajectories],
+        [t.termination for t in trajectories],
+        pad_id,
+    )
+    batch.scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    return batch

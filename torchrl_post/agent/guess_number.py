@@ -1,0 +1,36 @@
+"""A multi-turn environment with feedback: guess a digit, told "higher" or "lower" after each wrong guess.
+
+    agent.env=torchrl_post.agent.guess_number:GuessNumberEnv agent.agent=torchrl_post.agent.guess_number:GuessAgent
+
+The task's `answer` is the digit. Reward 1 for the turn that names it (the first digit in the response), 0
+otherwise; the episode ends when it is guessed (`env_done`) or at agent.max_turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GuessNumberEnv:
+    def reset(self, task: dict[str, Any]) -> str:
+        self.answer = int(str(task["answer"]).strip())
+        return "Guess my digit (0-9)."
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        guess = next((int(c) for c in action if c.isdigit()), None)
+        if guess is None:
+            return "Answer with a digit.", 0.0, False, {"valid": False}
+        if guess == self.answer:
+            return "Correct.", 1.0, True, {"valid": True}
+        return ("Higher." if guess < self.answer else "Lower."), 0.0, False, {"valid": True}
+
+
+class GuessAgent:
+    def initial_messages(self, task: dict[str, Any], observation: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": observation}]
+
+    def parse(self, response_text: str) -> str:
+        return response_text.strip()
+
+    def observation_message(self, observation: str) -> dict[str, str]:
+        return {"role": "user", "content": observation}
