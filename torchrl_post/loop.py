@@ -34,6 +34,7 @@ from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward import resolve_reward_fn
+from torchrl_post.reward.scoring import load_function
 from torchrl_post.rollout import build_engine
 from torchrl_post.rollout.source import EngineSource
 
@@ -88,6 +89,9 @@ class Run:
         val = load_prompts(val_files, cfg.data, tokenizer, "val") if val_files else None
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
+        for key in ("env", "agent"):  # import errors now, before any model loads
+            if getattr(cfg.agent, key) is not None:
+                load_function(str(getattr(cfg.agent, key)), f"agent.{key}")
         per_epoch = len(train) // cfg.data.train_batch_size
         if per_epoch == 0:
             raise ConfigError(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from torchrl_post import faults
+from torchrl_post.agent.base import AGENT_TERMINATIONS
 from torchrl_post.algos.estimators import estimate_advantages
 from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController
 from torchrl_post.checkpoint.dcp import Checkpointer
@@ -167,6 +168,11 @@ class Trainer:
             f"filter/{reason}": ("sum", float((batch.termination == TERMINATIONS.index(reason)).sum()))
             for reason in masked_reasons(self.run.cfg.algorithm.compact_filtering)
         }
+        if batch.turns is not None:  # agent episodes: turns and why they ended
+            masked["agent/num_turns/mean"] = ("sum", float(batch.turns.sum()))
+            for reason in AGENT_TERMINATIONS:
+                count = float((batch.termination == TERMINATIONS.index(reason)).sum())
+                masked[f"agent/termination/{reason}"] = ("sum", count)
         out = reduce_metrics(
             masked
             | {
@@ -184,7 +190,7 @@ class Trainer:
             }
         )
         n = out.pop("n")
-        out |= {k: v / n for k, v in out.items() if k.startswith("filter/")}
+        out |= {k: v / n for k, v in out.items() if k.startswith(("filter/", "agent/"))}
         out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / n
         out["response_length/mean"] = out.pop("resp_len") / n
         out["response_length/clip_ratio"] = out.pop("length") / n

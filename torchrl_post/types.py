@@ -59,7 +59,7 @@ class Generation:
 # Which fields have which layout (the serialiser and `concat` pad and cut by these).
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
 TOKEN_FIELDS = ("loss_mask", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "advantages", "returns")
-SAMPLE_FIELDS = ("group_ids", "termination", "weights", "scores", "reward_errors")  # [B]
+SAMPLE_FIELDS = ("group_ids", "termination", "weights", "scores", "reward_errors", "turns")  # [B]
 
 
 @dataclass
@@ -77,6 +77,7 @@ class Batch:
     scores: torch.Tensor | None = None  # [B] sequence reward
     reward_errors: torch.Tensor | None = None  # [B] 1.0 where the reward function failed (scored 0)
     reward_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # [B] each; NaN where not given
+    turns: torch.Tensor | None = None  # [B] agent turns of each sample (agent loop only)
     old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
     ref_log_probs: torch.Tensor | None = None  # [B, R]
     values: torch.Tensor | None = None  # [B, R]

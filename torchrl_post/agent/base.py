@@ -98,4 +98,6 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         pad_id,
     )
     batch.scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    batch.reward_errors = torch.tensor([float(t.termination == "error") for t in trajectories])
+    batch.turns = torch.tensor([float(len(t.steps)) for t in trajectories])
     return batch

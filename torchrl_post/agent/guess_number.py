@@ -1,25 +1,27 @@
-"""A multi-turn environment with feedback: guess a digit, told "higher" or "lower" after each wrong guess.
+"""A multi-turn environment with feedback: guess the task's number, told "higher" or "lower" after each wrong guess.
 
     agent.env=torchrl_post.agent.guess_number:GuessNumberEnv agent.agent=torchrl_post.agent.guess_number:GuessAgent
 
-The task's `answer` is the digit. Reward 1 for the turn that names it (the first digit in the response), 0
-otherwise; the episode ends when it is guessed (`env_done`) or at agent.max_turns.
+The task's `answer` is the number (the demo data's sums work). Reward 1 for the turn that names it (the first
+integer in the response), 0 otherwise; the episode ends when it is guessed (`env_done`) or at agent.max_turns.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
 class GuessNumberEnv:
     def reset(self, task: dict[str, Any]) -> str:
         self.answer = int(str(task["answer"]).strip())
-        return "Guess my digit (0-9)."
+        return "Guess my number (0-18)."
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        guess = next((int(c) for c in action if c.isdigit()), None)
-        if guess is None:
-            return "Answer with a digit.", 0.0, False, {"valid": False}
+        found = re.search(r"\d+", action)
+        if found is None:
+            return "Answer with a number.", 0.0, False, {"valid": False}
+        guess = int(found.group())
         if guess == self.answer:
             return "Correct.", 1.0, True, {"valid": True}
         return ("Higher." if guess < self.answer else "Lower."), 0.0, False, {"valid": True}

@@ -34,6 +34,8 @@ class LoopLimits:
     """Context the engine holds: prompt, responses and observations."""
     timeout_s: float = 60.0
     """Wall clock per trajectory."""
+    max_tokens_per_turn: int = 0
+    """Response tokens of one turn; 0: only the trajectory's budget limits it."""
 
 
 @dataclass
@@ -97,6 +99,8 @@ class AgentLoop:
 
     def _submit(self, rid: str, s: _Live, params: SamplingParams) -> None:
         budget = min(self.limits.max_response_length - s.used, self.limits.max_model_len - len(s.context))
+        if self.limits.max_tokens_per_turn:
+            budget = min(budget, self.limits.max_tokens_per_turn)
         turn_params = replace(params, n=1, max_tokens=max(1, min(params.max_tokens, budget)))
         self.engine.add_request(rid, list(s.context), turn_params, s.seed_uid + 7919 * s.turn)
 

@@ -261,6 +261,21 @@ class RewardConfig:
 
 
 @dataclass
+class AgentConfig:
+    env: str | None = None
+    """Environment class as `package.module:Class` (reset(task) -> observation, step(action) -> observation,
+    reward, done, info); null: single-turn generation scored by reward.function."""
+    agent: str | None = None
+    """Agent class as `package.module:Class` (initial_messages, parse, observation_message); needed with env."""
+    max_turns: int = 4
+    """Turns per trajectory (termination `max_turns`)."""
+    max_tokens_per_turn: int = 0
+    """Response tokens per turn; 0: data.max_response_length (which bounds the whole trajectory's responses)."""
+    timeout_s: float = 60.0
+    """Wall clock per trajectory (termination `timeout`; the request is aborted, finished turns are kept)."""
+
+
+@dataclass
 class PlacementConfig:
     actor: Any = None
     """Actor ranks: null (all ranks) or a list of ranks."""
@@ -326,5 +341,6 @@ class Config:
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -96,6 +96,21 @@ def validate(cfg: Config) -> None:
     _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
     _one_of("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     _positive("reference.log_prob_micro_batch_size_per_gpu", cfg.reference.log_prob_micro_batch_size_per_gpu)
+    a = cfg.agent
+    if (a.env is None) != (a.agent is None):
+        raise ConfigError("agent.env and agent.agent go together: set both (package.module:Class) or neither")
+    if a.env is not None:
+        for key, value in (("agent.env", a.env), ("agent.agent", a.agent)):
+            if ":" not in str(value):
+                raise ConfigError(f"{key}={value!r} must look like package.module:Class")
+        if cfg.rollout.engine != "vllm" or cfg.rollout.tensor_parallel_size != 1:
+            raise ConfigError(
+                "agent.env needs rollout.engine=vllm with rollout.tensor_parallel_size=1 (the step-driven loop; "
+                "tensor-parallel lockstep and the hf engine are not supported yet)"
+            )
+        _positive("agent.max_turns", a.max_turns)
+        _positive("agent.max_tokens_per_turn", a.max_tokens_per_turn, allow_zero=True)
+        _positive("agent.timeout_s", a.timeout_s)
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
     t = cfg.trainer

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from torchrl_post.agent.base import trajectories_to_batch
 from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
@@ -23,6 +24,19 @@ from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
+
+
+def build_agent_loop(cfg: Config, engine: RolloutEngine, tokenizer: Any) -> Any:
+    """The agent loop over this engine, with the env and agent classes of `agent.env` / `agent.agent`."""
+    from torchrl_post.agent.loop import AgentLoop, LoopLimits
+    from torchrl_post.reward.scoring import load_function
+
+    a, d = cfg.agent, cfg.data
+    env_cls = load_function(str(a.env), "agent.env")
+    agent = load_function(str(a.agent), "agent.agent")()
+    max_len = d.max_prompt_length + d.max_response_length
+    limits = LoopLimits(a.max_turns, d.max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
+    return AgentLoop(engine, tokenizer, env_cls, agent, limits)
 
 
 class RolloutSource(Protocol):
@@ -73,6 +87,7 @@ class EngineSource:
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group = engine_group
         self.pad_id = tokenizer.pad_token_id
+        self.loop = build_agent_loop(cfg, engine, tokenizer) if cfg.agent.env is not None else None
         self.masked = masked_reasons(cfg.algorithm.compact_filtering)
         self.rejection = cfg.algorithm.rejection_sample
         self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
@@ -107,6 +122,8 @@ class EngineSource:
 
     def _generate_scored(self, step: int, idx: list[int], uids: list[int]) -> Batch:
         prompts = self.prompt_batch(idx, uids)
+        if self.loop is not None:  # episodes: the environments give the rewards
+            return self._episodes(prompts, self.sampling(step, validation=False))
         with self.timer("gen"):
             batch = self.generate(prompts, self.sampling(step, validation=False))
         with self.timer("reward"):
@@ -139,6 +156,24 @@ class EngineSource:
         take, self.reserve, short = pick_groups(kept, dropped, len(uids))
         self.filter_counts = {"dropped_groups": len(dropped), "extra_rounds": rounds, "short_groups": short}
         return Batch.concat(relabel(take, uids), self.pad_id)
+
+    def _episodes(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
+        """`params.n` agent trajectories per prompt, turns of all of them decoding together."""
+        assert self.loop is not None
+        tasks = [
+            (uid, {"answer": ans, "data_source": src, **extra})
+            for uid, ans, src, extra in zip(
+                prompts.uids, prompts.answers, prompts.data_sources, prompts.extra_infos, strict=True
+            )
+        ]
+        env_before = self.loop.env_seconds
+        with self.timer("gen"):
+            trajectories = self.loop.run(tasks, params)
+        self.timer.seconds["env"] = self.loop.env_seconds - env_before
+        batch = trajectories_to_batch(trajectories, self.pad_id)
+        if self.masked:
+            compact_filter(batch, self.masked)
+        return batch
 
     def sampling(self, step: int, validation: bool) -> SamplingParams:
         r = self.cfg.rollout
@@ -206,8 +241,11 @@ class EngineSource:
         for start in range(0, len(mine), chunk):
             idx = mine[start : start + chunk]
             prompts = self.prompt_batch(idx, idx, data)
-            batch = self.generate(prompts, params, shared=True)
-            self.score(batch, prompts)
+            if self.loop is not None:
+                batch = self._episodes(prompts, params)
+            else:
+                batch = self.generate(prompts, params, shared=True)
+                self.score(batch, prompts)
             if not self.engine_leader:
                 continue
             assert batch.scores is not None

@@ -1,0 +1,47 @@
+"""Multi-turn agent episodes through the real entrypoint (guess-the-number with higher/lower hints): colocated
+and with the engine on a rollout rank; turns, terminations and environment time reach the metrics."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+AGENT = [
+    "agent.env=torchrl_post.agent.guess_number:GuessNumberEnv",
+    "agent.agent=torchrl_post.agent.guess_number:GuessAgent",
+    "agent.max_turns=3",
+    "agent.max_tokens_per_turn=4",
+    "data.max_response_length=12",
+    "data.max_prompt_length=160",  # the context: room for observations (character tokens) of three turns
+    "rollout.mode=async",
+]
+
+
+def _rows(nproc: int, model: Path, data: tuple[Path, Path], run: Path, *extra: str) -> list[dict]:
+    assert_ok(torchrun(nproc, ["-m", "torchrl_post.train", *train_overrides(model, data, run, 2), *AGENT, *extra]))
+    return read_jsonl(run / "metrics.jsonl")
+
+
+@pytest.mark.parametrize(
+    "placement", [[], ["placement.actor=[0,1]", "placement.rollout=[2]"]], ids=["colocated", "rollout_rank"]
+)
+def test_agent_episodes_train(
+    placement: list[str], tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    rows = _rows(3 if placement else 2, tiny_model, task_data, tmp_path, *placement)
+    steps = [r for r in rows if r["training/global_step"] >= 1 and "actor/loss" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["agent/num_turns/mean"] > 1.5  # a random model rarely guesses at once
+        assert r["agent/termination/max_turns"] > 0
+        ends = sum(v for k, v in r.items() if k.startswith("agent/termination/"))
+        assert ends == pytest.approx(1.0)
+        assert math.isfinite(r["actor/loss"]) and r["response_length/mean"] > 4  # observations included
+        if not placement:
+            assert r["timing_s/env"] >= 0
+    assert "val/test_score/arithmetic" in rows[0]  # validation runs episodes too
