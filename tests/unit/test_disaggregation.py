@@ -187,3 +187,12 @@ def test_describe_plan_shows_meshes_engines_and_sync_group() -> None:
     assert "rollout engines (vllm, tensor_parallel_size=2): [[4, 5], [6, 7]]" in text
     assert "weight sync: broadcast over ranks [0, 4, 5, 6, 7]" in text
     assert "max_off_policy_steps=1" in text and "samples_per_actor_rank: 32" in text
+
+
+def test_group_rows_fill_named_columns() -> None:
+    from torchrl_post.distributed.transfer import ROW_SHORT, ROW_TOKENS, GroupRow, group_rows
+
+    rows = group_rows([GroupRow(3, 1, 40, short=2), (4, 1, 50)])
+    assert rows.shape == (2, len(GroupRow._fields)) and rows.dtype == torch.int64
+    assert rows[:, ROW_TOKENS].tolist() == [40, 50] and rows[:, ROW_SHORT].tolist() == [2, 0]
+    assert group_rows([]).shape == (0, len(GroupRow._fields))

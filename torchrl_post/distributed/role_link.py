@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from torchrl_post.distributed.env import RawGroup
-from torchrl_post.distributed.transfer import all_gather_rows, group_rows, plan_transfer, route
+from torchrl_post.distributed.transfer import GroupRow, all_gather_rows, group_rows, plan_transfer, route
 from torchrl_post.types import Batch
 
 
@@ -39,7 +39,7 @@ class RoleLink:
             parts = batch.split_groups()
             items = {g: part.to_wire() for g, part in parts.items()}
             rows = group_rows(
-                [(g, self.group.rank(), int(part.attention_mask.sum()), 0, 0) for g, part in parts.items()]
+                [GroupRow(g, self.group.rank(), int(part.attention_mask.sum())) for g, part in parts.items()]
             )
         gathered = all_gather_rows(self.group, rows, self.max_rows)
         self.owner, self.dest = plan_transfer(gathered, self.groups_per_step, self.role_ranks)

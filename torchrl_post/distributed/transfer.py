@@ -124,8 +124,8 @@ ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS, ROW_DROPPED, ROW_ROUN
 
 
 def group_rows(rows: Sequence[tuple[int, ...]]) -> torch.Tensor:
-    """[k, 5] int64 (k may be 0) for `all_gather_rows`."""
-    return torch.tensor([tuple(r) for r in rows], dtype=torch.int64).view(-1, len(GroupRow._fields))
+    """[k, columns] int64 (k may be 0) for `all_gather_rows`; columns a row leaves out take GroupRow's defaults."""
+    return torch.tensor([tuple(GroupRow(*r)) for r in rows], dtype=torch.int64).view(-1, len(GroupRow._fields))
 
 
 def plan_transfer(table: torch.Tensor, n_groups: int, dst_ranks: list[int]) -> tuple[dict[int, int], dict[int, int]]:
