@@ -61,21 +61,22 @@ class VLLMEngine:
             **extra,
         )
 
+    def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:
+        """vLLM's sampling parameters for the prompt `uid` (its own seed), the sampled tokens' logprobs, ids only."""
+        return self._vllm.SamplingParams(
+            n=n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_tokens,
+            seed=params.prompt_seed(uid),
+            logprobs=0,
+            detokenize=False,
+        )
+
     def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
         self.wake_up()
-        sps = [
-            self._vllm.SamplingParams(
-                n=params.n,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else -1,
-                max_tokens=params.max_tokens,
-                seed=params.prompt_seed(uid),
-                logprobs=0,
-                detokenize=False,
-            )
-            for uid in uids
-        ]
+        sps = [self._sampling(params, uid, params.n) for uid in uids]
         prompts = [{"prompt_token_ids": p} for p in prompt_ids]
         outs = self.llm.generate(prompts, sps, use_tqdm=False)  # type: ignore[arg-type]
         gen = Generation([], [], [])
@@ -93,17 +94,7 @@ class VLLMEngine:
         from vllm.inputs.engine import tokens_input
 
         self.wake_up()
-        sp = self._vllm.SamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,
-            max_tokens=params.max_tokens,
-            seed=params.prompt_seed(uid),
-            logprobs=0,
-            detokenize=False,
-        )
-        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), sp)
+        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), self._sampling(params, uid, 1))
 
     def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
         """One engine step: (request id, tokens so far, their logprobs, finish reason or None) per request
