@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
-from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
+from torchrl_post.checkpoint.dcp import Checkpointer, Trained, rng_state, set_rng_state
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import to_yaml
 from torchrl_post.config.schema import Config
@@ -39,7 +39,6 @@ from torchrl_post.rollout import build_engine
 from torchrl_post.rollout.source import EngineSource
 
 log = logging.getLogger("torchrl_post")
-Trained = tuple[torch.nn.Module, torch.optim.Optimizer]
 
 
 def package_versions() -> dict[str, str]:
