@@ -37,6 +37,8 @@ from torchrl_post.reward import resolve_reward_fn
 from torchrl_post.reward.scoring import load_function
 from torchrl_post.rollout import build_engine
 from torchrl_post.rollout.source import EngineSource
+from torchrl_post.rollout.vllm_engine import tool_parser_names
+from torchrl_post.tools import ToolBox
 
 log = logging.getLogger("torchrl_post")
 
@@ -91,6 +93,13 @@ class Run:
         for key in ("env", "agent"):  # import errors now, before any model loads
             if getattr(cfg.agent, key) is not None:
                 load_function(str(getattr(cfg.agent, key)), f"agent.{key}")
+        if cfg.agent.env is not None and cfg.agent.tools:
+            ToolBox.from_specs(list(cfg.agent.tools))
+            names = tool_parser_names()
+            if cfg.agent.tool_parser not in names:
+                raise ConfigError(
+                    f"agent.tool_parser={cfg.agent.tool_parser!r} is not one of vLLM's: {', '.join(names)}"
+                )
         per_epoch = len(train) // cfg.data.train_batch_size
         if per_epoch == 0:
             raise ConfigError(
@@ -140,6 +149,7 @@ class Run:
             n_engines=len(rollout) // tp,
             engine_leader=index % tp == 0,
             engine_group=self.topo.engine_group,
+            union=self.topo.placement.colocated["rollout"],
         )
 
     def sum_all(self, t: torch.Tensor) -> torch.Tensor:

@@ -121,7 +121,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
-        batch = self.rollouts.next_batch(step)  # prompts -> engine -> reward, on this rank
+        batch = self._even(self.rollouts.next_batch(step))  # prompts -> engine -> reward, on this rank
         if self.needs_old:
             batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
         if self.reference is not None:
@@ -135,6 +135,20 @@ class Trainer:
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
         return metrics | self._batch_metrics(batch) | self.rollouts.metrics()
+
+    def _even(self, batch: Batch) -> Batch:
+        """Step-wise batches differ in rows per rank, and FSDP ranks must run the same mini- and
+        micro-batches: every rank pads to the longest with copies of its first row at weight 0 (`traj_ids`
+        -1: no advantage, no loss, no denominator)."""
+        if batch.traj_ids is None:
+            return batch
+        rows = int(reduce_metrics({"rows": ("max", float(len(batch)))}, self.group)["rows"])
+        if rows == len(batch):
+            return batch
+        pad = batch.select(torch.zeros(rows - len(batch), dtype=torch.long))
+        pad.weights = torch.zeros(len(pad))
+        pad.traj_ids = torch.full((len(pad),), -1, dtype=torch.long)
+        return Batch.concat([batch, pad], self.run.tokenizer.pad_token_id)
 
     def _advantages(self, batch: Batch, step: int) -> dict[str, float]:
         """The estimator over the batch; the adaptive KL coefficient follows the reduced KL penalty."""
@@ -168,11 +182,8 @@ class Trainer:
             f"filter/{reason}": ("sum", float((batch.termination == TERMINATIONS.index(reason)).sum()))
             for reason in masked_reasons(self.run.cfg.algorithm.compact_filtering)
         }
-        if batch.turns is not None:  # agent episodes: turns and why they ended
-            masked["agent/num_turns/mean"] = ("sum", float(batch.turns.sum()))
-            for reason in AGENT_TERMINATIONS:
-                count = float((batch.termination == TERMINATIONS.index(reason)).sum())
-                masked[f"agent/termination/{reason}"] = ("sum", count)
+        if batch.turns is not None:  # agent episodes: turns, tool calls and why they ended, per trajectory
+            masked |= _trajectory_sums(batch)
         out = reduce_metrics(
             masked
             | {
@@ -190,7 +201,10 @@ class Trainer:
             }
         )
         n = out.pop("n")
-        out |= {k: v / n for k, v in out.items() if k.startswith(("filter/", "agent/"))}
+        out |= {k: v / n for k, v in out.items() if k.startswith("filter/")}
+        if "_trajectories" in out:
+            trajectories = max(out.pop("_trajectories"), 1.0)
+            out |= {k: v / trajectories for k, v in out.items() if k.startswith("agent/") and k != "agent/tool_errors"}
         out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / n
         out["response_length/mean"] = out.pop("resp_len") / n
         out["response_length/clip_ratio"] = out.pop("length") / n
@@ -237,3 +251,23 @@ class Trainer:
 
     def shutdown(self) -> None:
         self.rollouts.shutdown()
+
+
+def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:
+    """Sums over this rank's agent trajectories (one row each; a step-wise batch counts its last steps)."""
+    assert batch.turns is not None and batch.tool_calls is not None and batch.tool_errors is not None
+    rows = torch.ones(len(batch), dtype=torch.bool)
+    if batch.traj_ids is not None and batch.step_ids is not None:
+        rows = (batch.traj_ids >= 0) & (batch.step_ids == (batch.turns.long() - 1).clamp(min=0))
+    out = {
+        "_trajectories": ("sum", float(rows.sum())),
+        "agent/num_turns/mean": ("sum", float(batch.turns[rows].sum())),
+        "agent/tool_calls/mean": ("sum", float(batch.tool_calls[rows].sum())),
+        "agent/tool_errors": ("sum", float(batch.tool_errors[rows].sum())),
+    }
+    for reason in AGENT_TERMINATIONS:
+        out[f"agent/termination/{reason}"] = (
+            "sum",
+            float((batch.termination[rows] == TERMINATIONS.index(reason)).sum()),
+        )
+    return out

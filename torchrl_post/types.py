@@ -40,6 +40,8 @@ class PromptBatch:
     extra_infos: list[dict[str, Any]]
     uids: list[int]
     """Position of each prompt in the global step batch: the group id of its samples."""
+    questions: list[str] = field(default_factory=list)
+    """The last user message of each prompt's row (an agent environment's task); empty where not kept."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -59,7 +61,19 @@ class Generation:
 # Which fields have which layout (the serialiser and `concat` pad and cut by these).
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
 TOKEN_FIELDS = ("loss_mask", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "advantages", "returns")
-SAMPLE_FIELDS = ("group_ids", "termination", "weights", "scores", "reward_errors", "turns")  # [B]
+SAMPLE_FIELDS = (  # [B]
+    "group_ids",
+    "termination",
+    "weights",
+    "scores",
+    "reward_errors",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "traj_ids",
+    "step_ids",
+    "step_rewards",
+)
 
 
 @dataclass
@@ -77,7 +91,12 @@ class Batch:
     scores: torch.Tensor | None = None  # [B] sequence reward
     reward_errors: torch.Tensor | None = None  # [B] 1.0 where the reward function failed (scored 0)
     reward_extra: dict[str, torch.Tensor] = field(default_factory=dict)  # [B] each; NaN where not given
-    turns: torch.Tensor | None = None  # [B] agent turns of each sample (agent loop only)
+    turns: torch.Tensor | None = None  # [B] agent turns of each sample's trajectory (agent loop only)
+    tool_calls: torch.Tensor | None = None  # [B] tool calls of the trajectory (agent loop only)
+    tool_errors: torch.Tensor | None = None  # [B] failed tool calls of the trajectory
+    traj_ids: torch.Tensor | None = None  # [B] long: the trajectory of a step-wise row (-1: padding row)
+    step_ids: torch.Tensor | None = None  # [B] long: the step's index in its trajectory (step-wise rows)
+    step_rewards: torch.Tensor | None = None  # [B] the step's own reward (step-wise rows)
     old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
     ref_log_probs: torch.Tensor | None = None  # [B, R]
     values: torch.Tensor | None = None  # [B, R]

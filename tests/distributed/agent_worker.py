@@ -1,17 +1,21 @@
 """Run under torchrun (1 process) by test_agent_loop.py: the agent loop on a real in-process vLLM engine.
 
     torchrun --nproc-per-node 1 tests/distributed/agent_worker.py <model_dir> <out.json>
+    torchrun --nproc-per-node 2 tests/distributed/agent_worker.py <model_dir> <out.json> 2   # TP=2 lockstep
 
 Checks token in, token out turn after turn, and that the trainer's logprobs of the trained tokens of the
-multi-turn samples equal the engine's; writes what it measured.
+multi-turn samples equal the engine's; writes what it measured and every trajectory's tokens (environments
+inline: the engine's batches are the same run to run, so TP=1 and TP=2 runs can be compared).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from torchrl_post.agent.base import trajectories_to_batch
@@ -26,7 +30,9 @@ from torchrl_post.workers.logprobs import response_log_probs
 
 def main() -> None:
     model_dir, out_path = sys.argv[1:3]
+    tp = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     cfg = Config()
+    cfg.rollout.tensor_parallel_size = tp
     cfg.model.path = model_dir
     cfg.data.max_prompt_length, cfg.data.max_response_length = 96, 32
     cfg.rollout.max_num_seqs = 64
@@ -35,13 +41,26 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
     limits = LoopLimits(max_turns=3, max_response_length=24, max_model_len=128, timeout_s=120)
-    loop = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits)
+    group = dist.group.WORLD if tp > 1 else None
+    loop = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits, env_workers=0, group=group)
     params = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=6, seed=5)
     tasks = [(i, {"answer": str(i % 10)}) for i in range(6)]
-    trajs = loop.run(tasks, params)
-    again = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits).run(tasks, params)
+    trajs = loop.run(tasks if env.rank == 0 else [], params)  # the first rank's tasks are the ones run
+    again = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits, group=group).run(tasks, params)
 
     report: dict[str, object] = {"turns": [len(t.steps) for t in trajs], "terms": [t.termination for t in trajs]}
+    report["responses"] = [[s.response_ids for s in t.steps] for t in trajs]
+    report["engine_steps"] = loop.engine_steps
+    if tp > 1:  # lockstep: every rank stepped as often and holds the same trajectories
+        gathered: list[object] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (loop.engine_steps, report["responses"]))
+        report["ranks_agree"] = all(g == gathered[0] for g in gathered)
+        report["reproducible"] = report["responses"] == [[s.response_ids for s in t.steps] for t in again]
+        if env.rank == 0:
+            Path(out_path).write_text(json.dumps(report))
+        engine.shutdown()
+        shutdown_distributed()
+        return
     report["reproducible"] = [[s.response_ids for s in t.steps] for t in trajs] == [
         [s.response_ids for s in t.steps] for t in again
     ]
@@ -82,7 +101,6 @@ def main() -> None:
         batch.input_ids[i][batch.attention_mask[i].bool()].tolist() == t.prompt + t.response_tokens()[0]
         for i, t in enumerate(trajs)
     )
-    report["engine_steps"] = loop.engine_steps
     with open(out_path, "w") as f:
         json.dump(report, f)
     engine.shutdown()

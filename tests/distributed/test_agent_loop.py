@@ -13,10 +13,15 @@ from tests.conftest import assert_ok, torchrun
 pytestmark = [pytest.mark.distributed, pytest.mark.vllm]
 
 
-def test_agent_loop_token_in_token_out(tiny_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "agent.json"
+@pytest.fixture(scope="module")
+def tp1_report(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("agent_tp1") / "agent.json"
     assert_ok(torchrun(1, ["tests/distributed/agent_worker.py", str(tiny_model), str(out)]))
-    r = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_agent_loop_token_in_token_out(tp1_report: dict) -> None:
+    r = tp1_report
     assert sum(r["turns"]) / len(r["turns"]) > 1.5, r["turns"]  # multi-turn
     assert r["reproducible"]
     assert r["context_grows_by_delta"] and r["rows_equal_trajectories"]
@@ -24,3 +29,16 @@ def test_agent_loop_token_in_token_out(tiny_model: Path, tmp_path: Path) -> None
     assert r["observation_tokens"] > 0  # attended, not trained
     assert r["max_logprob_diff"] < 1e-4
     assert set(r["terms"]) <= {"env_done", "max_turns", "length", "max_prompt_length"}
+
+
+def test_tensor_parallel_engine_in_lockstep_gives_the_same_trajectories(
+    tiny_model: Path, tp1_report: dict, tmp_path: Path
+) -> None:
+    """TP=2 (the first rank decides adds and aborts and broadcasts them) samples what TP=1 samples."""
+    two = tmp_path / "tp2.json"
+    assert_ok(torchrun(2, ["tests/distributed/agent_worker.py", str(tiny_model), str(two), "2"]))
+    r1, r2 = tp1_report, json.loads(two.read_text())
+    assert r2["ranks_agree"] and r2["reproducible"]
+    assert sum(r1["turns"]) > len(r1["turns"])  # multi-turn, so later turns were added mid-flight
+    assert r2["responses"] == r1["responses"]
+    assert r2["terms"] == r1["terms"]

@@ -53,6 +53,9 @@ class Step:
     reward: float = 0.0
     action: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    tool_calls: int = 0
+    """Tool calls this response made (a malformed call counts one, and one error)."""
+    tool_errors: int = 0
 
 
 @dataclass
@@ -97,7 +100,43 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         [t.termination for t in trajectories],
         pad_id,
     )
-    batch.scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    batch.reward_errors = torch.tensor([float(t.termination == "error") for t in trajectories])
-    batch.turns = torch.tensor([float(len(t.steps)) for t in trajectories])
+    _trajectory_fields(batch, trajectories)
     return batch
+
+
+def steps_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
+    """Each step its own sample (`algorithm.stepwise_advantage`): the step's whole context as the prompt, its
+    response trained. Rows carry the trajectory's termination, reward (`scores`) and counts, and their own
+    `traj_ids`, `step_ids` and `step_rewards`. A trajectory without steps gives one empty row."""
+    prompts, responses, lps, masks, owners, steps, rewards = [], [], [], [], [], [], []
+    for j, t in enumerate(trajectories):
+        for k, s in enumerate(t.steps or [Step(t.prompt or [pad_id], [], [])]):
+            prompts.append(s.prompt_ids)
+            responses.append(s.response_ids)
+            lps.append(s.logprobs)
+            masks.append([1.0] * len(s.response_ids))
+            owners.append(j)
+            steps.append(k)
+            rewards.append(s.reward)
+    batch = pad_samples(
+        prompts,
+        responses,
+        lps,
+        masks,
+        [trajectories[j].uid for j in owners],
+        [trajectories[j].termination for j in owners],
+        pad_id,
+    )
+    _trajectory_fields(batch, [trajectories[j] for j in owners])
+    batch.traj_ids = torch.tensor(owners, dtype=torch.long)
+    batch.step_ids = torch.tensor(steps, dtype=torch.long)
+    batch.step_rewards = torch.tensor(rewards, dtype=torch.float32)
+    return batch
+
+
+def _trajectory_fields(batch: Batch, per_row: list[Trajectory]) -> None:
+    batch.scores = torch.tensor([t.reward for t in per_row], dtype=torch.float32)
+    batch.reward_errors = torch.tensor([float(t.termination == "error") for t in per_row])
+    batch.turns = torch.tensor([float(len(t.steps)) for t in per_row])
+    batch.tool_calls = torch.tensor([float(sum(s.tool_calls for s in t.steps)) for t in per_row])
+    batch.tool_errors = torch.tensor([float(sum(s.tool_errors for s in t.steps)) for t in per_row])

@@ -14,24 +14,35 @@ _PROBE_USER = {"role": "user", "content": "u"}
 _PROBE_ASSISTANT = {"role": "assistant", "content": "a"}
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt))
+Tools = list[dict[str, Any]] | None
+"""Function schemas the template renders (`tools=`, e.g. into Qwen2.5's system message); None: no tools."""
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """The first prompt of a trajectory: the rendered messages and the generation prompt."""
-    return list(tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"])
+def render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool, tools: Tools = None) -> str:
+    kwargs = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+    return str(text)
 
 
-def observation_delta(tokenizer: Any, message: dict[str, str], response_ended: bool) -> list[int]:
-    """Ids to append after an assistant response to carry `message` and open the next assistant turn.
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], tools: Tools = None) -> list[int]:
+    """The first prompt of a trajectory: the rendered messages (and tool schemas) and the generation prompt."""
+    return list(tokenizer(render(tokenizer, messages, True, tools), add_special_tokens=False)["input_ids"])
+
+
+def observation_delta(
+    tokenizer: Any, messages: list[dict[str, str]] | dict[str, str], response_ended: bool, tools: Tools = None
+) -> list[int]:
+    """Ids to append after an assistant response to carry `messages` (an observation, or one message per
+    tool result) and open the next assistant turn.
 
     `response_ended`: the response ends with the end-of-turn token (False when it was cut at max tokens,
     then that token is part of the delta). Computed from the template on a probe conversation, so any
     template that renders a conversation as a prefix of its continuation works.
     """
-    base = render(tokenizer, [_PROBE_USER, _PROBE_ASSISTANT], False)
-    full = render(tokenizer, [_PROBE_USER, _PROBE_ASSISTANT, message], True)
+    if isinstance(messages, dict):
+        messages = [messages]
+    base = render(tokenizer, [_PROBE_USER, _PROBE_ASSISTANT], False, tools)
+    full = render(tokenizer, [_PROBE_USER, _PROBE_ASSISTANT, *messages], True, tools)
     if not full.startswith(base):
         raise ValueError("the chat template does not render a conversation as a prefix of its continuation")
     after_content = base[base.rindex(_PROBE_ASSISTANT["content"]) + len(_PROBE_ASSISTANT["content"]) :]

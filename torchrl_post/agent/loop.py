@@ -1,13 +1,25 @@
 """The agent loop on the in-process engine: many trajectories at once, each turn added as soon as the previous
-one finished and its environment answered, while other trajectories are still decoding.
+one finished and its environment (or tool) answered, while other trajectories are still decoding.
 
-    loop = AgentLoop(engine, tokenizer, make_env, agent, limits)
+    loop = AgentLoop(engine, tokenizer, make_env, agent, limits, tools=box, parse_calls=parser)
     trajectories = loop.run([(uid, task), ...], params)      # n trajectories per task when params.n > 1
 
-Drives the engine step by step (`add_request` / `step` / `abort`: rollout/vllm_engine.py). Token in, token out
-(agent/chat.py). Limits end only their own trajectory: `max_turns`, the response token budget (`length`), the
-context (`max_prompt_length`), the wall clock (`timeout`: the request is aborted, completed turns are kept),
-and an environment or agent that raises (`error`). Seeds are per (uid, sample, turn), so a run is reproducible.
+Drives the engine step by step (`add_request` / `step` / `abort`: rollout/vllm_engine.py; the hf engine
+answers every queued turn in one batch). Environments and tools run on `env_workers` threads, so a slow
+tool overlaps the decoding of the other trajectories (0: inline, which also makes the engine's batches
+reproducible). Token in, token out (agent/chat.py). A response that calls tools (in the chat format
+`parse_calls` reads, e.g. hermes `<tool_call>{json}</tool_call>`) gets the tools' results as its
+observation; any other response is the agent's action for `env.step`.
+
+Limits end only their own trajectory: `max_turns`, the response token budget (`length`), the context
+(`max_prompt_length`), the wall clock (`timeout`: the request is aborted and what it generated is kept; an
+environment call that hangs is abandoned on its thread), and an environment or agent that raises (`error`).
+Seeds are per (uid, sample, turn), so a run is reproducible.
+
+A tensor-parallel engine (`group`: its ranks) stays in lockstep: the group's first rank runs the loop,
+decides every add and abort, and broadcasts them before each engine step; the other ranks apply them and
+step, then receive the trajectories. Their engines see identical request streams (a different add order
+on one rank gives silently wrong results, not an error).
 """
 
 from __future__ import annotations
@@ -15,14 +27,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import torch.distributed as dist
 
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.tools import ToolBox
 
 log = logging.getLogger(__name__)
+
+ParseCalls = Callable[[str], tuple[bool, list[tuple[str, str]]]]
 
 
 @dataclass(frozen=True)
@@ -49,44 +67,147 @@ class _Live:
     used: int = 0  # response tokens so far
 
 
+@dataclass
+class _Answer:
+    """What the environment or the tools made of one response (computed on a worker thread)."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    failed: bool = False
+    action: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    tool_calls: int = 0
+    tool_errors: int = 0
+    seconds: float = 0.0
+
+
 class AgentLoop:
     def __init__(
-        self, engine: Any, tokenizer: Any, make_env: Callable[[], Env], agent: Agent, limits: LoopLimits
+        self,
+        engine: Any,
+        tokenizer: Any,
+        make_env: Callable[[], Env],
+        agent: Agent,
+        limits: LoopLimits,
+        *,
+        tools: ToolBox | None = None,
+        parse_calls: ParseCalls | None = None,
+        env_workers: int = 8,
+        group: dist.ProcessGroup | None = None,
+        turn_batches: bool = False,
     ) -> None:
+        """`turn_batches`: wait for every trajectory's turn before starting the next ones (one batch per
+        turn, as a per-turn `generate` loop does; for comparison)."""
         self.engine, self.tokenizer, self.make_env, self.agent, self.limits = engine, tokenizer, make_env, agent, limits
+        self.tools, self.parse_calls = tools, parse_calls
+        self.tool_schemas = tools.schemas() if tools is not None else None
+        self.env_workers, self.group, self.turn_batches = env_workers, group, turn_batches
         self.eos_id = tokenizer.eos_token_id
         self.env_seconds = 0.0
         self.engine_steps = 0
+        self._ops: list[tuple[Any, ...]] = []
 
+    # ---- entry ----------------------------------------------------------------------------------------
     def run(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
-        """`params.n` trajectories per task, in task-major order."""
+        """`params.n` trajectories per task, in task-major order. On a tensor-parallel engine every rank
+        calls it; the first rank's `tasks` are the ones run, and every rank returns the same trajectories."""
+        if self.group is not None and dist.get_rank(self.group) != 0:
+            return self._follow()
+        trajectories = self._lead(tasks, params)
+        if self.group is not None:
+            self._share("done")
+            box: list[Any] = [trajectories]
+            dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return trajectories
+
+    def _share(self, ops: Any) -> Any:
+        box = [ops]
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return box[0]
+
+    def _follow(self) -> list[Trajectory]:
+        """A tensor-parallel engine's other rank: apply the first rank's adds and aborts, step with it."""
+        while True:
+            ops = self._share(None)
+            if ops == "done":
+                break
+            for op in ops:
+                if op[0] == "add":
+                    self.engine.add_request(*op[1:])
+                else:
+                    self.engine.abort(op[1])
+            self.engine.step()
+            self.engine_steps += 1
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
+        return list(box[0])
+
+    # ---- the first (or only) rank ---------------------------------------------------------------------
+    def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         live: dict[str, _Live] = {}
         done: dict[str, Trajectory] = {}
-        order = []
-        for uid, task in tasks:
-            for k in range(params.n):
-                rid = f"{uid}-{k}"
-                order.append(rid)
-                state = self._start(uid, task, k * 1_000_003 + uid)
-                if isinstance(state, Trajectory):
-                    done[rid] = state
-                else:
-                    live[rid] = state
-                    self._submit(rid, state, params)
-        while live:
-            for rid, ids, lps, reason in self.engine.step():
-                if reason is not None and rid in live:
-                    self._finish_turn(rid, live, done, ids, lps, reason, params)
-            self.engine_steps += 1
-            self._check_timeouts(live, done)
+        order: list[str] = []
+        queued: list[str] = []  # ready for their next turn
+        running: set[str] = set()  # in the engine
+        partial: dict[str, tuple[list[int], list[float]]] = {}  # tokens so far of running requests
+        pending: dict[Future[_Answer], tuple[str, Step]] = {}
+        pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="agent-env") if self.env_workers else None
+        try:
+            for uid, task in tasks:
+                for k in range(params.n):
+                    rid = f"{uid}-{k}"
+                    order.append(rid)
+                    state = self._start(uid, task, k * 1_000_003 + uid)
+                    if isinstance(state, Trajectory):
+                        done[rid] = state
+                    else:
+                        live[rid] = state
+                        queued.append(rid)
+            while live:
+                for fut in [f for f in pending if f.done()]:
+                    rid, step = pending.pop(fut)
+                    if rid in live:  # not already timed out
+                        self._answered(rid, live, done, step, fut.result(), queued)
+                if queued and (not self.turn_batches or not (running or pending)):
+                    for rid in queued:
+                        self._submit(rid, live[rid], params)
+                        running.add(rid)
+                    queued.clear()
+                self._check_timeouts(live, done, running, partial, pending, queued)
+                if running:
+                    for rid, ids, lps, reason in self._step():
+                        if rid not in running:
+                            continue
+                        if reason is None:
+                            partial[rid] = (ids, lps)
+                            continue
+                        running.discard(rid)
+                        partial.pop(rid, None)
+                        step = Step(list(live[rid].context), list(ids), list(lps))
+                        live[rid].traj.steps.append(step)
+                        fut = self._answer_async(pool, live[rid].env, ids)
+                        pending[fut] = (rid, step)
+                elif pending:
+                    wait(list(pending), timeout=0.05, return_when=FIRST_COMPLETED)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         return [done[rid] for rid in order]
+
+    def _step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+        if self.group is not None:
+            self._share(self._ops)
+            self._ops = []
+        self.engine_steps += 1
+        return list(self.engine.step())
 
     def _start(self, uid: int, task: dict[str, Any], seed_uid: int) -> _Live | Trajectory:
         traj = Trajectory(uid, task)
         try:
             env = self.make_env()
-            obs = self._env_call(env.reset, task)
-            context = prompt_ids(self.tokenizer, self.agent.initial_messages(task, obs))
+            obs = self._timed(env.reset, task)
+            context = prompt_ids(self.tokenizer, self.agent.initial_messages(task, obs), self.tool_schemas)
             traj.prompt = list(context)
         except Exception as e:  # a user's environment may raise anything: only this trajectory ends
             log.warning("agent: environment reset failed: %r", e)
@@ -102,62 +223,122 @@ class AgentLoop:
         if self.limits.max_tokens_per_turn:
             budget = min(budget, self.limits.max_tokens_per_turn)
         turn_params = replace(params, n=1, max_tokens=max(1, min(params.max_tokens, budget)))
-        self.engine.add_request(rid, list(s.context), turn_params, s.seed_uid + 7919 * s.turn)
+        args = (rid, list(s.context), turn_params, s.seed_uid + 7919 * s.turn)
+        self.engine.add_request(*args)
+        if self.group is not None:
+            self._ops.append(("add", *args))
 
-    def _finish_turn(
-        self,
-        rid: str,
-        live: dict[str, _Live],
-        done: dict[str, Trajectory],
-        ids: list[int],
-        lps: list[float],
-        reason: str,
-        params: SamplingParams,
+    def _abort(self, rids: list[str]) -> None:
+        self.engine.abort(rids)
+        if self.group is not None:
+            self._ops.append(("abort", rids))
+
+    # ---- a finished turn ---------------------------------------------------------------------------------
+    def _answer_async(self, pool: ThreadPoolExecutor | None, env: Env, ids: list[int]) -> Future[_Answer]:
+        """The environment's (or the tools') answer to a response, on a worker thread. The text is decoded
+        here: tokenizers are not shared across threads."""
+        raw = self.tokenizer.decode(ids, skip_special_tokens=False) if self.tools is not None else ""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if pool is not None:
+            return pool.submit(self._answer, env, raw, text)
+        fut: Future[_Answer] = Future()
+        fut.set_result(self._answer(env, raw, text))
+        return fut
+
+    def _answer(self, env: Env, raw: str, text: str) -> _Answer:
+        t = time.perf_counter()
+        out = _Answer()
+        try:
+            tried, calls = self.parse_calls(raw) if self.tools is not None and self.parse_calls else (False, [])
+            if tried:
+                assert self.tools is not None
+                out.tool_calls = len(calls) or 1
+                if not calls:
+                    out.messages = [{"role": "tool", "content": "error: malformed tool call (expected JSON)"}]
+                    out.tool_errors = 1
+                for name, arguments in calls:
+                    result, ok = self.tools.call(name, arguments)
+                    out.messages.append({"role": "tool", "content": result})
+                    out.tool_errors += int(not ok)
+            else:
+                out.action = self.agent.parse(text)
+                obs, reward, finished, info = env.step(out.action)
+                out.reward, out.done, out.info = float(reward), bool(finished), dict(info)
+                if not out.done:
+                    out.messages = [self.agent.observation_message(obs)]
+        except Exception as e:  # a user's environment, agent or tool: only this trajectory ends
+            log.warning("agent: environment step failed: %r", e)
+            out.failed = True
+        out.seconds = time.perf_counter() - t
+        return out
+
+    def _answered(
+        self, rid: str, live: dict[str, _Live], done: dict[str, Trajectory], step: Step, a: _Answer, queued: list[str]
     ) -> None:
         s = live[rid]
-        step = Step(list(s.context), list(ids), list(lps))
-        s.traj.steps.append(step)
-        s.used += len(ids)
+        self.env_seconds += a.seconds
+        step.reward, step.action, step.info = a.reward, a.action, a.info
+        step.tool_calls, step.tool_errors = a.tool_calls, a.tool_errors
+        s.used += len(step.response_ids)
         s.turn += 1
-        end = None
-        try:
-            step.action = self.agent.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
-            obs, reward, finished, info = self._env_call(s.env.step, step.action)
-            step.reward, step.info = float(reward), dict(info)
-            if finished:
-                end = "env_done"
-        except Exception as e:
-            log.warning("agent: environment step failed: %r", e)
-            end = "error"
+        end = "error" if a.failed else "env_done" if a.done else None
         if end is None and s.turn >= self.limits.max_turns:
             end = "max_turns"
         if end is None and s.used >= self.limits.max_response_length:
             end = "length"
         if end is None:
-            message = self.agent.observation_message(obs)
-            step.observation_ids = observation_delta(self.tokenizer, message, bool(ids) and ids[-1] == self.eos_id)
+            ended = bool(step.response_ids) and step.response_ids[-1] == self.eos_id
+            try:
+                step.observation_ids = observation_delta(self.tokenizer, a.messages, ended, self.tool_schemas)
+            except Exception as e:  # e.g. an observation the chat template cannot render
+                log.warning("agent: observation could not be rendered: %r", e)
+                end = "error"
+        if end is None:
             s.context = s.context + step.response_ids + step.observation_ids
             if len(s.context) + 1 > self.limits.max_model_len:
                 end = "max_prompt_length"
         if end is not None:
             self._end(rid, live, done, end)
         else:
-            self._submit(rid, s, params)
+            queued.append(rid)
 
-    def _env_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         t = time.perf_counter()
         try:
             return fn(*args)
         finally:
             self.env_seconds += time.perf_counter() - t
 
-    def _check_timeouts(self, live: dict[str, _Live], done: dict[str, Trajectory]) -> None:
+    def _check_timeouts(
+        self,
+        live: dict[str, _Live],
+        done: dict[str, Trajectory],
+        running: set[str],
+        partial: dict[str, tuple[list[int], list[float]]],
+        pending: dict[Future[_Answer], tuple[str, Step]],
+        queued: list[str],
+    ) -> None:
+        """Past the wall clock: abort the request (its tokens so far become a last step) or abandon the
+        environment call; the trajectory ends with `timeout`."""
         now = time.perf_counter()
         late = [rid for rid, s in live.items() if now - s.started > self.limits.timeout_s]
-        if late:
-            self.engine.abort(late)
-            for rid in late:
-                self._end(rid, live, done, "timeout")
+        if not late:
+            return
+        aborted = [rid for rid in late if rid in running]
+        if aborted:
+            self._abort(aborted)
+        for rid in late:
+            if rid in running:
+                running.discard(rid)
+                ids, lps = partial.pop(rid, ([], []))
+                if ids:
+                    live[rid].traj.steps.append(Step(list(live[rid].context), list(ids), list(lps)))
+            if rid in queued:
+                queued.remove(rid)
+            for fut in [f for f, (r, _) in pending.items() if r == rid]:
+                fut.cancel()
+                del pending[fut]
+            self._end(rid, live, done, "timeout")
 
     @staticmethod
     def _end(rid: str, live: dict[str, _Live], done: dict[str, Trajectory], termination: str) -> None:

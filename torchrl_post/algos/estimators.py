@@ -15,6 +15,7 @@ from torchrl_post.algos.advantages import (
     scores_to_token_rewards,
 )
 from torchrl_post.algos.kl import apply_kl_in_reward, kl_penalty
+from torchrl_post.algos.stepwise import broadcast_advantages, per_step_advantages
 from torchrl_post.types import Batch
 
 if TYPE_CHECKING:  # the config package imports this module for its enum sets
@@ -64,6 +65,8 @@ def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, n: int, kl_coef: flo
     adaptive KL controller is updated by the caller with the reduced `actor/reward_kl_penalty`.
     """
     assert batch.scores is not None, "the rollout source scores every batch"
+    if batch.traj_ids is not None:  # a step-wise batch (algorithm.stepwise_advantage)
+        return _stepwise(cfg, batch)
     mask = batch.loss_mask
     token_rewards = scores_to_token_rewards(batch.scores, mask)
     local: dict[str, tuple[str, float]] = {}
@@ -79,3 +82,32 @@ def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, n: int, kl_coef: flo
     if cfg.adv_estimator not in GROUPED:
         local["critic/returns/mean"] = ("mean", (batch.returns * mask).sum().item() / tokens)
     return local
+
+
+def _stepwise(cfg: AlgorithmConfig, batch: Batch) -> dict[str, tuple[str, float]]:
+    """Each row is one step of an agent trajectory: a per-row advantage on the row's own response tokens."""
+    sw = cfg.stepwise_advantage
+    assert batch.traj_ids is not None and batch.step_ids is not None and batch.scores is not None
+    if sw.mode == "per_step":
+        assert batch.step_rewards is not None, "step-wise batches carry their step rewards"
+        adv_b = per_step_advantages(
+            batch.step_rewards,
+            batch.group_ids,
+            batch.traj_ids,
+            batch.step_ids,
+            cfg.adv_estimator,
+            cfg.norm_adv_by_std_in_grpo,
+            cfg.gamma,
+        )
+    else:
+        adv_b = broadcast_advantages(
+            batch.scores,
+            batch.group_ids,
+            batch.traj_ids,
+            cfg.adv_estimator,
+            cfg.norm_adv_by_std_in_grpo,
+            sw.normalize_by_steps,
+        )
+    batch.advantages = adv_b.unsqueeze(-1) * batch.loss_mask
+    batch.returns = batch.advantages
+    return {}

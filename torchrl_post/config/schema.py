@@ -188,6 +188,20 @@ class CompactFilteringConfig:
 
 
 @dataclass
+class StepwiseAdvantageConfig:
+    enable: bool = False
+    """Train agent trajectories step by step: each turn is its own sample (its whole context as the prompt,
+    its response trained), instead of one sample per trajectory with observations masked."""
+    mode: str = "broadcast"
+    """broadcast: the trajectory's advantage (grpo/rloo over the group's trajectories) on every step's tokens;
+    per_step: each step scored by its return (the discounted sum of this and later step rewards) and
+    normalised against the same step of the group's other trajectories."""
+    normalize_by_steps: bool = False
+    """broadcast: divide each step's advantage by the trajectory's number of steps (rLLM's normalize_by_steps),
+    so a long trajectory does not weigh more."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
@@ -214,6 +228,8 @@ class AlgorithmConfig:
     sampling)."""
     compact_filtering: CompactFilteringConfig = field(default_factory=CompactFilteringConfig)
     """Mask samples by termination reason (rLLM's compact_filtering)."""
+    stepwise_advantage: StepwiseAdvantageConfig = field(default_factory=StepwiseAdvantageConfig)
+    """Step-wise training of agent trajectories (rLLM's stepwise_advantage)."""
 
 
 @dataclass
@@ -273,6 +289,15 @@ class AgentConfig:
     """Response tokens per turn; 0: data.max_response_length (which bounds the whole trajectory's responses)."""
     timeout_s: float = 60.0
     """Wall clock per trajectory (termination `timeout`; the request is aborted, finished turns are kept)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call: built-in names (calculator, python) or `package.module:function`. Their
+    schemas go to the chat template (`tools=`); a response that calls them gets their results as its
+    observation instead of an env step."""
+    tool_parser: str = "hermes"
+    """vLLM tool parser that reads calls from a response (hermes: Qwen2.5's `<tool_call>{json}</tool_call>`)."""
+    env_workers: int = 8
+    """Threads for environment and tool calls, which overlap decoding; 0 runs them inline (the engine's
+    batches are then reproducible run to run)."""
 
 
 @dataclass

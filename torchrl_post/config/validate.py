@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import ListConfig
+
 from torchrl_post.algos.estimators import ADV_ESTIMATORS
 from torchrl_post.algos.kl import KL_KINDS
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES
+from torchrl_post.algos.stepwise import STEPWISE_ESTIMATORS, STEPWISE_MODES
 from torchrl_post.checkpoint.dcp import RESUME_MODES
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
@@ -103,14 +106,21 @@ def validate(cfg: Config) -> None:
         for key, value in (("agent.env", a.env), ("agent.agent", a.agent)):
             if ":" not in str(value):
                 raise ConfigError(f"{key}={value!r} must look like package.module:Class")
-        if cfg.rollout.engine != "vllm" or cfg.rollout.tensor_parallel_size != 1:
-            raise ConfigError(
-                "agent.env needs rollout.engine=vllm with rollout.tensor_parallel_size=1 (the step-driven loop; "
-                "tensor-parallel lockstep and the hf engine are not supported yet)"
-            )
+        if not isinstance(a.tools, (list, tuple, ListConfig)) or not all(isinstance(t, str) for t in a.tools):
+            raise ConfigError(f"agent.tools={a.tools!r} must be a list of tool names or package.module:function")
+        _positive("agent.env_workers", a.env_workers, allow_zero=True)
         _positive("agent.max_turns", a.max_turns)
         _positive("agent.max_tokens_per_turn", a.max_tokens_per_turn, allow_zero=True)
         _positive("agent.timeout_s", a.timeout_s)
+    sw = cfg.algorithm.stepwise_advantage
+    _one_of("algorithm.stepwise_advantage.mode", sw.mode, STEPWISE_MODES)
+    if sw.enable and a.env is None:
+        raise ConfigError("algorithm.stepwise_advantage.enable=true trains agent steps: set agent.env and agent.agent")
+    if sw.enable and cfg.algorithm.adv_estimator not in STEPWISE_ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.stepwise_advantage works with algorithm.adv_estimator in {', '.join(STEPWISE_ESTIMATORS)} "
+            f"(outcome advantages per trajectory or step), not {cfg.algorithm.adv_estimator!r}"
+        )
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
     t = cfg.trainer

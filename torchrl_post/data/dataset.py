@@ -106,6 +106,8 @@ class PromptDataset:
     answers: list[Any]
     data_sources: list[str]
     extra_infos: list[dict[str, Any]]
+    questions: list[str] = field(default_factory=list)
+    """The last user message of each row: the question an agent environment is reset with (`task["question"]`)."""
     num_filtered: int = 0
     num_bad: int = 0
     files: list[str] = field(default_factory=list)
@@ -142,7 +144,7 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str
 
 def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) -> PromptDataset:
     """Read, template, tokenize and length-filter the rows of `files`."""
-    out = PromptDataset([], [], [], [], files=list(files))
+    out = PromptDataset([], [], [], [], [], files=list(files))
     too_long: list[str] = []
     bad: list[str] | None = [] if cfg.skip_bad_rows else None
     for path in files:
@@ -203,3 +205,4 @@ def _add_row(
     out.answers.append(answer)
     out.data_sources.append(source)
     out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})
+    out.questions.append(next((m["content"] for m in reversed(msgs) if m["role"] == "user"), msgs[-1]["content"]))

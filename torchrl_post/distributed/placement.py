@@ -159,10 +159,13 @@ class Topology:
             if placement.has(role) and not placement.colocated[role]:
                 members = placement.ranks["actor"] + placement.ranks[role]
                 self.links[role] = new_group(env, self.store, f"link_{role}", members, False, timeout_s)
-        # A colocated tensor-parallel engine spans consecutive actor ranks: a group per engine (creation is
-        # collective over the cell, so every rank creates all of them). Disaggregated, vLLM owns its groups.
+        # A tensor-parallel engine spans consecutive ranks of its cell: a group per engine (creation is
+        # collective over the cell, so every rank creates all of them). Colocated, its actor ranks generate
+        # the union of their prompts over it; in both placements the agent loop keeps the engine's ranks in
+        # lockstep over it. (vLLM builds its own groups for the engine's tensors.)
         self.engine_group: dist.ProcessGroup | None = None
-        if placement.colocated["rollout"] and self.cell_name == "actor" and tp > 1:
+        engine_cell = "actor" if placement.colocated["rollout"] else "rollout"
+        if self.cell_name == engine_cell and tp > 1:
             engines = [list(range(i, i + tp)) for i in range(0, len(self.cell), tp)]  # ranks of the cell's world
             self.engine_group, _ = dist.new_subgroups_by_enumeration(engines)
         self._meshes: dict[str, DeviceMesh] = {}

@@ -7,6 +7,7 @@ over the finished sequences, at the sampling temperature, exactly as the trainer
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -30,6 +31,7 @@ class HFEngine:
         self.device = device
         self.pad_id = pad_id
         self.eos_ids = eos_ids
+        self._queue: list[tuple[str, list[int], SamplingParams, int]] = []
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
@@ -67,6 +69,26 @@ class HFEngine:
         logp, _ = response_log_probs(self.model, seqs, attn, pos, resp_w, params.temperature)
         gen.logprobs = [logp[i, : len(r)].tolist() for i, r in enumerate(gen.response_ids)]
         return gen
+
+    # ---- step-driven generation (the agent loop): one step answers every queued turn in one batch ----------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+        self._queue.append((request_id, list(prompt_ids), params, uid))
+
+    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+        """Every queued request to its end, as one batch: per-turn batches, not continuous batching."""
+        if not self._queue:
+            return []
+        queue, self._queue = self._queue, []
+        longest = max(p.max_tokens for _, _, p, _ in queue)
+        gen = self.generate([q[1] for q in queue], [q[3] for q in queue], replace(queue[0][2], n=1, max_tokens=longest))
+        out: list[tuple[str, list[int], list[float], str | None]] = []
+        for (rid, _, p, _), ids, lps in zip(queue, gen.response_ids, gen.logprobs, strict=True):
+            ids, lps = ids[: p.max_tokens], lps[: p.max_tokens]
+            out.append((rid, ids, lps, "stop" if ids and ids[-1] in self.eos_ids else "length"))
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._queue = [q for q in self._queue if q[0] not in set(request_ids)]
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from torchrl_post.agent.base import trajectories_to_batch
+from torchrl_post.agent.base import steps_to_batch, trajectories_to_batch
+from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
@@ -23,20 +24,36 @@ from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_groups, relabel, uniform_groups
+from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch, Generation, PromptBatch
 
 
-def build_agent_loop(cfg: Config, engine: RolloutEngine, tokenizer: Any) -> Any:
-    """The agent loop over this engine, with the env and agent classes of `agent.env` / `agent.agent`."""
-    from torchrl_post.agent.loop import AgentLoop, LoopLimits
+def build_agent_loop(
+    cfg: Config, engine: RolloutEngine, tokenizer: Any, group: dist.ProcessGroup | None = None
+) -> AgentLoop:
+    """The agent loop over this engine: the env and agent classes of `agent.env` / `agent.agent`, the tools
+    of `agent.tools` read with vLLM's `agent.tool_parser`; `group`: a tensor-parallel engine's ranks."""
     from torchrl_post.reward.scoring import load_function
+    from torchrl_post.rollout.vllm_engine import tool_call_parser
 
     a, d = cfg.agent, cfg.data
     env_cls = load_function(str(a.env), "agent.env")
     agent = load_function(str(a.agent), "agent.agent")()
     max_len = d.max_prompt_length + d.max_response_length
     limits = LoopLimits(a.max_turns, d.max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
-    return AgentLoop(engine, tokenizer, env_cls, agent, limits)
+    tools = ToolBox.from_specs(list(a.tools)) if a.tools else None
+    parse = tool_call_parser(a.tool_parser, tokenizer) if tools is not None else None
+    return AgentLoop(
+        engine,
+        tokenizer,
+        env_cls,
+        agent,
+        limits,
+        tools=tools,
+        parse_calls=parse,
+        env_workers=a.env_workers,
+        group=group,
+    )
 
 
 class RolloutSource(Protocol):
@@ -77,17 +94,19 @@ class EngineSource:
         n_engines: int,
         engine_leader: bool,
         engine_group: dist.ProcessGroup | None = None,
+        union: bool = True,
     ) -> None:
-        """`sampler` draws this rank's prompts; `engine_group`: the actor ranks sharing one colocated
-        tensor-parallel engine (they generate the union of their prompts). `engine_leader`: the first rank
-        of its engine, which counts the engine's validation samples."""
+        """`sampler` draws this rank's prompts; `engine_group`: the ranks of one tensor-parallel engine;
+        `union`: they hold different prompts and generate the union (colocated actor ranks; rollout ranks of
+        one engine draw the same prompts). `engine_leader`: the first rank of its engine, which counts the
+        engine's validation samples."""
         self.cfg, self.engine, self.tokenizer, self.data = cfg, engine, tokenizer, data
         self.reward_fn_for: RewardFn = reward_fn_for
         self.sampler, self.timer = sampler, timer
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
-        self.engine_group = engine_group
+        self.engine_group, self.union = engine_group, union
         self.pad_id = tokenizer.pad_token_id
-        self.loop = build_agent_loop(cfg, engine, tokenizer) if cfg.agent.env is not None else None
+        self.loop = build_agent_loop(cfg, engine, tokenizer, engine_group) if cfg.agent.env is not None else None
         self.masked = masked_reasons(cfg.algorithm.compact_filtering)
         self.rejection = cfg.algorithm.rejection_sample
         self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
@@ -143,7 +162,7 @@ class EngineSource:
             for g, part in batch.split_groups().items():
                 (dropped if g in uniform else kept).append(part)
             more = len(kept) < len(uids) and rounds < self.rejection.max_extra_rounds
-            if self.engine_group is not None:  # a tensor-parallel engine submits the same requests everywhere
+            if self.engine_group is not None and self.union:  # an engine's ranks submit the same requests
                 flag = torch.tensor([int(more)])
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.engine_group)
                 more = bool(flag.item())
@@ -157,20 +176,37 @@ class EngineSource:
         self.filter_counts = {"dropped_groups": len(dropped), "extra_rounds": rounds, "short_groups": short}
         return Batch.concat(relabel(take, uids), self.pad_id)
 
-    def _episodes(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
-        """`params.n` agent trajectories per prompt, turns of all of them decoding together."""
+    def _episodes(self, prompts: PromptBatch, params: SamplingParams, validation: bool = False) -> Batch:
+        """`params.n` agent trajectories per prompt, turns of all of them decoding together. A colocated
+        tensor-parallel engine runs the union of its ranks' tasks (validation prompts are already the
+        engine's). Validation keeps one row per trajectory."""
         assert self.loop is not None
         tasks = [
-            (uid, {"answer": ans, "data_source": src, **extra})
-            for uid, ans, src, extra in zip(
-                prompts.uids, prompts.answers, prompts.data_sources, prompts.extra_infos, strict=True
+            (uid, {"answer": ans, "data_source": src, "question": q, **extra})
+            for uid, ans, src, q, extra in zip(
+                prompts.uids,
+                prompts.answers,
+                prompts.data_sources,
+                prompts.questions or [""] * len(prompts),
+                prompts.extra_infos,
+                strict=True,
             )
         ]
+        mine = slice(0, len(tasks) * params.n)
+        if self.engine_group is not None and self.union and not validation:
+            parts: list[Any] = [None] * dist.get_world_size(self.engine_group)
+            dist.all_gather_object(parts, tasks, group=self.engine_group)
+            before = sum(len(p) for p in parts[: dist.get_rank(self.engine_group)]) * params.n
+            mine = slice(before, before + len(tasks) * params.n)
+            tasks = [t for part in parts for t in part]
         env_before = self.loop.env_seconds
         with self.timer("gen"):
-            trajectories = self.loop.run(tasks, params)
+            trajectories = self.loop.run(tasks, params)[mine]
         self.timer.seconds["env"] = self.loop.env_seconds - env_before
-        batch = trajectories_to_batch(trajectories, self.pad_id)
+        if self.cfg.algorithm.stepwise_advantage.enable and not validation:
+            batch = steps_to_batch(trajectories, self.pad_id)
+        else:
+            batch = trajectories_to_batch(trajectories, self.pad_id)
         if self.masked:
             compact_filter(batch, self.masked)
         return batch
@@ -194,6 +230,7 @@ class EngineSource:
             [d.data_sources[i] for i in idx],
             [d.extra_infos[i] for i in idx],
             uids,
+            [d.questions[i] for i in idx] if d.questions else [],
         )
 
     def generate(self, prompts: PromptBatch, params: SamplingParams, shared: bool = False) -> Batch:
@@ -201,7 +238,7 @@ class EngineSource:
         ranks with different prompts: they generate the union (every rank of an engine must submit the same
         requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
         group = self.engine_group
-        if group is None or shared:
+        if group is None or shared or not self.union:
             gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
             return collate(prompts, gen, params.n, self.pad_id)
         parts: list[Any] = [None] * dist.get_world_size(group)
@@ -242,7 +279,7 @@ class EngineSource:
             idx = mine[start : start + chunk]
             prompts = self.prompt_batch(idx, idx, data)
             if self.loop is not None:
-                batch = self._episodes(prompts, params)
+                batch = self._episodes(prompts, params, validation=True)
             else:
                 batch = self.generate(prompts, params, shared=True)
                 self.score(batch, prompts)

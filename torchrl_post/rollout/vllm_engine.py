@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,13 @@ class VLLMEngine:
             # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
             # running sequence whole means no prefill is ever split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.rollout.max_num_seqs * max_len}
+        if cfg.agent.env is not None:
+            # Prefix caching across an agent's turns (each turn's prompt is the last one grown). On CPU the
+            # default block (128 tokens) never fills on short multi-turn prompts; 32 is the smallest the CPU
+            # attention backend accepts.
+            extra["enable_prefix_caching"] = True
+            if device.type == "cpu":
+                extra["block_size"] = 32
         if device.type == "cpu" and cfg.rollout.tensor_parallel_size > 1:
             _remove_stale_cpu_shm()
         self.llm = vllm.LLM(
@@ -138,6 +145,36 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+ParsedCalls = tuple[bool, list[tuple[str, str]]]
+"""(the response tried to call a tool, [(function name, arguments as JSON text)]): tried with no calls is a
+malformed call."""
+
+
+def tool_parser_names() -> list[str]:
+    from vllm.tool_parsers import ToolParserManager
+
+    return sorted(ToolParserManager.list_registered())
+
+
+def tool_call_parser(name: str, tokenizer: Any) -> Callable[[str], ParsedCalls]:
+    """vLLM's tool parser `name` (hermes for Qwen2.5's `<tool_call>{json}</tool_call>`) as a function of the
+    response text decoded with its special tokens. A malformed call is reported, not logged with a traceback
+    (the parser logs one per failure, and a policy in training writes many)."""
+    from vllm.tool_parsers import ToolParserManager
+
+    parser = ToolParserManager.get_tool_parser(name)(tokenizer)
+    logging.getLogger(type(parser).__module__).setLevel(logging.CRITICAL)
+    start = getattr(parser, "tool_call_start_token", None)
+
+    def parse(text: str) -> ParsedCalls:
+        info = parser.extract_tool_calls(text, None)  # type: ignore[arg-type]  # offline: no request
+        calls = [(c.function.name, c.function.arguments) for c in info.tool_calls] if info.tools_called else []
+        tried = bool(calls) or (isinstance(start, str) and start in text)
+        return tried, calls
+
+    return parse
 
 
 def _remove_stale_cpu_shm() -> None:
