@@ -101,6 +101,26 @@ def main() -> None:
         batch.input_ids[i][batch.attention_mask[i].bool()].tolist() == t.prompt + t.response_tokens()[0]
         for i, t in enumerate(trajs)
     )
+    # The hf engine runs the same loop (each step answers every queued turn as one batch).
+    cfg.rollout.engine = "hf"
+    hf = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    hf_loop = AgentLoop(hf, tok, GuessNumberEnv, GuessAgent(), limits, turn_batches=True)
+    hf_trajs = hf_loop.run(tasks, params)
+    report["hf_turns"] = [len(t.steps) for t in hf_trajs]
+    report["hf_engine_steps"] = hf_loop.engine_steps
+    report["hf_context_grows_by_delta"] = all(
+        t.steps[k].prompt_ids
+        == t.steps[k - 1].prompt_ids + t.steps[k - 1].response_ids + t.steps[k - 1].observation_ids
+        for t in hf_trajs
+        for k in range(1, len(t.steps))
+    )
+    hf_batch = trajectories_to_batch(hf_trajs, tok.pad_token_id)
+    with torch.no_grad():
+        hf_logp, _ = response_log_probs(
+            model, hf_batch.input_ids, hf_batch.attention_mask, hf_batch.position_ids, hf_batch.response_width, 1.0
+        )
+    hm = hf_batch.loss_mask.bool()
+    report["hf_max_logprob_diff"] = (hf_logp - hf_batch.rollout_log_probs)[hm].abs().max().item()
     with open(out_path, "w") as f:
         json.dump(report, f)
     engine.shutdown()

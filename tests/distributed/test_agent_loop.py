@@ -31,6 +31,13 @@ def test_agent_loop_token_in_token_out(tp1_report: dict) -> None:
     assert set(r["terms"]) <= {"env_done", "max_turns", "length", "max_prompt_length"}
 
 
+def test_hf_engine_runs_the_same_loop(tp1_report: dict) -> None:
+    r = tp1_report
+    assert sum(r["hf_turns"]) / len(r["hf_turns"]) > 1.5 and r["hf_context_grows_by_delta"]
+    assert r["hf_engine_steps"] == max(r["hf_turns"])  # one batch per turn
+    assert r["hf_max_logprob_diff"] < 1e-4
+
+
 def test_tensor_parallel_engine_in_lockstep_gives_the_same_trajectories(
     tiny_model: Path, tp1_report: dict, tmp_path: Path
 ) -> None:

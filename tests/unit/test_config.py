@@ -265,3 +265,30 @@ def test_algorithm_keys_validated(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config([override])
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+AGENT = ["agent.env=torchrl_post.agent.math_agent:MathEnv", "agent.agent=torchrl_post.agent.math_agent:ToolAgent"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.stepwise_advantage.enable=true"], "algorithm.stepwise_advantage.enable=true trains agent steps"),
+        ([*AGENT, "algorithm.stepwise_advantage.mode=per_turn"], "algorithm.stepwise_advantage.mode"),
+        (
+            [*AGENT, "algorithm.stepwise_advantage.enable=true", "algorithm.adv_estimator=gae"],
+            "adv_estimator in grpo, rloo",
+        ),
+        ([*AGENT, "agent.env_workers=-1"], "agent.env_workers"),
+    ],
+)
+def test_agent_and_stepwise_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+def test_agent_runs_on_tensor_parallel_and_hf_engines() -> None:
+    """The lockstep loop and the hf engine's per-turn batches: no longer refused."""
+    cfg = load_config([*AGENT, "rollout.tensor_parallel_size=2", "agent.tools=[calculator]"])
+    assert cfg.agent.tools == ["calculator"]
+    assert load_config([*AGENT, "rollout.engine=hf"]).rollout.engine == "hf"

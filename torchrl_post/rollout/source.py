@@ -53,6 +53,7 @@ def build_agent_loop(
         parse_calls=parse,
         env_workers=a.env_workers,
         group=group,
+        turn_batches=cfg.rollout.engine == "hf",  # hf generate runs a batch to its end: one batch per turn
     )
 
 
