@@ -49,3 +49,24 @@ def test_tensor_parallel_engine_in_lockstep_gives_the_same_trajectories(
     assert sum(r1["turns"]) > len(r1["turns"])  # multi-turn, so later turns were added mid-flight
     assert r2["responses"] == r1["responses"]
     assert r2["terms"] == r1["terms"]
+
+
+def test_tool_call_on_the_real_qwen_tokenizer(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """A hermes `<tool_call>` in Qwen2.5's real vocabulary: parsed by vLLM's parser, the calculator runs, its
+    result comes back as Qwen's tool turn (with the newline after `<|im_end|>` the model never emits, loss
+    mask 0), and every token the trainer sees is the engine's."""
+    from torchrl_post.demo.qwen import build_tiny_qwen_model
+
+    model = build_tiny_qwen_model(tmp_path_factory.mktemp("tiny_qwen") / "model")
+    out = tmp_path / "tool.json"
+    assert_ok(torchrun(1, ["tests/distributed/tool_worker.py", str(model), str(tmp_path), str(out)]))
+    r = json.loads(out.read_text())
+    assert r["first_response"].startswith("<tool_call>") and r["first_response"].endswith("<|im_end|>")
+    assert r["tool_calls"] == 1 and r["tool_errors"] == 0
+    assert (
+        r["observation"]
+        == "\n<|im_start|>user\n<tool_response>\n80235\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert r["turns"] == 2 and r["termination"] == "env_done" and r["reward"] == 1.0
+    assert r["tokens_equal_taught"] and r["context_equals_template"] and r["observation_masked"]
+    assert r["max_logprob_diff"] < 1e-3

@@ -1,9 +1,12 @@
-"""A multi-turn environment with feedback: guess the task's number, told "higher" or "lower" after each wrong guess.
+"""A multi-turn environment with feedback: answer the task's question, told "higher" or "lower" after each wrong
+answer, until it is right.
 
     agent.env=torchrl_post.agent.guess_number:GuessNumberEnv agent.agent=torchrl_post.agent.guess_number:GuessAgent
 
-The task's `answer` is the number (the demo data's sums work). Reward 1 for the turn that names it (the first
-integer in the response), 0 otherwise; the episode ends when it is guessed (`env_done`) or at agent.max_turns.
+The task's `answer` is the number (the demo data's sums); the first observation is the row's question (or, with
+none, "Guess my number (0-18)."). Reward 1 for the turn that names it (the first integer in the response), 0
+otherwise; the episode ends when it is named (`env_done`) or at agent.max_turns. A policy gains by answering
+right at once and by using the hints when it did not.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 class GuessNumberEnv:
     def reset(self, task: dict[str, Any]) -> str:
         self.answer = int(str(task["answer"]).strip())
-        return "Guess my number (0-18)."
+        return str(task.get("question") or "Guess my number (0-18).")
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         found = re.search(r"\d+", action)

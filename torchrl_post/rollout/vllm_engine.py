@@ -32,6 +32,7 @@ class VLLMEngine:
         import vllm
 
         self._vllm = vllm
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_rotary_reload_note)
         self.sleep_enabled = device.type == "cuda" and cfg.rollout.free_cache_engine
         if device.type != "cuda" and cfg.rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
@@ -145,6 +146,13 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def _rotary_reload_note(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "RotaryEmbedding: Failed to load weights" on every reload: the rotary cache is a buffer
+    computed from the config, never in a checkpoint, and vLLM puts it back (nothing failed)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (args and args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
 
 
 ParsedCalls = tuple[bool, list[tuple[str, str]]]
