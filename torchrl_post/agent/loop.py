@@ -93,7 +93,7 @@ class AgentLoop:
         *,
         tools: ToolBox | None = None,
         parse_calls: ParseCalls | None = None,
-        env_workers: int = 8,
+        env_workers: int = 32,
         group: dist.ProcessGroup | None = None,
         turn_batches: bool = False,
     ) -> None:

@@ -295,9 +295,9 @@ class AgentConfig:
     observation instead of an env step."""
     tool_parser: str = "hermes"
     """vLLM tool parser that reads calls from a response (hermes: Qwen2.5's `<tool_call>{json}</tool_call>`)."""
-    env_workers: int = 8
-    """Threads for environment and tool calls, which overlap decoding; 0 runs them inline (the engine's
-    batches are then reproducible run to run)."""
+    env_workers: int = 32
+    """Threads for environment and tool calls, which overlap decoding (they mostly wait: on a sandboxed
+    process, a remote service); 0 runs them inline (the engine's batches are then reproducible run to run)."""
 
 
 @dataclass
