@@ -180,7 +180,9 @@ def markdown(rec: dict[str, Any]) -> str:
         "",
         f"{m['cpu_count']} CPUs (shared with other jobs; load average {loop['loadavg_1m']:.1f} at the end), "
         f"torch {m['torch']}, vllm {m['vllm']}; in-process vLLM on `{loop['model']}`, engine OpenMP threads: "
-        f"{loop['omp_threads']}. Guess-number environment, {loop['tasks']} tasks x n={loop['n']} = "
+        f"{loop['omp_threads']}. Guess-number environment on the demo questions (each env step sleeps between 0 "
+        "and twice the listed mean, seeded per task and turn, as tool latencies vary), "
+        f"{loop['tasks']} tasks x n={loop['n']} = "
         f"{loop['tasks'] * loop['n']} trajectories, max_turns {loop['max_turns']}, "
         f"{loop['max_tokens_per_turn']} tokens per turn, temperature {loop['temperature']}, seed {loop['seed']}, "
         f"env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a warm-up; the prefix cache "
