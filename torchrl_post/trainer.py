@@ -175,6 +175,7 @@ class Trainer:
         """Scores, lengths and advantages of the step's samples, over every actor rank."""
         assert batch.scores is not None and batch.advantages is not None and batch.reward_errors is not None
         mask, scores = batch.response_mask, batch.scores
+        scored = _trajectory_rows(batch)  # a step-wise trajectory's score counts once
         resp_len = mask.sum(-1)
         tokens = max(batch.loss_mask.sum().item(), 1.0)
         # Compact filtering: the fraction of samples masked for each flagged termination reason.
@@ -188,7 +189,8 @@ class Trainer:
             masked
             | {
                 "n": ("sum", float(len(batch))),
-                "score": ("sum", float(scores.sum())),
+                "score": ("sum", float(scores[scored].sum())),
+                "scored": ("sum", float(scored.sum())),
                 "resp_len": ("sum", float(resp_len.sum())),
                 "prompt_len": ("sum", float((batch.attention_mask.sum(-1) - resp_len).sum())),
                 "length": ("sum", float((batch.termination == TERMINATIONS.index("length")).sum())),
@@ -205,7 +207,7 @@ class Trainer:
         if "_trajectories" in out:
             trajectories = max(out.pop("_trajectories"), 1.0)
             out |= {k: v / trajectories for k, v in out.items() if k.startswith("agent/") and k != "agent/tool_errors"}
-        out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / n
+        out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / max(out.pop("scored"), 1.0)
         out["response_length/mean"] = out.pop("resp_len") / n
         out["response_length/clip_ratio"] = out.pop("length") / n
         out["prompt_length/mean"] = out.pop("prompt_len") / n
@@ -256,9 +258,7 @@ class Trainer:
 def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:
     """Sums over this rank's agent trajectories (one row each; a step-wise batch counts its last steps)."""
     assert batch.turns is not None and batch.tool_calls is not None and batch.tool_errors is not None
-    rows = torch.ones(len(batch), dtype=torch.bool)
-    if batch.traj_ids is not None and batch.step_ids is not None:
-        rows = (batch.traj_ids >= 0) & (batch.step_ids == (batch.turns.long() - 1).clamp(min=0))
+    rows = _trajectory_rows(batch)
     out = {
         "_trajectories": ("sum", float(rows.sum())),
         "agent/num_turns/mean": ("sum", float(batch.turns[rows].sum())),
@@ -271,3 +271,10 @@ def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:
             float((batch.termination[rows] == TERMINATIONS.index(reason)).sum()),
         )
     return out
+
+
+def _trajectory_rows(batch: Batch) -> torch.Tensor:
+    """[B] bool: one row per sample, or per trajectory in a step-wise batch (its last step; no padding)."""
+    if batch.traj_ids is None or batch.step_ids is None or batch.turns is None:
+        return torch.ones(len(batch), dtype=torch.bool)
+    return (batch.traj_ids >= 0) & (batch.step_ids == (batch.turns.long() - 1).clamp(min=0))

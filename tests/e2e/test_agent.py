@@ -45,3 +45,19 @@ def test_agent_episodes_train(
         if not placement:
             assert r["timing_s/env"] >= 0
     assert "val/test_score/arithmetic" in rows[0]  # validation runs episodes too
+
+
+def test_stepwise_training_through_the_entrypoint(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each step its own sample (per_step advantages): ranks hold different numbers of step rows (padded even
+    at weight 0 so FSDP runs the same micro-batches); trajectory metrics count trajectories, not rows."""
+    sw = ["algorithm.stepwise_advantage.enable=true", "algorithm.stepwise_advantage.mode=per_step"]
+    rows = _rows(2, tiny_model, task_data, tmp_path, *sw)
+    steps = [r for r in rows if r["training/global_step"] >= 1 and "actor/loss" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert math.isfinite(r["actor/loss"]) and math.isfinite(r["critic/advantages/mean"])
+        assert r["agent/num_turns/mean"] > 1.5
+        assert sum(v for k, v in r.items() if k.startswith("agent/termination/")) == pytest.approx(1.0)
+        assert r["response_length/mean"] <= 4  # one turn's response per row, no observations
