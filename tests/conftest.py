@@ -41,6 +41,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demo model (warm-started on the sums) and its data, built once per session: (model dir, data dir)."""
+    from torchrl_post.demo.build import build_demo
+
+    root = tmp_path_factory.mktemp("demo")
+    build_demo(root / "model", root / "data")
+    return root / "model", root / "data"
+
+
+@pytest.fixture(scope="session")
 def task_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from torchrl_post.demo.task import write_task
 

@@ -14,15 +14,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 STEPS = 40
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from torchrl_post.demo.build import build_demo
-
-    root = tmp_path_factory.mktemp("demo")
-    build_demo(root / "model", root / "data")
-    return root / "model", root / "data"
-
-
 def _train(demo: tuple[Path, Path], run: Path, *extra: str) -> tuple[list[dict], str]:
     model, data = demo
     proc = torchrun(
