@@ -89,7 +89,8 @@ class Run:
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
         val = load_prompts(val_files, cfg.data, tokenizer, "val") if val_files else None
         sources = set(train.data_sources) | set(val.data_sources if val else [])
-        reward_fn_for = resolve_reward_fn(cfg.reward.function, sources)
+        # Agent episodes are scored by their environment's rewards: no reward function is looked up.
+        reward_fn_for = resolve_reward_fn(cfg.reward.function, sources) if cfg.agent.env is None else None
         for key in ("env", "agent"):  # import errors now, before any model loads
             if getattr(cfg.agent, key) is not None:
                 load_function(str(getattr(cfg.agent, key)), f"agent.{key}")

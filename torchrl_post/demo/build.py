@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ def build_tiny_model(
     intermediate_size: int = 256,
     vocab_size: int = 128,
     seed: int = 0,
+    extra_special: list[str] | None = None,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerBase]:
-    """Save a randomly initialised Qwen2 model (head_dim = hidden/heads, keep it 32 or 64) and tokenizer."""
-    tok = build_char_tokenizer(vocab_size)
+    """Save a randomly initialised Qwen2 model (head_dim = hidden/heads, keep it 32 or 64) and tokenizer
+    (`extra_special`: special tokens added after the character vocabulary, see `build_char_tokenizer`)."""
+    tok = build_char_tokenizer(vocab_size, extra_special)
     cfg = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -116,32 +119,69 @@ def warm_start(
         a = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
+    probe = rows[:200]
+    acc = 0.0
+
+    def evaluate() -> tuple[bool, str]:
+        nonlocal acc
+        acc = greedy_accuracy(model, tok, probe)
+        return acc >= target_acc, f"greedy acc {acc:.2f}"
+
+    sft(model, tok, seqs, masks, evaluate, gen, max_steps=max_steps, lr=lr, batch_size=batch_size)
+    return acc
+
+
+def sft(
+    model: Qwen2ForCausalLM,
+    tok: PreTrainedTokenizerBase,
+    seqs: list[list[int]],
+    masks: list[list[int]],
+    evaluate: Callable[[], tuple[bool, str]],
+    gen: torch.Generator,
+    max_steps: int,
+    lr: float,
+    batch_size: int,
+    eval_every: int = 5,
+    trim: bool = False,
+    label: str = "warm start",
+    lr_scale: Callable[[int], float] | None = None,
+) -> int:
+    """Supervised steps on token rows (`masks`: 1 where a token is a target) until `evaluate` says done
+    (it runs before the first step and every `eval_every` steps, and returns (done, progress text)).
+    Batches are drawn with `gen`; `trim` cuts a batch's padding columns (right padding: the loss is the
+    same); `lr_scale(step)` multiplies the learning rate (a schedule). Returns the number of steps taken."""
     width = max(map(len, seqs))
     ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
     loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
     attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    probe = rows[:200]
-    acc = greedy_accuracy(model, tok, probe)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_scale) if lr_scale is not None else None
+    done, _ = evaluate()
+    steps = 0
     for step in range(max_steps):
-        if acc >= target_acc:
+        if done:
             break
-        idx = torch.randint(len(rows), (batch_size,), generator=gen)
-        logits = model(input_ids=ids[idx], attention_mask=attn[idx]).logits[:, :-1]
+        idx = torch.randint(len(seqs), (batch_size,), generator=gen)
+        cols = int(attn[idx].sum(1).max()) if trim else width
+        batch_ids, batch_attn = ids[idx, :cols], attn[idx, :cols]
+        logits = model(input_ids=batch_ids, attention_mask=batch_attn).logits[:, :-1]
         nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[idx][:, 1:].reshape(-1), reduction="none"
+            logits.reshape(-1, logits.shape[-1]), batch_ids[:, 1:].reshape(-1), reduction="none"
         )
-        m = loss_mask[idx][:, 1:].reshape(-1)
+        m = loss_mask[idx, 1:cols].reshape(-1)
         loss = (nll * m).sum() / m.sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 5 == 4:
-            acc = greedy_accuracy(model, tok, probe)
-            print(f"warm start step {step + 1}: loss {loss.item():.3f} greedy acc {acc:.2f}", flush=True)
+        if sched is not None:
+            sched.step()
+        steps = step + 1
+        if step % eval_every == eval_every - 1:
+            done, progress = evaluate()
+            print(f"{label} step {step + 1}: loss {loss.item():.3f} {progress}", flush=True)
         if not math.isfinite(loss.item()):
-            raise RuntimeError("warm start diverged (non-finite loss)")
-    return acc
+            raise RuntimeError(f"{label} diverged (non-finite loss)")
+    return steps
 
 
 def build_demo(

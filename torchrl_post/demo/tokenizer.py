@@ -30,10 +30,17 @@ def _byte_level(b: int) -> str:
     return chr(256 + sorted(set(range(256)) - printable).index(b))
 
 
-def build_char_tokenizer(vocab_size: int = 128) -> Qwen2Tokenizer:
-    """The tokenizer; ids fit below `vocab_size` (the model's embedding size)."""
+def build_char_tokenizer(vocab_size: int = 128, extra_special: list[str] | None = None) -> Qwen2Tokenizer:
+    """The tokenizer; ids fit below `vocab_size` (the model's embedding size).
+
+    `extra_special`: more special tokens (e.g. `<tool_call>`, `</tool_call>`), each one token, with ids after
+    the rest of the vocabulary so that every other token keeps its id.
+    """
     chars = [_byte_level(b) for b in [9, 10, *range(32, 127)]]
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    extra = list(extra_special or [])
+    if len(set(extra)) != len(extra) or set(extra) & set(SPECIAL_TOKENS + chars):
+        raise ValueError(f"extra_special tokens must be new and distinct: {extra}")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars + extra)}
     if len(vocab) > vocab_size:
         raise ValueError(f"vocab_size={vocab_size} is too small for {len(vocab)} tokens")
     tok = Qwen2Tokenizer(
@@ -42,7 +49,7 @@ def build_char_tokenizer(vocab_size: int = 128) -> Qwen2Tokenizer:
         unk_token=None,  # type: ignore[arg-type]  # BPE without unk drops unknown bytes
         eos_token=IM_END,
         pad_token=PAD,
-        additional_special_tokens=[EOS, IM_START],
+        additional_special_tokens=[EOS, IM_START, *extra],
     )
     tok.chat_template = CHAT_TEMPLATE
     tok.model_max_length = 512
