@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torchrl_post import faults
-from torchrl_post.agent.base import AGENT_TERMINATIONS
+from torchrl_post.agent.base import AGENT_TERMINATIONS, METRIC_NAMES
 from torchrl_post.algos.estimators import estimate_advantages
 from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController
 from torchrl_post.checkpoint.dcp import Checkpointer
@@ -266,7 +266,7 @@ def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:
         "agent/tool_errors": ("sum", float(batch.tool_errors[rows].sum())),
     }
     for reason in AGENT_TERMINATIONS:
-        out[f"agent/termination/{reason}"] = (
+        out[f"agent/termination/{METRIC_NAMES.get(reason, reason)}"] = (
             "sum",
             float((batch.termination[rows] == TERMINATIONS.index(reason)).sum()),
         )

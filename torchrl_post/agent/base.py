@@ -24,6 +24,8 @@ from torchrl_post.types import Batch
 AGENT_TERMINATIONS = ("env_done", "max_turns", "length", "max_prompt_length", "timeout", "error")
 """Why a trajectory ended (rLLM's set; `length` is rLLM's max_response_length, the name verl's finish reason and
 `types.TERMINATIONS` use). Every one is also a `types.TERMINATIONS` name."""
+METRIC_NAMES = {"length": "max_response_length"}
+"""rLLM's names in `agent/termination/<reason>` where the code name differs."""
 
 
 class Env(Protocol):
