@@ -77,3 +77,16 @@ def train_overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int)
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={run}",
     ]
+
+
+def run_config(
+    config: str, built: tuple[Path, Path], run: Path, steps: int, *extra: str, nproc: int = 2
+) -> tuple[list[dict], str]:
+    """`--config-name <config>` through the entrypoint on a built (model dir, data dir), validating at step 0
+    and at `steps`; returns the metrics rows and the output."""
+    model, data = built
+    args = [f"model.path={model}", f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}"]
+    args += [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", f"trainer.default_local_dir={run}"]
+    proc = torchrun(nproc, ["-m", "torchrl_post.train", "--config-name", config, *args, *extra])
+    assert_ok(proc)
+    return read_jsonl(run / "metrics.jsonl"), proc.stdout + proc.stderr

@@ -19,7 +19,7 @@ from torchrl_post.agent.base import AGENT_TERMINATIONS, METRIC_NAMES
 from torchrl_post.algos.estimators import estimate_advantages
 from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController
 from torchrl_post.checkpoint.dcp import Checkpointer
-from torchrl_post.checkpoint.hf import write_hf_meta, write_hf_weights
+from torchrl_post.checkpoint.hf import write_adapter_config, write_hf_meta, write_hf_weights
 from torchrl_post.config.errors import TrainingError
 from torchrl_post.config.validate import uses_rollout_is
 from torchrl_post.data.dataset import PromptDataset
@@ -29,9 +29,10 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.loop import RankProgram, Run, Trained
 from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.source import RolloutSource
+from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.sync.weights import BroadcastSync, ReloadSync, iter_full_weights
 from torchrl_post.types import TERMINATIONS, Batch
-from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.actor import Actor, AdapterOffReference
 from torchrl_post.workers.remote import (
     CriticRole,
     ReferenceRole,
@@ -85,6 +86,8 @@ class Trainer:
             self.reference = build_reference(run)
         elif topo.links.get("reference") is not None:
             self.reference = RemoteReference(link(run, "reference"))
+        elif cfg.model.lora_rank > 0 and (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+            self.reference = AdapterOffReference(self.actor)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = (
             AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
@@ -244,11 +247,15 @@ class Trainer:
 
     def write_hf(self, ckpt_tmp: Path) -> None:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
-        out = ckpt_tmp / "hf"
+        out, m = ckpt_tmp / "hf", self.run.cfg.model
         if self.run.is_main:
             write_hf_meta(self.actor.model.config, self.run.tokenizer, out)
+            if m.lora_rank > 0:  # adapter_config.json: export rebuilds the PEFT model from it
+                write_adapter_config(self.actor.model, m.path, out)
         if self.run.cfg.trainer.save_hf:
             weights = iter_full_weights(self.actor.model, self.run.cfg.rollout.sync_bucket_mb << 20)
+            if m.lora_rank > 0:  # the merged model, loadable as a plain HF model
+                weights = merged_weights(weights, lora_scale(m.lora_rank, m.lora_alpha))
             write_hf_weights(weights, out, self.run.is_main)
 
     def shutdown(self) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+from tests.conftest import assert_ok, read_jsonl, run_config, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 AGENT = [
@@ -65,15 +65,7 @@ def test_stepwise_training_through_the_entrypoint(
 
 def test_guess_number_example_learns(demo: tuple[Path, Path], tmp_path: Path) -> None:
     """configs/guess_number.yaml through the entrypoint: its greedy validation score rises."""
-    model, data = demo
-    steps = 20
-    args = [f"model.path={model}", f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}"]
-    args += [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.save_freq=0"]
-    proc = torchrun(
-        2, ["-m", "torchrl_post.train", "--config-name", "guess_number", *args, f"trainer.default_local_dir={tmp_path}"]
-    )
-    assert_ok(proc)
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    rows, _ = run_config("guess_number", demo, tmp_path, 20, "trainer.save_freq=0")
     val = [r["val/test_score/arithmetic"] for r in rows if "val/test_score/arithmetic" in r]
     assert len(val) == 2 and val[1] >= val[0] + 0.15, val  # measured: 0.32 -> 0.61 at step 10
     last = [r for r in rows if "agent/num_turns/mean" in r][-1]
@@ -92,15 +84,7 @@ def math_agent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_math_agent_example_learns_to_use_its_calculator(math_agent: tuple[Path, Path], tmp_path: Path) -> None:
     """configs/math_agent.yaml through the entrypoint: the calculator is called in hermes format, parsed by
     vLLM's parser, and the greedy validation score rises by more than 0.2 (measured: 0.30 -> 0.81 in 10 steps)."""
-    model, data = math_agent
-    steps = 10
-    args = [f"model.path={model}", f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}"]
-    args += [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.save_freq=0"]
-    proc = torchrun(
-        2, ["-m", "torchrl_post.train", "--config-name", "math_agent", *args, f"trainer.default_local_dir={tmp_path}"]
-    )
-    assert_ok(proc)
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    rows, _ = run_config("math_agent", math_agent, tmp_path, 10, "trainer.save_freq=0")
     val = [r["val/test_score/math_agent"] for r in rows if "val/test_score/math_agent" in r]
     assert len(val) == 2 and val[1] >= val[0] + 0.2, val
     last = [r for r in rows if "agent/tool_calls/mean" in r][-1]

@@ -292,3 +292,27 @@ def test_agent_runs_on_tensor_parallel_and_hf_engines() -> None:
     cfg = load_config([*AGENT, "rollout.tensor_parallel_size=2", "agent.tools=[calculator]"])
     assert cfg.agent.tools == ["calculator"]
     assert load_config([*AGENT, "rollout.engine=hf"]).rollout.engine == "hf"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.lora_rank=-1"], "model.lora_rank"),
+        (["model.lora_rank=8", "model.lora_dropout=1.0"], "model.lora_dropout"),
+        (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules"),
+    ],
+)
+def test_lora_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+def test_lora_kl_uses_the_adapter_off_model_not_a_reference_role() -> None:
+    from torchrl_post.config.validate import resolve_roles
+
+    cfg = load_config(["model.lora_rank=8", "actor.use_kl_loss=true"])
+    resolve_roles(cfg)
+    assert cfg.placement.reference is None
+    full = load_config(["actor.use_kl_loss=true"])
+    resolve_roles(full)
+    assert full.placement.reference == "actor"

@@ -49,3 +49,17 @@ def observation_delta(
     end = tokenizer.eos_token or ""
     bridge = after_content[len(end) :] if response_ended and after_content.startswith(end) else after_content
     return list(tokenizer(bridge + full[len(base) :], add_special_tokens=False)["input_ids"])
+
+
+class ChatAgent:
+    """The plain chat agent: each observation a user turn, the response (stripped) the action. Tool calls are
+    the loop's (`agent.tools`); subclass to parse actions or shape prompts differently."""
+
+    def initial_messages(self, task: dict[str, Any], observation: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": observation}]
+
+    def parse(self, response_text: str) -> str:
+        return response_text.strip()
+
+    def observation_message(self, observation: str) -> dict[str, str]:
+        return {"role": "user", "content": observation}

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from torchrl_post.agent.chat import ChatAgent
+
 
 class GuessNumberEnv:
     def reset(self, task: dict[str, Any]) -> str:
@@ -30,12 +32,5 @@ class GuessNumberEnv:
         return ("Higher." if guess < self.answer else "Lower."), 0.0, False, {"valid": True}
 
 
-class GuessAgent:
-    def initial_messages(self, task: dict[str, Any], observation: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": observation}]
-
-    def parse(self, response_text: str) -> str:
-        return response_text.strip()
-
-    def observation_message(self, observation: str) -> dict[str, str]:
-        return {"role": "user", "content": observation}
+class GuessAgent(ChatAgent):
+    """The question and each hint as user turns; the response is the guess."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchrl_post.agent.chat import ChatAgent
 from torchrl_post.reward.builtin import arithmetic
 
 
@@ -27,14 +28,5 @@ class MathEnv:
         return "", reward, True, {"correct": bool(reward)}
 
 
-class ToolAgent:
+class ToolAgent(ChatAgent):
     """The question as the user turn; a response is the action as it stands (tool calls are the loop's)."""
-
-    def initial_messages(self, task: dict[str, Any], observation: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": observation}]
-
-    def parse(self, response_text: str) -> str:
-        return response_text.strip()
-
-    def observation_message(self, observation: str) -> dict[str, str]:
-        return {"role": "user", "content": observation}

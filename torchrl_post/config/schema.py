@@ -19,6 +19,16 @@ class ModelConfig:
     """Allow the model directory's own Python code. Off unless you trust the directory."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
+    lora_rank: int = 0
+    """LoRA adapter rank (PEFT); 0 trains the full model. With an adapter only its parameters train and sit in
+    the optimizer, the reference policy is the base model (the adapter disabled), and the engine gets merged
+    weights (W + lora_alpha / lora_rank * B @ A) at every sync."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (PEFT's lora_alpha)."""
+    target_modules: Any = "all-linear"
+    """Modules to adapt: `all-linear` or a list of module names (q_proj, k_proj, v_proj, o_proj, ...)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input (PEFT's lora_dropout); 0 keeps the trainer's logprobs equal to the engine's."""
 
 
 @dataclass

@@ -112,6 +112,18 @@ def validate(cfg: Config) -> None:
         _positive("agent.max_turns", a.max_turns)
         _positive("agent.max_tokens_per_turn", a.max_tokens_per_turn, allow_zero=True)
         _positive("agent.timeout_s", a.timeout_s)
+    m = cfg.model
+    _positive("model.lora_rank", m.lora_rank, allow_zero=True)
+    if m.lora_rank > 0:
+        _positive("model.lora_alpha", m.lora_alpha)
+        if not 0 <= m.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout={m.lora_dropout} must be in [0, 1)")
+        targets = m.target_modules
+        if not (
+            isinstance(targets, str)
+            or (isinstance(targets, (list, tuple, ListConfig)) and targets and all(isinstance(t, str) for t in targets))
+        ):
+            raise ConfigError(f"model.target_modules={targets!r} must be all-linear or a list of module names")
     sw = cfg.algorithm.stepwise_advantage
     _one_of("algorithm.stepwise_advantage.mode", sw.mode, STEPWISE_MODES)
     if sw.enable and a.env is None:
@@ -210,7 +222,8 @@ def needs_critic(cfg: Config) -> bool:
 
 
 def needs_reference(cfg: Config) -> bool:
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    """A KL term needs a reference role, except with LoRA: there the actor with its adapter off is the reference."""
+    return (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward) and cfg.model.lora_rank == 0
 
 
 def resolve_roles(cfg: Config) -> list[str]:
@@ -222,7 +235,7 @@ def resolve_roles(cfg: Config) -> list[str]:
     notes = []
     for role, needed, why in (
         ("critic", needs_critic(cfg), "algorithm.adv_estimator=gae"),
-        ("reference", needs_reference(cfg), "actor.use_kl_loss / algorithm.use_kl_in_reward"),
+        ("reference", needs_reference(cfg), "actor.use_kl_loss / algorithm.use_kl_in_reward without LoRA"),
     ):
         placed = getattr(cfg.placement, role)
         if needed and placed is None:

@@ -41,7 +41,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2ForCausalL
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.agent.math_agent import MathEnv
 from torchrl_post.demo.build import build_tiny_model, save_model, sft
-from torchrl_post.demo.task import TEMPLATES, write_jsonl
+from torchrl_post.demo.task import TEMPLATES, write_splits
 from torchrl_post.tools import ToolBox
 
 DATA_SOURCE = "math_agent"
@@ -75,11 +75,7 @@ def make_math_rows(seed: int = 0, n_train: int = 2000, n_val: int = 128) -> tupl
 
 def write_math_task(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write train.jsonl (2000 rows) and val.jsonl (128 rows) under out_dir; returns their paths."""
-    train, val = make_math_rows(seed)
-    train_path, val_path = out_dir / "train.jsonl", out_dir / "val.jsonl"
-    write_jsonl(train, train_path)
-    write_jsonl(val, val_path)
-    return train_path, val_path
+    return write_splits(out_dir, *make_math_rows(seed))
 
 
 def parse_question(question: str) -> tuple[int, int, int]:

@@ -42,7 +42,11 @@ def write_jsonl(rows: list[dict[str, str]], path: Path) -> None:
 
 def write_task(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write train.jsonl and val.jsonl under out_dir; returns their paths."""
-    train, val = make_rows(seed)
+    return write_splits(out_dir, *make_rows(seed))
+
+
+def write_splits(out_dir: Path, train: list[dict[str, str]], val: list[dict[str, str]]) -> tuple[Path, Path]:
+    """train.jsonl and val.jsonl under out_dir; returns their paths."""
     train_path, val_path = out_dir / "train.jsonl", out_dir / "val.jsonl"
     write_jsonl(train, train_path)
     write_jsonl(val, val_path)

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from torchrl_post.config.schema import Config
 from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation
 from torchrl_post.workers.logprobs import response_log_probs
 
@@ -31,6 +32,8 @@ class HFEngine:
         self.device = device
         self.pad_id = pad_id
         self.eos_ids = eos_ids
+        m = cfg.model
+        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 else 0.0
         self._queue: list[tuple[str, list[int], SamplingParams, int]] = []
 
     @torch.no_grad()
@@ -93,7 +96,7 @@ class HFEngine:
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
-        for name, tensor in weights:
+        for name, tensor in merged_weights(weights, self.lora_scale) if self.lora_scale else weights:
             params[name].copy_(tensor)
 
     def sleep(self) -> None:

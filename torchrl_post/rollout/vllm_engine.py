@@ -18,6 +18,7 @@ import torch
 
 from torchrl_post.config.schema import Config
 from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class VLLMEngine:
         if device.type != "cuda" and cfg.rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
+        m = cfg.model
+        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 else 0.0
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
         extra: dict[str, Any] = {}
         if device.type == "cpu":
@@ -120,6 +123,9 @@ class VLLMEngine:
         self.llm.llm_engine.abort_request(request_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """(name, full tensor) pairs in HF names, or a LoRA model's PEFT names (merged here)."""
+        if self.lora_scale:
+            weights = merged_weights(weights, self.lora_scale)
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})

@@ -60,6 +60,11 @@ class Actor:
         micro = self.cfg.ppo_micro_batch_size_per_gpu
         return batched_log_probs(self.model, batch, self.temperature, micro, self.device, self.token_budget)
 
+    def base_log_probs(self, batch: Batch) -> torch.Tensor:
+        """Logprobs under the base model: a LoRA actor with its adapter disabled (the reference policy)."""
+        with self.model.disable_adapter():  # type: ignore[operator]  # a PEFT model's context manager
+            return self.log_probs(batch)
+
     def _scale(self, mask_bt: torch.Tensor) -> LossScale:
         """The mini-batch's denominators over every rank (one all_reduce)."""
         local = torch.stack([mask_bt.sum().double(), (mask_bt.sum(-1) > 0).sum().double()])
@@ -200,3 +205,14 @@ class Actor:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.nonfinite_skips = int(state["nonfinite_skips"])
+
+
+class AdapterOffReference:
+    """The reference policy of a LoRA run: the actor's own model with its adapter disabled; no second copy
+    and no reference role."""
+
+    def __init__(self, actor: Actor) -> None:
+        self.actor = actor
+
+    def log_probs(self, batch: Batch) -> torch.Tensor:
+        return self.actor.base_log_probs(batch)

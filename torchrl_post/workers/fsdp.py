@@ -13,21 +13,45 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 
 
-def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> PreTrainedModel:
-    """The policy in float32 from safetensors (never unpickled), with activation checkpointing if asked."""
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
+    """The policy in float32 from safetensors (never unpickled), with activation checkpointing and a LoRA
+    adapter (`model.lora_rank` > 0) if asked; `trainable=False`: frozen, never adapted."""
     model = AutoModelForCausalLM.from_pretrained(
         cfg.path, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
     )
     if not trainable:
         model.requires_grad_(False)
-    elif cfg.enable_gradient_checkpointing:
+        return model
+    if cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora_rank > 0:
+        return with_lora(model, cfg)
     return model
 
 
+def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
+    """The model with a PEFT LoRA adapter: only the adapter's parameters require grad."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=targets,
+        lora_dropout=cfg.lora_dropout,
+        task_type="CAUSAL_LM",
+    )
+    if cfg.enable_gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input with a frozen embedding
+    return get_peft_model(model, lora)
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style)."""
-    inner = getattr(model, "model", None)
+    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style), also
+    through a PEFT wrapper."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    inner = getattr(base, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")

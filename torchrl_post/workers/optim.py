@@ -10,7 +10,8 @@ from torch.distributed.tensor import DTensor
 def build_optimizer(
     model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, betas: tuple[float, float] = (0.9, 0.999)
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA model: its adapter only
+    optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
     )
