@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import BIN, assert_ok, run_cmd, run_config
+from tests.conftest import BIN, assert_ok, read_jsonl, run_cmd, run_config, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 def test_lora_learns_with_the_adapter_in_the_engine(demo: tuple[Path, Path], tmp_path: Path) -> None:
     rows, _ = run_config("lora", demo, tmp_path, 20, "trainer.save_freq=20")
     val = [r["val/test_score/arithmetic"] for r in rows if "val/test_score/arithmetic" in r]
-    assert len(val) == 2 and val[1] >= val[0] + 0.15, val  # measured 0.32 -> 0.53 at step 20
+    assert len(val) == 2 and val[1] >= val[0] + 0.2, val  # measured 0.32 -> 0.63 at step 20
     diffs = [r["rollout/logprob_diff"] for r in rows if "rollout/logprob_diff" in r]
     assert len(diffs) == 20 and max(diffs) < 1e-3, diffs  # the engine samples the adapted model, every step
     # Only the adapter sits in the optimizer (and so in its checkpointed state).
@@ -50,3 +50,26 @@ def test_lora_on_a_rollout_rank_with_the_base_model_as_reference(demo: tuple[Pat
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in steps)  # merged weights over the broadcast
     assert steps[0]["actor/kl_loss"] < 1e-6 < steps[-1]["actor/kl_loss"]  # base model = the adapter at init
     assert "placement.reference: colocated" not in out  # no second copy of the model
+
+
+def test_lora_resume_is_exact(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """4 steps straight == 2 steps + a restart + 2 steps: the adapter, its optimizer state and the rest."""
+    lora = ["model.lora_rank=4", "model.lora_alpha=8", "trainer.test_freq=0", "trainer.save_freq=1"]
+
+    def overrides(run: Path, steps: int) -> list[str]:
+        base = train_overrides(tiny_model, task_data, run, steps)
+        return [o for o in base if not o.startswith(("trainer.test_freq", "trainer.save_freq"))] + lora
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *overrides(straight, 4)]))
+    assert_ok(torchrun(2, ["-m", "torchrl_post.train", *overrides(split, 2)]))
+    proc = torchrun(2, ["-m", "torchrl_post.train", *overrides(split, 4)])
+    assert_ok(proc)
+    assert "resumed from" in proc.stdout + proc.stderr
+    a = {r["training/global_step"]: r for r in read_jsonl(straight / "metrics.jsonl")}
+    b = {r["training/global_step"]: r for r in read_jsonl(split / "metrics.jsonl")}
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "rollout/logprob_diff"):
+            assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
+    assert a[4]["actor/grad_norm"] > 0  # the adapter trained
