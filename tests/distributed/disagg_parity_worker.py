@@ -28,6 +28,8 @@ def main() -> None:
     model_dir, tp, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     cfg = Config()
     cfg.model.path = model_dir
+    if sys.argv[4:] == ["lora"]:  # merged adapter weights over the broadcast
+        cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
     cfg.rollout.max_num_seqs, cfg.rollout.tensor_parallel_size = 64, tp
     cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4

@@ -27,6 +27,8 @@ def main() -> None:
     model_dir, engine_name, out_path = sys.argv[1:4]
     cfg = Config()
     cfg.model.path = model_dir
+    if sys.argv[4:] == ["lora"]:  # the adapter trains; the engine gets merged weights at every sync
+        cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
     cfg.rollout.engine = engine_name
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
     cfg.rollout.max_num_seqs = 512

@@ -12,10 +12,19 @@ from tests.conftest import assert_ok, torchrun
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), "hf"])
-def test_engine_matches_trainer_after_updates(engine: str, tiny_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("engine", "lora"),
+    [
+        pytest.param("vllm", False, marks=pytest.mark.vllm),
+        ("hf", False),
+        pytest.param("vllm", True, marks=pytest.mark.vllm),
+    ],
+    ids=["vllm", "hf", "vllm-lora-merged"],
+)
+def test_engine_matches_trainer_after_updates(engine: str, lora: bool, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "parity.json"
-    proc = torchrun(2, ["tests/distributed/parity_worker.py", str(tiny_model), engine, str(out)])
+    extra = ["lora"] if lora else []
+    proc = torchrun(2, ["tests/distributed/parity_worker.py", str(tiny_model), engine, str(out), *extra])
     assert_ok(proc)
     ranks = json.loads(out.read_text())
     assert len(ranks) == 2
