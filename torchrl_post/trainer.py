@@ -29,7 +29,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.loop import RankProgram, Run, Trained
 from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.source import RolloutSource
-from torchrl_post.sync.lora import lora_scale, merged_weights
+from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights
 from torchrl_post.sync.weights import BroadcastSync, ReloadSync, iter_full_weights
 from torchrl_post.types import TERMINATIONS, Batch
 from torchrl_post.workers.actor import Actor, AdapterOffReference
@@ -98,14 +98,15 @@ class Trainer:
         self.needs_old = not on_policy or cfg.algorithm.use_kl_in_reward
         self.rollouts: RolloutSource
         self.weights: ReloadSync | BroadcastSync
+        keep = is_adapter if cfg.model.lora_rank > 0 and cfg.rollout.lora_sync == "adapter" else None
         if run.disaggregated:
             self.rollouts = RemoteRollouts(run, self.timer)
             dtype = getattr(torch, cfg.rollout.dtype)
             bucket = cfg.rollout.sync_bucket_mb << 20
-            self.weights = BroadcastSync(topo.sync, run.env.device, bucket, dtype, self.actor.model)
+            self.weights = BroadcastSync(topo.sync, run.env.device, bucket, dtype, self.actor.model, keep)
         else:
             self.rollouts = run.engine_source(run.sampler(run.actor_ranks.index(run.env.rank), dp), self.timer)
-            self.weights = ReloadSync(self.rollouts.engine, cfg.rollout.sync_bucket_mb)
+            self.weights = ReloadSync(self.rollouts.engine, cfg.rollout.sync_bucket_mb, keep)
 
     def step(self, step: int) -> dict[str, float]:
         self.timer.reset()

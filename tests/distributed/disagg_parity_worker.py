@@ -20,6 +20,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import read_env, shutdown_distributed
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch, Generation, PromptBatch
 
@@ -28,8 +29,10 @@ def main() -> None:
     model_dir, tp, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     cfg = Config()
     cfg.model.path = model_dir
-    if sys.argv[4:] == ["lora"]:  # merged adapter weights over the broadcast
+    if sys.argv[4:5] in (["lora"], ["lora-adapter"]):  # merged weights, or only the adapter, over the broadcast
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
+        cfg.rollout.lora_sync = "adapter" if sys.argv[4] == "lora-adapter" else "merged"
+    keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
     cfg.rollout.max_num_seqs, cfg.rollout.tensor_parallel_size = 64, tp
     cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4
@@ -41,7 +44,7 @@ def main() -> None:
     actor = make_actor(cfg, topo.mesh("actor")) if is_actor else None
     engine = None if is_actor else build_engine(cfg, env.device, seed=0, pad_id=0, eos_ids=[3])
     # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
-    sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None)
+    sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None, keep)
     gen = torch.Generator().manual_seed(100)
     prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
     pb = PromptBatch(prompts, ["0"] * 4, ["arithmetic"] * 4, [{}] * 4, [0, 1, 2, 3])

@@ -19,6 +19,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import sync_weights
 from torchrl_post.types import PromptBatch
 
@@ -27,8 +28,9 @@ def main() -> None:
     model_dir, engine_name, out_path = sys.argv[1:4]
     cfg = Config()
     cfg.model.path = model_dir
-    if sys.argv[4:] == ["lora"]:  # the adapter trains; the engine gets merged weights at every sync
+    if sys.argv[4:5] in (["lora"], ["lora-adapter"]):  # the adapter trains; merged weights or the adapter sync
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
+        cfg.rollout.lora_sync = "adapter" if sys.argv[4] == "lora-adapter" else "merged"
     cfg.rollout.engine = engine_name
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
     cfg.rollout.max_num_seqs = 512
@@ -52,7 +54,8 @@ def main() -> None:
             rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample), 2, 0)
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
-            sync_weights(actor.model, engine, bucket_mb=1)
+            keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
+            sync_weights(actor.model, engine, bucket_mb=1, keep=keep)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})
     # A batch larger than vLLM's default token budget (4096 on CPU): every prefill stays whole on CPU, where a split

@@ -35,11 +35,13 @@ def test_every_sample_arrives_once_intact_and_balanced(nproc: int, tmp_path: Pat
 
 @pytest.mark.vllm
 @pytest.mark.parametrize(
-    ("nproc", "tp", "lora"), [(3, 1, False), (4, 2, False), (3, 1, True)], ids=["3-1", "4-2", "lora"]
+    ("nproc", "tp", "lora"),
+    [(3, 1, ""), (4, 2, ""), (3, 1, "lora"), (3, 1, "lora-adapter")],
+    ids=["3-1", "4-2", "lora-merged", "lora-adapter"],
 )
-def test_broadcast_sync_parity_across_ranks(nproc: int, tp: int, lora: bool, tiny_model: Path, tmp_path: Path) -> None:
+def test_broadcast_sync_parity_across_ranks(nproc: int, tp: int, lora: str, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "parity.json"
-    args = [str(tiny_model), str(tp), str(out), *(["lora"] if lora else [])]
+    args = [str(tiny_model), str(tp), str(out), *([lora] if lora else [])]
     assert_ok(torchrun(nproc, ["tests/distributed/disagg_parity_worker.py", *args]))
     rec = json.loads(out.read_text())
     assert rec["buckets"] > 10, "1 KiB buckets split the model into many broadcasts"

@@ -15,15 +15,16 @@ pytestmark = pytest.mark.distributed
 @pytest.mark.parametrize(
     ("engine", "lora"),
     [
-        pytest.param("vllm", False, marks=pytest.mark.vllm),
-        ("hf", False),
-        pytest.param("vllm", True, marks=pytest.mark.vllm),
+        pytest.param("vllm", "", marks=pytest.mark.vllm),
+        ("hf", ""),
+        pytest.param("vllm", "lora", marks=pytest.mark.vllm),
+        pytest.param("vllm", "lora-adapter", marks=pytest.mark.vllm),
     ],
-    ids=["vllm", "hf", "vllm-lora-merged"],
+    ids=["vllm", "hf", "vllm-lora-merged", "vllm-lora-adapter"],
 )
-def test_engine_matches_trainer_after_updates(engine: str, lora: bool, tiny_model: Path, tmp_path: Path) -> None:
+def test_engine_matches_trainer_after_updates(engine: str, lora: str, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "parity.json"
-    extra = ["lora"] if lora else []
+    extra = [lora] if lora else []
     proc = torchrun(2, ["tests/distributed/parity_worker.py", str(tiny_model), engine, str(out), *extra])
     assert_ok(proc)
     ranks = json.loads(out.read_text())

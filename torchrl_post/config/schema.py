@@ -98,6 +98,11 @@ class RolloutConfig:
     sync_bucket_mb: int = 64
     """Weight sync bucket size in MiB: parameters are gathered and pushed this many bytes at a time."""
 
+    lora_sync: str = "merged"
+    """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
+    engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a
+    fresh adapter id per update; vLLM's LoRA kernels run about 2x slower on CPU)."""
+
 
 @dataclass
 class FSDPConfig:

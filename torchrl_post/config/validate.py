@@ -16,6 +16,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DEVICES
 from torchrl_post.logging.metrics import LOGGERS
 from torchrl_post.rollout import ENGINES, ROLLOUT_MODES
+from torchrl_post.sync.lora import LORA_SYNC_MODES
 
 # Each enum set lives beside the code that dispatches on it; these two are dispatched here and in the workers.
 DTYPES = ("float32", "bfloat16", "float16")
@@ -114,6 +115,9 @@ def validate(cfg: Config) -> None:
         _positive("agent.timeout_s", a.timeout_s)
     m = cfg.model
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
+    _one_of("rollout.lora_sync", cfg.rollout.lora_sync, LORA_SYNC_MODES)
+    if m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter" and cfg.rollout.engine != "vllm":
+        raise ConfigError("rollout.lora_sync=adapter needs rollout.engine=vllm (its LoRA support); use merged")
     if m.lora_rank > 0:
         _positive("model.lora_alpha", m.lora_alpha)
         if not 0 <= m.lora_dropout < 1:

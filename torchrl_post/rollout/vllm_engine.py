@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import torch
 
 from torchrl_post.config.schema import Config
 from torchrl_post.rollout.base import SamplingParams
-from torchrl_post.sync.lora import lora_scale, merged_weights
+from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 from torchrl_post.types import Generation
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,11 @@ class VLLMEngine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
         m = cfg.model
-        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 else 0.0
+        self.adapter_mode = m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter"
+        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 and not self.adapter_mode else 0.0
+        self.lora_rank, self.lora_alpha = m.lora_rank, m.lora_alpha
+        self.lora_request: Any = None  # adapter mode: the current policy's adapter (None: the base model)
+        self.lora_dir: Path | None = None
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
         extra: dict[str, Any] = {}
         if device.type == "cpu":
@@ -47,6 +53,10 @@ class VLLMEngine:
             # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
             # running sequence whole means no prefill is ever split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.rollout.max_num_seqs * max_len}
+        if self.adapter_mode:
+            extra |= {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 1}
+            shm = Path("/dev/shm")  # adapters are written per update: memory-backed where there is one
+            self.lora_dir = Path(tempfile.mkdtemp(prefix="torchrl_post_lora_", dir=shm if shm.is_dir() else None))
         if cfg.agent.env is not None:
             # Prefix caching across an agent's turns (each turn's prompt is the last one grown). On CPU the
             # default block (128 tokens) never fills on short multi-turn prompts; 32 is the smallest the CPU
@@ -89,7 +99,7 @@ class VLLMEngine:
         self.wake_up()
         sps = [self._sampling(params, uid, params.n) for uid in uids]
         prompts = [{"prompt_token_ids": p} for p in prompt_ids]
-        outs = self.llm.generate(prompts, sps, use_tqdm=False)  # type: ignore[arg-type]
+        outs = self.llm.generate(prompts, sps, use_tqdm=False, lora_request=self.lora_request)  # type: ignore[arg-type]
         gen = Generation([], [], [])
         for out in outs:
             for c in out.outputs:
@@ -105,7 +115,8 @@ class VLLMEngine:
         from vllm.inputs.engine import tokens_input
 
         self.wake_up()
-        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), self._sampling(params, uid, 1))
+        sampling = self._sampling(params, uid, 1)
+        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), sampling, lora_request=self.lora_request)
 
     def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
         """One engine step: (request id, tokens so far, their logprobs, finish reason or None) per request
@@ -123,7 +134,11 @@ class VLLMEngine:
         self.llm.llm_engine.abort_request(request_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """(name, full tensor) pairs in HF names, or a LoRA model's PEFT names (merged here)."""
+        """(name, full tensor) pairs in HF names, or a LoRA model's PEFT names (merged here; in adapter mode
+        the adapter's tensors only, loaded as the engine's LoRA adapter)."""
+        if self.adapter_mode:
+            self._load_adapter(weights)
+            return
         if self.lora_scale:
             weights = merged_weights(weights, self.lora_scale)
         if self.asleep:
@@ -133,6 +148,25 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+
+    def _load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A fresh adapter id per update (a reused id would serve KV blocks cached under the old adapter);
+        tensors cloned (vLLM scales lora_B in place); the previous adapter removed."""
+        from vllm.lora.request import LoRARequest
+
+        assert self.lora_dir is not None
+        tensors = {name: t.detach().to("cpu", copy=True) for name, t in weights if is_adapter(name)}
+        old = self.lora_request
+        version = (old.lora_int_id if old is not None else 0) + 1
+        path = self.lora_dir / f"v{version}"
+        write_peft_adapter(tensors, self.lora_rank, self.lora_alpha, path)
+        self.wake_up()
+        self.lora_request = LoRARequest(f"policy-v{version}", version, str(path))
+        self.llm.llm_engine.add_lora(self.lora_request)
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self.asleep:
@@ -147,6 +181,8 @@ class VLLMEngine:
     def shutdown(self) -> None:
         # Must run before the default process group is destroyed (vLLM tears down its groups here). After an
         # error inside the engine, vLLM may have torn them down already; that must not mask the error.
+        if self.lora_dir is not None:
+            shutil.rmtree(self.lora_dir, ignore_errors=True)
         try:
             del self.llm
             gc.collect()

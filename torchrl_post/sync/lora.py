@@ -13,10 +13,30 @@ Streaming: a base weight is held only until its A and B arrive (PEFT registers t
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
 PEFT_PREFIX = "base_model.model."
+LORA_SYNC_MODES = ("merged", "adapter")
+"""`rollout.lora_sync`: merged weights through the engine's reload, or the adapter into the engine's own LoRA."""
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def write_peft_adapter(tensors: dict[str, torch.Tensor], rank: int, alpha: int, out: Path) -> None:
+    """A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) from the trainer's adapter
+    tensors (PEFT's in-memory names carry the adapter name, `.lora_A.default.weight`; the file format does not)."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    saved = {n.replace(".default.", "."): t.contiguous() for n, t in tensors.items()}
+    modules = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in saved})
+    LoraConfig(r=rank, lora_alpha=alpha, target_modules=modules, task_type="CAUSAL_LM").save_pretrained(str(out))
+    save_file(saved, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 def lora_scale(rank: int, alpha: float) -> float:

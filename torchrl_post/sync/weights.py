@@ -13,7 +13,7 @@ engine halves the bytes gathered and sent. Every rank must walk the buckets in t
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,10 @@ from torchrl_post.rollout.base import RolloutEngine
 
 Entry = tuple[str, tuple[int, ...], int, int]  # name, full shape, rows per rank slot, elements per rank slot
 ParamSpec = tuple[str, tuple[int, ...], torch.dtype, int]  # name, full shape, dtype on the wire, shard ranks
+
+
+Keep = Callable[[str], bool]
+"""Which parameters a sync moves, by name (a LoRA run in adapter mode: the adapter's only)."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,14 @@ def _shard_group(p: torch.Tensor) -> dist.ProcessGroup | None:
     return p.device_mesh.get_group(p.device_mesh.ndim - 1)
 
 
-def param_specs(model: torch.nn.Module, wire_dtype: torch.dtype | None = None) -> list[ParamSpec]:
-    """(HF name, full shape, dtype on the wire, shard ranks) of every parameter."""
+def param_specs(
+    model: torch.nn.Module, wire_dtype: torch.dtype | None = None, keep: Keep | None = None
+) -> list[ParamSpec]:
+    """(HF name, full shape, dtype on the wire, shard ranks) of every parameter (`keep`: those it accepts)."""
     specs = []
     for name, p in model.named_parameters():
+        if keep is not None and not keep(name):
+            continue
         group = _shard_group(p)
         dtype = wire_dtype if wire_dtype is not None and p.is_floating_point() else p.dtype
         specs.append((name, tuple(p.shape), dtype, 1 if group is None else dist.get_world_size(group)))
@@ -149,22 +157,24 @@ def split_bucket(flat: torch.Tensor, bucket: WireBucket) -> Iterator[tuple[str, 
         offset += n
 
 
-def iter_full_weights(model: torch.nn.Module, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) for every parameter, gathered in buckets of about `bucket_bytes`, in the
-    parameters' own dtype. Each bucket is handed on before the next is gathered."""
+def iter_full_weights(
+    model: torch.nn.Module, bucket_bytes: int, keep: Keep | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) for every parameter (`keep`: those it accepts), gathered in buckets of about
+    `bucket_bytes`, in the parameters' own dtype. Each bucket is handed on before the next is gathered."""
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
-    for bucket in plan_wire(param_specs(model), bucket_bytes):
+    for bucket in plan_wire(param_specs(model, keep=keep), bucket_bytes):
         yield from split_bucket(gather_bucket(bucket, params, device), bucket)
 
 
-def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int) -> int:
+def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int, keep: Keep | None = None) -> int:
     """Push the actor's current weights into the colocated engine; returns the bytes moved."""
     moved = 0
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal moved
-        for name, t in iter_full_weights(model, bucket_mb << 20):
+        for name, t in iter_full_weights(model, bucket_mb << 20, keep):
             moved += t.numel() * t.element_size()
             yield name, t
 
@@ -175,11 +185,11 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int) 
 class ReloadSync:
     """Colocated weight push: every actor rank gathers the buckets and reloads its own engine in place."""
 
-    def __init__(self, engine: RolloutEngine, bucket_mb: int) -> None:
-        self.engine, self.bucket_mb = engine, bucket_mb
+    def __init__(self, engine: RolloutEngine, bucket_mb: int, keep: Keep | None = None) -> None:
+        self.engine, self.bucket_mb, self.keep = engine, bucket_mb, keep
 
     def push(self, model: torch.nn.Module) -> int:
-        return sync_weights(model, self.engine, self.bucket_mb)
+        return sync_weights(model, self.engine, self.bucket_mb, self.keep)
 
 
 class BroadcastSync:
@@ -198,10 +208,11 @@ class BroadcastSync:
         bucket_bytes: int,
         wire_dtype: torch.dtype,
         model: torch.nn.Module | None = None,
+        keep: Keep | None = None,
     ) -> None:
         self.group, self.device = group, device
         self.is_sender = group is not None and group.rank() == 0
-        plan = plan_wire(param_specs(model, wire_dtype), bucket_bytes) if model is not None else None
+        plan = plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes) if model is not None else None
         if group is not None:
             plan = self._share(plan)
         self.buckets: list[WireBucket] = plan or []
