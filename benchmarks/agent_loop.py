@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import machine, torchrun, warn_if_busy
+from benchmarks.run import machine, torchrun, warn_if_busy, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "agent_loop_worker.py"
@@ -277,9 +277,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def report(args: argparse.Namespace, rec: dict[str, Any]) -> None:
-    (args.results / "agent_loop.json").write_text(json.dumps(rec, indent=1) + "\n")
-    (args.results / "agent_loop.md").write_text(markdown(rec))
-    plot(args.results / "agent_loop.png", rec)
+    write_report(args.results, "agent_loop", rec, markdown, plot)
 
 
 # ---- main -----------------------------------------------------------------------------------------------------

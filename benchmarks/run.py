@@ -22,6 +22,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,15 @@ def launch(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(out.read_text())
     rec["loadavg_1m"] = os.getloadavg()[0]  # at the end: above `world`, something else shared the CPUs
     return rec
+
+
+def write_report(
+    results: Path, name: str, rec: dict[str, Any], markdown: Callable[[dict[str, Any]], str], plot: Callable[..., None]
+) -> None:
+    """<results>/<name>.json (the record), .md (`markdown(rec)`) and .png (`plot(path, rec)`)."""
+    (results / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+    (results / f"{name}.md").write_text(markdown(rec))
+    plot(results / f"{name}.png", rec)
 
 
 def warn_if_busy() -> None:
