@@ -91,7 +91,8 @@ class HFEngine:
         return out
 
     def abort(self, request_ids: list[str]) -> None:
-        self._queue = [q for q in self._queue if q[0] not in set(request_ids)]
+        gone = set(request_ids)
+        self._queue = [q for q in self._queue if q[0] not in gone]
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
