@@ -42,6 +42,10 @@ class PromptBatch:
     """Position of each prompt in the global step batch: the group id of its samples."""
     questions: list[str] = field(default_factory=list)
     """The last user message of each prompt's row (an agent environment's task); empty where not kept."""
+    images: list[list[Any]] = field(default_factory=list)
+    """Vision-language models: each prompt's images (PIL); empty for text-only models."""
+    mm_inputs: list[dict[str, Any]] = field(default_factory=list)
+    """Each prompt's image processor outputs (pixel_values, image_grid_thw); {} for a prompt without images."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -59,7 +63,7 @@ class Generation:
 
 
 # Which fields have which layout (the serialiser and `concat` pad and cut by these).
-SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R]
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R] ([B, 3, P + R]: M-RoPE positions)
 TOKEN_FIELDS = ("loss_mask", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "advantages", "returns")
 SAMPLE_FIELDS = (  # [B]
     "group_ids",
@@ -74,6 +78,7 @@ SAMPLE_FIELDS = (  # [B]
     "step_ids",
     "step_rewards",
 )
+IMAGE_FIELDS = ("image_counts", "image_grid_thw", "pixel_values")  # rows' images, concatenated in row order
 
 
 @dataclass
@@ -102,6 +107,11 @@ class Batch:
     values: torch.Tensor | None = None  # [B, R]
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
+    # Vision-language models: every image of every row, in row order (a prompt's images repeat in each of its
+    # samples). `position_ids` is then [B, 3, P+R]: the (temporal, height, width) M-RoPE positions.
+    image_counts: torch.Tensor | None = None  # [B] long: images of each row
+    image_grid_thw: torch.Tensor | None = None  # [I, 3] long: each image's patch grid, rows' images in order
+    pixel_values: torch.Tensor | None = None  # [N, D]: each image's patches (grid t*h*w rows), images in order
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -132,11 +142,37 @@ class Batch:
     def termination_names(self) -> list[str]:
         return [TERMINATIONS[i] for i in self.termination.tolist()]
 
+    @property
+    def has_images(self) -> bool:
+        return self.image_counts is not None
+
+    def _image_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image indices, patch indices) of `rows`, in row order."""
+        assert self.image_counts is not None and self.image_grid_thw is not None
+        img_start = torch.cumsum(self.image_counts, 0) - self.image_counts
+        images = [
+            torch.arange(s, s + c)
+            for s, c in zip(img_start[rows].tolist(), self.image_counts[rows].tolist(), strict=True)
+        ]
+        img = torch.cat(images) if images else torch.zeros(0, dtype=torch.long)
+        sizes = self.image_grid_thw.prod(-1)
+        patch_start = torch.cumsum(sizes, 0) - sizes
+        patches = [torch.arange(s, s + n) for s, n in zip(patch_start[img].tolist(), sizes[img].tolist(), strict=True)]
+        return img, torch.cat(patches) if patches else torch.zeros(0, dtype=torch.long)
+
     def select(self, idx: torch.Tensor | slice) -> Batch:
-        """The rows `idx` of every field."""
+        """The rows `idx` of every field (and their images)."""
         picked: dict[str, Any] = {}
+        if self.image_counts is not None:
+            assert self.image_grid_thw is not None and self.pixel_values is not None
+            rows = torch.arange(len(self))[idx]
+            img, patches = self._image_rows(rows.reshape(-1))
+            picked["image_grid_thw"] = self.image_grid_thw[img]
+            picked["pixel_values"] = self.pixel_values[patches]
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in picked:
+                continue
             if f.name == "reward_extra":
                 picked[f.name] = {k: v[idx] for k, v in value.items()}
             else:
@@ -158,7 +194,7 @@ class Batch:
         p = self.prompt_width
         out: dict[str, Any] = {}
         for name in SEQUENCE_FIELDS:
-            out[name] = getattr(self, name)[:, first : p + keep]
+            out[name] = getattr(self, name)[..., first : p + keep]
         for name in TOKEN_FIELDS:
             value = getattr(self, name)
             out[name] = None if value is None else value[:, :keep]
@@ -186,7 +222,7 @@ class Batch:
                 out[name] = None
                 continue
             out[name] = torch.cat([torch.nn.functional.pad(v, (0, r_width - v.shape[1])) for v in values])
-        for name in SAMPLE_FIELDS:
+        for name in (*SAMPLE_FIELDS, *IMAGE_FIELDS):
             values = [getattr(b, name) for b in parts]
             out[name] = None if any(v is None for v in values) else torch.cat(values)
         keys = set(parts[0].reward_extra)
@@ -224,5 +260,5 @@ def _pad_sequence(t: torch.Tensor, b: Batch, p_width: int, r_width: int, fill: i
     if right == 0:
         return out
     if name == "position_ids":
-        return torch.cat([out, out[:, -1:].expand(-1, right)], dim=1)
+        return torch.cat([out, out[..., -1:].expand(*out.shape[:-1], right)], dim=-1)
     return torch.nn.functional.pad(out, (0, right), value=fill)

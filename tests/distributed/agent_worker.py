@@ -25,7 +25,7 @@ from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.rollout import SamplingParams, build_engine
-from torchrl_post.workers.logprobs import response_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs
 
 
 def main() -> None:
@@ -91,9 +91,7 @@ def main() -> None:
     batch = trajectories_to_batch(trajs, tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        logp, _ = response_log_probs(
-            model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_width, 1.0
-        )
+        logp = batched_log_probs(model, batch, 1.0, len(batch), torch.device("cpu"))
     m = batch.loss_mask.bool()
     report["max_logprob_diff"] = (logp - batch.rollout_log_probs)[m].abs().max().item()
     report["observation_tokens"] = int((batch.response_mask.bool() & ~m).sum())
@@ -116,9 +114,7 @@ def main() -> None:
     )
     hf_batch = trajectories_to_batch(hf_trajs, tok.pad_token_id)
     with torch.no_grad():
-        hf_logp, _ = response_log_probs(
-            model, hf_batch.input_ids, hf_batch.attention_mask, hf_batch.position_ids, hf_batch.response_width, 1.0
-        )
+        hf_logp = batched_log_probs(model, hf_batch, 1.0, len(hf_batch), torch.device("cpu"))
     hm = hf_batch.loss_mask.bool()
     report["hf_max_logprob_diff"] = (hf_logp - hf_batch.rollout_log_probs)[hm].abs().max().item()
     with open(out_path, "w") as f:

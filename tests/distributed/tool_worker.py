@@ -27,7 +27,7 @@ from torchrl_post.distributed.env import init_world, read_env, shutdown_distribu
 from torchrl_post.rollout import SamplingParams, build_engine
 from torchrl_post.rollout.vllm_engine import tool_call_parser
 from torchrl_post.tools import ToolBox
-from torchrl_post.workers.logprobs import response_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs
 
 QUESTION, A, B = "What is 12345+67890?", 12345, 67890
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12345+67890"}}\n</tool_call>'
@@ -108,9 +108,7 @@ def main() -> None:
     batch = trajectories_to_batch([traj], tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(taught, dtype=torch.float32).eval()
     with torch.no_grad():
-        logp, _ = response_log_probs(
-            model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_width, 1.0
-        )
+        logp = batched_log_probs(model, batch, 1.0, len(batch), torch.device("cpu"))
     trained = batch.loss_mask.bool()
     report["max_logprob_diff"] = (logp - batch.rollout_log_probs)[trained].abs().max().item()
     Path(out_path).write_text(json.dumps(report))

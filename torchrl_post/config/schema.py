@@ -61,6 +61,12 @@ class DataConfig:
     """Shuffle the training set every epoch (seeded by trainer.seed and the epoch)."""
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first with an error naming file and line."""
+    image_key: str = "images"
+    """Vision-language models: the column listing each row's images (file paths relative to the data file,
+    bytes, or {"bytes", "path"} dicts); the prompt holds one `<image>` marker (or image item) per image."""
+    return_multi_modal_inputs: bool = True
+    """Vision-language models: run the image processor once when the data loads and keep its pixel values
+    (faster steps); false processes each step's images when its batch is built (less memory)."""
 
 
 @dataclass
@@ -98,6 +104,8 @@ class RolloutConfig:
     sync_bucket_mb: int = 64
     """Weight sync bucket size in MiB: parameters are gathered and pushed this many bytes at a time."""
 
+    limit_images: int = 1
+    """Vision-language models: the most images one prompt may carry (vLLM's limit_mm_per_prompt)."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a

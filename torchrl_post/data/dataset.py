@@ -108,6 +108,10 @@ class PromptDataset:
     extra_infos: list[dict[str, Any]]
     questions: list[str] = field(default_factory=list)
     """The last user message of each row: the question an agent environment is reset with (`task["question"]`)."""
+    images: list[list[Any]] = field(default_factory=list)
+    """Vision-language models: each row's images (PIL, RGB); empty for a text-only model."""
+    mm_inputs: list[dict[str, Any]] = field(default_factory=list)
+    """Each row's processor outputs (pixel_values, image_grid_thw) with data.return_multi_modal_inputs."""
     num_filtered: int = 0
     num_bad: int = 0
     files: list[str] = field(default_factory=list)
@@ -116,7 +120,17 @@ class PromptDataset:
         return len(self.prompt_ids)
 
 
-def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str, str]]:
+def _is_message(m: Any, items: bool) -> bool:
+    """A {role, content} message; `items`: content may also be a list of {type: text|image} items."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        return False
+    content = m.get("content")
+    if isinstance(content, str):
+        return True
+    return items and isinstance(content, list) and all(isinstance(i, dict) and "type" in i for i in content)
+
+
+def _messages(row: dict[str, Any], cfg: DataConfig, where: str, items: bool = False) -> list[dict[str, Any]]:
     prompt = _dig(row, cfg.prompt_key)
     if prompt is None:
         prompt = row.get("messages")
@@ -128,13 +142,7 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str
         if not prompt.strip():
             raise DataError(f"{where}: empty prompt in column '{cfg.prompt_key}'")
         return [{"role": "user", "content": prompt}]
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
-        )
-    ):
+    if isinstance(prompt, list) and prompt and all(_is_message(m, items) for m in prompt):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
     raise DataError(
         f"{where}: column '{cfg.prompt_key}' must be a string or a list of {{role, content}} messages, "
@@ -142,8 +150,12 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str) -> list[dict[str
     )
 
 
-def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) -> PromptDataset:
-    """Read, template, tokenize and length-filter the rows of `files`."""
+def load_prompts(
+    files: list[str], cfg: DataConfig, tokenizer: Any, split: str, processor: Any = None, max_images: int = 1
+) -> PromptDataset:
+    """Read, template, tokenize and length-filter the rows of `files`. With a vision-language model's
+    `processor`, rows' images (`data.image_key`, at most `max_images` each) are read, and the prompt lengths
+    count their image tokens."""
     out = PromptDataset([], [], [], [], [], files=list(files))
     too_long: list[str] = []
     bad: list[str] | None = [] if cfg.skip_bad_rows else None
@@ -151,7 +163,10 @@ def load_prompts(files: list[str], cfg: DataConfig, tokenizer: Any, split: str) 
         for i, row in enumerate(read_rows(path, bad)):
             where = f"{path} row {i + 1}"
             try:
-                _add_row(out, row, i, where, cfg, tokenizer, too_long)
+                if processor is not None:
+                    _add_image_row(out, row, i, where, cfg, processor, too_long, Path(path).parent, max_images)
+                else:
+                    _add_row(out, row, i, where, cfg, tokenizer, too_long)
             except DataError as e:
                 if bad is None:
                     raise
@@ -186,14 +201,27 @@ def _add_row(
         ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
     else:
         ids = tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
-    if len(ids) > cfg.max_prompt_length:
-        if not cfg.filter_overlong_prompts:
-            raise DataError(
-                f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={cfg.max_prompt_length}; "
-                "raise the limit or set data.filter_overlong_prompts=true"
-            )
-        too_long.append(where)
-        return
+    if _fits(ids, cfg, where, too_long, ""):
+        _append(out, row, i, where, cfg, ids, msgs)
+
+
+def _fits(ids: list[int], cfg: DataConfig, where: str, too_long: list[str], counted: str) -> bool:
+    """Within data.max_prompt_length; an overlong prompt is recorded (filtered) or an error."""
+    if len(ids) <= cfg.max_prompt_length:
+        return True
+    if not cfg.filter_overlong_prompts:
+        raise DataError(
+            f"{where}: prompt is {len(ids)} tokens{counted}, over data.max_prompt_length={cfg.max_prompt_length}; "
+            "raise the limit or set data.filter_overlong_prompts=true"
+        )
+    too_long.append(where)
+    return False
+
+
+def _append(
+    out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, ids: list[int], msgs: list[Any]
+) -> None:
+    """Add a tokenized row with its answer, data source, extra info and question."""
     answer = _dig(row, cfg.answer_key)
     if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
         raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
@@ -205,4 +233,39 @@ def _add_row(
     out.answers.append(answer)
     out.data_sources.append(source)
     out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})
-    out.questions.append(next((m["content"] for m in reversed(msgs) if m["role"] == "user"), msgs[-1]["content"]))
+    question = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), msgs[-1]["content"])
+    if not isinstance(question, str):  # content items: their text
+        question = "".join(str(item.get("text", "")) for item in question if isinstance(item, dict))
+    out.questions.append(question)
+
+
+def _add_image_row(
+    out: PromptDataset,
+    row: dict[str, Any],
+    i: int,
+    where: str,
+    cfg: DataConfig,
+    processor: Any,
+    too_long: list[str],
+    base: Path,
+    max_images: int,
+) -> None:
+    """A vision-language row: its images read, the placeholders expanded to image tokens by the processor."""
+    from torchrl_post.multimodal.vision import encode, image_inputs, load_image, with_image_items
+
+    sources = row.get(cfg.image_key) or []
+    if not isinstance(sources, list):
+        sources = [sources]
+    if len(sources) > max_images:
+        raise DataError(
+            f"{where}: {len(sources)} images, over rollout.limit_images={max_images}; raise rollout.limit_images"
+        )
+    images = [load_image(src, base, where) for src in sources]
+    msgs = with_image_items(_messages(row, cfg, where, items=True), len(images), where)
+    ids, mm = encode(processor, msgs, images)
+    if not _fits(ids, cfg, where, too_long, " with its images' tokens"):
+        return
+    _append(out, row, i, where, cfg, ids, msgs)
+    out.images.append(images)
+    if cfg.return_multi_modal_inputs:
+        out.mm_inputs.append(mm if mm else image_inputs(processor, images))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from torchrl_post.multimodal.vision import VisionSpec, attach_images
 from torchrl_post.types import Batch, Generation, PromptBatch, termination_codes
 
 
@@ -26,8 +27,15 @@ class SamplingParams:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
-        """n samples per prompt, prompt-major."""
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        uids: list[int],
+        params: SamplingParams,
+        images: list[list[Any]] | None = None,
+    ) -> Generation:
+        """n samples per prompt, prompt-major; `images`: each prompt's images (vision-language models), whose
+        placeholder tokens the prompt ids already hold expanded."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -43,11 +51,12 @@ class RolloutEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
-def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> Batch:
-    """Left-pad prompts, right-pad responses, build masks and positions; every sample weight 1, unscored."""
+def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int, vision: VisionSpec | None = None) -> Batch:
+    """Left-pad prompts, right-pad responses, build masks and positions; every sample weight 1, unscored.
+    A vision-language model's batch carries each sample's images and M-RoPE positions."""
     num = len(gen.response_ids)
     assert num == len(prompts) * n, "engines return n samples per prompt"
-    return pad_samples(
+    batch = pad_samples(
         [prompts.prompt_ids[i // n] for i in range(num)],
         gen.response_ids,
         gen.logprobs,
@@ -56,6 +65,9 @@ def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int) -> Batch
         gen.finish_reasons,
         pad_id,
     )
+    if vision is not None:
+        attach_images(batch, [prompts.mm_inputs[i // n] if prompts.mm_inputs else {} for i in range(num)], vision)
+    return batch
 
 
 def pad_samples(

@@ -8,25 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from torchrl_post.config.schema import Config
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
+from torchrl_post.rollout.base import SamplingParams, collate
 from torchrl_post.sync.lora import lora_scale, merged_weights
-from torchrl_post.types import Generation
-from torchrl_post.workers.logprobs import response_log_probs
+from torchrl_post.types import Generation, PromptBatch
+from torchrl_post.workers.fsdp import load_pretrained
+from torchrl_post.workers.logprobs import batched_log_probs
+
+
+def _prompts(prompt_ids: list[list[int]], mm_inputs: list[dict[str, Any]]) -> PromptBatch:
+    """Prompts for `collate`: ids and image inputs only."""
+    n = len(prompt_ids)
+    return PromptBatch(prompt_ids, [None] * n, [""] * n, [{}] * n, list(range(n)), [], [], mm_inputs)
 
 
 class HFEngine:
     def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path,
-            dtype=getattr(torch, cfg.rollout.dtype),
-            trust_remote_code=cfg.model.trust_remote_code,
-            use_safetensors=True,
-        )
+        model = load_pretrained(cfg.model, getattr(torch, cfg.rollout.dtype))
+        self.vision = VisionSpec.of(model.config)
+        self.processor = load_processor(cfg.model.path, cfg.model.trust_remote_code) if self.vision else None
         self.model = model.to(device)  # type: ignore[arg-type]  # transformers' stub types .to() oddly
         self.model.eval()
         self.device = device
@@ -37,7 +42,15 @@ class HFEngine:
         self._queue: list[tuple[str, list[int], SamplingParams, int]] = []
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        uids: list[int],
+        params: SamplingParams,
+        images: list[list[Any]] | None = None,
+    ) -> Generation:
+        if images is not None and self.vision is not None:
+            return self._generate_with_images(prompt_ids, uids, params, images)
         width = max(map(len, prompt_ids))
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompt_ids], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=self.device)
@@ -57,19 +70,52 @@ class HFEngine:
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids,
             )
+        prompts = _prompts(prompt_ids, [{}] * len(prompt_ids))
+        return self._finish(out[:, width:].tolist(), prompts, params.n, params.temperature)
+
+    def _generate_with_images(
+        self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams, images: list[list[Any]]
+    ) -> Generation:
+        """A vision-language model: each prompt repeated n times with its images through `generate`; the kept
+        tokens' logprobs from one forward of the finished rows (with their images and M-RoPE positions)."""
+        assert self.vision is not None
+        n = params.n
+        rows = [p for p in prompt_ids for _ in range(n)]
+        mm = [image_inputs(self.processor, imgs) for imgs in images for _ in range(n)]
+        prompts = _prompts(rows, mm)
+        empty = Generation([[] for _ in rows], [[] for _ in rows], ["length"] * len(rows))
+        batch = collate(prompts, empty, 1, self.pad_id, self.vision)
+        width = batch.prompt_width
+        inputs = model_inputs(batch, slice(None), 0, width, self.device)
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.vision.image_token_id).int()
+        del inputs["position_ids"]  # generate derives M-RoPE positions (and their deltas for new tokens)
+        sample = params.temperature > 0
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(params.prompt_seed(uids[0] if uids else 0))
+            out = self.model.generate(
+                **inputs,
+                do_sample=sample,
+                temperature=params.temperature if sample else None,
+                top_p=params.top_p if sample else None,
+                top_k=params.top_k if sample and params.top_k > 0 else None,
+                max_new_tokens=params.max_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids,
+                sequence_bias={(t,): NEVER_GENERATED_BIAS for t in self.vision.never_generated},
+            )
+        return self._finish(out[:, width:].tolist(), prompts, 1, params.temperature)
+
+    def _finish(self, rows: list[list[int]], prompts: PromptBatch, n: int, temperature: float) -> Generation:
+        """Generated rows cut after their first stop token; the kept tokens' logprobs from one forward pass
+        (with the prompts' images, for a vision-language model), exactly as the trainer computes them."""
         gen = Generation([], [], [])
-        for row in out[:, width:].tolist():
+        for row in rows:
             stop = next((i for i, t in enumerate(row) if t in self.eos_ids), None)
             gen.response_ids.append(row[: stop + 1] if stop is not None else row)
             gen.finish_reasons.append("stop" if stop is not None else "length")
-        # Logprobs of exactly the kept tokens, from one forward pass.
-        seqs = out[:, : width + max(1, max(map(len, gen.response_ids)))]
-        resp_w = seqs.shape[1] - width
-        attn = torch.cat([mask.repeat_interleave(params.n, 0), torch.zeros_like(seqs[:, width:])], 1)
-        for i, r in enumerate(gen.response_ids):
-            attn[i, width : width + len(r)] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logp, _ = response_log_probs(self.model, seqs, attn, pos, resp_w, params.temperature)
+        gen.logprobs = [[0.0] * len(r) for r in gen.response_ids]
+        batch = collate(prompts, gen, n, self.pad_id, self.vision if prompts.mm_inputs[0] else None)
+        logp = batched_log_probs(self.model, batch, temperature, len(batch), self.device)
         gen.logprobs = [logp[i, : len(r)].tolist() for i, r in enumerate(gen.response_ids)]
         return gen
 

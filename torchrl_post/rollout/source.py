@@ -20,6 +20,7 @@ from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
+from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
@@ -96,6 +97,8 @@ class EngineSource:
         engine_leader: bool,
         engine_group: dist.ProcessGroup | None = None,
         union: bool = True,
+        processor: Any = None,
+        vision: VisionSpec | None = None,
     ) -> None:
         """`sampler` draws this rank's prompts; `engine_group`: the ranks of one tensor-parallel engine;
         `union`: they hold different prompts and generate the union (colocated actor ranks; rollout ranks of
@@ -107,6 +110,7 @@ class EngineSource:
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group, self.union = engine_group, union
         self.pad_id = tokenizer.pad_token_id
+        self.processor, self.vision = processor, vision
         self.loop = build_agent_loop(cfg, engine, tokenizer, engine_group) if cfg.agent.env is not None else None
         self.masked = masked_reasons(cfg.algorithm.compact_filtering)
         self.rejection = cfg.algorithm.rejection_sample
@@ -225,6 +229,11 @@ class EngineSource:
 
     def prompt_batch(self, idx: list[int], uids: list[int], data: PromptDataset | None = None) -> PromptBatch:
         d = data or self.data
+        images = [d.images[i] for i in idx] if d.images else []
+        if d.mm_inputs:
+            mm = [d.mm_inputs[i] for i in idx]
+        else:  # data.return_multi_modal_inputs=false: this batch's images are processed now
+            mm = [image_inputs(self.processor, imgs) for imgs in images]
         return PromptBatch(
             [d.prompt_ids[i] for i in idx],
             [d.answers[i] for i in idx],
@@ -232,6 +241,8 @@ class EngineSource:
             [d.extra_infos[i] for i in idx],
             uids,
             [d.questions[i] for i in idx] if d.questions else [],
+            images,
+            mm,
         )
 
     def generate(self, prompts: PromptBatch, params: SamplingParams, shared: bool = False) -> Batch:
@@ -240,17 +251,18 @@ class EngineSource:
         requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
         group = self.engine_group
         if group is None or shared or not self.union:
-            gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params)
-            return collate(prompts, gen, params.n, self.pad_id)
+            gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params, prompts.images or None)
+            return collate(prompts, gen, params.n, self.pad_id, self.vision)
         parts: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids), group=group)
-        ids = [p for part_ids, _ in parts for p in part_ids]
-        uids = [u for _, part_uids in parts for u in part_uids]
-        every = self.engine.generate(ids, uids, params)
-        start = sum(len(part_ids) for part_ids, _ in parts[: dist.get_rank(group)]) * params.n
+        dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids, prompts.images), group=group)
+        ids = [p for part_ids, _, _ in parts for p in part_ids]
+        uids = [u for _, part_uids, _ in parts for u in part_uids]
+        images = [img for _, _, part_images in parts for img in part_images]
+        every = self.engine.generate(ids, uids, params, images or None)
+        start = sum(len(part_ids) for part_ids, _, _ in parts[: dist.get_rank(group)]) * params.n
         end = start + len(prompts) * params.n
         gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])
-        return collate(prompts, gen, params.n, self.pad_id)
+        return collate(prompts, gen, params.n, self.pad_id, self.vision)
 
     def score(self, batch: Batch, prompts: PromptBatch) -> None:
         """The reward of every sample: `batch.scores`, `reward_errors` and per-key `reward_extra`."""

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from torchrl_post.config.schema import Config
+from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
 from torchrl_post.rollout.base import SamplingParams
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 from torchrl_post.types import Generation
@@ -47,6 +49,7 @@ class VLLMEngine:
         self.lora_request: Any = None  # adapter mode: the current policy's adapter (None: the base model)
         self.lora_dir: Path | None = None
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        self.vision = VisionSpec.of(AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code))
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
@@ -64,6 +67,9 @@ class VLLMEngine:
             extra["enable_prefix_caching"] = True
             if device.type == "cpu":
                 extra["block_size"] = 32
+        if self.vision is not None:
+            _vision_ready()
+            extra["limit_mm_per_prompt"] = {"image": cfg.rollout.limit_images, "video": 0}
         if device.type == "cpu" and cfg.rollout.tensor_parallel_size > 1:
             _remove_stale_cpu_shm()
         self.llm = vllm.LLM(
@@ -93,12 +99,25 @@ class VLLMEngine:
             seed=params.prompt_seed(uid),
             logprobs=0,
             detokenize=False,
+            logit_bias=dict.fromkeys(self.vision.never_generated, NEVER_GENERATED_BIAS) if self.vision else None,
         )
 
-    def generate(self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        uids: list[int],
+        params: SamplingParams,
+        images: list[list[Any]] | None = None,
+    ) -> Generation:
         self.wake_up()
         sps = [self._sampling(params, uid, params.n) for uid in uids]
-        prompts = [{"prompt_token_ids": p} for p in prompt_ids]
+        prompts: list[dict[str, Any]] = [{"prompt_token_ids": p} for p in prompt_ids]
+        for prompt, imgs in zip(prompts, images or [], strict=True):
+            if imgs and self.vision is not None:  # one placeholder per image: vLLM expands it to the patches
+                prompt["prompt_token_ids"] = collapse_image_tokens(
+                    prompt["prompt_token_ids"], self.vision.image_token_id
+                )
+                prompt["multi_modal_data"] = {"image": imgs}
         outs = self.llm.generate(prompts, sps, use_tqdm=False, lora_request=self.lora_request)  # type: ignore[arg-type]
         gen = Generation([], [], [])
         for out in outs:
@@ -145,6 +164,8 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
+        if self.vision is not None:  # cached image embeddings came from the old vision tower
+            self.llm.llm_engine.reset_encoder_cache()
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -188,6 +209,19 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def _vision_ready() -> None:
+    """Qwen-VL models without torchvision (the CPU stack): the processor stand-ins (`multimodal.compat`) must be
+    in place where vLLM inspects the model class, so that inspection runs in this process, not a fresh one."""
+    from torchrl_post.multimodal import compat
+
+    if compat.has_torchvision():
+        return
+    compat.install()
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = lambda fn: fn()  # private in vLLM 0.32: pinned in requirements
 
 
 def _rotary_reload_note(record: logging.LogRecord) -> bool:

@@ -92,14 +92,7 @@ class Actor:
                 scale = self._scale(mask_all)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micro_slices(mb.attention_mask, width, a.ppo_micro_batch_size_per_gpu, self.token_budget):
-                    logp, ent, cells = padded_forward_log_probs(
-                        self.model,
-                        mb.input_ids[micro].to(self.device),
-                        mb.attention_mask[micro].to(self.device),
-                        mb.position_ids[micro].to(self.device),
-                        width,
-                        self.temperature,
-                    )
+                    logp, ent, cells = padded_forward_log_probs(self.model, mb, micro, self.temperature, self.device)
                     padded_cells += cells
                     real_cells += float(mb.attention_mask[micro].sum())
                     mask = mask_all[micro].to(self.device)

@@ -19,6 +19,7 @@ from torchrl_post.algos.value_loss import clipped_value_loss
 from torchrl_post.config.schema import CriticConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
+from torchrl_post.multimodal.vision import model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.logprobs import chunks
@@ -58,11 +59,7 @@ class Critic:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
-        out = self.model(
-            input_ids=b.input_ids[sl].to(self.device),
-            attention_mask=b.attention_mask[sl].to(self.device),
-            position_ids=b.position_ids[sl].to(self.device),
-        )
+        out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))
         return out.logits[:, -b.response_width - 1 : -1, 0].float()
 
     @torch.no_grad()

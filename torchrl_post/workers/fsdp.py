@@ -8,17 +8,28 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 
 
-def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
-    """The policy in float32 from safetensors (never unpickled), with activation checkpointing and a LoRA
-    adapter (`model.lora_rank` > 0) if asked; `trainable=False`: frozen, never adapted."""
-    model = AutoModelForCausalLM.from_pretrained(
-        cfg.path, dtype=torch.float32, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+def model_class(config: Any) -> Any:
+    """The HF auto class for a model config: image-text-to-text for a vision-language model, else causal LM."""
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def load_pretrained(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any:
+    """`model.path` from safetensors (never unpickled) in `dtype`, by its auto class (`model_class`)."""
+    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    return model_class(config).from_pretrained(
+        cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
     )
+
+
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
+    """The policy in float32, with activation checkpointing and a LoRA adapter (`model.lora_rank` > 0) if
+    asked; `trainable=False`: frozen, never adapted."""
+    model = load_pretrained(cfg)
     if not trainable:
         model.requires_grad_(False)
         return model
@@ -48,14 +59,18 @@ def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style), also
-    through a PEFT wrapper."""
+    through a PEFT wrapper; a vision-language model's vision blocks (model.model.visual.blocks) and its
+    language model's layers (model.model.language_model.layers)."""
     get_base = getattr(model, "get_base_model", None)
     base = get_base() if callable(get_base) else model
     inner = getattr(base, "model", None)
     layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")
-    return list(layers)
+    if layers is not None:
+        return list(layers)
+    language, visual = getattr(inner, "language_model", None), getattr(inner, "visual", None)
+    if language is not None and getattr(language, "layers", None) is not None:
+        return [*getattr(visual, "blocks", []), *language.layers]
+    raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")
 
 
 def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, offload: bool = False) -> torch.nn.Module:

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
+from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
+from torchrl_post.types import Batch
+
 
 def logits_to_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, never: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, V], labels [B, T] -> (log p(label) [B, T], entropy [B, T]), at `temperature`.
 
-    Temperature 0 (greedy) uses the raw logits, as the rollout engine reports them.
+    Temperature 0 (greedy) uses the raw logits, as the rollout engine reports them. `never`: token ids whose
+    logits get NEVER_GENERATED_BIAS first, as the engines bias them (a vision model's placeholders).
     """
     logits = logits.float()
+    if never:
+        logits = logits.clone()
+        logits[..., list(never)] += NEVER_GENERATED_BIAS
     if temperature > 0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -25,18 +31,15 @@ def logits_to_logprobs(
 
 
 def response_log_probs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    response_width: int,
-    temperature: float,
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], response_width: int, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward the model once; logprob and entropy of each response token, [B, R] each."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R]."""
+    out = model(**inputs, use_cache=False)
     # The token at column P + t is predicted by the logits at column P + t - 1.
     logits = out.logits[:, -response_width - 1 : -1]
-    return logits_to_logprobs(logits, input_ids[:, -response_width:], temperature)
+    spec = VisionSpec.of(getattr(model, "config", None))
+    never = spec.never_generated if spec is not None else ()
+    return logits_to_logprobs(logits, inputs["input_ids"][:, -response_width:], temperature, never)
 
 
 def chunks(n: int, size: int) -> Iterator[slice]:
@@ -47,20 +50,13 @@ def chunks(n: int, size: int) -> Iterator[slice]:
 
 @torch.no_grad()
 def batched_log_probs(
-    model: torch.nn.Module, batch: Any, temperature: float, micro: int, device: torch.device, token_budget: int = 0
+    model: torch.nn.Module, batch: Batch, temperature: float, micro: int, device: torch.device, token_budget: int = 0
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU."""
     model.eval()
     width = batch.response_mask.shape[1]
     outs = [
-        padded_forward_log_probs(
-            model,
-            batch.input_ids[sl].to(device),
-            batch.attention_mask[sl].to(device),
-            batch.position_ids[sl].to(device),
-            width,
-            temperature,
-        )[0].cpu()
+        padded_forward_log_probs(model, batch, sl, temperature, device)[0].cpu()
         for sl in micro_slices(batch.attention_mask, width, micro, token_budget)
     ]
     return torch.cat(outs)
@@ -105,21 +101,16 @@ def micro_slices(attention_mask: torch.Tensor, response_width: int, max_rows: in
 
 
 def padded_forward_log_probs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    response_width: int,
-    temperature: float,
+    model: torch.nn.Module, batch: Batch, rows: slice, temperature: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """response_log_probs on the trimmed span, padded back to [b, response_width]; also the cells computed."""
-    first, kept = trim_span(attention_mask, response_width)
-    end = attention_mask.shape[1] - response_width + kept
-    logp, ent = response_log_probs(
-        model, input_ids[:, first:end], attention_mask[:, first:end], position_ids[:, first:end], kept, temperature
-    )
-    pad = response_width - kept
+    """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed."""
+    width = batch.response_width
+    mask = batch.attention_mask[rows]
+    first, kept = trim_span(mask, width)
+    end = mask.shape[1] - width + kept
+    logp, ent = response_log_probs(model, model_inputs(batch, rows, first, end, device), kept, temperature)
+    pad = width - kept
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))
         ent = torch.nn.functional.pad(ent, (0, pad))
-    return logp, ent, input_ids.shape[0] * (end - first)
+    return logp, ent, mask.shape[0] * (end - first)
