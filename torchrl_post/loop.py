@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from torchrl_post.checkpoint.dcp import Checkpointer, Trained, rng_state, set_rng_state
 from torchrl_post.config.errors import ConfigError
@@ -33,6 +33,7 @@ from torchrl_post.distributed.placement import Topology
 from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.logging.timing import Timer
+from torchrl_post.multimodal.vision import VisionSpec, load_processor
 from torchrl_post.reward import resolve_reward_fn
 from torchrl_post.reward.scoring import load_function
 from torchrl_post.rollout import build_engine
@@ -78,16 +79,33 @@ class Run:
     reward_fn_for: Any
     run_dir: Path
     total_steps: int
+    processor: Any = None
+    """A vision-language model's processor (image processor + tokenizer); None for a text-only model."""
+    vision: VisionSpec | None = None
 
     @staticmethod
     def prepare(cfg: Config, env: DistEnv, topo: Topology) -> Run:
         check_model_dir(cfg.model.path)
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        m = cfg.model
+        vision = VisionSpec.of(AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code))
+        processor = load_processor(m.path, m.trust_remote_code) if vision is not None else None
+        if vision is not None and cfg.agent.env is not None:
+            raise ConfigError(
+                f"model.path={m.path!r} is a vision-language model ({vision.model_type}); agent episodes "
+                "(agent.env) take text-only models for now: use a text model or unset agent.env"
+            )
+        tokenizer = (
+            processor.tokenizer
+            if processor is not None
+            else AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+        )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        train = load_prompts(file_list("data.train_files", cfg.data.train_files), cfg.data, tokenizer, "train")
+        limit = cfg.rollout.limit_images
+        train_files = file_list("data.train_files", cfg.data.train_files)
+        train = load_prompts(train_files, cfg.data, tokenizer, "train", processor, limit)
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
-        val = load_prompts(val_files, cfg.data, tokenizer, "val") if val_files else None
+        val = load_prompts(val_files, cfg.data, tokenizer, "val", processor, limit) if val_files else None
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         # Agent episodes are scored by their environment's rewards: no reward function is looked up.
         reward_fn_for = resolve_reward_fn(cfg.reward.function, sources) if cfg.agent.env is None else None
@@ -109,7 +127,8 @@ class Run:
         steps = per_epoch * cfg.trainer.total_epochs
         total = min(steps, cfg.trainer.total_training_steps or steps)
         torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
-        return Run(cfg, env, topo, tokenizer, train, val, reward_fn_for, Path(cfg.trainer.default_local_dir), total)
+        run_dir = Path(cfg.trainer.default_local_dir)
+        return Run(cfg, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision)
 
     @property
     def actor_ranks(self) -> list[int]:
@@ -151,6 +170,8 @@ class Run:
             engine_leader=index % tp == 0,
             engine_group=self.topo.engine_group,
             union=self.topo.placement.colocated["rollout"],
+            processor=self.processor,
+            vision=self.vision,
         )
 
     def sum_all(self, t: torch.Tensor) -> torch.Tensor:

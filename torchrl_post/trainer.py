@@ -250,7 +250,7 @@ class Trainer:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
         out, m = ckpt_tmp / "hf", self.run.cfg.model
         if self.run.is_main:
-            write_hf_meta(self.actor.model.config, self.run.tokenizer, out)
+            write_hf_meta(self.actor.model.config, self.run.processor or self.run.tokenizer, out)
             if m.lora_rank > 0:  # adapter_config.json: export rebuilds the PEFT model from it
                 write_adapter_config(self.actor.model, m.path, out)
         if self.run.cfg.trainer.save_hf:

@@ -15,14 +15,14 @@ import sys
 
 import torch
 
-from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, make_actor
+from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, make_actor, parity_prompts
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import read_env, shutdown_distributed
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync
-from torchrl_post.types import Batch, Generation, PromptBatch
+from torchrl_post.types import Batch, Generation
 
 
 def main() -> None:
@@ -46,8 +46,7 @@ def main() -> None:
     # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
     sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None, keep)
     gen = torch.Generator().manual_seed(100)
-    prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
-    pb = PromptBatch(prompts, ["0"] * 4, ["arithmetic"] * 4, [{}] * 4, [0, 1, 2, 3])
+    pb, spec, pad = parity_prompts(model_dir, gen)  # a vision-language model's carry images
     greedy = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=6, seed=0)
     # Greedy samples from rank 2 to both actor ranks: items 0..3 to rank 0, 10..13 to rank 1.
     owner = {g: 2 for g in (0, 1, 2, 3, 10, 11, 12, 13)}
@@ -67,7 +66,7 @@ def main() -> None:
                 sync.receive(engine)
         items = {}
         if engine is not None:
-            g_out = engine.generate(pb.prompt_ids, pb.uids, greedy)
+            g_out = engine.generate(pb.prompt_ids, pb.uids, greedy, pb.images or None)
             if env.rank == 2:
                 for i in range(4):
                     one = ([g_out.response_ids[i]], [g_out.logprobs[i]], [g_out.finish_reasons[i]])
@@ -81,7 +80,7 @@ def main() -> None:
             g_all.response_ids += ids
             g_all.logprobs += lps
             g_all.finish_reasons += fins
-        last = collate(pb, g_all, 1, 0)
+        last = collate(pb, g_all, 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, last)})
     if env.rank == 0:
         with open(out_path, "w") as f:

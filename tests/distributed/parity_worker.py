@@ -1,6 +1,9 @@
 """Run under torchrun by test_sync_parity.py: FSDP2 actor + colocated engine, several updates, parity after each.
 
-    torchrun --nproc-per-node 2 tests/distributed/parity_worker.py <model_dir> <engine> <out.json>
+    torchrun --nproc-per-node 2 tests/distributed/parity_worker.py <model_dir> <engine> <out.json> [lora|lora-adapter]
+
+A vision-language model directory runs the same checks on prompts with images (the actor trains its vision
+tower too, so the engine's encoder cache must be reset on every sync).
 
 After every update and sync, greedy tokens from the engine must be the trainer's argmax tokens and the
 engine's per-token logprobs must equal the trainer's (float32, CPU). Writes the measured differences.
@@ -14,14 +17,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-from tests.distributed.checks import engine_vs_trainer, make_actor
+from tests.distributed.checks import engine_vs_trainer, make_actor, parity_prompts
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import sync_weights
-from torchrl_post.types import PromptBatch
 
 
 def main() -> None:
@@ -43,26 +45,27 @@ def main() -> None:
     actor = make_actor(cfg, mesh)
     engine = build_engine(cfg, env.device, seed=env.rank, pad_id=0, eos_ids=[3])
     gen = torch.Generator().manual_seed(100 + env.rank)
-    prompts = [torch.randint(5, 100, (int(k),), generator=gen).tolist() for k in (5, 9, 7, 12)]
-    pb = PromptBatch(prompts, ["0"] * 4, ["arithmetic"] * 4, [{}] * 4, [0, 1, 2, 3])
+    pb, spec, pad = parity_prompts(model_dir, gen)  # a vision-language model's carry images
+    images = pb.images or None
     greedy = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=6, seed=0)
     sample = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=6, seed=1)
     results = []
     for update in range(4):
         if update > 0:
             # A real update: sampled responses, random advantages, one optimizer step; then sync.
-            rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample), 2, 0)
+            rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample, images), 2, pad, spec)
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
             keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
             sync_weights(actor.model, engine, bucket_mb=1, keep=keep)
-        rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy), 1, 0)
+        rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})
     # A batch larger than vLLM's default token budget (4096 on CPU): every prefill stays whole on CPU, where a split
     # seeded prefill crashes vLLM 0.32 ("CPU Generator does not use offset").
-    big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]
-    big_gen = engine.generate(big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
-    assert len(big_gen.response_ids) == 400
+    if spec is None:
+        big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]
+        big_gen = engine.generate(big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
+        assert len(big_gen.response_ids) == 400
     # The weights must really have moved, or parity would be trivial.
     first = torch.tensor(results[0]["tokens"]), torch.tensor(results[-1]["tokens"])
     moved = first[0].shape != first[1].shape or bool((first[0] != first[1]).any())

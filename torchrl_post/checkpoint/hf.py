@@ -18,16 +18,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig
 
 from torchrl_post.config.errors import ConfigError
+from torchrl_post.workers.fsdp import model_class
 
 WEIGHTS = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
 def write_hf_meta(model_config: Any, tokenizer: Any, out: Path) -> None:
-    """config.json and the tokenizer files (rank 0)."""
+    """config.json and the tokenizer files (rank 0); a vision-language model's processor (`tokenizer` is then
+    the processor: its image processor config and chat template are saved too)."""
     out.mkdir(parents=True, exist_ok=True)
     model_config.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -68,7 +70,7 @@ def export_checkpoint(ckpt_dir: Path, out_dir: Path, merge: bool = False) -> Pat
                 shutil.copy2(f, out_dir / f.name)
         return out_dir
     config = AutoConfig.from_pretrained(meta)
-    model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: Any = model_class(config).from_config(config, dtype=torch.float32)
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -85,5 +87,8 @@ def export_checkpoint(ckpt_dir: Path, out_dir: Path, merge: bool = False) -> Pat
     if lora and merge:
         model = model.merge_and_unload()
     model.save_pretrained(out_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(meta).save_pretrained(out_dir)
+    for f in meta.iterdir():  # tokenizer (and a vision model's processor) files
+        if f.suffix in (".json", ".jinja", ".txt", ".model") and f.name not in ("config.json", ADAPTER_CONFIG):
+            if not (out_dir / f.name).exists():
+                shutil.copy2(f, out_dir / f.name)
     return out_dir

@@ -136,7 +136,8 @@ def mrope_position_ids(
 
     Text tokens count up by one in all three. An image's merged patches sit on a grid starting at the
     current position (temporal index, row, column each added to it); the text after it continues from the
-    current position plus the grid's larger side. Padding (attention 0) gets 0.
+    current position plus the grid's larger side. Left padding gets 0, right padding the last position
+    (the layout text positions have; the forward masks both).
     """
     b, length = input_ids.shape
     out = torch.zeros(b, 3, length, dtype=torch.long)
@@ -160,6 +161,8 @@ def mrope_position_ids(
                 pos[:, i] = cur
                 cur, i = cur + 1, i + 1
         out[row][:, cols] = pos
+        if len(cols):  # right padding repeats the last position, as text positions do (`pad_samples`)
+            out[row][:, int(cols[-1]) + 1 :] = pos[:, -1:]
     return out
 
 

@@ -8,22 +8,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
 
 from torchrl_post.algos.policy_loss import LossScale
 from torchrl_post.algos.value_loss import clipped_value_loss
 from torchrl_post.config.schema import CriticConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
-from torchrl_post.multimodal.vision import model_inputs
+from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.logprobs import chunks
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
+
+
+class VisionValueModel(torch.nn.Module):
+    """A vision-language model's backbone (vision tower and decoder) with a scalar head on each position:
+    transformers has no token-classification class for these models."""
+
+    def __init__(self, path: str, trust_remote_code: bool) -> None:
+        super().__init__()
+        self.model = AutoModel.from_pretrained(
+            path, dtype=torch.float32, trust_remote_code=trust_remote_code, use_safetensors=True
+        )
+        self.config = self.model.config
+        self.score = torch.nn.Linear(self.config.text_config.hidden_size, 1, bias=False)
+        torch.nn.init.normal_(self.score.weight, std=self.config.text_config.initializer_range)
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.model.gradient_checkpointing_enable(**kwargs)
+
+    def forward(self, **inputs: Any) -> SimpleNamespace:
+        hidden = self.model(**inputs).last_hidden_state
+        return SimpleNamespace(logits=self.score(hidden))
 
 
 class Critic:
@@ -44,15 +66,19 @@ class Critic:
         self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
         path = cfg.model.path or model_cfg.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-        config.num_labels = 1
-        config.classifier_dropout = 0.0  # a value head wants no dropout noise
-        model = AutoModelForTokenClassification.from_pretrained(
-            path,
-            config=config,
-            dtype=torch.float32,
-            trust_remote_code=model_cfg.trust_remote_code,
-            use_safetensors=True,
-        )
+        model: Any
+        if VisionSpec.of(config) is not None:
+            model = VisionValueModel(path, model_cfg.trust_remote_code)
+        else:
+            config.num_labels = 1
+            config.classifier_dropout = 0.0  # a value head wants no dropout noise
+            model = AutoModelForTokenClassification.from_pretrained(
+                path,
+                config=config,
+                dtype=torch.float32,
+                trust_remote_code=model_cfg.trust_remote_code,
+                use_safetensors=True,
+            )
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = apply_fsdp(model, mesh, cfg.fsdp)
