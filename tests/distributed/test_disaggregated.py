@@ -49,3 +49,17 @@ def test_broadcast_sync_parity_across_ranks(nproc: int, tp: int, lora: str, tiny
         assert r["argmax_match"], f"update {r['update']}: engine greedy tokens differ from the trainer's argmax"
         assert r["max_logprob_diff"] < 1e-4, f"update {r['update']}: logprob diff {r['max_logprob_diff']}"
     assert rec["results"][0]["tokens"] != rec["results"][-1]["tokens"], "weights did not move"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vlm_broadcast_sync_parity(arch: str, tiny_vlms: dict[str, Path], tmp_path: Path) -> None:
+    """A vision-language model with the engine on a rollout rank of its own: the broadcast carries the vision
+    tower too, and the engine's greedy tokens and logprobs on image prompts stay the trainer's."""
+    out = tmp_path / "parity.json"
+    assert_ok(torchrun(3, ["tests/distributed/disagg_parity_worker.py", str(tiny_vlms[arch]), "1", str(out)]))
+    rec = json.loads(out.read_text())
+    for r in rec["results"]:
+        assert r["argmax_match"], f"{arch} update {r['update']}: engine greedy tokens differ from the trainer's"
+        assert r["max_logprob_diff"] < 1e-4, f"{arch} update {r['update']}: logprob diff {r['max_logprob_diff']}"
+    assert rec["results"][0]["tokens"] != rec["results"][-1]["tokens"], "weights did not move"

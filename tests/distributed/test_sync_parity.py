@@ -37,3 +37,19 @@ def test_engine_matches_trainer_after_updates(engine: str, lora: str, tiny_model
                 f"{engine} logprob off by {r['max_logprob_diff']} at update {r['update']}"
             )
         assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vlm_engine_matches_trainer_after_updates(arch: str, tiny_vlms: dict[str, Path], tmp_path: Path) -> None:
+    """A vision-language model, colocated: prompts carry images, the FSDP2 actor (vision tower included) trains,
+    and after every sync (which resets vLLM's encoder cache) vLLM's greedy tokens and logprobs are the trainer's,
+    whose forward gets the pixel values, grids and M-RoPE positions."""
+    out = tmp_path / "parity.json"
+    assert_ok(torchrun(2, ["tests/distributed/parity_worker.py", str(tiny_vlms[arch]), "vllm", str(out)]))
+    for rank in json.loads(out.read_text()):
+        assert len(rank["results"]) == 4
+        for r in rank["results"]:
+            assert r["argmax_match"], f"{arch}: greedy token differs from the trainer's argmax at update {r['update']}"
+            assert r["max_logprob_diff"] < 1e-4, f"{arch}: logprob off by {r['max_logprob_diff']} at {r['update']}"
+        assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"
