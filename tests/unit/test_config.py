@@ -299,10 +299,12 @@ def test_agent_runs_on_tensor_parallel_and_hf_engines() -> None:
     [
         (["model.lora_rank=-1"], "model.lora_rank"),
         (["model.lora_rank=8", "model.lora_dropout=1.0"], "model.lora_dropout"),
+        (["rollout.limit_images=0"], "rollout.limit_images"),
+        (["data.image_key="], "data.image_key"),
         (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules"),
     ],
 )
-def test_lora_keys_are_checked(overrides: list[str], message: str) -> None:
+def test_lora_and_vlm_keys_are_checked(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(overrides)
 

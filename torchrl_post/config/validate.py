@@ -113,6 +113,9 @@ def validate(cfg: Config) -> None:
         _positive("agent.max_turns", a.max_turns)
         _positive("agent.max_tokens_per_turn", a.max_tokens_per_turn, allow_zero=True)
         _positive("agent.timeout_s", a.timeout_s)
+    _positive("rollout.limit_images", cfg.rollout.limit_images)
+    if not cfg.data.image_key:
+        raise ConfigError("data.image_key is empty; name the column that lists each row's images (verl: images)")
     m = cfg.model
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
     _one_of("rollout.lora_sync", cfg.rollout.lora_sync, LORA_SYNC_MODES)
