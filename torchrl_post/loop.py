@@ -60,7 +60,7 @@ def check_model_dir(path: str) -> None:
     if not (p / "config.json").is_file():
         raise ConfigError(
             f"model.path={path!r} is not a model directory (no config.json); "
-            "point it at a local HF model (the demo's is built by `make demo`, the math agent's by `make math-agent-model`)"
+            "point it at a local HF model (the demo's is built by `make demo`, the math agent's by `make math-agent-model`, the VLM's by `make vlm-model`)"
         )
     if not any(p.glob("*.safetensors")):
         raise ConfigError(f"model.path={path!r} has no *.safetensors weights; save the model with safe_serialization")

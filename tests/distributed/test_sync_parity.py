@@ -40,13 +40,21 @@ def test_engine_matches_trainer_after_updates(engine: str, lora: str, tiny_model
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-def test_vlm_engine_matches_trainer_after_updates(arch: str, tiny_vlms: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "lora"),
+    [("qwen2_vl", ""), ("qwen2_5_vl", ""), ("qwen3_vl", ""), ("qwen2_vl", "lora-adapter")],
+    ids=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_vl-lora-adapter"],
+)
+def test_vlm_engine_matches_trainer_after_updates(
+    arch: str, lora: str, tiny_vlms: dict[str, Path], tmp_path: Path
+) -> None:
     """A vision-language model, colocated: prompts carry images, the FSDP2 actor (vision tower included) trains,
     and after every sync (which resets vLLM's encoder cache) vLLM's greedy tokens and logprobs are the trainer's,
-    whose forward gets the pixel values, grids and M-RoPE positions."""
+    whose forward gets the pixel values, grids and M-RoPE positions. With a LoRA adapter loaded as vLLM's own
+    (the adapter covers the language model: vLLM's LoRA does not reach the vision tower)."""
     out = tmp_path / "parity.json"
-    assert_ok(torchrun(2, ["tests/distributed/parity_worker.py", str(tiny_vlms[arch]), "vllm", str(out)]))
+    args = [str(tiny_vlms[arch]), "vllm", str(out), *([lora] if lora else [])]
+    assert_ok(torchrun(2, ["tests/distributed/parity_worker.py", *args]))
     for rank in json.loads(out.read_text()):
         assert len(rank["results"]) == 4
         for r in rank["results"]:

@@ -94,7 +94,11 @@ def test_image_tokens_count_against_the_prompt_budget(qwen2_vl: tuple[Path, Any]
     assert len(data) == 1 and data.num_filtered == 2
     with pytest.raises(DataError, match=r"rows.jsonl row 1: prompt is \d+ tokens with its images' tokens"):
         load_prompts(
-            [path], DataConfig(max_prompt_length=limit, filter_overlong_prompts=False), processor.tokenizer, "t", processor
+            [path],
+            DataConfig(max_prompt_length=limit, filter_overlong_prompts=False),
+            processor.tokenizer,
+            "t",
+            processor,
         )
 
 

@@ -40,8 +40,14 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
     return model
 
 
+VISION_TOWER = r".*\.visual\..*"
+"""The modules of a Qwen-VL vision tower (PEFT `exclude_modules`)."""
+
+
 def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
-    """The model with a PEFT LoRA adapter: only the adapter's parameters require grad."""
+    """The model with a PEFT LoRA adapter: only the adapter's parameters require grad. A vision-language
+    model's adapter covers its language model only (the vision tower stays frozen): vLLM's LoRA does not reach
+    the vision encoder, so an adapter there would be lost in `rollout.lora_sync=adapter`."""
     from peft import LoraConfig, get_peft_model
 
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
@@ -49,6 +55,7 @@ def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
         target_modules=targets,
+        exclude_modules=VISION_TOWER if getattr(model.config, "vision_config", None) is not None else None,
         lora_dropout=cfg.lora_dropout,
         task_type="CAUSAL_LM",
     )
