@@ -377,6 +377,13 @@ class TrainerConfig:
     plain python (under torchrun it must equal the launched world)."""
     dry_run: bool = False
     """Print the placement plan and batch arithmetic, then exit without loading a model."""
+    save_on_sigterm: bool = True
+    """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
+    if the last one is older than that step, and exit with one line; a resume continues from there."""
+    max_logprob_diff: float = 1e-3
+    """Warn loudly when rollout/logprob_diff (engine vs trainer on the same tokens) exceeds this with float32
+    engines: far above float32 noise (about 1e-6), it means the engine samples other weights than the trainer's
+    (a sync that missed a parameter). <= 0 turns the check off."""
 
 
 @dataclass
