@@ -2,6 +2,7 @@
 
     TORCHRL_POST_FAULT=<point>:<step>[+][:<rank>]
 
+`raise_in_step:2` raises an unexpected error in step 2 on every rank (or `<rank>`);
 `kill_during_save:4` SIGKILLs each rank (or only `<rank>`) once the step-4 shards are written and before
 the checkpoint is committed; `nan_advantages:3+` makes the advantages NaN from step 3 on. The recovery
 tests use these to fail at moments no external timer could hit reliably.
@@ -26,3 +27,9 @@ def active(point: str, step: int, rank: int) -> bool:
 def maybe_kill(point: str, step: int, rank: int) -> None:
     if active(point, step, rank):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_raise(point: str, step: int, rank: int) -> None:
+    """`raise_in_step:2` raises a RuntimeError in step 2 (an unexpected error after every model is built)."""
+    if active(point, step, rank):
+        raise RuntimeError(f"injected fault {point} at step {step}")

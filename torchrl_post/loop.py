@@ -30,6 +30,7 @@ from torchrl_post.data.dataset import PromptDataset, load_prompts
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology
+from torchrl_post.faults import maybe_raise
 from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.logging.timing import Timer
@@ -247,6 +248,7 @@ def fit(program: RankProgram) -> None:
         metrics.log({"training/global_step": 0, **validate(program)})
     while step < total:
         step += 1
+        maybe_raise("raise_in_step", step, run.env.rank)
         out = program.step(step)
         last = step == total
         if validating and (step % t.test_freq == 0 or last):

@@ -112,7 +112,7 @@ class VLLMEngine:
         self.wake_up()
         sps = [self._sampling(params, uid, params.n) for uid in uids]
         prompts: list[dict[str, Any]] = [{"prompt_token_ids": p} for p in prompt_ids]
-        for prompt, imgs in zip(prompts, images or [], strict=True):
+        for prompt, imgs in zip(prompts, images, strict=True) if images is not None else ():
             if imgs and self.vision is not None:  # one placeholder per image: vLLM expands it to the patches
                 prompt["prompt_token_ids"] = collapse_image_tokens(
                     prompt["prompt_token_ids"], self.vision.image_token_id
