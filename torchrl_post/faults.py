@@ -33,3 +33,9 @@ def maybe_raise(point: str, step: int, rank: int) -> None:
     """`raise_in_step:2` raises a RuntimeError in step 2 (an unexpected error after every model is built)."""
     if active(point, step, rank):
         raise RuntimeError(f"injected fault {point} at step {step}")
+
+
+def maybe_signal(point: str, step: int, rank: int) -> None:
+    """`sigterm_in_step:2` sends this process SIGTERM at the start of step 2 (what a scheduler does)."""
+    if active(point, step, rank):
+        os.kill(os.getpid(), signal.SIGTERM)

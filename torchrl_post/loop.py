@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import logging
 import platform
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoTokenizer
 
 from torchrl_post.checkpoint.dcp import Checkpointer, Trained, rng_state, set_rng_state
+from torchrl_post.checkpoint.run_dir import lock_run_dir
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import to_yaml
 from torchrl_post.config.schema import Config
@@ -30,7 +32,7 @@ from torchrl_post.data.dataset import PromptDataset, load_prompts
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology
-from torchrl_post.faults import maybe_raise
+from torchrl_post.faults import maybe_raise, maybe_signal
 from torchrl_post.logging.metrics import MetricsLogger
 from torchrl_post.logging.plots import plot_run
 from torchrl_post.logging.timing import Timer
@@ -65,6 +67,26 @@ def check_model_dir(path: str) -> None:
         )
     if not any(p.glob("*.safetensors")):
         raise ConfigError(f"model.path={path!r} has no *.safetensors weights; save the model with safe_serialization")
+
+
+def claim_run_dir(cfg: Config, env: DistEnv, topo: Topology) -> None:
+    """This job takes trainer.default_local_dir before anything loads or is written: its global rank 0 locks it
+    (`checkpoint/run_dir.py`) and every rank learns whether that worked. A second job gets one line naming the
+    directory and the job that holds it."""
+    run_dir = Path(cfg.trainer.default_local_dir)
+    problem = ""
+    if env.rank == 0:
+        try:
+            lock_run_dir(run_dir)
+        except ConfigError as e:
+            problem = str(e)
+    flag = torch.tensor([float(bool(problem))])
+    if topo.world is None:
+        dist.all_reduce(flag)
+    else:
+        topo.world.allreduce([flag]).wait()
+    if flag.item() > 0:
+        raise ConfigError(problem or f"trainer.default_local_dir={str(run_dir)!r} is held by another job")
 
 
 @dataclass
@@ -239,16 +261,22 @@ def fit(program: RankProgram) -> None:
         (run.run_dir / "config.yaml").write_text(to_yaml(cfg))
         (run.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
     step = resume(program, checkpointer)
+    if run.is_main:
+        checkpointer.set_aside(after=step)  # another timeline's checkpoints: out of this run's way, kept
+    run.barrier_all()
     if step:
         metrics.resume_from(step)
     else:
         metrics.start_fresh()
+    stop = StopSignal() if t.save_on_sigterm else None
+    saved = step
     validating = run.val_data is not None and t.test_freq > 0
     if step == 0 and validating and t.val_before_train:
         metrics.log({"training/global_step": 0, **validate(program)})
     while step < total:
         step += 1
         maybe_raise("raise_in_step", step, run.env.rank)
+        maybe_signal("sigterm_in_step", step, run.env.rank)
         out = program.step(step)
         last = step == total
         if validating and (step % t.test_freq == 0 or last):
@@ -257,14 +285,45 @@ def fit(program: RankProgram) -> None:
                 out |= validate(program)
             out |= timer.metrics()
         metrics.log(out)
-        if t.save_freq > 0 and (step % t.save_freq == 0 or last):
+        stopping = stop is not None and stop.agreed(run)
+        if (t.save_freq > 0 and (step % t.save_freq == 0 or last)) or (stopping and saved < step):
             state = {"rng": rng_state(), **program.state_dict()}
             path = checkpointer.save(step, program.trained_roles(), state, write_extra=program.write_hf)
+            saved = step
             if run.is_main:
                 log.info("saved checkpoint %s", path)
+        if stopping:
+            metrics.close()
+            raise Stopped(step, checkpointer.step_dir(saved) if saved else None)
     if run.is_main:
         log.info("run finished at step %d; plots: %s", step, plot_run(run.run_dir))
     metrics.close()
+
+
+class Stopped(Exception):
+    """The run stopped early on a signal, at a step boundary, with its checkpoint saved."""
+
+    def __init__(self, step: int, checkpoint: Path | None) -> None:
+        where = f"checkpoint {checkpoint} saved" if checkpoint is not None else "no checkpoint (step 0)"
+        super().__init__(f"stopped on SIGTERM after step {step}: {where}; run the same command to resume from it")
+
+
+class StopSignal:
+    """SIGTERM (what Slurm and Kubernetes send before a kill) noted by a handler, acted on at a step boundary by
+    every rank together (`agreed`): the ranks that got it tell the others."""
+
+    def __init__(self) -> None:
+        self.received = False
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        if not self.received:
+            log.warning("SIGTERM received: stopping after this step (trainer.save_on_sigterm)")
+        self.received = True
+
+    def agreed(self, run: Run) -> bool:
+        flag = run.sum_all(torch.tensor([float(self.received)]))
+        return bool(flag.item() > 0)
 
 
 def resume(program: RankProgram, checkpointer: Checkpointer) -> int:

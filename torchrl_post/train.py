@@ -111,19 +111,23 @@ def main(argv: list[str] | None = None) -> None:
         format=f"[rank{env.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    from torchrl_post.distributed.placement import Topology
+    from torchrl_post.loop import Run, Stopped, claim_run_dir, fit
+    from torchrl_post.trainer import build_program
+
     program = None
     try:
-        from torchrl_post.distributed.placement import Topology
-        from torchrl_post.loop import Run, fit
-        from torchrl_post.trainer import build_program
-
         fsdp_sizes = {"actor": cfg.actor.fsdp.fsdp_size, "critic": cfg.critic.fsdp.fsdp_size}
         fsdp_sizes["reference"] = cfg.actor.fsdp.fsdp_size
         topo = Topology(placement, env, fsdp_sizes, cfg.rollout.tensor_parallel_size)
+        claim_run_dir(cfg, env, topo)
         program = build_program(Run.prepare(cfg, env, topo))
         fit(program)
     except UserError as e:
         _fail(str(e))
+    except Stopped as e:
+        if _LAUNCH_RANK == "0":
+            print(str(e), flush=True)
     finally:
         if program is not None:
             program.shutdown()

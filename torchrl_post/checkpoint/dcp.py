@@ -48,6 +48,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _step_of(path: Path) -> int:
+    """global_step_N (or global_step_N.tmp) -> N; -1 for a name that is not one."""
+    tail = path.name.removeprefix("global_step_").removesuffix(".tmp")
+    return int(tail) if tail.isdigit() else -1
+
+
 class Checkpointer:
     def __init__(
         self,
@@ -69,19 +75,66 @@ class Checkpointer:
         return self.root / f"global_step_{step}"
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, by the pointer file (falling back to a directory scan)."""
+        """The newest complete checkpoint. The pointer file is a hint: when it is unreadable or names a
+        checkpoint that is not there (or not complete), the newest complete one on disk is used, said in one line."""
         pointer = self.root / LATEST
-        if pointer.exists():
-            path = self.step_dir(int(pointer.read_text().strip()))
+        done = sorted(self._complete(), key=_step_of)
+        newest = done[-1] if done else None
+        if not pointer.exists():
+            return newest
+        try:
+            text = pointer.read_text().strip()
+            path = self.step_dir(int(text))
+        except (OSError, UnicodeDecodeError, ValueError):
+            problem = f"is unreadable ({pointer.read_bytes()[:20]!r})"
+        else:
             if (path / "trainer_state.json").exists():
                 return path
-        done = sorted(self._complete(), key=lambda p: int(p.name.split("_")[-1]))
-        return done[-1] if done else None
+            problem = f"names {path.name}, which is not a complete checkpoint"
+        if self.rank == 0:
+            using = f"using the newest complete checkpoint on disk, {newest.name}" if newest else "no checkpoint found"
+            log.warning("%s %s; %s", pointer, problem, using)
+        return newest
 
     def _complete(self) -> list[Path]:
         if not self.root.exists():
             return []
-        return [p for p in self.root.glob("global_step_*") if p.is_dir() and (p / "trainer_state.json").exists()]
+        return [
+            p
+            for p in self.root.glob("global_step_*")
+            if p.is_dir() and p.suffix != ".tmp" and (p / "trainer_state.json").exists()
+        ]
+
+    def set_aside(self, after: int) -> Path | None:
+        """Move the checkpoints of another timeline out of this run's way (rank 0): every checkpoint after step
+        `after` (all of them for a fresh start) goes to `checkpoints.<n>.old/`, nothing is deleted or
+        overwritten, and pruning then sees only this run's. Returns where they went (None: nothing to move)."""
+        if not self.root.exists():
+            return None
+        later = [p for p in self.root.glob("global_step_*") if _step_of(p) > after]
+        pointer = self.root / LATEST
+        if not later and not (after == 0 and pointer.exists()):
+            return None
+        n = 1
+        while (dest := self.root.with_name(f"checkpoints.{n}.old")).exists():
+            n += 1
+        dest.mkdir()
+        for p in later:
+            p.rename(dest / p.name)
+        if after == 0:
+            if pointer.exists():
+                pointer.rename(dest / LATEST)
+        elif (kept := self.step_dir(after)).is_dir():  # the pointer names what this run resumed from
+            pointer.write_text(f"{after}\n")
+            log.info("latest checkpoint pointer reset to %s", kept.name)
+        names = ", ".join(sorted((p.name for p in later), key=lambda x: int(x.split("_")[-1].removesuffix(".tmp"))))
+        log.warning(
+            "checkpoints of an earlier run (%s) moved to %s: this run %s; nothing was deleted",
+            names or "the latest pointer",
+            dest,
+            "starts fresh" if after == 0 else f"resumed at step {after}",
+        )
+        return dest
 
     def save(
         self,
@@ -116,13 +169,25 @@ class Checkpointer:
         self.barrier()
         return final
 
+    def _offer(self, bad: Path) -> str:
+        """The fix for an unreadable checkpoint: the previous complete one, or a fresh start."""
+        earlier = [p for p in sorted(self._complete(), key=_step_of) if _step_of(p) < _step_of(bad)]
+        fresh = "or start fresh with trainer.resume_mode=disable (its checkpoints are moved aside, not deleted)"
+        if not earlier:
+            return f"no earlier checkpoint here: {fresh}"
+        return (
+            f"resume from the previous one with trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={earlier[-1]}, {fresh}"
+        )
+
     def _world(self) -> int:
         return self.world_size if self.world_size is not None else dist.get_world_size()
 
     def _prune(self) -> None:
+        """Oldest first, never the newest (the pointer names it); `set_aside` made these all this run's."""
         if self.max_keep is None:
             return
-        done = sorted(self._complete(), key=lambda p: int(p.name.split("_")[-1]))
+        done = sorted(self._complete(), key=_step_of)
         for old in done[: -self.max_keep]:
             shutil.rmtree(old, ignore_errors=True)
             log.info("removed old checkpoint %s (trainer.max_ckpt_to_keep=%d)", old.name, self.max_keep)
@@ -133,7 +198,11 @@ class Checkpointer:
         rank_file = path / f"rank_{self.rank}.pt"
         if not state_file.exists() or not rank_file.exists():
             raise ConfigError(f"{path} is not a complete checkpoint (no trainer_state.json or {rank_file.name})")
-        meta = json.loads(state_file.read_text())
+        try:
+            meta = json.loads(state_file.read_text())
+            int(meta["global_step"]), int(meta["world_size"])
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"{state_file} cannot be read ({type(e).__name__}: {e}); {self._offer(path)}") from e
         if meta["world_size"] != self._world():
             raise ConfigError(
                 f"{path} was written by {meta['world_size']} ranks, this run has {self._world()}; "
@@ -152,8 +221,7 @@ class Checkpointer:
             rank_state = torch.load(rank_file, weights_only=True)
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             raise ConfigError(
-                f"checkpoint {path} is corrupted ({' '.join(str(e).split())[:200]}); resume from an earlier one "
-                "with trainer.resume_mode=resume_path trainer.resume_from_path=<dir>, or set trainer.resume_mode=disable"
+                f"checkpoint {path} is corrupted ({' '.join(str(e).split())[:200]}); {self._offer(path)}"
             ) from e
         for role, (model, optimizer) in roles.items():
             model_sd, optim_sd = states[role]
