@@ -172,12 +172,12 @@ class Checkpointer:
     def _offer(self, bad: Path) -> str:
         """The fix for an unreadable checkpoint: the previous complete one, or a fresh start."""
         earlier = [p for p in sorted(self._complete(), key=_step_of) if _step_of(p) < _step_of(bad)]
-        fresh = "or start fresh with trainer.resume_mode=disable (its checkpoints are moved aside, not deleted)"
+        fresh = "start fresh with trainer.resume_mode=disable (its checkpoints are moved aside, not deleted)"
         if not earlier:
-            return f"no earlier checkpoint here: {fresh}"
+            return f"no earlier checkpoint here; {fresh}"
         return (
             f"resume from the previous one with trainer.resume_mode=resume_path "
-            f"trainer.resume_from_path={earlier[-1]}, {fresh}"
+            f"trainer.resume_from_path={earlier[-1]}, or {fresh}"
         )
 
     def _world(self) -> int:
