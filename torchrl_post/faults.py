@@ -10,6 +10,7 @@ tests use these to fail at moments no external timer could hit reliably.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -39,3 +40,9 @@ def maybe_signal(point: str, step: int, rank: int) -> None:
     """`sigterm_in_step:2` sends this process SIGTERM at the start of step 2 (what a scheduler does)."""
     if active(point, step, rank):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def maybe_fail_write(point: str, step: int, rank: int) -> None:
+    """`enospc_during_save:4` fails the step-4 checkpoint write with ENOSPC, as a full disk does."""
+    if active(point, step, rank):
+        raise OSError(errno.ENOSPC, "No space left on device")

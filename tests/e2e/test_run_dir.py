@@ -90,3 +90,20 @@ def test_pointer_corruption_and_fresh_start(tiny_model: Path, task_data: tuple[P
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_2"]  # pruned: this run's only
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert len(list(run.glob("metrics.*.jsonl.old"))) == 1
+
+
+def test_full_disk_during_save_is_one_line(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = torchrun(
+        2,
+        _args(tiny_model, task_data, run, 4, "trainer.save_freq=2"),
+        env={"TORCHRL_POST_FAULT": "enospc_during_save:4"},
+    )
+    assert proc.returncode != 0
+    line = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "No space left on device" in line[0], proc.stderr[-2000:]
+    assert f"the previous checkpoint {run / 'checkpoints' / 'global_step_2'} is intact" in line[0]
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    resumed = torchrun(2, _args(tiny_model, task_data, run, 4, "trainer.save_freq=2"))
+    assert_ok(resumed)
+    assert "(step 2)" in resumed.stderr

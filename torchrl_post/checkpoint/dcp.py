@@ -24,8 +24,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from torchrl_post.config.errors import ConfigError
-from torchrl_post.faults import maybe_kill
+from torchrl_post.config.errors import ConfigError, TrainingError
+from torchrl_post.faults import maybe_fail_write, maybe_kill
 
 log = logging.getLogger(__name__)
 LATEST = "latest_checkpointed_iteration.txt"
@@ -145,16 +145,26 @@ class Checkpointer:
     ) -> Path:
         """Write global_step_N on every rank; `write_extra(tmp_dir)` runs on every rank before the commit."""
         tmp = self.root / f"global_step_{step}.tmp"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.barrier()
-        for role, (model, optimizer) in roles.items():
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / role))
-        torch.save(rank_state, tmp / f"rank_{self.rank}.pt")
-        if write_extra is not None:
-            write_extra(tmp)
+        try:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            self.barrier()
+            for role, (model, optimizer) in roles.items():
+                model_sd, optim_sd = get_state_dict(model, optimizer)
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / role))
+            maybe_fail_write("enospc_during_save", step, self.rank)
+            torch.save(rank_state, tmp / f"rank_{self.rank}.pt")
+            if write_extra is not None:
+                write_extra(tmp)
+        except (OSError, CheckpointException) as e:  # a full disk, a quota, a vanished mount
+            previous = self.latest()
+            kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+            reason = " ".join(str(e).split())[:200]
+            raise TrainingError(
+                f"writing checkpoint {tmp} failed ({reason}); {kept}; free space (or fix the mount) and run the "
+                "same command to resume"
+            ) from e
         maybe_kill("kill_during_save", step, self.rank)
         self.barrier()
         final = self.step_dir(step)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchrl_post.config.errors import TrainingError
+
 log = logging.getLogger("torchrl_post")
 LOGGERS = ("console", "wandb")  # besides metrics.jsonl, always written
 
@@ -102,8 +104,14 @@ class MetricsLogger:
         clean = {
             k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items() if not k.startswith("_")
         }
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(clean) + "\n")
+        except OSError as e:  # a full disk or a quota: the rows written so far and the checkpoints stay
+            raise TrainingError(
+                f"cannot write {self.path} ({e.strerror}); the metrics so far and the last checkpoint are kept; "
+                "free space and run the same command to resume"
+            ) from e
         if self.console:
             print(_console_line(metrics, self.total_steps), file=sys.stdout, flush=True)
         if self.wandb is not None:
