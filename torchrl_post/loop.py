@@ -20,12 +20,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from torchrl_post.checkpoint.dcp import Checkpointer, Trained, rng_state, set_rng_state
 from torchrl_post.checkpoint.run_dir import lock_run_dir
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import to_yaml
+from torchrl_post.config.preflight import check_critic, check_run_dir, check_tokenizer, preflight
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
 from torchrl_post.data.dataset import PromptDataset, load_prompts
@@ -58,17 +59,6 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def check_model_dir(path: str) -> None:
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        raise ConfigError(
-            f"model.path={path!r} is not a model directory (no config.json); "
-            "point it at a local HF model (the demo's is built by `make demo`, the math agent's by `make math-agent-model`, the VLM's by `make vlm-model`)"
-        )
-    if not any(p.glob("*.safetensors")):
-        raise ConfigError(f"model.path={path!r} has no *.safetensors weights; save the model with safe_serialization")
-
-
 def claim_run_dir(cfg: Config, env: DistEnv, topo: Topology) -> None:
     """This job takes trainer.default_local_dir before anything loads or is written: its global rank 0 locks it
     (`checkpoint/run_dir.py`) and every rank learns whether that worked. A second job gets one line naming the
@@ -77,6 +67,7 @@ def claim_run_dir(cfg: Config, env: DistEnv, topo: Topology) -> None:
     problem = ""
     if env.rank == 0:
         try:
+            check_run_dir(str(run_dir))
             lock_run_dir(run_dir)
         except ConfigError as e:
             problem = str(e)
@@ -108,9 +99,9 @@ class Run:
 
     @staticmethod
     def prepare(cfg: Config, env: DistEnv, topo: Topology) -> Run:
-        check_model_dir(cfg.model.path)
+        model_config = preflight(cfg)  # model dir, weights' headers, length budget, run dir, resume path
         m = cfg.model
-        vision = VisionSpec.of(AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code))
+        vision = VisionSpec.of(model_config)
         processor = load_processor(m.path, m.trust_remote_code) if vision is not None else None
         if vision is not None and cfg.agent.env is not None:
             raise ConfigError(
@@ -122,6 +113,8 @@ class Run:
             if processor is not None
             else AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         )
+        check_tokenizer(tokenizer, model_config, m.path)
+        check_critic(cfg, tokenizer)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit = cfg.rollout.limit_images

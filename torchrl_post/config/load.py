@@ -53,9 +53,37 @@ def _in_schema(dotted: str) -> bool:
     return True
 
 
+HYDRA_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
+
+
+def check_override_syntax(arg: str) -> None:
+    """One override in Hydra's grammar, with a key; else one line naming the override (Hydra's own message
+    often does not: `no viable alternative at input '[1,2'`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not isinstance(arg, str):
+        raise ConfigError(f"override {arg!r} must be a string key=value")
+    try:
+        parsed = OverridesParser.create().parse_override(arg)
+    except Exception as e:  # HydraException (OverrideParseException) and ANTLR's errors
+        msg = " ".join(str(e).split()).split(" See https://")[0]
+        raise ConfigError(
+            f"override {arg!r} is not valid override syntax ({msg}); write key=value, quoting a value with "
+            f"special characters as key='...' (grammar: {HYDRA_GRAMMAR})"
+        ) from e
+    if not parsed.key_or_group:
+        raise ConfigError(f"override {arg!r} has no key; write key=value (e.g. actor.lr=1e-4)")
+    if parsed.is_sweep_override():
+        raise ConfigError(
+            f"override {arg!r} is a sweep (a comma or sweep function outside brackets), which one run cannot take; "
+            "write key=[a,b] for a list or key='a,b' for a string"
+        )
+
+
 def load_config(overrides: list[str] | None = None, config_name: str = "config") -> Config:
     """Compose `configs/<config_name>.yaml` over the schema with `key=value` overrides; validate."""
     for arg in overrides or []:
+        check_override_syntax(arg)
         # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
         key = arg.split("=", 1)[0].lstrip("+~")
         if arg.startswith(("+", "~")) and not _in_schema(key):

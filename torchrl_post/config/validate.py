@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from omegaconf import ListConfig
@@ -45,8 +47,32 @@ def file_list(key: str, value: Any, allow_none: bool = False) -> list[str]:
     return items
 
 
+def _finite(node: Any, prefix: str = "") -> None:
+    """No nan or inf anywhere (Hydra reads `nan` and `inf` as floats; every range check lets nan through)."""
+    for f in fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _finite(value, f"{key}.")
+        items = value if isinstance(value, (list, tuple, ListConfig)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            raise ConfigError(f"{key}={value} is not a finite number")
+
+
+def _named(key: str, value: Any) -> None:
+    """A key that names a column, a path or a source: a non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}={value!r} must be a non-empty string")
+
+
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
+    _finite(cfg)
+    _named("model.path", cfg.model.path)
+    for key in ("prompt_key", "answer_key", "data_source_key", "default_data_source"):
+        _named(f"data.{key}", getattr(cfg.data, key))
+    _named("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    if cfg.critic.model.path is not None:
+        _named("critic.model.path", cfg.critic.model.path)
     file_list("data.train_files", cfg.data.train_files)
     file_list("data.val_files", cfg.data.val_files, allow_none=True)
     for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
@@ -74,8 +100,17 @@ def validate(cfg: Config) -> None:
     _positive("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size, allow_zero=True)
     _positive("actor.lr_warmup_steps", cfg.actor.lr_warmup_steps, allow_zero=True)
     _positive("actor.clip_ratio", cfg.actor.clip_ratio)
-    if len(cfg.actor.betas) != 2:
-        raise ConfigError(f"actor.betas={cfg.actor.betas} must be two numbers like [0.9,0.999]")
+    if len(cfg.actor.betas) != 2 or not all(0 <= b < 1 for b in cfg.actor.betas):
+        raise ConfigError(f"actor.betas={cfg.actor.betas} must be two numbers in [0, 1) like [0.9,0.999]")
+    _positive("actor.weight_decay", cfg.actor.weight_decay, allow_zero=True)
+    for side in ("clip_ratio_low", "clip_ratio_high"):
+        if getattr(cfg.actor, side) is not None:
+            _positive(f"actor.{side}", getattr(cfg.actor, side), allow_zero=True)
+    if cfg.actor.use_dynamic_bsz:
+        _positive("actor.ppo_max_token_len_per_gpu", cfg.actor.ppo_max_token_len_per_gpu)
+    _positive("rollout.max_num_seqs", cfg.rollout.max_num_seqs)
+    if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
     _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
     _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, DTYPES)
     _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
@@ -91,11 +126,16 @@ def validate(cfg: Config) -> None:
     _one_of("actor.kl_loss_type", cfg.actor.kl_loss_type, KL_KINDS)
     _one_of("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_KINDS)
     _one_of("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive"))
+    if cfg.algorithm.kl_ctrl.type == "adaptive":
+        _positive("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl)
+        _positive("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)
     if not 0 <= cfg.algorithm.gamma <= 1 or not 0 <= cfg.algorithm.lam <= 1:
         raise ConfigError(
             f"algorithm.gamma={cfg.algorithm.gamma} and algorithm.lam={cfg.algorithm.lam} must be in [0, 1]"
         )
     _positive("critic.lr", cfg.critic.lr)
+    _positive("critic.weight_decay", cfg.critic.weight_decay, allow_zero=True)
+    _positive("critic.lr_warmup_steps", cfg.critic.lr_warmup_steps, allow_zero=True)
     _positive("critic.cliprange_value", cfg.critic.cliprange_value)
     _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
     _one_of("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)

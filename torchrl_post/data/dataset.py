@@ -8,6 +8,7 @@ template. Overlong prompts are dropped with a logged count, or rejected (data.fi
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -22,8 +23,13 @@ log = logging.getLogger(__name__)
 FORMATS = (".json", ".jsonl", ".csv", ".parquet")
 
 
-def _read_jsonl(path: Path, bad: list[str] | None) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a bad line raises DataError, or is recorded in `bad` when that is a list."""
+ROLES = ("system", "user", "assistant", "tool")
+"""Chat message roles a prompt may hold."""
+
+
+def _read_jsonl(path: Path, bad: list[str] | None, lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a bad line raises DataError, or is recorded in `bad` when that is a list.
+    `lines`, when given, gets each row's line number."""
     rows = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -42,6 +48,8 @@ def _read_jsonl(path: Path, bad: list[str] | None) -> list[dict[str, Any]]:
                 err = e
             else:
                 rows.append(row)
+                if lines is not None:
+                    lines.append(lineno)
                 continue
             if bad is None:
                 raise err
@@ -60,16 +68,68 @@ def _to_python(value: Any) -> Any:
     return value
 
 
+def _read_csv(path: Path, bad: list[str] | None, lines: list[int] | None = None) -> list[dict[str, Any]]:
+    """Rows of a CSV file, every value a string. A row with fewer fields than the header (pandas would fill
+    the missing ones with "", training on an empty answer) or more is an error naming its line (the header is
+    line 1), or recorded in `bad`. `lines`, when given, gets each row's first line number."""
+    csv.field_size_limit(2**31 - 1)  # long prompts: the default limit is 128 KiB per field
+    rows: list[dict[str, Any]] = []
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path}: empty CSV file (no header line)")
+            header = [name or f"Unnamed: {j}" for j, name in enumerate(header)]  # pandas' names for blank ones
+            dupes = sorted({name for name in header if header.count(name) > 1})
+            if dupes:
+                raise DataError(f"{path}:1: the header names column(s) {dupes} twice")
+            start = reader.line_num + 1
+            for record in reader:
+                lineno, start = start, reader.line_num + 1
+                if not record:  # a blank line
+                    continue
+                if len(record) != len(header):
+                    if len(record) < len(header):
+                        missing = header[len(record) :]
+                        what = f"no value for {', '.join(repr(m) for m in missing)}"
+                    else:
+                        what = "an unquoted comma? quote fields that hold commas"
+                    err = DataError(
+                        f"{path}:{lineno}: {len(record)} field(s) where the header has {len(header)} ({what})"
+                    )
+                    if bad is None:
+                        raise err
+                    bad.append(str(err))
+                    continue
+                rows.append(dict(zip(header, record, strict=True)))
+                if lines is not None:
+                    lines.append(lineno)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+    except csv.Error as e:
+        raise DataError(f"{path}: cannot read as csv ({e})") from e
+    return rows
+
+
 def read_rows(path: str | Path, bad: list[str] | None = None) -> list[dict[str, Any]]:
-    """All rows of one data file, by extension; with a `bad` list, malformed JSONL lines go there."""
+    """All rows of one data file, by extension; with a `bad` list, malformed JSONL lines and CSV rows go there."""
+    return _read_rows(path, bad)[0]
+
+
+def _read_rows(path: str | Path, bad: list[str] | None = None) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """`read_rows` and, for line-based files (JSONL, CSV), each row's line number."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file not found: {p} (check data.train_files / data.val_files)")
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
         raise DataError(f"{p}: unsupported data format {suffix!r}; use one of {', '.join(FORMATS)}")
+    lines: list[int] = []
     if suffix == ".jsonl":
-        return _read_jsonl(p, bad)
+        return _read_jsonl(p, bad, lines), lines
+    if suffix == ".csv":
+        return _read_csv(p, bad, lines), lines
     if suffix == ".json":
         try:
             data = json.loads(p.read_text(encoding="utf-8-sig"))
@@ -79,14 +139,14 @@ def read_rows(path: str | Path, bad: list[str] | None = None) -> list[dict[str, 
             data = data["data"]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DataError(f"{p}: a .json data file must hold a list of objects (or {{'data': [...]}})")
-        return data
+        return data, None
     import pandas as pd
 
     try:
-        frame = pd.read_csv(p, dtype=str, keep_default_na=False) if suffix == ".csv" else pd.read_parquet(p)
+        frame = pd.read_parquet(p)
     except Exception as e:  # pandas/pyarrow raise many types for unreadable files
         raise DataError(f"{p}: cannot read as {suffix[1:]} ({' '.join(str(e).split())})") from e
-    return [{k: _to_python(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+    return [{k: _to_python(v) for k, v in row.items()} for row in frame.to_dict(orient="records")], None
 
 
 def _dig(row: dict[str, Any], dotted: str) -> Any:
@@ -142,7 +202,17 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str, items: bool = Fa
         if not prompt.strip():
             raise DataError(f"{where}: empty prompt in column '{cfg.prompt_key}'")
         return [{"role": "user", "content": prompt}]
+    column = cfg.prompt_key if _dig(row, cfg.prompt_key) is not None else "messages"
+    if isinstance(prompt, list):
+        for j, m in enumerate(prompt):
+            role = m.get("role") if isinstance(m, dict) else None
+            if isinstance(role, str) and role not in ROLES:
+                raise DataError(
+                    f"{where}: column '{column}' message {j + 1} has role {role!r}; use one of {', '.join(ROLES)}"
+                )
     if isinstance(prompt, list) and prompt and all(_is_message(m, items) for m in prompt):
+        if all(isinstance(m["content"], str) and not m["content"].strip() for m in prompt):
+            raise DataError(f"{where}: every message in column '{column}' is empty")
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
     raise DataError(
         f"{where}: column '{cfg.prompt_key}' must be a string or a list of {{role, content}} messages, "
@@ -160,8 +230,9 @@ def load_prompts(
     too_long: list[str] = []
     bad: list[str] | None = [] if cfg.skip_bad_rows else None
     for path in files:
-        for i, row in enumerate(read_rows(path, bad)):
-            where = f"{path} row {i + 1}"
+        rows, lines = _read_rows(path, bad)
+        for i, row in enumerate(rows):
+            where = _where(path, i, lines[i] if lines is not None else None)
             try:
                 if processor is not None:
                     _add_image_row(out, row, i, where, cfg, processor, too_long, Path(path).parent, max_images)
@@ -189,6 +260,16 @@ def load_prompts(
             f"data.max_prompt_length={cfg.max_prompt_length}, {out.num_bad} bad rows skipped)"
         )
     return out
+
+
+def _where(path: str, i: int, line: int | None) -> str:
+    """`<file> row N` (and the line where that differs: blank or skipped lines in a JSONL file); a CSV row by
+    its line, the header being line 1."""
+    if line is None:
+        return f"{path} row {i + 1}"
+    if path.lower().endswith(".csv"):
+        return f"{path} line {line}"
+    return f"{path} row {i + 1}" if line == i + 1 else f"{path} row {i + 1} (line {line})"
 
 
 def _add_row(
@@ -225,10 +306,24 @@ def _append(
     answer = _dig(row, cfg.answer_key)
     if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
         raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
-    source = row.get(cfg.data_source_key) or cfg.default_data_source
+    if isinstance(answer, str) and not answer.strip():
+        raise DataError(
+            f"{where}: empty '{cfg.answer_key}' (the reward's ground truth); fill it in, or skip such rows with "
+            "data.skip_bad_rows=true"
+        )
+    source = row.get(cfg.data_source_key)
+    if source is None or source == "" or (isinstance(source, float) and math.isnan(source)):
+        source = cfg.default_data_source
     if not isinstance(source, str):
         raise DataError(f"{where}: column '{cfg.data_source_key}' must be a string, got {type(source).__name__}")
     extra = row.get("extra_info")
+    if extra == "" or (isinstance(extra, float) and math.isnan(extra)):
+        extra = None
+    if extra is not None and not isinstance(extra, dict):
+        raise DataError(
+            f"{where}: column 'extra_info' must be an object (a dict passed to the reward), got "
+            f"{type(extra).__name__}; use JSONL or parquet for nested values"
+        )
     out.prompt_ids.append(ids)
     out.answers.append(answer)
     out.data_sources.append(source)

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrl_post.config.errors import ConfigError
+
 # A c10d backend object (ProcessGroupGloo / ProcessGroupNCCL) used directly: `.broadcast([t], opts)`, `.send`,
 # `.recv`, `.allgather`, `.barrier`. torch's stubs do not declare those methods on Backend, hence Any.
 RawGroup = Any
@@ -38,7 +40,7 @@ def resolve_device_type(preference: str) -> str:
     if preference == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if preference == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
     return preference
 
 
@@ -50,6 +52,12 @@ def read_env(device_preference: str = "auto") -> DistEnv:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     device_type = resolve_device_type(device_preference)
     if device_type == "cuda":
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:
+            raise ConfigError(
+                f"trainer.device=cuda: LOCAL_RANK={local_rank} but only {visible} CUDA device(s) are visible; "
+                f"start at most {visible} processes per node (--nproc-per-node) or check CUDA_VISIBLE_DEVICES"
+            )
         device = torch.device("cuda", local_rank)
         # nccl for tensors on the GPU, gloo for the CPU-side objects (sampler state, metrics).
         backend = "cpu:gloo,cuda:nccl"

@@ -78,6 +78,9 @@ class Placement:
 def _parse_ranks(key: str, value: Any, world_size: int) -> list[int]:
     if isinstance(value, int) or not isinstance(value, (list, tuple)):
         raise ConfigError(f"{key}={value!r} must be a list of ranks like [0,1] (or `actor`)")
+    odd = [r for r in value if isinstance(r, bool) or not isinstance(r, int)]
+    if odd:
+        raise ConfigError(f"{key}={list(value)!r}: rank {odd[0]!r} is not an integer; give ranks like [2,3]")
     ranks = [int(r) for r in value]
     if not ranks:
         raise ConfigError(f"{key} is an empty list; give at least one rank")

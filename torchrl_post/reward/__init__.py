@@ -1,5 +1,5 @@
 """Reward functions (verl signature) and batch scoring with error counting."""
 
-from torchrl_post.reward.scoring import RewardFn, Scores, resolve_reward_fn, score_batch
+from torchrl_post.reward.scoring import RewardFn, Scores, check_reward_signature, resolve_reward_fn, score_batch
 
-__all__ = ["RewardFn", "Scores", "resolve_reward_fn", "score_batch"]
+__all__ = ["RewardFn", "Scores", "check_reward_signature", "resolve_reward_fn", "score_batch"]

@@ -8,13 +8,17 @@ returns NaN/inf gives that sample 0; the count goes to `reward/errors` and train
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import math
 import signal
+import sysconfig
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,23 +30,71 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., Any]
 
 
+VERL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What a reward function is called with, positionally (verl's signature)."""
+
+
+def _raised_at(e: BaseException) -> str:
+    """` at file:line` where an exception was raised: the innermost frame in the user's code (not importlib, the
+    standard library or an installed package), else the innermost frame."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+    paths = sysconfig.get_paths()
+    installed = tuple({str(Path(paths[k]).resolve()) for k in ("stdlib", "purelib", "platlib")})
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(installed)]
+    if not frames:
+        return ""
+    frame = (own or frames)[-1]
+    return f" at {frame.filename}:{frame.lineno}"
+
+
 def load_function(path: str, key: str = "reward.function") -> RewardFn:
-    """Import `package.module:function`."""
+    """Import `package.module:function`; whatever goes wrong (no module, a syntax error or an exception while
+    importing it, no such attribute) is one ConfigError naming the key, the module and where."""
     module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{key}={path!r} must look like package.module:function")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as e:  # the module's own (or one it imports): file and line
+        raise ConfigError(
+            f"{key}={path!r}: module {module_name!r} does not compile: {e.msg} at {e.filename}:{e.lineno}"
+        ) from e
     except ImportError as e:
-        raise ConfigError(f"{key}={path!r}: cannot import module {module_name!r} ({e})") from e
+        raise ConfigError(f"{key}={path!r}: cannot import module {module_name!r} ({' '.join(str(e).split())})") from e
+    except (Exception, SystemExit) as e:  # code run at import raised
+        msg = " ".join(str(e).split())
+        raise ConfigError(
+            f"{key}={path!r}: importing module {module_name!r} raised {type(e).__name__}"
+            f"{': ' + msg if msg else ''}{_raised_at(e)}"
+        ) from e
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"{key}={path!r}: module {module_name!r} has no function {attr!r}")
     return fn
 
 
+def check_reward_signature(fn: RewardFn, path: str, key: str = "reward.function") -> None:
+    """The function takes verl's four arguments positionally and is not a coroutine (it is called, not awaited)."""
+    if inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"{key}={path!r} is an async function; reward functions are called, not awaited: make it def")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: found out per sample
+        return
+    try:
+        sig.bind(*VERL_ARGS)
+    except TypeError as e:
+        raise ConfigError(
+            f"{key}={path!r}: signature {sig} cannot take verl's four arguments ({', '.join(VERL_ARGS)}): {e}; "
+            "define it as fn(data_source, solution_str, ground_truth, extra_info=None)"
+        ) from e
+
+
 def resolve_reward_fn(function: str | None, data_sources: set[str]) -> Callable[[str], RewardFn]:
-    """data_source -> reward function; checked up front for every data source the data holds."""
+    """data_source -> reward function; imported and its signature checked up front, for every data source."""
     if function is not None:
         fn = load_function(function)
+        check_reward_signature(fn, function)
         return lambda source: fn
     missing = sorted(s for s in data_sources if s not in BUILTIN_BY_SOURCE)
     if missing:

@@ -1,0 +1,311 @@
+"""Checks on the files a run reads and writes, done before any model loads: one line naming the key and the fix.
+
+Faults in a model directory otherwise surface only after the actor and the engine have loaded, as tracebacks
+(config.json that is not JSON, a truncated safetensors shard) or not at all (no tokenizer files: transformers
+builds a one-token tokenizer and every prompt encodes to nothing). The order `Run.prepare` calls them in:
+
+    model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
+    check_length_budget(cfg, model_config)
+    check_run_dir(cfg.trainer.default_local_dir)
+    check_resume_path(cfg)
+    ... load the tokenizer (or processor) ...
+    check_tokenizer(tokenizer, model_config, cfg.model.path)
+    check_critic(cfg, tokenizer)
+
+(`preflight(cfg)` runs the first four.) None of them loads a tensor; a safetensors file is checked by its
+header alone: 8 bytes of header length, the JSON header, then the data its offsets describe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import Config
+
+MODEL_HINT = (
+    "point it at a local HF model (the demo's is built by `make demo`, the math agent's by `make math-agent-model`, "
+    "the VLM's by `make vlm-model`)"
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+"""Any one of these means a tokenizer was saved (tokenizer_config.json alone is caught by the test encode)."""
+TEST_TEXT = "hello world 123"
+MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_model_dir(path: str, key: str = "model.path", trust_remote_code: bool = False) -> Any:
+    """A loadable HF model directory: config.json (JSON that AutoConfig reads) and complete safetensors
+    weights (every file's length matches its header; an index names only files that exist).
+    Returns the model's config (transformers' PretrainedConfig)."""
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"{key} is empty; {MODEL_HINT}")
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{key}={path!r} does not exist; {MODEL_HINT}")
+    if not p.is_dir():
+        raise ConfigError(f"{key}={path!r} is a file, not a model directory; {MODEL_HINT}")
+    config_file = p / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{key}={path!r} is not a model directory (no config.json); {MODEL_HINT}")
+    try:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}={path!r}: {config_file} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{key}={path!r}: {config_file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+            "fix or re-download it"
+        ) from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}={path!r}: {config_file} must hold a JSON object, got {type(raw).__name__}")
+    _check_weights(p, key, path)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except Exception as e:  # transformers raises ValueError, KeyError, OSError... for configs it cannot read
+        raise ConfigError(f"{key}={path!r}: transformers cannot load its config.json ({_one_line(e)})") from e
+
+
+def _check_weights(p: Path, key: str, path: str) -> None:
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{key}={path!r} has no *.safetensors weights; save the model with safe_serialization")
+    for index in sorted(p.glob("*.safetensors.index.json")):
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ConfigError(f"{key}={path!r}: {index.name} is not a valid index ({_one_line(e)})") from e
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{key}={path!r}: {index.name} has no weight_map object")
+        missing = sorted({str(f) for f in weight_map.values()} - {f.name for f in files})
+        if missing:
+            raise ConfigError(
+                f"{key}={path!r}: {index.name} names {len(missing)} weight file(s) that are not there "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); the download is incomplete"
+            )
+    for f in files:
+        _check_safetensors(f, key, path)
+
+
+def _check_safetensors(f: Path, key: str, path: str) -> None:
+    """Header readable and the file exactly as long as the data its offsets describe (no tensor is read)."""
+    where = f"{key}={path!r}: {f.name}"
+    fix = "re-save or re-download it"
+    try:
+        size = f.stat().st_size
+        with f.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{where} is truncated ({size} bytes, shorter than a safetensors header); {fix}")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise ConfigError(
+                    f"{where} is truncated or not a safetensors file (header of {n} bytes, file of {size}); {fix}"
+                )
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read ({_one_line(e)}); {fix}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{where} has a corrupt header ({_one_line(e)}); {fix}") from e
+    if not isinstance(header, dict):
+        raise ConfigError(f"{where} has a corrupt header (not a JSON object); {fix}")
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise ConfigError(f"{where} has a corrupt header (tensor {name!r} has no valid data_offsets); {fix}")
+        end = max(end, offsets[1])
+    expected = 8 + n + end
+    if size < expected:
+        raise ConfigError(f"{where} is truncated: {size} bytes, its header describes {expected}; {fix}")
+    if size > expected:
+        raise ConfigError(f"{where} has {size - expected} bytes past the data its header describes; {fix}")
+
+
+def _text_attr(model_config: Any, name: str) -> Any:
+    """`name` of the language model: top level, else the text config of a vision-language model."""
+    value = getattr(model_config, name, None)
+    if value is None:
+        text = getattr(model_config, "text_config", None)
+        if text is None and hasattr(model_config, "get_text_config"):
+            text = model_config.get_text_config()
+        value = getattr(text, name, None) if text is not None else None
+    return value
+
+
+def _positions(model_config: Any) -> int | None:
+    """Positions the model was built for (max_position_embeddings), stretched by linear/dynamic/yarn RoPE scaling."""
+    n = _text_attr(model_config, "max_position_embeddings")
+    if not isinstance(n, int) or n <= 0:
+        return None
+    rope = _text_attr(model_config, "rope_scaling") or _text_attr(model_config, "rope_parameters")
+    if isinstance(rope, dict):
+        kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+        if kind in ("linear", "dynamic", "yarn") and isinstance(factor, (int, float)) and factor > 1:
+            base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+            n = int((base if isinstance(base, int) else n) * factor)
+    return n
+
+
+def check_length_budget(cfg: Config, model_config: Any, key: str = "model.path") -> None:
+    """data.max_prompt_length + data.max_response_length (the engine's max_model_len) within the model's positions."""
+    limit = _positions(model_config)
+    d = cfg.data
+    total = d.max_prompt_length + d.max_response_length
+    if limit is not None and total > limit:
+        path = cfg.model.path if key == "model.path" else cfg.critic.model.path
+        raise ConfigError(
+            f"data.max_prompt_length={d.max_prompt_length} + data.max_response_length={d.max_response_length} = "
+            f"{total} tokens, over the {limit} positions of {key}={path!r} (max_position_embeddings); "
+            f"lower them to sum to at most {limit}"
+        )
+
+
+def check_tokenizer(tokenizer: Any, model_config: Any, path: str, key: str = "model.path") -> None:
+    """Tokenizer files present, the vocabulary within the model's embedding, and a test text that encodes to
+    several distinct tokens (a directory without tokenizer files gives a one-token tokenizer and empty prompts)."""
+    p = Path(path)
+    if p.is_dir() and not any((p / name).is_file() for name in TOKENIZER_FILES) and not any(p.glob("*.tiktoken")):
+        raise ConfigError(
+            f"{key}={path!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...); save the model's "
+            "tokenizer into it (tokenizer.save_pretrained)"
+        )
+    vocab = _text_attr(model_config, "vocab_size")
+    n = len(tokenizer)
+    if isinstance(vocab, int) and n > vocab:
+        raise ConfigError(
+            f"{key}={path!r}: the tokenizer has {n} tokens but the model's vocab_size is {vocab}; ids past "
+            f"{vocab - 1} have no embedding: use the model's own tokenizer"
+        )
+    try:
+        ids = list(tokenizer(TEST_TEXT, add_special_tokens=False)["input_ids"])
+    except Exception as e:  # a broken tokenizer may raise anything
+        raise ConfigError(f"{key}={path!r}: the tokenizer fails to encode {TEST_TEXT!r} ({_one_line(e)})") from e
+    if len(set(ids)) <= 1:
+        raise ConfigError(
+            f"{key}={path!r}: the tokenizer encodes {TEST_TEXT!r} to {ids} (its vocabulary has {n} token(s)); "
+            "its files are missing or broken: save the model's tokenizer into the directory"
+        )
+    if isinstance(vocab, int) and max(ids) >= vocab:
+        raise ConfigError(
+            f"{key}={path!r}: the tokenizer gives id {max(ids)} for {TEST_TEXT!r}, past the model's "
+            f"vocab_size={vocab}: use the model's own tokenizer"
+        )
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ConfigError(
+            f"{key}={path!r}: the tokenizer has no eos_token, so generation cannot stop; "
+            "set eos_token in tokenizer_config.json"
+        )
+
+
+def check_critic(cfg: Config, tokenizer: Any = None) -> Any:
+    """When a critic is used (algorithm.adv_estimator=gae), its critic.model.path (if set; else model.path) is a
+    model directory within the length budget whose vocabulary covers the tokenizer. Returns its config or None."""
+    from torchrl_post.config.validate import needs_critic
+
+    path = cfg.critic.model.path
+    if not needs_critic(cfg) or path is None:
+        return None
+    key = "critic.model.path"
+    critic_config = check_model_dir(path, key, cfg.model.trust_remote_code)
+    check_length_budget(cfg, critic_config, key)
+    vocab = _text_attr(critic_config, "vocab_size")
+    if tokenizer is not None and isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(
+            f"{key}={path!r} has vocab_size={vocab}, fewer than the {len(tokenizer)} tokens of model.path's "
+            "tokenizer: the critic must read the actor's token ids; use a critic of the same model family"
+        )
+    return critic_config
+
+
+def check_run_dir(path: str, key: str = "trainer.default_local_dir") -> None:
+    """The run directory is a directory we can create and write in (a file in its place, or a read-only parent,
+    would otherwise fail at the first metrics line or checkpoint)."""
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"{key} is empty; give the run directory (e.g. outputs/my_run)")
+    p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"{key}={path!r} is a broken symbolic link; fix or remove it, or choose another directory")
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}={path!r} is a file, not a directory; move it or choose another run directory")
+    if p.is_dir():
+        try:
+            with tempfile.TemporaryFile(dir=p):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{key}={path!r} is not writable ({_one_line(e)}); choose another run directory") from e
+        return
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{key}={path!r} cannot be created: {str(parent)!r} is a file; choose another run directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{key}={path!r} cannot be created: {str(parent)!r} is not writable; choose another run directory"
+        )
+
+
+def check_resume_path(cfg: Config) -> None:
+    """trainer.resume_mode=resume_path: trainer.resume_from_path is a complete checkpoint directory."""
+    t = cfg.trainer
+    if t.resume_mode != "resume_path":
+        return
+    key, path = "trainer.resume_from_path", t.resume_from_path
+    if not path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoints/global_step_N>")
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(
+            f"{key}={path!r} does not exist; give a checkpoint directory (<run>/checkpoints/global_step_N)"
+        )
+    if not p.is_dir():
+        raise ConfigError(f"{key}={path!r} is a file; give a checkpoint directory (<run>/checkpoints/global_step_N)")
+    if not (p / "trainer_state.json").is_file():
+        found = {
+            int(d.name.rsplit("_", 1)[1]): d
+            for root in (p, p / "checkpoints")
+            for d in root.glob("global_step_*")
+            if d.name.rsplit("_", 1)[1].isdigit() and (d / "trainer_state.json").is_file()
+        }
+        hint = f"; the latest one under it is {str(found[max(found)])!r}" if found else ""
+        raise ConfigError(
+            f"{key}={path!r} is not a complete checkpoint (no trainer_state.json){hint}; "
+            "give a <run>/checkpoints/global_step_N directory"
+        )
+
+
+def preflight(cfg: Config) -> Any:
+    """The checks that need neither tokenizer nor model, in order; returns model.path's config."""
+    model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
+    check_length_budget(cfg, model_config)
+    check_run_dir(cfg.trainer.default_local_dir)
+    check_resume_path(cfg)
+    return model_config
