@@ -41,6 +41,40 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Llama with tied input/output embeddings (`tie_word_embeddings`, as SmolLM2): hidden 64,
+    2 layers, 2 heads (head_dim 32), 1 KV head, the demo tokenizer. Its checkpoint has no `lm_head.weight`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from torchrl_post.demo.build import save_model
+    from torchrl_post.demo.tokenizer import build_char_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_tied_model")
+    tok = build_char_tokenizer(128)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    save_model(model, tok, out)  # type: ignore[arg-type]  # any causal LM
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_vlms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """An untrained tiny vision-language model of each architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with the
     character tokenizer and its processor: arch -> model dir."""

@@ -215,7 +215,12 @@ class RankProgram(Protocol):
         ...
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        """[2, sources] score sums and counts this rank contributes (zeros without an engine)."""
+        """[VAL_TOTALS, sources] score sums, counts and best-of-n sums this rank contributes (zeros without an
+        engine)."""
+        ...
+
+    def val_samples(self) -> list[dict[str, Any]]:
+        """The last validation's samples this rank keeps for trainer.log_val_generations ([] elsewhere)."""
         ...
 
     def trained_roles(self) -> dict[str, Trained]: ...
@@ -254,6 +259,10 @@ def fit(program: RankProgram) -> None:
         (run.run_dir / "config.yaml").write_text(to_yaml(cfg))
         (run.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
     step = resume(program, checkpointer)
+    if t.val_only:
+        validate_only(program, step)
+        metrics.close()
+        return
     if run.is_main:
         checkpointer.set_aside(after=step)  # another timeline's checkpoints: out of this run's way, kept
     run.barrier_all()
@@ -265,7 +274,7 @@ def fit(program: RankProgram) -> None:
     saved = step
     validating = run.val_data is not None and t.test_freq > 0
     if step == 0 and validating and t.val_before_train:
-        metrics.log({"training/global_step": 0, **validate(program)})
+        metrics.log({"training/global_step": 0, **validate(program, 0)})
     while step < total:
         step += 1
         maybe_raise("raise_in_step", step, run.env.rank)
@@ -275,7 +284,7 @@ def fit(program: RankProgram) -> None:
         if validating and (step % t.test_freq == 0 or last):
             timer = Timer()
             with timer("testing"):
-                out |= validate(program)
+                out |= validate(program, step)
             out |= timer.metrics()
         metrics.log(out)
         stopping = stop is not None and stop.agreed(run)
@@ -339,10 +348,47 @@ def resume(program: RankProgram, checkpointer: Checkpointer) -> int:
 
 
 @torch.no_grad()
-def validate(program: RankProgram) -> dict[str, float]:
-    """Score per data_source over the whole validation set: the engines split it, every rank adds its totals."""
+def validate(program: RankProgram, step: int) -> dict[str, float]:
+    """Score per data_source over the whole validation set: the engines split it, every rank adds its totals.
+    With rollout.val_kwargs.n > 1 also mean@n (over every sample) and pass@n (each prompt's best sample).
+    The first engine writes trainer.log_val_generations samples to val_generations/step_<step>.jsonl."""
     data = program.run.val_data
     assert data is not None
+    n = program.run.cfg.rollout.val_kwargs.n
     sources = sorted(set(data.data_sources))
     totals = program.run.sum_all(program.validation_totals(data, sources))
-    return {f"val/test_score/{src}": (totals[0, j] / totals[1, j]).item() for j, src in enumerate(sources)}
+    write_val_generations(program.run, program.val_samples(), step)
+    out = {}
+    for j, src in enumerate(sources):
+        mean = (totals[0, j] / totals[1, j]).item()
+        out[f"val/test_score/{src}"] = mean
+        if n > 1:
+            out[f"val/test_score/{src}/mean@{n}"] = mean
+            out[f"val/test_score/{src}/pass@{n}"] = (totals[2, j] * n / totals[1, j]).item()
+    return out
+
+
+def validate_only(program: RankProgram, step: int) -> None:
+    """trainer.val_only: score the model (or the resumed checkpoint), print it, append it to val_only.jsonl."""
+    run = program.run
+    if run.val_data is None:
+        raise ConfigError("trainer.val_only=true needs data.val_files")
+    out = {"training/global_step": float(step), **validate(program, step)}
+    if run.is_main:
+        with (run.run_dir / "val_only.jsonl").open("a") as f:
+            f.write(json.dumps(out) + "\n")
+        scores = " | ".join(
+            f"{k.removeprefix('val/test_score/')} {v:.3f}" for k, v in out.items() if k.startswith("val/")
+        )
+        print(f"validation at step {step}: {scores}", flush=True)
+
+
+def write_val_generations(run: Run, samples: list[dict[str, Any]], step: int) -> None:
+    """trainer.log_val_generations: this rank's kept validation samples as val_generations/step_<N>.jsonl."""
+    if not samples:
+        return
+    out = run.run_dir / "val_generations"
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"step_{step}.jsonl").open("w") as f:
+        for sample in samples:
+            f.write(json.dumps(sample, default=str) + "\n")

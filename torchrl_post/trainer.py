@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController
 from torchrl_post.checkpoint.dcp import Checkpointer
 from torchrl_post.checkpoint.hf import write_adapter_config, write_hf_meta, write_hf_weights
 from torchrl_post.config.errors import TrainingError
+from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import uses_rollout_is
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.distributed.placement import dp_group
@@ -113,6 +115,8 @@ class Trainer:
         t0 = time.perf_counter()
         metrics = self.train_step(step)
         elapsed = time.perf_counter() - t0
+        if self.run.is_main and (warning := logprob_diff_warning(metrics, self.run.cfg)) is not None:
+            log.warning("step %d: %s", step, warning)
         tokens = metrics.pop("_tokens")
         return {
             "training/global_step": step,
@@ -225,6 +229,9 @@ class Trainer:
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
         return self.rollouts.validation_totals(data, sources)
 
+    def val_samples(self) -> list[dict[str, Any]]:
+        return self.rollouts.val_samples
+
     def trained_roles(self) -> dict[str, Trained]:
         critic = self.critic.trained() if self.critic is not None else {}
         return {"actor": (self.actor.model, self.actor.optimizer), **critic}
@@ -261,6 +268,29 @@ class Trainer:
 
     def shutdown(self) -> None:
         self.rollouts.shutdown()
+
+
+def logprob_diff_warning(metrics: Mapping[str, float], cfg: Config) -> str | None:
+    """The warning for a step whose `rollout/logprob_diff` (engine vs trainer logprobs of the same tokens)
+    exceeds `trainer.max_logprob_diff`, or None. Checked only where the two compare like with like: float32
+    engine and trainer (bf16 noise is 1e-2), on-policy generation (`rollout/staleness` 0: look-ahead samples
+    older weights on purpose) and untruncated sampling (with top_k/top_p the engine reports logprobs of the
+    truncated distribution). There float32 noise is about 1e-6: far above it, the engine samples weights the
+    trainer does not have."""
+    limit, diff = cfg.trainer.max_logprob_diff, metrics.get("rollout/logprob_diff")
+    if limit <= 0 or diff is None or not diff > limit:
+        return None
+    if cfg.rollout.dtype != "float32" or cfg.actor.fsdp.param_dtype != "float32":
+        return None
+    if metrics.get("rollout/staleness", 0.0) > 0 or cfg.rollout.top_k > 0 or cfg.rollout.top_p < 1.0:
+        return None
+    return (
+        f"ENGINE/TRAINER MISMATCH: rollout/logprob_diff = {diff:.3g} > trainer.max_logprob_diff = {limit:g} with "
+        "float32 engine and trainer, where the two agree to about 1e-6. The engine is most likely sampling with "
+        "weights the trainer does not have: a weight sync that missed a parameter (check tied embeddings, "
+        "tie_word_embeddings, and custom parameter names against the engine's). Raise trainer.max_logprob_diff "
+        "if this difference is expected, or set it to 0 to turn the check off"
+    )
 
 
 def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:

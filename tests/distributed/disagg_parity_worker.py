@@ -82,9 +82,12 @@ def main() -> None:
             g_all.finish_reasons += fins
         last = collate(pb, g_all, 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, last)})
+    # The rollout ranks' aliases (from the shared plan), to rank 0: the receivers must agree with the sender.
+    got_aliases = route(topo.world, {99: list(sync.aliases)} if env.rank == 2 else {}, {99: 2}, {99: 0})
+    aliases = {"aliases": got_aliases[99]} if env.rank == 0 else {}
     if env.rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"results": results, "sync_bytes": sync.nbytes, "buckets": len(sync.buckets)}, f)
+            json.dump({"results": results, "sync_bytes": sync.nbytes, "buckets": len(sync.buckets), **aliases}, f)
     topo.world.barrier().wait()
     if engine is not None:
         engine.shutdown()

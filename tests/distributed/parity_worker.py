@@ -6,7 +6,9 @@ A vision-language model directory runs the same checks on prompts with images (t
 tower too, so the engine's encoder cache must be reset on every sync).
 
 After every update and sync, greedy tokens from the engine must be the trainer's argmax tokens and the
-engine's per-token logprobs must equal the trainer's (float32, CPU). Writes the measured differences.
+engine's per-token logprobs must equal the trainer's (float32, CPU). Writes the measured differences. A text
+model without LoRA then syncs twice more, each time leaving one parameter out (`model.norm.weight`, then
+`lm_head.weight`), and writes what the engine's load_weights raised (the accounting: "" when nothing).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from tests.distributed.checks import engine_vs_trainer, make_actor, parity_promp
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import fsdp_mesh
-from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine, collate
 from torchrl_post.sync.lora import is_adapter
-from torchrl_post.sync.weights import sync_weights
+from torchrl_post.sync.weights import iter_full_weights, sync_weights, tied_aliases, with_aliases
 
 
 def main() -> None:
@@ -69,7 +71,9 @@ def main() -> None:
     # The weights must really have moved, or parity would be trivial.
     first = torch.tensor(results[0]["tokens"]), torch.tensor(results[-1]["tokens"])
     moved = first[0].shape != first[1].shape or bool((first[0] != first[1]).any())
-    out = {"rank": env.rank, "results": results, "greedy_tokens_changed": moved}
+    out = {"rank": env.rank, "results": results, "greedy_tokens_changed": moved, "aliases": tied_aliases(actor.model)}
+    if spec is None and cfg.model.lora_rank == 0:
+        out["left_out"] = left_out_errors(actor.model, engine)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, out)
     if env.rank == 0:
@@ -77,6 +81,20 @@ def main() -> None:
             json.dump(gathered, f)
     engine.shutdown()
     shutdown_distributed()
+
+
+def left_out_errors(model: torch.nn.Module, engine: RolloutEngine) -> dict[str, str]:
+    """A sync's stream (tied embeddings under both names) with one parameter left out, for each of
+    `model.norm.weight` and `lm_head.weight`: what the engine's load_weights raised ("" if it did not)."""
+    errors = {}
+    for drop in ("model.norm.weight", "lm_head.weight"):
+        stream = with_aliases(iter_full_weights(model, 1 << 20), tied_aliases(model))
+        try:
+            engine.load_weights((name, t) for name, t in stream if name != drop)
+            errors[drop] = ""
+        except RuntimeError as e:
+            errors[drop] = str(e)
+    return errors
 
 
 if __name__ == "__main__":

@@ -35,13 +35,23 @@ def test_every_sample_arrives_once_intact_and_balanced(nproc: int, tmp_path: Pat
 
 @pytest.mark.vllm
 @pytest.mark.parametrize(
-    ("nproc", "tp", "lora"),
-    [(3, 1, ""), (4, 2, ""), (3, 1, "lora"), (3, 1, "lora-adapter")],
-    ids=["3-1", "4-2", "lora-merged", "lora-adapter"],
+    ("nproc", "tp", "lora", "model"),
+    [
+        (3, 1, "", "tiny_model"),
+        (4, 2, "", "tiny_model"),
+        (3, 1, "lora", "tiny_model"),
+        (3, 1, "lora-adapter", "tiny_model"),
+        (3, 1, "", "tiny_tied_model"),
+    ],
+    ids=["3-1", "4-2", "lora-merged", "lora-adapter", "tied"],
 )
-def test_broadcast_sync_parity_across_ranks(nproc: int, tp: int, lora: str, tiny_model: Path, tmp_path: Path) -> None:
+def test_broadcast_sync_parity_across_ranks(
+    nproc: int, tp: int, lora: str, model: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """`tied`: tied word embeddings (as SmolLM2). The embedding crosses once; the rollout rank hands it to its
+    engine under both names (the plan carries the alias), or vLLM's LM head would keep the first weights."""
     out = tmp_path / "parity.json"
-    args = [str(tiny_model), str(tp), str(out), *([lora] if lora else [])]
+    args = [str(request.getfixturevalue(model)), str(tp), str(out), *([lora] if lora else [])]
     assert_ok(torchrun(nproc, ["tests/distributed/disagg_parity_worker.py", *args]))
     rec = json.loads(out.read_text())
     assert rec["buckets"] > 10, "1 KiB buckets split the model into many broadcasts"
@@ -49,6 +59,8 @@ def test_broadcast_sync_parity_across_ranks(nproc: int, tp: int, lora: str, tiny
         assert r["argmax_match"], f"update {r['update']}: engine greedy tokens differ from the trainer's argmax"
         assert r["max_logprob_diff"] < 1e-4, f"update {r['update']}: logprob diff {r['max_logprob_diff']}"
     assert rec["results"][0]["tokens"] != rec["results"][-1]["tokens"], "weights did not move"
+    tied = [["lm_head.weight", "model.embed_tokens.weight"]] if model == "tiny_tied_model" else []
+    assert rec["aliases"] == tied, "every rank of the sync group got the plan's aliases"
 
 
 @pytest.mark.vllm

@@ -70,6 +70,20 @@ class DataConfig:
 
 
 @dataclass
+class ValKwargs:
+    n: int = 1
+    """Samples per validation prompt; above 1 also logs val/test_score/<data_source>/mean@n and pass@n."""
+    do_sample: bool = False
+    """false: greedy (temperature 0); true: sample at temperature, top_p and top_k."""
+    temperature: float = 0.0
+    """Validation temperature when do_sample (0 is greedy)."""
+    top_p: float = 1.0
+    """Validation nucleus mass when do_sample."""
+    top_k: int = -1
+    """Validation top-k when do_sample; -1 disables it."""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "vllm"
     """Generation engine: vllm (in-process vllm.LLM per rank) or hf (transformers generate)."""
@@ -81,8 +95,8 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = -1
     """Top-k sampling; -1 disables it."""
-    val_temperature: float = 0.0
-    """Temperature for validation; 0 is greedy."""
+    val_kwargs: ValKwargs = field(default_factory=lambda: ValKwargs())
+    """Validation sampling (verl's rollout.val_kwargs): greedy by default."""
     gpu_memory_utilization: float = 0.5
     """Fraction of accelerator memory vLLM may take (GPU only)."""
     cpu_kvcache_space_gb: int = 1
@@ -351,6 +365,11 @@ class TrainerConfig:
     """Validate every N steps (and at step 0 and the end); <= 0 turns validation off."""
     val_before_train: bool = True
     """Validate once before the first update (logged as step 0)."""
+    val_only: bool = False
+    """Validate the model (or the checkpoint trainer.resume_mode picks) once, log it, and exit without training."""
+    log_val_generations: int = 0
+    """Write this many validation samples (prompt, response, answer, score) to val_generations/step_<N>.jsonl
+    in the run directory at every validation."""
     default_local_dir: str = "outputs/demo"
     """Run directory: metrics.jsonl, checkpoints/, plots/, the resolved config."""
     resume_mode: str = "auto"
@@ -380,7 +399,7 @@ class TrainerConfig:
     save_on_sigterm: bool = True
     """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
     if the last one is older than that step, and exit with one line; a resume continues from there."""
-    max_logprob_diff: float = 1e-3
+    max_logprob_diff: float = 1e-4
     """Warn loudly when rollout/logprob_diff (engine vs trainer on the same tokens) exceeds this with float32
     engines: far above float32 noise (about 1e-6), it means the engine samples other weights than the trainer's
     (a sync that missed a parameter). <= 0 turns the check off."""

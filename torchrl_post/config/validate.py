@@ -81,7 +81,12 @@ def validate(cfg: Config) -> None:
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _positive("rollout.n", cfg.rollout.n)
     _positive("rollout.temperature", cfg.rollout.temperature, allow_zero=True)
-    _positive("rollout.val_temperature", cfg.rollout.val_temperature, allow_zero=True)
+    v = cfg.rollout.val_kwargs
+    _positive("rollout.val_kwargs.n", v.n)
+    _positive("rollout.val_kwargs.temperature", v.temperature, allow_zero=True)
+    if not 0 < v.top_p <= 1:
+        raise ConfigError(f"rollout.val_kwargs.top_p={v.top_p} must be in (0, 1]")
+    _positive("trainer.log_val_generations", cfg.trainer.log_val_generations, allow_zero=True)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
     _positive("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size)

@@ -142,9 +142,25 @@ class HFEngine:
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        """Copy (HF name, full tensor) pairs into the model (a LoRA model's merged here). Every parameter must
+        arrive, under any of its names (tied embeddings: `lm_head.weight` is `model.embed_tokens.weight`): a
+        name the model does not have, or a parameter the sync left out, is an error naming it."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        loaded: set[int] = set()
         for name, tensor in merged_weights(weights, self.lora_scale) if self.lora_scale else weights:
-            params[name].copy_(tensor)
+            param = params.get(name)
+            if param is None:
+                raise RuntimeError(f"weight sync: the engine's model has no parameter {name!r} (sent by the trainer)")
+            param.copy_(tensor)
+            loaded.add(id(param))
+        missed = [name for name, p in self.model.named_parameters() if id(p) not in loaded]
+        if missed:
+            shown = ", ".join(missed[:8]) + (f" and {len(missed) - 8} more" if len(missed) > 8 else "")
+            raise RuntimeError(
+                f"weight sync: the engine's model did not get {len(missed)} parameter(s): {shown}. The sync "
+                "missed them, so the engine would sample with their old values (the trainer's weights never "
+                "reach them)"
+            )
 
     def sleep(self) -> None:
         pass

@@ -28,6 +28,9 @@ from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_gr
 from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch, Generation, PromptBatch
 
+VAL_TOTALS = 3
+"""Rows of a validation total: score sum, sample count, best-of-n sum (see EngineSource.validation_totals)."""
+
 
 def build_agent_loop(
     cfg: Config, engine: RolloutEngine, tokenizer: Any, group: dist.ProcessGroup | None = None
@@ -74,6 +77,9 @@ class RolloutSource(Protocol):
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor: ...
 
+    val_samples: list[dict[str, Any]]
+    """The last validation's first samples (trainer.log_val_generations), on the rank that kept them."""
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -116,6 +122,7 @@ class EngineSource:
         self.rejection = cfg.algorithm.rejection_sample
         self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
         self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
+        self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
 
     # ---- one step ---------------------------------------------------------------------------------
     def next_batch(self, step: int) -> Batch:
@@ -217,12 +224,13 @@ class EngineSource:
         return batch
 
     def sampling(self, step: int, validation: bool) -> SamplingParams:
-        r = self.cfg.rollout
+        r, v = self.cfg.rollout, self.cfg.rollout.val_kwargs
+        sample = v.do_sample and v.temperature > 0  # validation: greedy unless val_kwargs.do_sample
         return SamplingParams(
-            n=1 if validation else r.n,
-            temperature=r.val_temperature if validation else r.temperature,
-            top_p=1.0 if validation else r.top_p,
-            top_k=-1 if validation else r.top_k,
+            n=v.n if validation else r.n,
+            temperature=(v.temperature if sample else 0.0) if validation else r.temperature,
+            top_p=(v.top_p if sample else 1.0) if validation else r.top_p,
+            top_k=(v.top_k if sample else -1) if validation else r.top_k,
             max_tokens=self.cfg.data.max_response_length,
             seed=self.cfg.trainer.seed * 7919 + step,
         )
@@ -282,9 +290,13 @@ class EngineSource:
     # ---- validation ---------------------------------------------------------------------------------
     @torch.no_grad()
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        """[2, sources]: score sums and counts of this engine's share of the validation set (greedy by
-        default); zeros on the other ranks of a tensor-parallel engine."""
-        totals = torch.zeros(2, len(sources), dtype=torch.float64)
+        """[VAL_TOTALS, sources]: score sums, sample counts and sums of each prompt's best score over its
+        rollout.val_kwargs.n samples, for this engine's share of the validation set (greedy by default); zeros
+        on the other ranks of a tensor-parallel engine. The first `trainer.log_val_generations` samples of the
+        first engine are kept in `val_samples`."""
+        totals = torch.zeros(VAL_TOTALS, len(sources), dtype=torch.float64)
+        self.val_samples = []
+        keep = self.cfg.trainer.log_val_generations if self.engine_index == 0 and self.engine_leader else 0
         mine = list(range(self.engine_index, len(data), self.n_engines))
         chunk = self.cfg.data.val_batch_size or max(1, len(mine))
         params = self.sampling(0, validation=True)
@@ -299,11 +311,33 @@ class EngineSource:
             if not self.engine_leader:
                 continue
             assert batch.scores is not None
-            for sc, src in zip(batch.scores.tolist(), prompts.data_sources, strict=True):
+            n = params.n
+            per_prompt = batch.scores.view(len(prompts), n)
+            for row, src in zip(per_prompt, prompts.data_sources, strict=True):
                 j = sources.index(src)
-                totals[0, j] += sc
-                totals[1, j] += 1
+                totals[0, j] += row.sum()
+                totals[1, j] += n
+                totals[2, j] += row.max()
+            if len(self.val_samples) < keep:
+                self.val_samples += self._samples(batch, prompts, n, keep - len(self.val_samples))
         return totals
+
+    def _samples(self, batch: Batch, prompts: PromptBatch, n: int, k: int) -> list[dict[str, Any]]:
+        """The first `k` validation samples, readable: prompt, response, answer, data source, score."""
+        assert batch.scores is not None
+        out = []
+        for i in range(min(k, len(batch))):
+            p = i // n
+            out.append(
+                {
+                    "prompt": self.tokenizer.decode(prompts.prompt_ids[p]),
+                    "response": self.tokenizer.decode(batch.responses[i][batch.response_mask[i].bool()].tolist()),
+                    "answer": prompts.answers[p],
+                    "data_source": prompts.data_sources[p],
+                    "score": float(batch.scores[i]),
+                }
+            )
+        return out
 
     def shutdown(self) -> None:
         self.engine.shutdown()

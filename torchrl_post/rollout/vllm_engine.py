@@ -3,6 +3,8 @@
 The engine joins the torchrun world through vLLM's `external_launcher` executor (no extra processes,
 no Ray). Weights are replaced in place with the worker's `reload_weights` RPC: calling the model's
 `load_weights` a second time fails on the CPU build because weights are repacked after the first load.
+Every reload is accounted for (`ReloadAccount`): a layer of the engine's model that got none of its
+parameters, or a parameter vLLM reports unloaded, is an error naming it, not a stale weight.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class VLLMEngine:
         import vllm
 
         self._vllm = vllm
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_rotary_reload_note)
+        self._param_layers: dict[str, list[str]] | None = None  # layer class -> its modules that own parameters
         self.sleep_enabled = device.type == "cuda" and cfg.rollout.free_cache_engine
         if device.type != "cuda" and cfg.rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
@@ -162,13 +164,20 @@ class VLLMEngine:
             weights = merged_weights(weights, self.lora_scale)
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        with ReloadAccount() as account:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
         if self.vision is not None:  # cached image embeddings came from the old vision tower
             self.llm.llm_engine.reset_encoder_cache()
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+        if account.layers or account.params:
+            if self._param_layers is None:  # the model's structure never changes: asked once
+                self._param_layers = self.llm.apply_model(layers_with_parameters)[0]
+            error = reload_misses(account.layers, account.params, self._param_layers)
+            if error is not None:
+                raise RuntimeError(error)
 
     def _load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """A fresh adapter id per update (a reused id would serve KV blocks cached under the old adapter);
@@ -224,11 +233,98 @@ def _vision_ready() -> None:
     registry._run_in_subprocess = lambda fn: fn()  # private in vLLM 0.32: pinned in requirements
 
 
-def _rotary_reload_note(record: logging.LogRecord) -> bool:
-    """Drop vLLM's "RotaryEmbedding: Failed to load weights" on every reload: the rotary cache is a buffer
-    computed from the config, never in a checkpoint, and vLLM puts it back (nothing failed)."""
-    args = record.args if isinstance(record.args, tuple) else ()
-    return not (args and args[0] == "RotaryEmbedding" and "Failed to load" in str(record.msg))
+RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+"""Where vLLM 0.32's in-place reload reports what it did not load (its only report: no return value carries it)."""
+_LAYER_MISSED = "%s: Failed to load weights"  # layerwise.finalize_layerwise_processing, arg: the layer's class
+_PARAMS_MISSED = "Following weights were not loaded from checkpoint: %s"  # inplace.reload_weights, arg: names
+
+
+class ReloadAccount(logging.Filter):
+    """What one in-place reload did not load, taken from vLLM's reload loggers while it runs.
+
+    vLLM 0.32 loads each layer of its model once all of its tensors arrived; a layer that got none of them is
+    left as it was, with one warning, `<layer class>: Failed to load weights` (`layers`), and parameters that
+    were never loaded are listed in another (`params`). Both records are taken here instead of printed (the
+    engine raises on them, `reload_misses`); the loggers are opened to WARNING for the duration, so a quieter
+    VLLM_LOGGING_LEVEL cannot hide a miss, and the records that only that let through are dropped.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers: list[str] = []
+        self.params: list[str] = []
+        self._saved: list[tuple[logging.Logger, int, int]] = []  # logger, its own level, its effective level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.msg == _LAYER_MISSED and args:
+            self.layers.append(str(args[0]))
+            return False
+        if record.msg == _PARAMS_MISSED and args:
+            names: Any = args[0]  # a set of parameter names
+            self.params.extend(sorted(str(n) for n in names))
+            return False
+        return record.levelno >= next((eff for lg, _, eff in self._saved if lg.name == record.name), 0)
+
+    def __enter__(self) -> ReloadAccount:
+        for name in RELOAD_LOGGERS:
+            logger = logging.getLogger(name)
+            self._saved.append((logger, logger.level, logger.getEffectiveLevel()))
+            logger.addFilter(self)
+            if logger.getEffectiveLevel() > logging.WARNING:
+                logger.setLevel(logging.WARNING)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for logger, level, _ in self._saved:
+            logger.removeFilter(self)
+            logger.setLevel(level)
+        self._saved.clear()
+
+
+def layers_with_parameters(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Layer class name -> the names of its modules in `model` that own parameters (run inside the worker)."""
+    out: dict[str, list[str]] = {}
+    for name, module in model.named_modules():
+        if next(module.parameters(recurse=False), None) is not None:
+            out.setdefault(type(module).__name__, []).append(name)
+    return out
+
+
+def reload_misses(layers: list[str], params: list[str], param_layers: dict[str, list[str]]) -> str | None:
+    """The error for what a reload did not load, or None when nothing that matters was missed.
+
+    `layers`: classes of layers that got none of their tensors; `params`: parameter names vLLM reports unloaded;
+    `param_layers`: `layers_with_parameters` of the engine's model. A layer without parameters is expected and
+    quiet: its tensors are buffers computed from the config (the rotary embeddings' cos/sin cache), never in a
+    checkpoint, and vLLM puts them back. A layer with parameters kept its old values: the engine would sample
+    with weights the trainer does not have.
+    """
+    missed = []
+    for cls in dict.fromkeys(layers):
+        owners = param_layers.get(cls, [])
+        if len(owners) == 1:
+            missed.append(f"{cls} ({owners[0]})")
+        elif owners:
+            more = ", ..." if len(owners) > 4 else ""
+            missed.append(f"{cls} (some of its {len(owners)} layers: {', '.join(owners[:4])}{more})")
+    if not missed and not params:
+        return None
+    parts = []
+    if missed:
+        parts.append("layers that got none of their parameters: " + "; ".join(missed))
+    if params:
+        parts.append("parameters not loaded: " + ", ".join(params[:8]) + (" ..." if len(params) > 8 else ""))
+    return (
+        "weight sync: the vLLM engine did not load every parameter of its model, "
+        + "; ".join(parts)
+        + ". The sync missed them, so the engine keeps their old values and samples with weights the trainer "
+        "does not have. The sync sends the trainer's parameters under their HF names (tied embeddings also as "
+        "lm_head.weight): check that this architecture's names match what vLLM's load_weights expects"
+    )
 
 
 ParsedCalls = tuple[bool, list[tuple[str, str]]]

@@ -8,12 +8,17 @@ every parameter, one after the other), which is what one all_gather over the FSD
   the rollout ranks (no repacking), which cut it into parameters while their engine loads the previous one.
 Floating tensors are cast to the wire dtype while they are copied into the send buffer (free), so a bf16
 engine halves the bytes gathered and sent. Every rank must walk the buckets in the same order (collectives).
+
+Tied word embeddings (`tie_word_embeddings`: the output embedding *is* the input embedding's parameter) move once,
+under the embedding's name, and reach the engine under both names (`tied_aliases`): `named_parameters()` lists a
+shared parameter once, and an engine whose LM head is a layer of its own (vLLM) reloads only the layers it is
+sent, so a stream without `lm_head.weight` would leave its LM head on the old weights.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,8 +173,43 @@ def iter_full_weights(
         yield from split_bucket(gather_bucket(bucket, params, device), bucket)
 
 
+Alias = tuple[str, str]  # (another name of a parameter, the name `named_parameters()` lists it under)
+
+
+def tied_aliases(model: torch.nn.Module, keep: Keep | None = None) -> tuple[Alias, ...]:
+    """(alias, source) for tied word embeddings: the output embedding's weight when it is the input embedding's
+    parameter (`tie_word_embeddings`), under every name but the one `named_parameters()` gives it (HF:
+    ("lm_head.weight", "model.embed_tokens.weight"); PEFT-wrapped: the same under `base_model.model.`). Read
+    from the model itself, so it holds for any architecture and under FSDP2, which keeps the tie."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    if not callable(get_in) or not callable(get_out):
+        return ()
+    emb_in, emb_out = get_in(), get_out()
+    weight = getattr(emb_in, "weight", None)
+    if weight is None or emb_out is None or getattr(emb_out, "weight", None) is not weight:
+        return ()
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
+    if keep is not None and not keep(names[0]):
+        return ()
+    return tuple((alias, names[0]) for alias in names[1:])
+
+
+def with_aliases(
+    weights: Iterable[tuple[str, torch.Tensor]], aliases: tuple[Alias, ...]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream with each alias right after its source, the same tensor (nothing more is gathered or sent)."""
+    by_source: dict[str, list[str]] = {}
+    for alias, source in aliases:
+        by_source.setdefault(source, []).append(alias)
+    for name, tensor in weights:
+        yield name, tensor
+        for alias in by_source.get(name, ()):
+            yield alias, tensor
+
+
 def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int, keep: Keep | None = None) -> int:
-    """Push the actor's current weights into the colocated engine; returns the bytes moved."""
+    """Push the actor's current weights into the colocated engine (tied embeddings under both names); returns
+    the bytes moved."""
     moved = 0
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
@@ -178,7 +218,7 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int, 
             moved += t.numel() * t.element_size()
             yield name, t
 
-    engine.load_weights(counted())
+    engine.load_weights(with_aliases(counted(), tied_aliases(model, keep)))
     return moved
 
 
@@ -198,7 +238,8 @@ class BroadcastSync:
     Every actor rank calls `send` (the gathers are collectives over the actor mesh); the first actor rank
     broadcasts each gathered bucket asynchronously (two in flight) while the next is gathered. Rollout ranks
     post the broadcast of bucket k+1 before their engine loads bucket k. The plan goes over once, at
-    construction; actor ranks outside the group only gather.
+    construction, with the tied-embedding aliases (`tied_aliases`: the receivers hand the embedding to their
+    engine under both names; its bytes go over once); actor ranks outside the group only gather.
     """
 
     def __init__(
@@ -212,12 +253,16 @@ class BroadcastSync:
     ) -> None:
         self.group, self.device = group, device
         self.is_sender = group is not None and group.rank() == 0
-        plan = plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes) if model is not None else None
+        plan: tuple[list[WireBucket], tuple[Alias, ...]] | None = None
+        if model is not None:
+            plan = plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes), tied_aliases(model, keep)
         if group is not None:
             plan = self._share(plan)
-        self.buckets: list[WireBucket] = plan or []
+        self.buckets, self.aliases = plan or ([], ())
 
-    def _share(self, plan: list[WireBucket] | None) -> list[WireBucket]:
+    def _share(
+        self, plan: tuple[list[WireBucket], tuple[Alias, ...]] | None
+    ) -> tuple[list[WireBucket], tuple[Alias, ...]]:
         assert self.group is not None
         size = torch.zeros(1, dtype=torch.int64, device=self.device)
         data = pickle.dumps(plan) if self.is_sender else b""
@@ -227,7 +272,7 @@ class BroadcastSync:
         if self.is_sender:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         self.group.broadcast([buf], dist.BroadcastOptions()).wait()
-        shared: list[WireBucket] = pickle.loads(buf.cpu().numpy().tobytes())
+        shared: tuple[list[WireBucket], tuple[Alias, ...]] = pickle.loads(buf.cpu().numpy().tobytes())
         return shared
 
     @property
@@ -253,7 +298,11 @@ class BroadcastSync:
     push = send
 
     def received(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Rollout ranks: (name, tensor) for every parameter, as the broadcasts arrive."""
+        """Rollout ranks: (name, tensor) for every parameter, as the broadcasts arrive (tied embeddings under
+        both names)."""
+        return with_aliases(self._received(), self.aliases)
+
+    def _received(self) -> Iterator[tuple[str, torch.Tensor]]:
         assert self.group is not None and not self.is_sender
         group = self.group
 

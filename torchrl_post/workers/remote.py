@@ -36,6 +36,7 @@ from torchrl_post.distributed.transfer import (
 )
 from torchrl_post.logging.timing import Timer
 from torchrl_post.loop import Run, Trained
+from torchrl_post.rollout.source import VAL_TOTALS
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 from torchrl_post.workers.critic import Critic
@@ -143,7 +144,9 @@ class RemoteRollouts:
         return self.sampler.epoch
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        return torch.zeros(2, len(sources), dtype=torch.float64)  # the rollout ranks generate
+        return torch.zeros(VAL_TOTALS, len(sources), dtype=torch.float64)  # the rollout ranks generate
+
+    val_samples: list[dict[str, Any]] = []  # (kept on the rollout ranks)
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}
@@ -255,6 +258,9 @@ class RolloutServer:
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
         return self.source.validation_totals(data, sources)
 
+    def val_samples(self) -> list[dict[str, Any]]:
+        return self.source.val_samples
+
     def trained_roles(self) -> dict[str, Trained]:
         return {}
 
@@ -306,7 +312,10 @@ class RoleServer:
         return {}
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        return torch.zeros(2, len(sources), dtype=torch.float64)
+        return torch.zeros(VAL_TOTALS, len(sources), dtype=torch.float64)
+
+    def val_samples(self) -> list[dict[str, Any]]:
+        return []
 
     def trained_roles(self) -> dict[str, Trained]:
         return self.critic.trained() if self.critic is not None else {}
