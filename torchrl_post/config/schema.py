@@ -19,6 +19,9 @@ class ModelConfig:
     """Allow the model directory's own Python code. Off unless you trust the directory."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
+    dtype: str = "float32"
+    """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
+    weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""
     lora_rank: int = 0
     """LoRA adapter rank (PEFT); 0 trains the full model. With an adapter only its parameters train and sit in
     the optimizer, the reference policy is the base model (the adapter disabled), and the engine gets merged
@@ -137,6 +140,9 @@ class FSDPConfig:
     """Dtype for gradient reduce-scatter."""
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2)."""
+    offload_policy: bool = False
+    """CPU offload of the sharded parameters, gradients and optimizer state (FSDP2's CPUOffloadPolicy; the
+    optimizer steps on CPU): less accelerator memory for more host traffic. ROLL's offload_policy."""
 
 
 @dataclass
