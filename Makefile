@@ -53,6 +53,7 @@ vlm: vlm-model
 # `make train ARGS="--config-name math_agent"` (or vlm) builds that model too.
 train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
+	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)

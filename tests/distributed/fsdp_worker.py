@@ -1,17 +1,22 @@
-"""Run under torchrun by test_fsdp.py: bucketed gather of uneven FSDP2 shards, and update equivalences.
+"""Run under torchrun by test_fsdp.py: bucketed gather of uneven FSDP2 shards, and update equivalences; with
+`options`, the FSDP2 options (offload_policy, reshard_after_forward, reference.param_offload, model.dtype).
 
-torchrun --nproc-per-node 2 tests/distributed/fsdp_worker.py <odd_model_dir> <out.json>
+torchrun --nproc-per-node 2 tests/distributed/fsdp_worker.py <odd_model_dir> <out.json> [options]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from tests.distributed.checks import make_actor
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES
@@ -21,8 +26,10 @@ from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.critic import Critic
+from torchrl_post.workers.reference import Reference
 
-_KEEP: list[Actor] = []
+_KEEP: list[Actor | Critic | Reference] = []
 
 
 def _batch(gen: torch.Generator, rows: int = 8, width: int = 12, resp: int = 5) -> Batch:
@@ -56,6 +63,167 @@ def _updated(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> dict[str
     return {**dict(iter_full_weights(actor.model, 1 << 20)), "grad_norm": torch.tensor(metrics["actor/grad_norm"])}
 
 
+def _offloaded(model: torch.nn.Module) -> list[bool]:
+    """For every FSDP2 parameter: whether its module runs under CPUOffloadPolicy."""
+    return [
+        fp.offload_to_cpu
+        for m in model.modules()
+        if isinstance(m, FSDPModule)
+        for group in m._get_fsdp_state()._fsdp_param_groups
+        for fp in group.fsdp_params
+    ]
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether every parameter is its DTensor shard (none left gathered by a forward)."""
+    return all(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _critic(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> tuple[Critic, dict[str, torch.Tensor], float]:
+    """A critic after one update of two optimizer steps: (critic, its weights, seconds the update took)."""
+    torch.manual_seed(0)
+    critic = Critic(
+        cfg.model, cfg.critic, mesh, torch.device("cpu"), mini_batch_samples=mini, epochs=1, max_response_length=5
+    )
+    _KEEP.append(critic)
+    start = time.perf_counter()
+    metrics = critic.update(batch)
+    took = time.perf_counter() - start
+    weights = dict(iter_full_weights(critic.model, 1 << 20))
+    return critic, {**weights, "grad_norm": torch.tensor(metrics["critic/grad_norm"])}, took
+
+
+def _actor(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> tuple[Actor, dict[str, torch.Tensor], float]:
+    """An actor after one update of two optimizer steps: (actor, its weights, seconds the update took)."""
+    torch.manual_seed(0)
+    actor = make_actor(cfg, mesh, mini)
+    _KEEP.append(actor)
+    start = time.perf_counter()
+    metrics = actor.update(batch)
+    took = time.perf_counter() - start
+    weights = dict(iter_full_weights(actor.model, 1 << 20))
+    return actor, {**weights, "grad_norm": torch.tensor(metrics["actor/grad_norm"])}, took
+
+
+def _dtypes(model: torch.nn.Module, trainable: bool | None = None) -> list[str]:
+    return sorted({str(p.dtype) for p in model.parameters() if trainable is None or p.requires_grad == trainable})
+
+
+def options(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, object]:
+    """The FSDP2 options: each gives the update it gives without it, and does what it says."""
+    report: dict[str, object] = {}
+    times: dict[str, float] = {}
+    gen = torch.Generator().manual_seed(0)
+    full = _batch(gen)
+    per = len(full) // world
+    half = full.select(slice(rank * per, rank * per + per))
+    mini = per // 2  # two optimizer steps per update: the second steps from the (offloaded) optimizer state
+    cfg.actor.grad_clip = cfg.critic.grad_clip = 0.05  # below the gradient norms: clipping scales offloaded grads
+    ckpt = load_file(f"{cfg.model.path}/model.safetensors")
+
+    # 1. actor.fsdp.offload_policy: the policy on every parameter, the same weights after two steps. Each run
+    #    twice: the second's time is the warm one.
+    runs: dict[bool, dict[str, torch.Tensor]] = {}
+    for offload in (False, True, False, True):
+        cfg.actor.fsdp.offload_policy = offload
+        actor, runs[offload], times[f"actor_offload_{offload}"] = _actor(cfg, mesh, half, mini)
+        report[f"actor_policy_{offload}"] = sorted(set(_offloaded(actor.model)))
+        states = [v for st in actor.optimizer.state.values() for v in st.values() if isinstance(v, DTensor)]
+        report[f"actor_optimizer_state_on_cpu_{offload}"] = bool(states) and all(
+            v.to_local().device.type == "cpu" for v in states
+        )
+    cfg.actor.fsdp.offload_policy = False
+    report["actor_offload_max_diff"] = _max_diff(runs[False], runs[True])
+    report["actor_grad_norms"] = [runs[False]["grad_norm"].item(), runs[True]["grad_norm"].item()]
+    report["actor_moved"] = _max_diff(ckpt, runs[True])
+
+    # 2. critic.fsdp.offload_policy: the same; no-grad values leave nothing gathered.
+    values = torch.zeros_like(half.loss_mask)
+    returns = torch.randn(half.loss_mask.shape, generator=torch.Generator().manual_seed(rank)) * half.loss_mask
+    cb = dataclasses.replace(half, values=values, returns=returns)
+    critic_runs = {}
+    for offload in (False, True, False, True):
+        cfg.critic.fsdp.offload_policy = offload
+        critic, critic_runs[offload], times[f"critic_offload_{offload}"] = _critic(cfg, mesh, cb, mini)
+        report[f"critic_policy_{offload}"] = sorted(set(_offloaded(critic.model)))
+        critic.values(cb)
+        report[f"critic_sharded_after_values_{offload}"] = _sharded(critic.model)
+    cfg.critic.fsdp.offload_policy = False
+    report["critic_offload_max_diff"] = _max_diff(critic_runs[False], critic_runs[True])
+    report["critic_grad_norms"] = [critic_runs[False]["grad_norm"].item(), critic_runs[True]["grad_norm"].item()]
+    report["update_seconds"] = times
+
+    # 3. actor.fsdp.reshard_after_forward=false (ZeRO-2): the same update; no-grad logprobs leave nothing
+    #    gathered (with true too: the root keeps its parameters after forward).
+    for raf in (True, False):
+        cfg.actor.fsdp.reshard_after_forward = raf
+        torch.manual_seed(0)
+        actor = make_actor(cfg, mesh, mini)
+        _KEEP.append(actor)
+        lp = actor.log_probs(half)
+        report[f"actor_sharded_after_log_probs_{raf}"] = _sharded(actor.model)
+        if not raf:
+            metrics = actor.update(half)
+            w = dict(iter_full_weights(actor.model, 1 << 20))
+            report["actor_zero2_max_diff"] = _max_diff(
+                runs[False], {**w, "grad_norm": torch.tensor(metrics["actor/grad_norm"])}
+            )
+
+    # 4. The reference (reusing actor.fsdp, here reshard_after_forward=false) reshards after every forward;
+    #    reference.param_offload runs the policy (and actor.fsdp.offload_policy does not reach it); its logprobs
+    #    are the initial actor's.
+    cfg.actor.fsdp.offload_policy = True
+    ref_lp = {}
+    for offload in (False, True):
+        cfg.reference.param_offload = offload
+        ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, torch.device("cpu"), temperature=1.0)
+        _KEEP.append(ref)
+        ref_lp[offload] = ref.log_probs(half)
+        report[f"reference_policy_{offload}"] = sorted(set(_offloaded(ref.model)))
+        report[f"reference_sharded_after_forward_{offload}"] = _sharded(ref.model)
+    cfg.reference.param_offload = cfg.actor.fsdp.offload_policy = False
+    cfg.actor.fsdp.reshard_after_forward = True
+    report["reference_offload_logprob_diff"] = (ref_lp[False] - ref_lp[True]).abs().max().item()
+    report["reference_vs_actor_logprob_diff"] = (ref_lp[False] - lp).abs().max().item()
+
+    # 5. model.dtype: every role's parameters in it; the update runs with and without offload, alike.
+    cfg.model.dtype = "bfloat16"
+    bf16: dict[bool, dict[str, torch.Tensor]] = {}
+    for offload in (False, True):
+        cfg.actor.fsdp.offload_policy = offload
+        actor, bf16[offload], _ = _actor(cfg, mesh, half, mini)
+        report[f"bf16_actor_dtypes_{offload}"] = _dtypes(actor.model)
+        report[f"bf16_actor_grad_norm_{offload}"] = bf16[offload]["grad_norm"].item()
+    cfg.actor.fsdp.offload_policy = False
+    report["bf16_actor_moved"] = _max_diff(ckpt, bf16[False])
+    report["bf16_actor_offload_max_diff"] = _max_diff(bf16[False], bf16[True])
+    ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, torch.device("cpu"), temperature=1.0)
+    _KEEP.append(ref)
+    report["bf16_reference_dtypes"] = _dtypes(ref.model)
+    critic, _, _ = _critic(cfg, mesh, cb, mini)
+    report["bf16_critic_dtypes"] = _dtypes(critic.model)
+    # LoRA on a bfloat16 base: PEFT keeps the adapter (all that trains) in float32.
+    cfg.model.lora_rank = 4
+    actor, lora, _ = _actor(cfg, mesh, half, mini)
+    report["bf16_lora_dtypes"] = [_dtypes(actor.model, trainable=False), _dtypes(actor.model, trainable=True)]
+    report["bf16_lora_grad_norm"] = lora["grad_norm"].item()
+    cfg.model.lora_rank, cfg.model.dtype = 0, "float32"
+    return report
+
+
+def _write(report: dict[str, object], out_path: str, rank: int, world: int) -> None:
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, report)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(gathered, f)
+    shutdown_distributed()
+
+
 def main() -> None:
     model_dir, out_path = sys.argv[1:3]
     env = read_env("cpu")
@@ -64,6 +232,9 @@ def main() -> None:
     cfg.model.path = model_dir
     cfg.actor.lr = 1e-2
     mesh = fsdp_mesh("cpu", env.world_size, cfg.actor.fsdp.fsdp_size)
+    if sys.argv[3:] == ["options"]:
+        _write(options(cfg, mesh, env.rank, env.world_size), out_path, env.rank, env.world_size)
+        return
     report: dict[str, object] = {}
 
     # 1. Gathered weights equal the checkpoint exactly, whatever the bucket size (odd dims shard unevenly).

@@ -1,8 +1,10 @@
-"""FSDP2 actor on gloo: exact bucketed gather of uneven shards; updates independent of ranks and micro-batches."""
+"""FSDP2 actor on gloo: exact bucketed gather of uneven shards; updates independent of ranks and micro-batches;
+the FSDP2 options (offload_policy, reshard_after_forward, reference offload, model.dtype) change no update."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,36 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, "2-rank update differs from 1-rank update"
     for mode in one[0]["agg_mode_grad_norms"]:  # every mode: 2 ranks with the global counts = 1 rank
         assert two[0]["agg_mode_grad_norms"][mode][0] == pytest.approx(one[0]["agg_mode_grad_norms"][mode][0], rel=1e-5)
+
+
+def test_fsdp_options_give_the_same_update(odd_model: Path, tmp_path: Path) -> None:
+    """actor/critic.fsdp.offload_policy (FSDP2 CPUOffloadPolicy), reshard_after_forward=false, the reference's
+    param_offload and resharding, and model.dtype, on 2 gloo ranks."""
+    out = tmp_path / "options.json"
+    assert_ok(torchrun(2, ["tests/distributed/fsdp_worker.py", str(odd_model), str(out), "options"]))
+    for rank in json.loads(out.read_text()):
+        # The policy is on every parameter of the role that asks for it, and only there.
+        for role in ("actor", "critic", "reference"):
+            assert rank[f"{role}_policy_True"] == [True] and rank[f"{role}_policy_False"] == [False], role
+        assert rank["actor_optimizer_state_on_cpu_True"]
+        # Two clipped optimizer steps with and without offload: the same weights (float32, ~1e-6) and norms.
+        assert rank["actor_moved"] > 1e-3
+        assert rank["actor_offload_max_diff"] < 1e-6
+        assert rank["critic_offload_max_diff"] < 1e-6
+        for key in ("actor_grad_norms", "critic_grad_norms"):
+            assert rank[key][0] > 0.05 and rank[key][1] == pytest.approx(rank[key][0], rel=1e-6), key
+        # ZeRO-2 gives the ZeRO-3 update; a no-grad forward leaves no role's parameters gathered.
+        assert rank["actor_zero2_max_diff"] < 1e-6
+        assert rank["actor_sharded_after_log_probs_True"] and rank["actor_sharded_after_log_probs_False"]
+        assert rank["critic_sharded_after_values_True"] and rank["critic_sharded_after_values_False"]
+        assert rank["reference_sharded_after_forward_False"] and rank["reference_sharded_after_forward_True"]
+        assert rank["reference_offload_logprob_diff"] < 1e-6
+        assert rank["reference_vs_actor_logprob_diff"] < 1e-6
+        # model.dtype=bfloat16: every role in it, the update moves the weights, offload changes nothing; a LoRA
+        # adapter on it trains in float32 (PEFT's autocast).
+        for key in ("bf16_actor_dtypes_False", "bf16_actor_dtypes_True", "bf16_reference_dtypes", "bf16_critic_dtypes"):
+            assert rank[key] == ["torch.bfloat16"], key
+        assert rank["bf16_actor_grad_norm_False"] > 0 and rank["bf16_actor_moved"] > 1e-3
+        assert rank["bf16_actor_offload_max_diff"] < 1e-6
+        assert rank["bf16_lora_dtypes"] == [["torch.bfloat16"], ["torch.float32"]]
+        assert math.isfinite(rank["bf16_lora_grad_norm"]) and rank["bf16_lora_grad_norm"] > 0

@@ -131,7 +131,7 @@ def test_crash_during_save_keeps_previous_checkpoint(
     bad = torchrun(
         2, args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpts / 'global_step_4.tmp'}"]
     )
-    assert bad.returncode != 0 and "global_step_4.tmp is not a complete checkpoint" in bad.stderr
+    assert bad.returncode != 0 and "global_step_4.tmp' is not a complete checkpoint" in bad.stderr
     resumed = torchrun(
         2, args + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpts / 'global_step_2'}"]
     )

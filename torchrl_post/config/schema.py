@@ -306,7 +306,8 @@ class CriticConfig:
 @dataclass
 class ReferenceConfig:
     param_offload: bool = False
-    """Keep the frozen reference weights in CPU memory between forwards (FSDP2 CPU offload; GPU only)."""
+    """Keep the frozen reference weights in CPU memory between forwards (FSDP2 CPUOffloadPolicy; changes no
+    placement on CPU); the reference reshards after every forward."""
     log_prob_micro_batch_size_per_gpu: int = 32
     """Samples per reference forward on one rank."""
 
@@ -389,7 +390,8 @@ class TrainerConfig:
     max_nonfinite_skips: int = 3
     """Stop after this many consecutive updates skipped for a non-finite loss or gradient norm."""
     logger: list[str] = field(default_factory=lambda: ["console"])
-    """Loggers besides metrics.jsonl (always written): console, wandb."""
+    """Loggers besides metrics.jsonl (always written): console, wandb (offline under the run directory with
+    WANDB_MODE=offline), tensorboard (event files under tensorboard/)."""
     seed: int = 1
     """Seed for data order, sampling and initialisation."""
     device: str = "auto"

@@ -68,6 +68,7 @@ def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
     _named("model.path", cfg.model.path)
+    _one_of("model.dtype", cfg.model.dtype, DTYPES)
     for key in ("prompt_key", "answer_key", "data_source_key", "default_data_source"):
         _named(f"data.{key}", getattr(cfg.data, key))
     _named("trainer.default_local_dir", cfg.trainer.default_local_dir)

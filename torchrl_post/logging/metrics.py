@@ -1,22 +1,58 @@
-"""Metrics out: metrics.jsonl (always, one object per step), a console line per step, and wandb.
+"""Metrics out: metrics.jsonl (always, one object per step) and the loggers `trainer.logger` lists:
 
-Only rank 0 writes. On resume, rows logged after the resumed step are dropped first, so metrics.jsonl
-stays one consistent history across restarts.
+- console: one line per step on stdout; on a terminal also a progress bar (tqdm) with the lines above it.
+- wandb: a W&B run under `{run_dir}/wandb/`; `WANDB_MODE=offline` keeps it on disk, no network (`wandb sync`
+  uploads it later).
+- tensorboard: event files under `{run_dir}/tensorboard/`, one scalar per metrics.jsonl key.
+
+Only rank 0 writes. On resume, rows logged after the resumed step are dropped first (and TensorBoard purges
+them), so metrics.jsonl stays one consistent history across restarts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from torchrl_post.config.errors import TrainingError
+from torchrl_post.config.errors import ConfigError, TrainingError
+from torchrl_post.logging.progress import RunProgress, stdout_is_terminal
+from torchrl_post.logging.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("torchrl_post")
-LOGGERS = ("console", "wandb")  # besides metrics.jsonl, always written
+LOGGERS = ("console", "wandb", "tensorboard")  # besides metrics.jsonl, always written
+PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}  # logger -> the package it needs
+
+
+def check_loggers(loggers: list[str]) -> None:
+    """Known names whose packages are installed; else one ConfigError naming trainer.logger."""
+    for name in loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"trainer.logger={name!r} is not one of {', '.join(LOGGERS)}")
+        package = PACKAGES.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"trainer.logger lists {name} but the {package} package is not installed (pip install {package})"
+            )
+
+
+def _init_wandb(run_dir: Path, project: str, experiment: str, config: dict[str, Any]) -> Any:
+    import wandb
+
+    try:
+        return wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+    except (wandb.errors.UsageError, wandb.errors.CommError) as e:  # no API key, no network (online), ...
+        mode = os.environ.get("WANDB_MODE", "online")
+        raise ConfigError(
+            f"trainer.logger lists wandb (WANDB_MODE={mode}) but W&B could not start: {' '.join(str(e).split())}; "
+            f"run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run under "
+            f"{run_dir}/wandb (no network; `wandb sync` uploads it later)"
+        ) from e
 
 
 def truncate_history(path: Path, keep_through_step: int) -> int:
@@ -71,17 +107,21 @@ class MetricsLogger:
         project: str,
         experiment: str,
     ) -> None:
+        check_loggers(loggers)  # on every rank, so a missing package stops them all alike
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self.console = "console" in loggers
         self.total_steps = total_steps
         self.wandb: Any = None
+        self.tensorboard = TensorBoardLogger(run_dir, config) if enabled and "tensorboard" in loggers else None
+        # The bar starts with the first row, once the resumed step is known.
+        self.bar_wanted = enabled and self.console and stdout_is_terminal()
+        self.bar: RunProgress | None = None
+        self.first_step = 0
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             if "wandb" in loggers:
-                import wandb
-
-                self.wandb = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+                self.wandb = _init_wandb(run_dir, project, experiment, config)
 
     def start_fresh(self) -> None:
         """A run starting at step 0 in a directory with history keeps that history aside, never deletes it."""
@@ -91,12 +131,17 @@ class MetricsLogger:
                 n += 1
             self.path.rename(old)
             log.info("metrics.jsonl of an earlier run moved to %s (this run starts at step 0)", old.name)
+        if self.tensorboard is not None:
+            self.tensorboard.start_fresh()
 
     def resume_from(self, step: int) -> None:
+        self.first_step = step
         if self.enabled:
             dropped = truncate_history(self.path, step)
             if dropped:
                 log.info("metrics.jsonl: dropped %d rows logged after step %d (resumed from there)", dropped, step)
+        if self.tensorboard is not None:
+            self.tensorboard.resume_from(step)
 
     def log(self, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -112,11 +157,24 @@ class MetricsLogger:
                 f"cannot write {self.path} ({e.strerror}); the metrics so far and the last checkpoint are kept; "
                 "free space and run the same command to resume"
             ) from e
-        if self.console:
+        if self.bar_wanted and self.bar is None:
+            self.bar = RunProgress(self.total_steps, self.first_step)
+        if self.bar is not None:
+            self.bar.write(_console_line(metrics, self.total_steps))
+            self.bar.update(metrics)
+        elif self.console:
             print(_console_line(metrics, self.total_steps), file=sys.stdout, flush=True)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in clean.items() if v is not None}, step=int(metrics["training/global_step"]))
+        if self.tensorboard is not None:
+            self.tensorboard.log(clean)
 
     def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
+            self.wandb = None

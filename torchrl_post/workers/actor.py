@@ -15,7 +15,7 @@ from torchrl_post.config.schema import ActorConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
+from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm, reshard
 from torchrl_post.workers.logprobs import batched_log_probs, chunks, micro_slices, padded_forward_log_probs
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
@@ -42,9 +42,15 @@ class Actor:
         self.dp_size = mesh.size()
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
         self.max_response_length, self.is_cap = max_response_length, is_cap
+        if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
+            d = model_cfg.dtype
+            log.warning(
+                f"model.dtype={d}: AdamW steps {d} master weights, which drop updates below their rounding step; "
+                f"model.dtype=float32 with actor.fsdp.param_dtype={d} computes in {d} and keeps them"
+            )
         model = load_causal_lm(model_cfg)
         model.config.use_cache = False
-        self.model = apply_fsdp(model, mesh, cfg.fsdp)
+        self.model = apply_fsdp(model, mesh, cfg.fsdp)  # actor.fsdp.offload_policy: CPU shards, optimizer on CPU
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps, (cfg.betas[0], cfg.betas[1])
         )
@@ -58,7 +64,9 @@ class Actor:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
         micro = self.cfg.ppo_micro_batch_size_per_gpu
-        return batched_log_probs(self.model, batch, self.temperature, micro, self.device, self.token_budget)
+        out = batched_log_probs(self.model, batch, self.temperature, micro, self.device, self.token_budget)
+        reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
+        return out
 
     def base_log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs under the base model: a LoRA actor with its adapter disabled (the reference policy)."""

@@ -22,7 +22,7 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp
+from torchrl_post.workers.fsdp import apply_fsdp, model_dtype, reshard
 from torchrl_post.workers.logprobs import chunks
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
@@ -31,13 +31,13 @@ class VisionValueModel(torch.nn.Module):
     """A vision-language model's backbone (vision tower and decoder) with a scalar head on each position:
     transformers has no token-classification class for these models."""
 
-    def __init__(self, path: str, trust_remote_code: bool) -> None:
+    def __init__(self, path: str, trust_remote_code: bool, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.model = AutoModel.from_pretrained(
-            path, dtype=torch.float32, trust_remote_code=trust_remote_code, use_safetensors=True
+            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
         )
         self.config = self.model.config
-        self.score = torch.nn.Linear(self.config.text_config.hidden_size, 1, bias=False)
+        self.score = torch.nn.Linear(self.config.text_config.hidden_size, 1, bias=False, dtype=dtype)
         torch.nn.init.normal_(self.score.weight, std=self.config.text_config.initializer_range)
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
@@ -67,21 +67,22 @@ class Critic:
         path = cfg.model.path or model_cfg.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         model: Any
+        dtype = model_dtype(model_cfg)  # the value model is kept in model.dtype too
         if VisionSpec.of(config) is not None:
-            model = VisionValueModel(path, model_cfg.trust_remote_code)
+            model = VisionValueModel(path, model_cfg.trust_remote_code, dtype)
         else:
             config.num_labels = 1
             config.classifier_dropout = 0.0  # a value head wants no dropout noise
             model = AutoModelForTokenClassification.from_pretrained(
                 path,
                 config=config,
-                dtype=torch.float32,
+                dtype=dtype,
                 trust_remote_code=model_cfg.trust_remote_code,
                 use_safetensors=True,
             )
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = apply_fsdp(model, mesh, cfg.fsdp)
+        self.model = apply_fsdp(model, mesh, cfg.fsdp)  # critic.fsdp.offload_policy: CPU shards, optimizer on CPU
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
@@ -93,6 +94,7 @@ class Critic:
         """V(s_t) for every response token, [B, R], zero outside the loss mask, on CPU."""
         self.model.eval()
         vals = [self._values(batch, sl).cpu() for sl in chunks(len(batch), self.cfg.ppo_micro_batch_size_per_gpu)]
+        reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         return torch.cat(vals) * batch.loss_mask
 
     def update(self, batch: Batch) -> dict[str, float]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
@@ -26,10 +26,17 @@ def load_pretrained(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any
     )
 
 
+def model_dtype(cfg: ModelConfig) -> torch.dtype:
+    """`model.dtype` as a torch dtype: what the trained and frozen models are loaded and kept in."""
+    dtype = getattr(torch, cfg.dtype)
+    assert isinstance(dtype, torch.dtype), cfg.dtype  # validate.py admits float32, bfloat16, float16 only
+    return dtype
+
+
 def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
-    """The policy in float32, with activation checkpointing and a LoRA adapter (`model.lora_rank` > 0) if
-    asked; `trainable=False`: frozen, never adapted."""
-    model = load_pretrained(cfg)
+    """The policy in `model.dtype`, with activation checkpointing and a LoRA adapter (`model.lora_rank` > 0)
+    if asked; `trainable=False`: frozen, never adapted."""
+    model = load_pretrained(cfg, model_dtype(cfg))
     if not trainable:
         model.requires_grad_(False)
         return model
@@ -80,19 +87,35 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, offload: bool = False) -> torch.nn.Module:
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, *, frozen: bool = False) -> torch.nn.Module:
     """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device.
 
-    `offload` keeps the sharded parameters in CPU memory between uses (FSDP2 CPUOffloadPolicy; for frozen
-    models on an accelerator).
+    `cfg.offload_policy` puts FSDP2's CPUOffloadPolicy on every `fully_shard` call: the sharded parameters,
+    their gradients and so the optimizer state live in CPU memory (pinned on an accelerator), each layer is
+    copied to the device for its all-gather, and the optimizer steps on CPU. On a CPU mesh it changes no
+    placement. `frozen`: a forward-only model (the reference): every module, the root too, reshards after
+    forward whatever `cfg.reshard_after_forward` says, since no backward follows to reuse gathered parameters
+    (a no-grad forward never reshards a module that keeps them).
     """
     mp = MixedPrecisionPolicy(
         param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype)
     )
-    extra: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    extra: dict[str, Any] = {}
+    if cfg.offload_policy:
+        extra["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu")
+    layer_reshard = frozen or cfg.reshard_after_forward
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.reshard_after_forward, **extra)
-    # The root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward needs
-    # them right away.
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False, **extra)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=layer_reshard, **extra)
+    # A trained root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward
+    # needs them right away.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=frozen, **extra)
     return model
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every gathered parameter of an FSDP2 model (each module with parameters of its own, the root
+    included). A no-grad forward leaves the modules that do not reshard after forward (the root, every layer
+    with `reshard_after_forward=false`) gathered until a backward that never comes: call this after one."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

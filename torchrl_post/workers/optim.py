@@ -19,7 +19,12 @@ def build_optimizer(
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip to `max_norm` (<= 0: only measure); returns the total norm before clipping (inf/nan if non-finite)."""
+    """Clip to `max_norm` (<= 0: only measure); returns the total norm before clipping (inf/nan if non-finite).
+
+    Under `fsdp.offload_policy` the sharded gradients are CPU tensors on an accelerator mesh: their norm is
+    reduced over the mesh's CPU backend (the `cpu:gloo,cuda:nccl` process groups) and they are scaled in place
+    on CPU, where the optimizer then steps.
+    """
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+from dataclasses import replace
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -11,8 +11,6 @@ from torchrl_post.config.schema import FSDPConfig, ModelConfig, ReferenceConfig
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
 from torchrl_post.workers.logprobs import batched_log_probs
-
-log = logging.getLogger(__name__)
 
 
 class Reference:
@@ -26,12 +24,13 @@ class Reference:
         *,
         temperature: float,
     ) -> None:
+        """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
+        `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
+        a forward-only model has no backward to keep gathered parameters for."""
         self.cfg, self.device, self.temperature = cfg, device, temperature
         model = load_causal_lm(model_cfg, trainable=False)
-        offload = cfg.param_offload and device.type != "cpu"
-        if cfg.param_offload and not offload:
-            log.warning("reference.param_offload: parameters already live in CPU memory here; ignored")
-        self.model = apply_fsdp(model, mesh, fsdp, offload=offload)
+        # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
+        self.model = apply_fsdp(model, mesh, replace(fsdp, offload_policy=cfg.param_offload), frozen=True)
 
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Reference logprobs of every response token, [B, R], on CPU."""
