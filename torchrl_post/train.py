@@ -1,6 +1,7 @@
 """Entrypoint: config -> placement check -> process groups -> this rank's program -> fit.
 
-    torchrun --standalone --nproc-per-node 2 -m torchrl_post.train [key=value ...]
+    torchrun --standalone --nproc-per-node 2 -m torchrl_post.train [--config-path DIR] [--config-name NAME] [key=value ...]
+    torchrun --standalone --nproc-per-node 2 $(which torchrl-post-train) ...   # the console script
     python -m torchrl_post.train trainer.dry_run=true        # print the plan, load nothing
 
 User errors (config, data, paths) end the run with one line on stderr and exit code 2.
@@ -29,16 +30,21 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-def _parse_args(argv: list[str]) -> tuple[str, list[str]]:
-    name, overrides, it = "config", [], iter(argv)
+def _parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
+    """(--config-name, --config-path, the key=value overrides), as Hydra users type them (`-cn` / `-cp` too)."""
+    name, path, overrides, it = "config", None, [], iter(argv)
     for arg in it:
-        if arg == "--config-name":
+        if arg in ("--config-name", "-cn"):
             name = next(it, name)
         elif arg.startswith("--config-name="):
             name = arg.split("=", 1)[1]
+        elif arg in ("--config-path", "-cp"):
+            path = next(it, path)
+        elif arg.startswith("--config-path="):
+            path = arg.split("=", 1)[1]
         else:
             overrides.append(arg)
-    return name, overrides
+    return name, path, overrides
 
 
 def planned_world(configured: int | None, launched: int, under_torchrun: bool) -> int:
@@ -85,9 +91,9 @@ def describe_plan(cfg: Config, placement: Placement, plan: dict[str, int], devic
 
 
 def main(argv: list[str] | None = None) -> None:
-    name, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
+    name, path, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = load_config(overrides, name)
+        cfg = load_config(overrides, name, path)
         env = read_env(cfg.trainer.device)
         role_notes = resolve_roles(cfg)
         world = planned_world(cfg.trainer.world_size, env.world_size, "WORLD_SIZE" in os.environ)

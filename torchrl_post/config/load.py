@@ -1,4 +1,4 @@
-"""Compose the config (schema + configs/*.yaml + key=value overrides) and validate it, with one-line errors.
+"""Compose the config (schema + torchrl_post/configs/*.yaml + key=value overrides) and validate it, with one-line errors.
 
 We call Hydra's compose API rather than `@hydra.main` so that an unknown key or a wrong type becomes one
 line naming the key (not a multi-line Hydra report), and so Hydra neither changes directory nor writes
@@ -21,7 +21,8 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The default YAML configs, shipped inside the package (found without the repository)."""
 SCHEMA_NAME = "torchrl_post_schema"
 
 
@@ -80,8 +81,12 @@ def check_override_syntax(arg: str) -> None:
         )
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "config") -> Config:
-    """Compose `configs/<config_name>.yaml` over the schema with `key=value` overrides; validate."""
+def load_config(
+    overrides: list[str] | None = None, config_name: str = "config", config_path: str | None = None
+) -> Config:
+    """Compose `<config_name>.yaml` over the schema with `key=value` overrides; validate. The YAML is looked up
+    in `config_path` (a user's directory, as Hydra's --config-path) first, then in the package's configs, so a
+    user's file can start from ours (`defaults: [config, _self_]`)."""
     for arg in overrides or []:
         check_override_syntax(arg)
         # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
@@ -92,9 +97,21 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
             )
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
+    primary, search = CONFIG_DIR, list(overrides or [])
+    if config_path is not None:
+        user = Path(config_path).expanduser().resolve()
+        if not user.is_dir():
+            raise ConfigError(f"--config-path {config_path!r} is not a directory of YAML configs")
+        # The primary config comes from whichever directory has it; the other one is on the search path.
+        other = CONFIG_DIR
+        if (user / f"{config_name}.yaml").is_file():
+            primary = user
+        else:
+            other = user
+        search = [f"hydra.searchpath=[file://{other}]", *search]
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            dcfg = compose(config_name=config_name, overrides=list(overrides or []))
+        with initialize_config_dir(config_dir=str(primary), version_base="1.3"):
+            dcfg = compose(config_name=config_name, overrides=search)
         cfg = OmegaConf.to_object(dcfg)
     except Exception as e:  # Hydra and OmegaConf raise many types; all are user input errors here
         raise ConfigError(_one_line(e)) from e
