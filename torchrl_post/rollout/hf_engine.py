@@ -54,22 +54,7 @@ class HFEngine:
         width = max(map(len, prompt_ids))
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompt_ids], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=self.device)
-        sample = params.temperature > 0
-        # Seeded without touching the trainer's RNG stream.
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(params.prompt_seed(uids[0] if uids else 0))
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=sample,
-                temperature=params.temperature if sample else None,
-                top_p=params.top_p if sample else None,
-                top_k=params.top_k if sample and params.top_k > 0 else None,
-                num_return_sequences=params.n,
-                max_new_tokens=params.max_tokens,
-                pad_token_id=self.pad_id,
-                eos_token_id=self.eos_ids,
-            )
+        out = self._sample(params, uids, input_ids=ids, attention_mask=mask, num_return_sequences=params.n)
         prompts = _prompts(prompt_ids, [{}] * len(prompt_ids))
         return self._finish(out[:, width:].tolist(), prompts, params.n, params.temperature)
 
@@ -89,10 +74,17 @@ class HFEngine:
         inputs = model_inputs(batch, slice(None), 0, width, self.device)
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.vision.image_token_id).int()
         del inputs["position_ids"]  # generate derives M-RoPE positions (and their deltas for new tokens)
+        bias = {(t,): NEVER_GENERATED_BIAS for t in self.vision.never_generated}
+        out = self._sample(params, uids, **inputs, sequence_bias=bias)
+        return self._finish(out[:, width:].tolist(), prompts, 1, params.temperature)
+
+    def _sample(self, params: SamplingParams, uids: list[int], **inputs: Any) -> torch.Tensor:
+        """transformers' generate with `params`, seeded by the first prompt's uid without touching the trainer's
+        RNG stream."""
         sample = params.temperature > 0
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(params.prompt_seed(uids[0] if uids else 0))
-            out = self.model.generate(
+            return self.model.generate(  # type: ignore[no-any-return]
                 **inputs,
                 do_sample=sample,
                 temperature=params.temperature if sample else None,
@@ -101,9 +93,7 @@ class HFEngine:
                 max_new_tokens=params.max_tokens,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids,
-                sequence_bias={(t,): NEVER_GENERATED_BIAS for t in self.vision.never_generated},
             )
-        return self._finish(out[:, width:].tolist(), prompts, 1, params.temperature)
 
     def _finish(self, rows: list[list[int]], prompts: PromptBatch, n: int, temperature: float) -> Generation:
         """Generated rows cut after their first stop token; the kept tokens' logprobs from one forward pass
