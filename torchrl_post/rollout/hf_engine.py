@@ -66,7 +66,8 @@ class HFEngine:
         assert self.vision is not None
         n = params.n
         rows = [p for p in prompt_ids for _ in range(n)]
-        mm = [image_inputs(self.processor, imgs) for imgs in images for _ in range(n)]
+        per_prompt = [image_inputs(self.processor, imgs) for imgs in images]  # once per prompt, not per sample
+        mm = [inputs for inputs in per_prompt for _ in range(n)]
         prompts = _prompts(rows, mm)
         empty = Generation([[] for _ in rows], [[] for _ in rows], ["length"] * len(rows))
         batch = collate(prompts, empty, 1, self.pad_id, self.vision)
@@ -104,7 +105,7 @@ class HFEngine:
             gen.response_ids.append(row[: stop + 1] if stop is not None else row)
             gen.finish_reasons.append("stop" if stop is not None else "length")
         gen.logprobs = [[0.0] * len(r) for r in gen.response_ids]
-        batch = collate(prompts, gen, n, self.pad_id, self.vision if prompts.mm_inputs[0] else None)
+        batch = collate(prompts, gen, n, self.pad_id, self.vision if any(prompts.mm_inputs) else None)
         logp = batched_log_probs(self.model, batch, temperature, len(batch), self.device)
         gen.logprobs = [logp[i, : len(r)].tolist() for i, r in enumerate(gen.response_ids)]
         return gen
