@@ -215,6 +215,74 @@ def options(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, o
     return report
 
 
+def _ragged(rank: int, world: int, rows: int = 4, prompt: int = 9, resp: int = 6) -> Batch:
+    """This rank's rows of a batch whose first rank has full-length samples and the others short ones: their
+    token-budget micro-batch counts differ, as on real ranks."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    ids = torch.randint(5, 100, (rows, prompt + resp), generator=gen)
+    attn = torch.ones_like(ids)
+    if rank > 0:
+        for i in range(rows):
+            attn[i, : 4 + i % 3] = 0
+            attn[i, prompt + 1 + i % 2 :] = 0
+    mask = attn[:, -resp:].float()
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        loss_mask=mask,
+        rollout_log_probs=torch.zeros(rows, resp),
+        group_ids=torch.arange(rows) + rank * rows,
+        termination=torch.zeros(rows, dtype=torch.long),
+        weights=torch.ones(rows),
+        advantages=torch.randn(rows, 1, generator=gen) * mask,
+        values=torch.zeros(rows, resp),
+        returns=torch.randn(rows, resp, generator=gen) * mask,
+    )
+
+
+def packing(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, object]:
+    """model.use_remove_padding: the padded update's weights, gradient norm and logprobs, with fixed and
+    token-budget micro-batches whose counts differ between ranks (stand-ins keep FSDP's collectives paired)."""
+    batch = _ragged(rank, world)
+    out: dict[str, object] = {}
+    runs: dict[str, dict[str, torch.Tensor]] = {}
+    logps: dict[str, torch.Tensor] = {}
+    for name, packed, dynamic in (
+        ("padded", False, False),
+        ("packed", True, False),
+        ("packed_dynamic", True, True),
+        ("padded_dynamic", False, True),
+    ):
+        cfg.model.use_remove_padding, cfg.actor.use_dynamic_bsz = packed, dynamic
+        cfg.actor.ppo_max_token_len_per_gpu = 16  # full rows alone on rank 0, 2-3 short rows together elsewhere
+        torch.manual_seed(0)
+        actor = make_actor(cfg, mesh, 2)  # two optimizer steps
+        _KEEP.append(actor)
+        logps[name] = actor.log_probs(batch)
+        metrics = actor.update(batch)
+        runs[name] = {
+            **dict(iter_full_weights(actor.model, 1 << 20)),
+            "grad_norm": torch.tensor(metrics["actor/grad_norm"]),
+        }
+        out[f"padding_frac_{name}"] = metrics["perf/padding_frac"]
+        out[f"pg_loss_{name}"] = metrics["actor/pg_loss"]
+        out[f"entropy_{name}"] = metrics["actor/entropy"]
+    for name in runs:
+        out[f"pack_max_diff_{name}"] = _max_diff(runs["padded"], runs[name])
+        out[f"pack_grad_norm_{name}"] = runs[name]["grad_norm"].item()
+        out[f"pack_logp_diff_{name}"] = ((logps[name] - logps["padded"]) * batch.loss_mask).abs().max().item()
+    out["pack_moved"] = _max_diff(load_file(f"{cfg.model.path}/model.safetensors"), runs["padded"])
+    critic_runs = {}
+    for packed in (False, True):
+        cfg.model.use_remove_padding = packed
+        critic, critic_runs[packed], _ = _critic(cfg, mesh, batch, 2)
+        out[f"critic_values_{packed}"] = critic.values(batch).tolist()
+    out["critic_pack_max_diff"] = _max_diff(critic_runs[False], critic_runs[True])
+    cfg.model.use_remove_padding, cfg.actor.use_dynamic_bsz = False, False
+    return out
+
+
 def _write(report: dict[str, object], out_path: str, rank: int, world: int) -> None:
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -287,6 +355,8 @@ def main() -> None:
         cfg.actor.use_dynamic_bsz = False
         modes[mode] = [whole["grad_norm"].item(), uneven["grad_norm"].item(), dyn["grad_norm"].item()]
     report["agg_mode_grad_norms"] = modes
+    cfg.actor.loss_agg_mode = "token-mean"
+    report |= packing(cfg, mesh, env.rank, env.world_size)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)
     if env.rank == 0:

@@ -49,6 +49,20 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
         assert rank["dynamic_bsz_max_diff"] < 1e-4
         for mode, norms in rank["agg_mode_grad_norms"].items():  # whole, uneven micro-batches, token budget
             assert norms[1:] == pytest.approx([norms[0]] * 2, rel=1e-5), f"{mode}: {norms}"
+        # model.use_remove_padding: packed micro-batches (fixed and token-budget, counts unequal across the
+        # ranks) train exactly like padded ones; no padding is computed.
+        for name in ("packed", "packed_dynamic", "padded_dynamic"):
+            assert rank[f"pack_max_diff_{name}"] < 1e-4, name  # Adam on near-zero gradients, as above
+            assert rank[f"pack_grad_norm_{name}"] == pytest.approx(rank["pack_grad_norm_padded"], rel=1e-5), name
+            assert rank[f"pack_logp_diff_{name}"] < 2e-6, name
+            assert rank[f"pg_loss_{name}"] == pytest.approx(rank["pg_loss_padded"], rel=1e-5, abs=1e-7), name
+            assert rank[f"entropy_{name}"] == pytest.approx(rank["entropy_padded"], rel=1e-5), name
+        assert rank["pack_moved"] > 1e-3
+        assert rank["padding_frac_packed"] == rank["padding_frac_packed_dynamic"] == 0.0
+        assert rank["critic_pack_max_diff"] < 1e-5
+        values = torch.tensor(rank["critic_values_True"]) - torch.tensor(rank["critic_values_False"])
+        assert values.abs().max() < 2e-6
+    assert two[1]["padding_frac_padded"] > 0.1  # the second rank's short rows: padding the packed update skips
     w1 = torch.load(tmp_path / "one.json.pt", weights_only=True)
     w2 = torch.load(tmp_path / "two.json.pt", weights_only=True)
     assert w1["grad_norm"].item() == pytest.approx(w2["grad_norm"].item(), rel=1e-5)

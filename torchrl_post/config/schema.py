@@ -19,6 +19,10 @@ class ModelConfig:
     """Allow the model directory's own Python code. Off unless you trust the directory."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
+    use_remove_padding: bool = False
+    """Sequence packing (verl's key): each micro-batch's samples are concatenated into one row without padding,
+    attention kept within each sample by its position ids; the same loss as the padded forward, less compute.
+    Actor, reference and critic forwards; vision-language batches stay padded."""
     dtype: str = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""

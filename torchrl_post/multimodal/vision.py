@@ -179,7 +179,9 @@ def attach_images(batch: Batch, inputs: list[dict[str, Any]], spec: VisionSpec) 
     )
 
 
-def model_inputs(batch: Batch, rows: slice, first: int, end: int, device: torch.device) -> dict[str, torch.Tensor]:
+def model_inputs(
+    batch: Batch, rows: slice | torch.Tensor, first: int, end: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """The forward's keyword arguments for `rows`, columns first:end: ids, mask, positions ([3, b, L] for
     M-RoPE, as HF's Qwen-VL models take them) and the rows' images."""
     part = batch.select(rows) if batch.has_images else batch

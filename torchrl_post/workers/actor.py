@@ -16,7 +16,7 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm, reshard
-from torchrl_post.workers.logprobs import batched_log_probs, chunks, micro_slices, padded_forward_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs, can_pack, chunks, forward_log_probs, plan_micro_batches
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class Actor:
         self.dp_size = mesh.size()
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
         self.max_response_length, self.is_cap = max_response_length, is_cap
+        self.packed = model_cfg.use_remove_padding
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
             d = model_cfg.dtype
             log.warning(
@@ -64,7 +65,9 @@ class Actor:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
         micro = self.cfg.ppo_micro_batch_size_per_gpu
-        out = batched_log_probs(self.model, batch, self.temperature, micro, self.device, self.token_budget)
+        out = batched_log_probs(
+            self.model, batch, self.temperature, micro, self.device, self.token_budget, self.packed, self.group
+        )
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         return out
 
@@ -86,7 +89,7 @@ class Actor:
         a = self.cfg
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
-        width = batch.response_width
+        packed = self.packed and can_pack(batch)
         sums = dict.fromkeys(
             ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip"),
             0.0,
@@ -99,11 +102,16 @@ class Actor:
                 mask_all = mb.train_mask
                 scale = self._scale(mask_all)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_slices(mb.attention_mask, width, a.ppo_micro_batch_size_per_gpu, self.token_budget):
-                    logp, ent, cells = padded_forward_log_probs(self.model, mb, micro, self.temperature, self.device)
+                plan = plan_micro_batches(
+                    mb.attention_mask, mb.response_width, a.ppo_micro_batch_size_per_gpu, self.token_budget, packed,
+                    self.group,
+                )  # fmt: skip
+                for step in plan:
+                    micro = step.rows
+                    logp, ent, cells = forward_log_probs(self.model, mb, step, self.temperature, self.device, packed)
                     padded_cells += cells
-                    real_cells += float(mb.attention_mask[micro].sum())
-                    mask = mask_all[micro].to(self.device)
+                    real_cells += float(mb.attention_mask[micro].sum()) if step.live else 0.0
+                    mask = mask_all[micro].to(self.device) * float(step.live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
                     if a.policy_loss == "gspo":

@@ -23,7 +23,7 @@ from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import apply_fsdp, model_dtype, reshard
-from torchrl_post.workers.logprobs import chunks
+from torchrl_post.workers.logprobs import can_pack, chunks, pack
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 
@@ -62,6 +62,7 @@ class Critic:
     ) -> None:
         """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs)."""
         self.cfg, self.device = cfg, device
+        self.packed = model_cfg.use_remove_padding
         self.group, self.dp_size = dp_group(mesh), mesh.size()
         self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
         path = cfg.model.path or model_cfg.path
@@ -86,6 +87,10 @@ class Critic:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
+        """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
+        if self.packed and can_pack(b):  # model.use_remove_padding: one row without padding
+            p = pack(b, sl)
+            return p.unpack(self.model(**p.inputs(self.device)).logits[0, p.keep.to(self.device), 0].float())
         out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))
         return out.logits[:, -b.response_width - 1 : -1, 0].float()
 

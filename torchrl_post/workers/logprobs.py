@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
 from torchrl_post.types import Batch
@@ -37,9 +39,13 @@ def response_log_probs(
     out = model(**inputs, use_cache=False)
     # The token at column P + t is predicted by the logits at column P + t - 1.
     logits = out.logits[:, -response_width - 1 : -1]
+    return logits_to_logprobs(logits, inputs["input_ids"][:, -response_width:], temperature, _never(model))
+
+
+def _never(model: torch.nn.Module) -> tuple[int, ...]:
+    """Token ids the engines never generate (a vision model's placeholders): their logits are biased alike."""
     spec = VisionSpec.of(getattr(model, "config", None))
-    never = spec.never_generated if spec is not None else ()
-    return logits_to_logprobs(logits, inputs["input_ids"][:, -response_width:], temperature, never)
+    return spec.never_generated if spec is not None else ()
 
 
 def chunks(n: int, size: int) -> Iterator[slice]:
@@ -50,16 +56,24 @@ def chunks(n: int, size: int) -> Iterator[slice]:
 
 @torch.no_grad()
 def batched_log_probs(
-    model: torch.nn.Module, batch: Batch, temperature: float, micro: int, device: torch.device, token_budget: int = 0
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    micro: int,
+    device: torch.device,
+    token_budget: int = 0,
+    packed: bool = False,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
-    """Logprobs of every response token of a Batch under `model`, [B, R], on CPU."""
+    """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
+    `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards)."""
     model.eval()
-    width = batch.response_mask.shape[1]
-    outs = [
-        padded_forward_log_probs(model, batch, sl, temperature, device)[0].cpu()
-        for sl in micro_slices(batch.attention_mask, width, micro, token_budget)
-    ]
-    return torch.cat(outs)
+    out = torch.zeros(batch.loss_mask.shape)
+    for mb in plan_micro_batches(batch.attention_mask, batch.response_width, micro, token_budget, packed, group):
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed)[0]
+        if mb.live:
+            out[mb.rows] = logp.float().cpu()
+    return out
 
 
 def trim_span(attention_mask: torch.Tensor, response_width: int) -> tuple[int, int]:
@@ -101,7 +115,7 @@ def micro_slices(attention_mask: torch.Tensor, response_width: int, max_rows: in
 
 
 def padded_forward_log_probs(
-    model: torch.nn.Module, batch: Batch, rows: slice, temperature: float, device: torch.device
+    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed."""
     width = batch.response_width
@@ -114,3 +128,158 @@ def padded_forward_log_probs(
         logp = torch.nn.functional.pad(logp, (0, pad))
         ent = torch.nn.functional.pad(ent, (0, pad))
     return logp, ent, mask.shape[0] * (end - first)
+
+
+# ---- micro-batches: padded rows, or packed (verl's use_remove_padding) -----------------------------------
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a (mini-)batch forwarded together. `live=False`: a stand-in that only keeps this rank's FSDP
+    collectives in step with ranks that have more micro-batches (its loss is multiplied by zero)."""
+
+    rows: slice | torch.Tensor
+    live: bool = True
+
+
+def pack_rows(lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: row indices into packs of at most `budget` tokens (a longer row alone)."""
+    packs: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for p, free in enumerate(room):
+            if lengths[i] <= free:
+                packs[p].append(i)
+                room[p] -= lengths[i]
+                break
+        else:
+            packs.append([i])
+            room.append(budget - lengths[i])
+    return [sorted(p) for p in packs]
+
+
+def balance_rows(lengths: list[int], k: int) -> list[list[int]]:
+    """Row indices into exactly `k` bins of about equal token sums (longest first into the lightest bin);
+    bins stay empty when there are fewer rows than bins."""
+    bins: list[list[int]] = [[] for _ in range(k)]
+    load = [0] * k
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = min(range(k), key=lambda j: (load[j], j))
+        bins[b].append(i)
+        load[b] += lengths[i]
+    return [sorted(b) for b in bins]
+
+
+def _aligned(count: int, group: dist.ProcessGroup | None) -> int:
+    """The largest micro-batch count over `group` (FSDP ranks must run the same number of forwards)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return count
+    t = torch.tensor([count], dtype=torch.long, device=_collective_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
+def _collective_device(group: dist.ProcessGroup) -> torch.device:
+    backend = dist.get_backend(group)
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def plan_micro_batches(
+    attention_mask: torch.Tensor,
+    response_width: int,
+    max_rows: int,
+    token_budget: int,
+    packed: bool,
+    group: dist.ProcessGroup | None = None,
+) -> list[MicroBatch]:
+    """This rank's micro-batches of a batch, the same number on every rank of `group`.
+
+    Fixed size (`token_budget` 0): `max_rows` consecutive rows each, padded or packed. Dynamic
+    (`token_budget` > 0): padded, as many consecutive rows as fit rows x trimmed width; packed, the rows
+    balanced into as many packs as the rank that needs the most needs (first-fit decreasing of real tokens
+    into the budget), so every pack holds about the same number of tokens. Ranks short of micro-batches
+    run stand-ins (`live=False`).
+    """
+    if token_budget <= 0:
+        return [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
+    if packed:
+        lengths = attention_mask.sum(1).tolist()
+        k = _aligned(len(pack_rows(lengths, token_budget)), group)
+        bins = balance_rows(lengths, k)
+        return [MicroBatch(torch.tensor(b)) if b else MicroBatch(torch.tensor([0]), live=False) for b in bins]
+    out = [MicroBatch(sl) for sl in micro_slices(attention_mask, response_width, max_rows, token_budget)]
+    k = _aligned(len(out), group)
+    return out + [MicroBatch(slice(0, 1), live=False)] * (k - len(out))
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Rows' real tokens concatenated into one row: `ids` and `pos` [T]; `keep` [K]: the positions whose
+    output predicts (or values) a response token; `valid_bt` [b, R]: where those K outputs go back."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    keep: torch.Tensor
+    labels: torch.Tensor
+    valid_bt: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+    def inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The forward's keyword arguments: no attention mask, so HF's models read the restarts of the
+        position ids as sample boundaries (a block-diagonal causal mask; varlen attention with flash-attn). Not
+        with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
+        return {
+            "input_ids": self.ids.unsqueeze(0).to(device),
+            "position_ids": self.pos.unsqueeze(0).to(device),
+            "use_cache": False,
+        }
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """[K] outputs at `keep` -> [b, R], zero elsewhere (differentiable)."""
+        if not self.valid_bt.any():  # nothing to score: one kept position holds the graph together
+            return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype) + 0.0 * values.sum()
+        where = tuple(w.to(values.device) for w in self.valid_bt.nonzero(as_tuple=True))
+        return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype).index_put(where, values)
+
+
+def pack(batch: Batch, rows: slice | torch.Tensor) -> Pack:
+    """The real tokens of `rows` (left-padded prompt, then the response right after it) in one row, each
+    sample with its own position ids 0, 1, ..."""
+    mask = batch.attention_mask[rows].bool()
+    width = batch.response_width
+    ids, pos = batch.input_ids[rows][mask], batch.position_ids[rows][mask]
+    ends = torch.cumsum(mask.sum(1), 0)
+    resp = mask[:, -width:].sum(1)
+    valid_bt = torch.arange(width) < resp.unsqueeze(1)
+    targets = ((ends - resp).unsqueeze(1) + torch.arange(width))[valid_bt]  # where each response token sits
+    keep = targets - 1 if len(targets) else ends[-1:] - 1
+    return Pack(ids, pos, keep, ids[targets] if len(targets) else ids[keep], valid_bt)
+
+
+def packed_forward_log_probs(
+    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """response_log_probs of `rows` packed into one row without padding (`pack`), [b, R]; also the tokens
+    computed. Only the positions that predict response tokens go through the LM head (`logits_to_keep`)."""
+    p = pack(batch, rows)
+    out = model(**p.inputs(device), logits_to_keep=p.keep.to(device))
+    logp, ent = logits_to_logprobs(out.logits[0], p.labels.to(device), temperature, _never(model))
+    return p.unpack(logp), p.unpack(ent).detach(), p.tokens
+
+
+def can_pack(batch: Batch) -> bool:
+    """Packing needs one row of position ids per sample: a vision model's M-RoPE positions and images do not
+    pack here (verl and OpenRLHF do not pack VLM batches either)."""
+    return not batch.has_images and batch.position_ids.dim() == 2
+
+
+def forward_log_probs(
+    model: torch.nn.Module, batch: Batch, micro: MicroBatch, temperature: float, device: torch.device, packed: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The micro-batch's response logprobs and entropy [b, R] and the token cells computed."""
+    if packed and can_pack(batch):
+        return packed_forward_log_probs(model, batch, micro.rows, temperature, device)
+    return padded_forward_log_probs(model, batch, micro.rows, temperature, device)

@@ -28,6 +28,7 @@ class Reference:
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
         a forward-only model has no backward to keep gathered parameters for."""
         self.cfg, self.device, self.temperature = cfg, device, temperature
+        self.packed = model_cfg.use_remove_padding
         model = load_causal_lm(model_cfg, trainable=False)
         # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
         self.model = apply_fsdp(model, mesh, replace(fsdp, offload_policy=cfg.param_offload), frozen=True)
@@ -35,4 +36,4 @@ class Reference:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Reference logprobs of every response token, [B, R], on CPU."""
         micro = self.cfg.log_prob_micro_batch_size_per_gpu
-        return batched_log_probs(self.model, batch, self.temperature, micro, self.device)
+        return batched_log_probs(self.model, batch, self.temperature, micro, self.device, packed=self.packed)

@@ -1,0 +1,133 @@
+"""Sequence packing (model.use_remove_padding): the plan of packs by hand, and a packed forward that gives the
+padded forward's logprobs, entropies, values and gradients on a tiny model with ragged prompts and responses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from torchrl_post.types import Batch
+from torchrl_post.workers.logprobs import (
+    MicroBatch,
+    balance_rows,
+    pack,
+    pack_rows,
+    packed_forward_log_probs,
+    padded_forward_log_probs,
+    plan_micro_batches,
+)
+
+CPU = torch.device("cpu")
+
+
+def test_pack_rows_first_fit_decreasing() -> None:
+    # lengths 7, 3, 5, 2, 9 into budget 10: 9 | 7+3 | 5+2 (longest first, each into the first pack it fits)
+    assert pack_rows([7, 3, 5, 2, 9], 10) == [[4], [0, 1], [2, 3]]
+    assert pack_rows([12, 1], 10) == [[0], [1]]  # a row over the budget goes alone
+
+
+def test_balance_rows_into_exactly_k_bins() -> None:
+    # longest first into the lightest bin (the first on a tie): 9 -> b0, 7 -> b1, 5 -> b1 (7 < 9, now 12),
+    # 3 -> b0 (9 < 12, now 12), 2 -> b0 (tie, now 14)
+    assert balance_rows([7, 3, 5, 2, 9], 2) == [[1, 3, 4], [0, 2]]
+    assert balance_rows([4, 4], 3) == [[0], [1], []]  # fewer rows than bins: an empty bin
+
+
+def _batch(rows: list[tuple[int, int]], prompt: int = 7, resp: int = 5, seed: int = 0) -> Batch:
+    """Rows with (left prompt padding, right response padding) as given."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 60, (len(rows), prompt + resp), generator=gen)
+    attn = torch.ones_like(ids)
+    for i, (lp, lr) in enumerate(rows):
+        attn[i, :lp] = 0
+        if lr:
+            attn[i, prompt + resp - lr :] = 0
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        loss_mask=attn[:, prompt:].float(),
+        rollout_log_probs=torch.zeros(len(rows), resp),
+        group_ids=torch.arange(len(rows)),
+        termination=torch.zeros(len(rows), dtype=torch.long),
+        weights=torch.ones(len(rows)),
+    )
+
+
+RAGGED = [(0, 0), (3, 1), (1, 4), (5, 2), (2, 5), (0, 5)]  # the last two: empty responses
+
+
+def test_plan_micro_batches_sizes() -> None:
+    b = _batch(RAGGED)
+    lengths = b.attention_mask.sum(1).tolist()
+    assert lengths == [12, 8, 7, 5, 5, 7]
+    fixed = plan_micro_batches(b.attention_mask, b.response_width, 4, 0, packed=True)
+    assert [m.rows for m in fixed] == [slice(0, 4), slice(4, 6)]
+    dyn = plan_micro_batches(b.attention_mask, b.response_width, 4, 15, packed=True)
+    # FFD into 15 tokens needs 4 packs (12 | 8+7 | 7+5 | 5); then 4 bins by load: 12, 8, 7, 7, then the 5s onto
+    # the two 7s (the first on a tie)
+    assert [m.rows.tolist() for m in dyn if isinstance(m.rows, torch.Tensor)] == [[0], [1], [2, 3], [4, 5]]
+    assert all(m.live for m in dyn)
+    assert sorted(i for m in dyn for i in m.rows.tolist()) == list(range(6))  # type: ignore[union-attr]
+
+
+def test_pack_layout_by_hand() -> None:
+    b = _batch([(5, 3), (6, 4)], prompt=7, resp=5, seed=1)  # 2 prompt + 2 response, 1 prompt + 1 response
+    p = pack(b, slice(0, 2))
+    assert p.tokens == 6
+    assert p.pos.tolist() == [0, 1, 2, 3, 0, 1]
+    assert p.keep.tolist() == [1, 2, 4]  # positions before each response token
+    assert p.labels.tolist() == [b.input_ids[0, 7].item(), b.input_ids[0, 8].item(), b.input_ids[1, 7].item()]
+    assert p.valid_bt.tolist() == [[True, True, False, False, False], [True, False, False, False, False]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_forward_equals_padded(model: torch.nn.Module, temperature: float) -> None:
+    b = _batch(RAGGED)
+    mask = b.loss_mask
+    rows = slice(0, len(b))
+    logp_a, ent_a, cells = padded_forward_log_probs(model, b, rows, temperature, CPU)
+    logp_b, ent_b, tokens = packed_forward_log_probs(model, b, rows, temperature, CPU)
+    assert tokens == int(b.attention_mask.sum()) < cells  # no padding computed
+    assert ((logp_a - logp_b) * mask).abs().max() < 2e-6
+    assert ((ent_a - ent_b) * mask).abs().max() < 5e-6
+    assert (logp_b * (1 - mask)).abs().max() == 0  # nothing outside the responses
+    # the same gradients: a loss over the response tokens
+    grads = []
+    for logp in (padded_forward_log_probs, packed_forward_log_probs):
+        model.zero_grad()
+        (logp(model, b, rows, temperature, CPU)[0] * mask * torch.arange(1.0, 6.0)).sum().backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    scale = max(g.abs().max().item() for g in grads[0].values())
+    assert max((grads[0][k] - grads[1][k]).abs().max().item() for k in grads[0]) < 1e-6 * max(scale, 1.0)
+
+
+def test_packed_samples_do_not_attend_across(model: torch.nn.Module) -> None:
+    """A sample's logprobs are the same packed beside any other sample as packed alone."""
+    b = _batch(RAGGED)
+    alone = packed_forward_log_probs(model, b, torch.tensor([2]), 1.0, CPU)[0]
+    for other in (0, 1, 3):
+        both = packed_forward_log_probs(model, b, torch.tensor([other, 2]), 1.0, CPU)[0]
+        assert (both[1] - alone[0]).abs().max() < 2e-6
+
+
+def test_pack_with_no_response_tokens_keeps_a_graph(model: torch.nn.Module) -> None:
+    b = _batch([(2, 5), (0, 5)])
+    logp, ent, _ = packed_forward_log_probs(model, b, slice(0, 2), 1.0, CPU)
+    assert logp.abs().sum() == 0 and logp.requires_grad
+    logp.sum().backward()  # a stand-in micro-batch must still run backward (FSDP's reduce-scatter)
+
+
+def test_stand_in_micro_batches_only_without_group() -> None:
+    b = _batch(RAGGED)
+    plan = plan_micro_batches(b.attention_mask, b.response_width, 99, 100, packed=False)
+    assert plan == [MicroBatch(slice(0, 6))]
