@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -227,7 +228,7 @@ class Pack:
     def tokens(self) -> int:
         return len(self.ids)
 
-    def inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+    def inputs(self, device: torch.device) -> dict[str, Any]:
         """The forward's keyword arguments: no attention mask, so HF's models read the restarts of the
         position ids as sample boundaries (a block-diagonal causal mask; varlen attention with flash-attn). Not
         with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
