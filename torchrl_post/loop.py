@@ -232,7 +232,8 @@ class RankProgram(Protocol):
     def load_state_dict(self, state: dict[str, Any], step: int) -> None: ...
 
     def after_resume(self) -> None:
-        """Bring the engines up to the restored weights."""
+        """Bring the engines up to the trainer's weights: after a resume, and at a fresh start (engines that
+        start with rollout.load_format=dummy have none yet)."""
         ...
 
     def write_hf(self, ckpt_tmp: Path) -> None: ...
@@ -259,6 +260,8 @@ def fit(program: RankProgram) -> None:
         (run.run_dir / "config.yaml").write_text(to_yaml(cfg))
         (run.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
     step = resume(program, checkpointer)
+    if step == 0:
+        program.after_resume()  # the first sync: engines may have started with dummy weights
     if t.val_only:
         validate_only(program, step)
         metrics.close()

@@ -80,6 +80,8 @@ def test_override_that_is_a_sweep() -> None:
         ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low"),
         ("rollout.max_num_seqs=0", "rollout.max_num_seqs=0 must be > 0"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
+        ("rollout.load_format=lazy", "rollout.load_format"),
+        ("model.load_format=mmap", "model.load_format"),
     ],
 )
 def test_config_values_checked(override: str, needle: str) -> None:

@@ -19,6 +19,11 @@ class ModelConfig:
     """Allow the model directory's own Python code. Off unless you trust the directory."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
+    load_format: str = "sharded"
+    """How the trained and frozen roles get their weights: `sharded` builds the model with its parameters on the
+    meta device, shards it, and each rank reads only its own rows from the safetensors files (host memory per
+    rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. LoRA models and
+    checkpoints whose tensor names differ from the model's load in full."""
     use_remove_padding: bool = False
     """Sequence packing (verl's key): each micro-batch's samples are concatenated into one row without padding,
     attention kept within each sample by its position ids; the same loss as the padded forward, less compute.
@@ -127,6 +132,10 @@ class RolloutConfig:
 
     limit_images: int = 1
     """Vision-language models: the most images one prompt may carry (vLLM's limit_mm_per_prompt)."""
+    load_format: str = "dummy"
+    """The engine's initial weights (vLLM's load_format; ROLL's and verl's advice): `dummy` starts it with random
+    weights and the first weight sync (at every fresh start, as after a resume) gives it the actor's; `auto` reads
+    them from model.path as well. With rollout.lora_sync=adapter the base weights are read from disk."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a

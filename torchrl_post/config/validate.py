@@ -165,6 +165,8 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
     _one_of("rollout.lora_sync", cfg.rollout.lora_sync, LORA_SYNC_MODES)
+    _one_of("rollout.load_format", cfg.rollout.load_format, ("dummy", "auto"))
+    _one_of("model.load_format", cfg.model.load_format, ("sharded", "full"))
     if m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter" and cfg.rollout.engine != "vllm":
         raise ConfigError("rollout.lora_sync=adapter needs rollout.engine=vllm (its LoRA support); use merged")
     if m.lora_rank > 0:

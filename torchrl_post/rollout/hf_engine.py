@@ -11,13 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from torchrl_post.config.schema import Config
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
 from torchrl_post.rollout.base import SamplingParams, collate
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation, PromptBatch
-from torchrl_post.workers.fsdp import load_pretrained
+from torchrl_post.workers.fsdp import load_pretrained, model_class
 from torchrl_post.workers.logprobs import batched_log_probs
 
 
@@ -29,7 +30,12 @@ def _prompts(prompt_ids: list[list[int]], mm_inputs: list[dict[str, Any]]) -> Pr
 
 class HFEngine:
     def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
-        model = load_pretrained(cfg.model, getattr(torch, cfg.rollout.dtype))
+        dtype = getattr(torch, cfg.rollout.dtype)
+        if cfg.rollout.load_format == "dummy":  # random weights: the first sync brings the actor's
+            config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+            model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+        else:
+            model = load_pretrained(cfg.model, dtype)
         self.vision = VisionSpec.of(model.config)
         self.processor = load_processor(cfg.model.path, cfg.model.trust_remote_code) if self.vision else None
         self.model = model.to(device)  # type: ignore[arg-type]  # transformers' stub types .to() oddly

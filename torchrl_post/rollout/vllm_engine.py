@@ -87,8 +87,17 @@ class VLLMEngine:
             enforce_eager=cfg.rollout.enforce_eager,
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode="processed_logprobs",
+            load_format=self._load_format(cfg),
             **extra,
         )
+
+    def _load_format(self, cfg: Config) -> str:
+        """rollout.load_format, except that an engine serving adapters needs its base weights from disk (the
+        syncs send only adapters)."""
+        if cfg.rollout.load_format == "dummy" and self.adapter_mode:
+            log.info("rollout.load_format=dummy: with rollout.lora_sync=adapter the engine reads its base weights")
+            return "auto"
+        return cfg.rollout.load_format
 
     def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:
         """vLLM's sampling parameters for the prompt `uid` (its own seed), the sampled tokens' logprobs, ids only."""

@@ -15,7 +15,8 @@ from torchrl_post.config.schema import ActorConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm, reshard
+from torchrl_post.workers.fsdp import load_causal_lm, reshard
+from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs, can_pack, chunks, forward_log_probs, plan_micro_batches
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
@@ -49,9 +50,14 @@ class Actor:
                 f"model.dtype={d}: AdamW steps {d} master weights, which drop updates below their rounding step; "
                 f"model.dtype=float32 with actor.fsdp.param_dtype={d} computes in {d} and keeps them"
             )
-        model = load_causal_lm(model_cfg)
-        model.config.use_cache = False
-        self.model = apply_fsdp(model, mesh, cfg.fsdp)  # actor.fsdp.offload_policy: CPU shards, optimizer on CPU
+
+        def build(empty: bool) -> torch.nn.Module:
+            model = load_causal_lm(model_cfg, empty=empty)
+            model.config.use_cache = False
+            return model
+
+        # actor.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank reads its rows
+        self.model = fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="actor")
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps, (cfg.betas[0], cfg.betas[1])
         )

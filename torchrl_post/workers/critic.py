@@ -22,7 +22,8 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp, model_dtype, reshard
+from torchrl_post.workers.fsdp import apply_fsdp, empty_model, model_dtype, reshard
+from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import can_pack, chunks, pack
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
@@ -67,23 +68,37 @@ class Critic:
         self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
         path = cfg.model.path or model_cfg.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-        model: Any
         dtype = model_dtype(model_cfg)  # the value model is kept in model.dtype too
-        if VisionSpec.of(config) is not None:
-            model = VisionValueModel(path, model_cfg.trust_remote_code, dtype)
-        else:
-            config.num_labels = 1
-            config.classifier_dropout = 0.0  # a value head wants no dropout noise
-            model = AutoModelForTokenClassification.from_pretrained(
-                path,
-                config=config,
-                dtype=dtype,
-                trust_remote_code=model_cfg.trust_remote_code,
-                use_safetensors=True,
-            )
-        if model_cfg.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = apply_fsdp(model, mesh, cfg.fsdp)  # critic.fsdp.offload_policy: CPU shards, optimizer on CPU
+
+        def build(empty: bool) -> torch.nn.Module:
+            model: Any
+            if VisionSpec.of(config) is not None:
+                model = VisionValueModel(path, model_cfg.trust_remote_code, dtype)
+            elif empty:
+                model = empty_model(model_cfg, config, AutoModelForTokenClassification)
+            else:
+                model = AutoModelForTokenClassification.from_pretrained(
+                    path,
+                    config=config,
+                    dtype=dtype,
+                    trust_remote_code=model_cfg.trust_remote_code,
+                    use_safetensors=True,
+                )
+            if model_cfg.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return model
+
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # a value head wants no dropout noise
+        # The value head is new: normal(0, initializer_range) weights, zero bias, the same on every rank.
+        head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
+        # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
+        vlm = VisionSpec.of(config) is not None
+        self.model = (
+            apply_fsdp(build(False), mesh, cfg.fsdp)
+            if vlm
+            else fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="critic", path=path, fresh=head)
+        )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:

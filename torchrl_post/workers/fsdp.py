@@ -33,10 +33,22 @@ def model_dtype(cfg: ModelConfig) -> torch.dtype:
     return dtype
 
 
-def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> Any:
+def empty_model(cfg: ModelConfig, config: Any = None, auto: Any = None) -> Any:
+    """The model of `config` (default `model.path`'s) by `auto` (default `model_class`) in `model.dtype`, with
+    its parameters on the meta device (`workers/loading.py` fills them shard by shard)."""
+    from torchrl_post.workers.loading import params_on_meta
+
+    config = config or AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    with params_on_meta():
+        return (auto or model_class(config)).from_config(
+            config, dtype=model_dtype(cfg), trust_remote_code=cfg.trust_remote_code
+        )
+
+
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True, *, empty: bool = False) -> Any:
     """The policy in `model.dtype`, with activation checkpointing and a LoRA adapter (`model.lora_rank` > 0)
-    if asked; `trainable=False`: frozen, never adapted."""
-    model = load_pretrained(cfg, model_dtype(cfg))
+    if asked; `trainable=False`: frozen, never adapted. `empty`: parameters on the meta device (`empty_model`)."""
+    model = empty_model(cfg) if empty else load_pretrained(cfg, model_dtype(cfg))
     if not trainable:
         model.requires_grad_(False)
         return model

@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig, ReferenceConfig
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
+from torchrl_post.workers.fsdp import load_causal_lm
+from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs
 
 
@@ -29,9 +30,16 @@ class Reference:
         a forward-only model has no backward to keep gathered parameters for."""
         self.cfg, self.device, self.temperature = cfg, device, temperature
         self.packed = model_cfg.use_remove_padding
-        model = load_causal_lm(model_cfg, trainable=False)
         # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
-        self.model = apply_fsdp(model, mesh, replace(fsdp, offload_policy=cfg.param_offload), frozen=True)
+        self.model = fsdp_model(
+            lambda empty: load_causal_lm(model_cfg, trainable=False, empty=empty),
+            model_cfg,
+            mesh,
+            replace(fsdp, offload_policy=cfg.param_offload),
+            device,
+            role="reference",
+            frozen=True,
+        )
 
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Reference logprobs of every response token, [B, R], on CPU."""

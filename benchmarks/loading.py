@@ -1,0 +1,175 @@
+"""Loading benchmark: peak host memory per rank while the actor loads, sharded (`model.load_format=sharded`: meta
+build, then each rank reads its own rows from the safetensors files) against full (every rank loads the whole
+model, then shards it), on 1, 2 and 4 ranks.
+
+    python -m benchmarks --only loading [--quick | --tiny]     (or: python -m benchmarks.loading)
+
+Runs benchmarks/loading_worker.py under torchrun per (format, ranks). `peak/rank` is the largest rank's
+high-water RSS growth during the load; `ratio` = that / the model's bytes (the goal for sharded: about
+1/ranks plus a small constant); `after/rank` what stays resident. A random Qwen2 of about 1B parameters
+(float32, 4 GB on disk) is built once under outputs/bench_models. The full load on 4 ranks needs 4 copies of
+the model in host memory and runs only where MemAvailable holds them.
+
+    default   qwen2-1b: sharded on 1, 2, 4 ranks; full on 1, 2 (and 4 where memory allows)
+    --quick   qwen2-100m on 1, 2, 4 ranks, both formats
+    --tiny    qwen2-1m on 1, 2 ranks, both formats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import SIZES, ModelSize, model_dir
+
+NAME = "loading"
+WORKER = Path(__file__).resolve().parent / "loading_worker.py"
+BIG = ModelSize("qwen2-1b", 2048, 22, 32, 8, 5632)  # 22 x 45.1M + embeddings: 0.99B parameters
+SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
+    "full": (BIG, (1, 2, 4)),
+    "quick": (SIZES["qwen2-100m"], (1, 2, 4)),
+    "tiny": (SIZES["qwen2-1m"], (1, 2)),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a 100M model")
+    ap.add_argument("--tiny", action="store_true", help="a 1M model on 1 and 2 ranks (tests)")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def launch(model: Path, fmt: str, ranks: int) -> dict[str, Any]:
+    tag = f"loading_{model.name}_{fmt}_r{ranks}"
+    out = common.LOGS / f"{tag}.json"
+    out.unlink(missing_ok=True)
+    cmd = [
+        *common.torchrun(),
+        *("--standalone", "--nproc-per-node", str(ranks), str(WORKER)),
+        *("--model", str(model), "--format", fmt, "--out", str(out)),
+    ]
+    common.run_logged(cmd, common.LOGS / f"{tag}.log")
+    rec: dict[str, Any] = json.loads(out.read_text())
+    return rec
+
+
+def summarize(rec: dict[str, Any]) -> dict[str, Any]:
+    per = rec["per_rank"]
+    peak = max(r["peak_growth_bytes"] for r in per)
+    return {
+        "format": rec["format"],
+        "ranks": rec["ranks"],
+        "num_params": rec["num_params"],
+        "model_bytes": rec["model_bytes"],
+        "peak_rank": peak,
+        "after_rank": max(r["after_bytes"] for r in per),
+        "shard_rank": max(r["shard_bytes"] for r in per),
+        "ratio": peak / rec["model_bytes"],
+        "ideal": 1 / rec["ranks"],
+        "excess_mb": (peak - rec["model_bytes"] / rec["ranks"]) / 1e6,
+        "seconds": max(r["seconds"] for r in per),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    size, wanted = SETTINGS[mode]
+    path = model_dir(size)
+    model_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    rows, skipped = [], []
+    for fmt in ("sharded", "full"):
+        for ranks in wanted:
+            if fmt == "full" and ranks * model_bytes * 1.3 > mem_available():
+                skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
+                continue
+            t0 = time.perf_counter()
+            row = summarize(launch(path, fmt, ranks))
+            rows.append({"model": size.name, **row})
+            print(
+                f"  {size.name} {fmt} on {ranks} rank(s): peak {row['peak_rank'] / 1e6:.0f} MB per rank of "
+                f"{row['model_bytes'] / 1e6:.0f} MB, ratio {row['ratio']:.3f} (ideal {1 / ranks:.3f}) "
+                f"({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+    return {"mode": mode, "rows": rows, "skipped": skipped, "loadavg_1m": common.load_1m()}
+
+
+COLUMNS = [
+    ("model", "model", "{}"),
+    ("format", "format", "{}"),
+    ("ranks", "ranks", "{}"),
+    ("model MB", "model_mb", "{:.0f}"),
+    ("peak MB/rank", "peak_mb", "{:.0f}"),
+    ("ratio", "ratio", "{:.3f}"),
+    ("ideal", "ideal", "{:.3f}"),
+    ("above model/ranks MB", "excess_mb", "{:.0f}"),
+    ("resident after MB/rank", "after_mb", "{:.0f}"),
+    ("load s", "seconds", "{:.1f}"),
+]
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    rows = [
+        {**r, "model_mb": r["model_bytes"] / 1e6, "peak_mb": r["peak_rank"] / 1e6, "after_mb": r["after_rank"] / 1e6}
+        for r in rec["rows"]
+    ]
+    skipped = "".join(f"Not run: {s}.\n" for s in rec.get("skipped", []))
+    return "\n".join(
+        [
+            "# Loading: peak host memory per rank",
+            "",
+            "The actor built by `model.load_format`: `sharded` (parameters on the meta device, `fully_shard`, each "
+            "rank reads only its rows of each tensor from the safetensors files) or `full` (every rank loads the "
+            "whole model, then shards it). `peak MB/rank`: the largest rank's high-water RSS growth during the load "
+            "(tensors, the file pages it read, transient copies); `ratio` = peak / model bytes, ideal 1 / ranks.",
+            "",
+            common.table(rows, COLUMNS),
+            skipped,
+        ]
+    )
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    model_mb = rec["rows"][0]["model_bytes"] / 1e6
+    for i, fmt in enumerate(("sharded", "full")):
+        rows = sorted((r for r in rec["rows"] if r["format"] == fmt), key=lambda r: r["ranks"])
+        if rows:
+            ax.plot([r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], "o-", color=f"C{i}", label=fmt)
+    xs = sorted({r["ranks"] for r in rec["rows"]})
+    ax.plot(xs, [model_mb / k for k in xs], "k--", alpha=0.6, label="model / ranks")
+    ax.set(xlabel="ranks", ylabel="peak host MB per rank", xticks=xs)
+    ax.set_title(f"{rec['rows'][0]['model']} ({rec['rows'][0]['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    path = common.write_report(args.results, NAME, run(args), markdown, plot)
+    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

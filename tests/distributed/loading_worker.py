@@ -1,0 +1,123 @@
+"""Worker for test_loading.py: every role's model loaded shard by shard (model.load_format=sharded) against the
+full load, on the ranks torchrun gives. Writes one JSON report per rank list (rank 0)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed.checks import make_actor
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.placement import fsdp_mesh
+from torchrl_post.sync.weights import iter_full_weights
+from torchrl_post.types import Batch
+from torchrl_post.workers.critic import Critic
+from torchrl_post.workers.fsdp import load_pretrained
+from torchrl_post.workers.reference import Reference
+
+CPU = torch.device("cpu")
+_KEEP: list[object] = []
+
+
+def _batch(vocab: int) -> Batch:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (4, 10), generator=gen)
+    attn = torch.ones_like(ids)
+    attn[1, :2] = 0
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        loss_mask=torch.ones(4, 4),
+        rollout_log_probs=torch.zeros(4, 4),
+        group_ids=torch.arange(4),
+        termination=torch.zeros(4, dtype=torch.long),
+        weights=torch.ones(4),
+    )
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(iter_full_weights(model, 1 << 20))
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> bool:
+    keys = [k for k in a if not k.startswith(skip)]
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in keys)
+
+
+def roles(cfg: Config, mesh: object) -> dict[str, object]:
+    out: dict[str, object] = {}
+    plain = load_pretrained(cfg.model)
+    expected = {**plain.state_dict()}
+    expected_buffers = {k: v for k, v in plain.named_buffers()}
+    batch = _batch(plain.config.vocab_size)
+    models: dict[str, dict[str, object]] = {}
+    for fmt in ("full", "sharded"):
+        cfg.model.load_format = fmt
+        torch.manual_seed(0)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        actor = make_actor(cfg, mesh)
+        ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, CPU, temperature=1.0)
+        critic = Critic(cfg.model, cfg.critic, mesh, CPU, mini_batch_samples=4, epochs=1, max_response_length=4)
+        _KEEP.extend([actor, ref, critic])
+        models[fmt] = {
+            "actor": _weights(actor.model),
+            "reference": _weights(ref.model),
+            "critic": _weights(critic.model),
+            "buffers": {k: v.clone() for k, v in actor.model.named_buffers()},
+            "logp": actor.log_probs(batch),
+            "ref_logp": ref.log_probs(batch),
+            "values": critic.values(batch),
+            "maxrss_growth_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before,
+        }
+        out[f"dtensor_{fmt}"] = all(type(p).__name__ == "DTensor" for p in actor.model.parameters())
+    s, f = models["sharded"], models["full"]
+    # The checkpoint's tensors; a tied model's state dict repeats the embedding as lm_head.weight.
+    out["actor_equals_from_pretrained"] = all(torch.equal(s["actor"][k], expected[k]) for k in s["actor"])
+    out["actor_names_covered"] = set(s["actor"]) <= set(expected)
+    out["actor_equal"] = _same(s["actor"], f["actor"])
+    out["reference_equal"] = _same(s["reference"], f["reference"])
+    out["critic_backbone_equal"] = _same(s["critic"], f["critic"], skip=("score.",))
+    out["critic_head_names"] = sorted(k for k in s["critic"] if k.startswith("score."))
+    out["critic_head"] = s["critic"]["score.weight"].flatten()[:4].tolist()
+    out["critic_head_std"] = s["critic"]["score.weight"].std().item()
+    out["buffers_equal"] = set(s["buffers"]) == set(expected_buffers) and all(
+        torch.equal(s["buffers"][k], expected_buffers[k]) for k in expected_buffers
+    )
+    out["logp_equal"] = torch.equal(s["logp"], f["logp"])
+    out["ref_logp_equal"] = torch.equal(s["ref_logp"], f["ref_logp"])
+    out["values_finite"] = bool(torch.isfinite(s["values"]).all())
+    # The actor still trains from a sharded load (optimizer over the filled shards).
+    cfg.model.load_format = "sharded"
+    actor = make_actor(cfg, mesh)
+    _KEEP.append(actor)
+    batch.advantages = torch.randn(4, 4, generator=torch.Generator().manual_seed(1))
+    actor.update(batch)
+    out["moved_after_update"] = max((v - expected[k]).abs().max().item() for k, v in _weights(actor.model).items())
+    return out
+
+
+def main() -> None:
+    model_dir, out_path = sys.argv[1:3]
+    env = read_env("cpu")
+    init_world(env)
+    cfg = Config()
+    cfg.model.path = model_dir
+    cfg.actor.lr = 1e-2
+    mesh = fsdp_mesh("cpu", env.world_size, -1)
+    report = roles(cfg, mesh)
+    gathered: list[object] = [None] * env.world_size
+    dist.all_gather_object(gathered, report)
+    if env.rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(gathered, f)
+    shutdown_distributed()
+
+
+if __name__ == "__main__":
+    main()
