@@ -25,7 +25,7 @@ def uneven_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize(("nproc", "model"), [(2, "uneven_model"), (2, "tiny_tied_model"), (1, "uneven_model")])
+@pytest.mark.parametrize(("nproc", "model"), [(2, "uneven_model"), (2, "tiny_tied_model")])
 def test_sharded_load_equals_full_load(nproc: int, model: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     path = request.getfixturevalue(model)
     out = tmp_path / "report.json"
