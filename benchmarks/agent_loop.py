@@ -1,5 +1,6 @@
-"""Agent-loop benchmark driver: step-wise turns against one batch per turn, and the sandbox's cost per call.
+"""Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
 
+    python -m benchmarks --only agent_loop [--quick | --tiny]
     python -m benchmarks.agent_loop [--quick] [--repeats R] [--env-workers W] [--omp-threads T]
 
 1. Runs benchmarks/agent_loop_worker.py under torchrun (1 process, a real in-process vLLM engine on the demo
@@ -11,7 +12,7 @@
    R repeats after a warm-up.
 2. Times the built-in tools in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
    `subprocess.run` of the same code (the venv's interpreter and the sandbox's), and `calculator`.
-Writes benchmarks/results/agent_loop.json, agent_loop.md and agent_loop.png.
+`--tiny`: 2 tasks, one repeat, 2 calls per tool (tests).
 
 The engine runs with `--omp-threads` OpenMP threads, unbound (default 1): on a few CPU cores shared with other
 jobs, vLLM's default of one pinned thread per core makes single engine steps stall 10x whenever another
@@ -31,14 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import machine, torchrun, warn_if_busy, write_report
+from benchmarks import common
+from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
 
-ROOT = Path(__file__).resolve().parents[1]
+NAME = "agent_loop"
 WORKER = Path(__file__).resolve().parent / "agent_loop_worker.py"
-RESULTS = Path(__file__).resolve().parent / "results"
 DEMO_MODEL = ROOT / "outputs" / "demo_model"
 DEMO_DATA = ROOT / "outputs" / "demo_data"
-LOGS = ROOT / "outputs" / "bench_logs"
 MODES = ("step", "turn_batches")
 LABELS = {"step": "step loop", "turn_batches": "one batch per turn"}
 
@@ -46,15 +46,15 @@ LABELS = {"step": "step loop", "turn_batches": "one batch per turn"}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8 tasks instead of 32, 10 sandbox calls instead of 20")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tasks", type=int, default=None, help="tasks (default 32, --quick 8)")
+    ap.add_argument("--tiny", action="store_true", help="2 tasks, one repeat, 2 calls per tool (tests)")
+    ap.add_argument("--repeats", type=int, default=None, help="default 3, --tiny 1")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks (default 32, --quick 8, --tiny 2)")
     ap.add_argument("--n", type=int, default=2, help="trajectories per task")
     ap.add_argument("--delays-ms", default="0,50")
     ap.add_argument("--env-workers", type=int, default=32, help="the loop's environment threads")
-    ap.add_argument("--calls", type=int, default=None, help="timed calls per tool (default 20, --quick 10)")
+    ap.add_argument("--calls", type=int, default=None, help="timed calls per tool (default 20, --quick 10, --tiny 2)")
     ap.add_argument("--omp-threads", type=int, default=1, help="engine OpenMP threads, unbound; 0: vLLM's default")
-    ap.add_argument("--results", type=Path, default=RESULTS)
-    ap.add_argument("--report-only", action="store_true", help="rebuild the .md and .png from agent_loop.json")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -71,6 +71,7 @@ def demo_model() -> Path:
 
 
 def run_loop(args: argparse.Namespace, tasks: int) -> dict[str, Any]:
+    LOGS.mkdir(parents=True, exist_ok=True)
     out, log = LOGS / "agent_loop.json", LOGS / "agent_loop.log"
     out.unlink(missing_ok=True)
     cmd = [
@@ -98,7 +99,7 @@ def run_loop(args: argparse.Namespace, tasks: int) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(out.read_text())
     rec["omp_threads"] = args.omp_threads or "vllm default (bound)"
     rec["worker_s"] = time.perf_counter() - t0
-    rec["loadavg_1m"] = os.getloadavg()[0]
+    rec["loadavg_1m"] = common.load_1m()
     for s in rec["summary"]:
         print(
             f"    {s['delay_ms']:>4g} ms {LABELS[s['mode']]:>18}: {s['trajectories_per_s']:6.1f} traj/s, "
@@ -276,32 +277,29 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def report(args: argparse.Namespace, rec: dict[str, Any]) -> None:
-    write_report(args.results, "agent_loop", rec, markdown, plot)
-
-
 # ---- main -----------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.report_only:
-        report(args, json.loads((args.results / "agent_loop.json").read_text()))
-        return
-    tasks = args.tasks or (8 if args.quick else 32)
-    calls = args.calls or (10 if args.quick else 20)
-    LOGS.mkdir(parents=True, exist_ok=True)
-    args.results.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    args.repeats = args.repeats or (1 if args.tiny else 3)
+    tasks = args.tasks or (2 if args.tiny else 8 if args.quick else 32)
+    calls = args.calls or (2 if args.tiny else 10 if args.quick else 20)
     loop = run_loop(args, tasks)
     print(f"sandbox: {calls} calls each ...", flush=True)
     tools = bench_tools(calls)
     print_tools(tools)
-    rec = {"machine": machine(), "repeats": args.repeats, "quick": args.quick, "agent_loop": loop, "tools": tools}
-    report(args, rec)
+    rec = {"repeats": args.repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": tools}
     for line in conclusion(rec):
-        print(line)
-    print(f"done in {time.perf_counter() - start:.0f} s; results in {args.results}", flush=True)
+        print(f"  {line}", flush=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    path = common.write_report(args.results, NAME, run(args), markdown, plot)
+    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""LoRA benchmark driver: LoRA against full fine-tuning on the same model, through the real training entrypoint.
+"""LoRA benchmark: LoRA against full fine-tuning on the same model, through the real training entrypoint.
 
-    python -m benchmarks.lora [--quick] [--steps N] [--big-steps M]
+    python -m benchmarks --only lora [--quick | --tiny]     (or: python -m benchmarks.lora [--steps N] [--big-steps M])
 
 For each model (the demo model, ~0.4M parameters, and a random Qwen2 of ~25M parameters built once under
 outputs/bench_models with the demo's character tokenizer, so the demo data fits it) runs
@@ -11,14 +11,13 @@ each run's metrics.jsonl: the median over steps 3..N of `timing_s/step`, `timing
 Trainable parameters and AdamW state (2 float32 moments per trainable parameter, all ranks together; FSDP
 shards it over the ranks) are counted in this process: the model loaded with transformers, wrapped with the
 trainer's own `with_lora` for the LoRA mode.
-Writes benchmarks/results/lora.json, lora.md and lora.png.
+`--quick`: the demo model only, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import time
@@ -26,14 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import machine, torchrun, warn_if_busy, write_report
+from benchmarks import common
+from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
+NAME = "lora"
 DEMO_MODEL = ROOT / "outputs" / "demo_model"
 DEMO_DATA = ROOT / "outputs" / "demo_data"
-BENCH_MODELS = ROOT / "outputs" / "bench_models"
-LOGS = ROOT / "outputs" / "bench_logs"
 RUNS = LOGS / "lora_runs"
 MODES = ("full", "lora", "lora_adapter")
 LABELS = {"full": "full fine-tuning", "lora": "LoRA r16", "lora_adapter": "LoRA r16, adapter sync"}
@@ -60,11 +57,11 @@ class BenchModel:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8 steps on the demo model and 5 on the bigger one")
+    ap.add_argument("--quick", action="store_true", help="the demo model only, 6 steps")
+    ap.add_argument("--tiny", action="store_true", help="the demo model, 3 steps, full and merged LoRA (tests)")
     ap.add_argument("--steps", type=int, default=None, help="training steps on the demo model (default 20)")
     ap.add_argument("--big-steps", type=int, default=None, help="training steps on the ~25M model (default 10)")
-    ap.add_argument("--results", type=Path, default=RESULTS)
-    ap.add_argument("--report-only", action="store_true", help="rebuild the .md and .png from lora.json")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -78,7 +75,7 @@ def demo_model() -> Path:
 
 
 def big_model() -> Path:
-    out = BENCH_MODELS / "qwen2-25m-lora"
+    out = common.MODELS / "qwen2-25m-lora"
     if not (out / "config.json").is_file():
         from torchrl_post.demo.build import build_tiny_model
 
@@ -117,6 +114,7 @@ def count_params(path: Path) -> dict[str, dict[str, int]]:
 
 
 def train(model: BenchModel, mode: str) -> dict[str, Any]:
+    RUNS.mkdir(parents=True, exist_ok=True)
     run_dir = RUNS / f"{model.name}_{mode}"
     log = LOGS / f"lora_{model.name}_{mode}.log"
     metrics_path = run_dir / "metrics.jsonl"
@@ -148,7 +146,7 @@ def train(model: BenchModel, mode: str) -> dict[str, Any]:
     for key, metric in METRICS.items():
         values = [float(r[metric]) for r in kept if metric in r]
         rec[key] = statistics.median(values) if values else None
-    rec["loadavg_1m"] = os.getloadavg()[0]
+    rec["loadavg_1m"] = common.load_1m()
     print(
         f"    step {rec['step_s']:.3f} s, update {rec['update_s']:.3f} s, sync {rec['sync_s'] * 1e3:.1f} ms, "
         f"sync {rec['sync_bytes'] / 1e6:.2f} MB, run {wall:.0f} s",
@@ -158,6 +156,11 @@ def train(model: BenchModel, mode: str) -> dict[str, Any]:
 
 
 # ---- reports --------------------------------------------------------------------------------------------------
+
+
+def modes_of(model: dict[str, Any]) -> list[str]:
+    """The modes a model was run in (--tiny leaves out the adapter sync)."""
+    return [m for m in MODES if m in model["runs"]]
 
 
 def _mb(n: float | None) -> str:
@@ -188,7 +191,7 @@ def markdown(rec: dict[str, Any]) -> str:
             "| mode | trainable params | optimizer state MB | step s | update s | sync s | sync MB | gen s |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for mode in MODES:
+        for mode in modes_of(model):
             p, r = model["params"][mode], model["runs"][mode]
             lines.append(
                 f"| {LABELS[mode]} | {p['trainable_params']:,} | {_mb(p['optimizer_state_bytes'])} | "
@@ -245,10 +248,11 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     models = rec["models"]
+    modes = [m for m in MODES if all(m in model["runs"] for model in models)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.8 / len(MODES)
-    for i, mode in enumerate(MODES):
-        xs = [k + (i - (len(MODES) - 1) / 2) * width for k in range(len(models))]
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        xs = [k + (i - (len(modes) - 1) / 2) * width for k in range(len(models))]
         steps = [m["runs"][mode]["step_s"] for m in models]
         state = [m["params"][mode]["optimizer_state_bytes"] / 1e6 for m in models]
         for ax, ys, fmt in ((left, steps, "{:.3f}"), (right, state, "{:.2f}")):
@@ -269,43 +273,43 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def report(args: argparse.Namespace, rec: dict[str, Any]) -> None:
-    write_report(args.results, "lora", rec, markdown, plot)
-
-
 # ---- main -----------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.report_only:
-        report(args, json.loads((args.results / "lora.json").read_text()))
-        return
-    steps = args.steps or (8 if args.quick else 20)
-    big_steps = args.big_steps or (5 if args.quick else 10)
-    RUNS.mkdir(parents=True, exist_ok=True)
-    args.results.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    models = [BenchModel("demo", demo_model(), steps), BenchModel("qwen2-25m", big_model(), big_steps)]
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    steps = args.steps or (3 if args.tiny else 6 if args.quick else 20)
+    big_steps = args.big_steps or 10
+    modes = MODES[:2] if args.tiny else MODES
+    models = [BenchModel("demo", demo_model(), steps)]
+    if not (args.quick or args.tiny):
+        models.append(BenchModel("qwen2-25m", big_model(), big_steps))
     records = []
     for model in models:
-        params = count_params(model.path)
-        runs = {mode: train(model, mode) for mode in MODES}
+        params = {mode: p for mode, p in count_params(model.path).items() if mode in modes}
+        runs = {mode: train(model, mode) for mode in modes}
         path = str(model.path.relative_to(ROOT))
         records.append({"name": model.name, "path": path, "steps": model.steps, "params": params, "runs": runs})
     rec = {
-        "machine": machine(),
         "quick": args.quick,
+        "tiny": args.tiny,
         "nproc": 2,
         "lora_rank": LORA_RANK,
         "lora_alpha": LORA_ALPHA,
         "median_from_step": FIRST_STEP,
         "models": records,
+        "loadavg_1m": common.load_1m(),
     }
-    report(args, rec)
     for line in conclusion(rec):
-        print(line)
-    print(f"done in {time.perf_counter() - start:.0f} s; results in {args.results}", flush=True)
+        print(f"  {line}", flush=True)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    path = common.write_report(args.results, NAME, run(args), markdown, plot)
+    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def build_config(model: Path, bucket_mb: int) -> Config:
             "rollout.max_num_seqs=8",
             "rollout.cpu_kvcache_space_gb=1",
             f"rollout.sync_bucket_mb={bucket_mb}",
-            "trainer.device=cpu",
+            "trainer.device=auto",
         ]
     )
 
@@ -139,11 +139,11 @@ def checkpoint_weights(model_dir: Path) -> list[tuple[str, torch.Tensor]]:
 
 
 def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: argparse.Namespace) -> dict[str, Any]:
-    model, bucket_bytes = actor.model, args.bucket_mb << 20
+    model, bucket_bytes, device = actor.model, args.bucket_mb << 20, topo.env.device
     params, nbytes = param_stats(model)
     # The raw collective: the same all_gathers (one per wire bucket, the same sizes) into buffers made once.
     buffers = [
-        (torch.ones(b.slot, dtype=b.dtype), torch.empty(b.numel, dtype=b.dtype))
+        (torch.ones(b.slot, dtype=b.dtype, device=device), torch.empty(b.numel, dtype=b.dtype, device=device))
         for b in plan_wire(param_specs(model), bucket_bytes)
     ]
     full = checkpoint_weights(args.model)
@@ -176,7 +176,11 @@ def bench_broadcast(
     bsync = BroadcastSync(
         topo.sync, topo.env.device, args.bucket_mb << 20, torch.float32, actor.model if actor is not None else None
     )
-    flat = torch.ones(-(-bsync.nbytes // 4), dtype=torch.float32) if topo.sync is not None else None
+    flat = (
+        torch.ones(-(-bsync.nbytes // 4), dtype=torch.float32, device=topo.env.device)
+        if topo.sync is not None
+        else None
+    )
     stand_in = checkpoint_weights(args.model) if engine is not None else []
 
     def sync() -> None:
@@ -221,7 +225,7 @@ def record(args: argparse.Namespace, env: DistEnv, r: dict[str, Any]) -> dict[st
 
 
 def run(args: argparse.Namespace) -> None:
-    env = read_env("cpu")
+    env = read_env("auto")  # cuda (nccl) where there is one, else cpu (gloo)
     cfg = build_config(args.model, args.bucket_mb)
     topo = build_topology(args, env)
     torch.manual_seed(0)

@@ -1,0 +1,184 @@
+"""The benchmark suite: run every benchmark (or some), write each result, and summarize the newest ones.
+
+    python -m benchmarks [--quick] [--tiny] [--report-only] [--only NAME[,NAME]] [--results DIR]
+
+`make bench` runs it all (tens of minutes on 2 CPU cores); `--quick` a subset of about 5 minutes; `--tiny` the
+smallest sizes (seconds per benchmark; for tests). Each benchmark is a module `benchmarks/<name>.py` exposing
+NAME, run, markdown and plot (the protocol in benchmarks/common.py); a module not written yet is skipped with one
+line, one that fails is reported and the others still run (the exit status is then 1). Results go to
+`<results>/<name>_<machine>_<date>.{json,md,png}`. `--report-only` measures nothing: it rebuilds every .md and
+.png from the JSON files under results.
+
+After either, `<results>/LATEST.md` gets each benchmark's newest result (newest date; a result from this
+machine is preferred over another machine's) and, when the results are the repository's own
+(benchmarks/results), the same text goes into README.md between `<!-- benchmarks:begin -->` and
+`<!-- benchmarks:end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from benchmarks import common
+
+BENCHMARKS = ("sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop")
+README = common.ROOT / "README.md"
+BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the ~5-minute subset (2 CPU cores)")
+    ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
+    ap.add_argument("--report-only", action="store_true", help="rebuild the .md and .png from the JSON files")
+    ap.add_argument("--only", default="", help=f"comma-separated names of {', '.join(BENCHMARKS)}")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    args = ap.parse_args(argv)
+    args.only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in args.only if n not in BENCHMARKS]
+    if unknown:
+        ap.error(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    return args
+
+
+def load(name: str) -> ModuleType | None:
+    """The benchmark's module, or None (one line said) when it is not written yet."""
+    if importlib.util.find_spec(f"benchmarks.{name}") is None:
+        print(f"{name}: skipped (benchmarks/{name}.py does not exist yet)", flush=True)
+        return None
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """Run each benchmark and write its report; returns the names that failed."""
+    failed = []
+    start = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        module = load(name)
+        if module is None:
+            continue
+        t0 = time.perf_counter()
+        print(f"[{i}/{len(names)}] {name} (load average {common.load_1m():.1f}) ...", flush=True)
+        try:
+            rec = module.run(args)
+            path = common.write_report(args.results, module.NAME, rec, module.markdown, module.plot)
+        except (Exception, SystemExit) as e:  # one benchmark's failure must not cost the others
+            failed.append(name)
+            detail = str(e) if isinstance(e, SystemExit) else traceback.format_exc()
+            print(f"[{i}/{len(names)}] {name} FAILED after {time.perf_counter() - t0:.0f} s:\n{detail}", flush=True)
+            continue
+        print(
+            f"[{i}/{len(names)}] {name} done in {time.perf_counter() - t0:.0f} s "
+            f"(total {time.perf_counter() - start:.0f} s): {path}",
+            flush=True,
+        )
+    return failed
+
+
+def rebuild(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """Every JSON's .md and .png again, dispatched on its `benchmark` field; returns the names that failed."""
+    failed = []
+    modules: dict[str, ModuleType | None] = {}
+    for path in sorted(args.results.glob("*.json")):
+        name = json.loads(path.read_text()).get("benchmark")
+        if name not in names:
+            continue
+        if name not in modules:
+            modules[name] = load(name)
+        module = modules[name]
+        if module is None:
+            continue
+        try:
+            common.render(path, module.markdown, module.plot)
+            print(f"rebuilt {path.with_suffix('.md').name} and .png", flush=True)
+        except Exception:
+            failed.append(name)
+            print(f"{path.name}: FAILED to render:\n{traceback.format_exc()}", flush=True)
+    return failed
+
+
+def newest(results: Path, name: str, tag: str) -> Path | None:
+    """The benchmark's newest result: the latest date, this machine's result first among equals and over
+    other machines' (any date); another machine's only when this one has none."""
+    found = []
+    for path in results.glob(f"{name}_*.json"):
+        rec = json.loads(path.read_text())
+        if rec.get("benchmark") == name:
+            found.append((common.machine_tag(rec["machine"]) == tag, rec["date"], path.name, path))
+    return max(found)[3] if found else None
+
+
+def demote(md: str, levels: int = 2) -> str:
+    """Headings `levels` deeper (a result's `# Title` becomes `### Title` under the README's `## Benchmarks`)."""
+    return "\n".join("#" * levels + line if line.startswith("#") else line for line in md.splitlines())
+
+
+def latest(results: Path, link_prefix: str) -> str:
+    """Each benchmark's newest result, its markdown under a link to its files (`link_prefix` + the file name)."""
+    tag = common.machine_tag()
+    parts = []
+    for name in BENCHMARKS:
+        path = newest(results, name, tag)
+        if path is None:
+            continue
+        rec = json.loads(path.read_text())
+        md = path.with_suffix(".md").read_text() if path.with_suffix(".md").is_file() else ""
+        m = rec["machine"]
+        where = f"{m['cpu']}, {m['cpu_count']} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
+        stem = link_prefix + path.stem
+        parts.append(
+            f"{demote(md).rstrip()}\n\n_{rec['date']}, {where}: [{path.stem}.md]({stem}.md), "
+            f"[plot]({stem}.png), [record]({stem}.json)._\n"
+        )
+    return "\n".join(parts) if parts else "No benchmark results yet: run `make bench-quick`.\n"
+
+
+def write_latest(results: Path) -> None:
+    """<results>/LATEST.md; README.md's benchmark section too when `results` is the repository's own."""
+    body = latest(results, "")
+    (results / "LATEST.md").write_text(
+        "# Latest benchmark results\n\nWritten by `python -m benchmarks` (also with `--report-only`): each "
+        "benchmark's newest result, this machine's preferred.\n\n" + body
+    )
+    print(f"wrote {results / 'LATEST.md'}", flush=True)
+    if results.resolve() != common.RESULTS.resolve():
+        return
+    readme = README.read_text()
+    if BEGIN not in readme or END not in readme:
+        print(f"README.md has no {BEGIN} ... {END} section; left as it is", flush=True)
+        return
+    head, rest = readme.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    rel = common.RESULTS.relative_to(common.ROOT).as_posix() + "/"
+    README.write_text(f"{head}{BEGIN}\n{latest(results, rel).rstrip()}\n{END}{tail}")
+    print("updated README.md's benchmark section", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = args.only or list(BENCHMARKS)
+    args.results.mkdir(parents=True, exist_ok=True)
+    common.LOGS.mkdir(parents=True, exist_ok=True)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    if args.report_only:
+        failed = rebuild(args, names)
+    else:
+        print(f"benchmarks ({mode}): {', '.join(names)}; results in {args.results}", flush=True)
+        failed = measure(args, names)
+    write_latest(args.results)
+    if failed:
+        print(f"failed: {', '.join(failed)}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The benchmark suite end to end: `python -m benchmarks --tiny` writes every result file with sane numbers,
+and `--report-only` rebuilds the .md and .png from a JSON record alone.
+
+    .venv/bin/pytest -q tests/e2e/test_benchmarks.py      (about 2 minutes on 2 CPU cores)
+
+Results go to a temporary directory: README.md and benchmarks/results/ are left alone (the models are cached
+under outputs/bench_models, the workers' logs under outputs/bench_logs, as in a real run).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, assert_ok, run_cmd
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+
+def readme_section() -> str:
+    """README.md's generated benchmark section (the rest of the file may be edited by anyone meanwhile)."""
+    text = (REPO / "README.md").read_text()
+    return text.split("<!-- benchmarks:begin -->", 1)[1].split("<!-- benchmarks:end -->", 1)[0]
+
+
+def record(results: Path, name: str) -> dict[str, Any]:
+    """The one result of `name` under `results`, after checking its .md and .png are there too."""
+    (path,) = results.glob(f"{name}_*_*.json")
+    assert path.with_suffix(".md").stat().st_size > 0 and path.with_suffix(".png").stat().st_size > 0, path
+    rec: dict[str, Any] = json.loads(path.read_text())
+    assert rec["benchmark"] == name and rec["date"] in path.stem and rec["machine"]["cpu_count"] > 0
+    assert rec["loadavg_1m"] >= 0
+    return rec
+
+
+def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
+    results, readme_before = tmp_path / "results", readme_section()
+    proc = run_cmd(
+        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "rollout,memory,sync", "--results", str(results)]
+    )
+    assert_ok(proc)
+
+    rollout = record(results, "rollout")
+    (run,) = rollout["runs"]
+    assert len(run["rows"]) == 4  # 2 batches x 2 lengths
+    for row in run["rows"]:
+        for engine in ("vllm", "hf"):
+            # Every sample is forced to the asked length: the counted tokens are exactly batch x length.
+            assert row[f"{engine}_tokens"] == row["batch"] * row["length"], row
+            assert row[f"{engine}_tokens_per_s"] > 0 and row[f"{engine}_first_token_s"] > 0
+        assert row["ratio"] > 0
+    assert run["fixed_call_s"]["vllm"] > 0 and run["fixed_call_s"]["hf"] > 0
+
+    memory = record(results, "memory")
+    assert [r["ranks"] for r in memory["rows"]] == [1, 2]
+    for row in memory["rows"]:
+        # Each rank holds its share of parameters, gradients and AdamW state (plus the whole `step` scalars).
+        assert row["params_ratio"] == pytest.approx(1 / row["ranks"])
+        assert row["grads_ratio"] == pytest.approx(1 / row["ranks"])
+        assert row["optimizer_ratio"] == pytest.approx(1 / row["ranks"], rel=1e-3)
+        assert row["optimizer_full"] > row["params_full"] > 0
+
+    sync = record(results, "sync")
+    assert {(r["mode"], r["actor"]) for r in sync["records"]} == {("colocated", 2), ("broadcast", 1)}
+    for r in sync["records"]:
+        assert r["bytes"] > 0 and r["sync_s"] > 0 and r["raw_s"] > 0 and r["ratio"] > 0
+
+    latest = (results / "LATEST.md").read_text()
+    assert "Rollout benchmark" in latest and "FSDP2 memory per rank" in latest and "Weight-sync" in latest
+    assert readme_section() == readme_before  # only the repository's own results touch it
+
+
+def test_report_only_rebuilds_from_json(tmp_path: Path) -> None:
+    """A committed record (benchmarks/results), copied alone into a fresh directory, gets its .md and .png."""
+    (src,) = sorted((REPO / "benchmarks" / "results").glob("sync_*_2026-11-22.json"))
+    readme_before = readme_section()
+    shutil.copy(src, tmp_path / src.name)
+    proc = run_cmd([sys.executable, "-m", "benchmarks", "--report-only", "--results", str(tmp_path)], timeout=120)
+    assert_ok(proc)
+    md = (tmp_path / src.name).with_suffix(".md").read_text()
+    assert md.startswith("<!-- sync: ") and "| colocated | 2 | 2 | qwen2-1m |" in md
+    assert (tmp_path / src.name).with_suffix(".png").stat().st_size > 10_000
+    assert "Weight-sync benchmark" in (tmp_path / "LATEST.md").read_text()
+    assert readme_section() == readme_before
