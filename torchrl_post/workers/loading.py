@@ -2,7 +2,7 @@
 
 The model is built with its parameters on the meta device (buffers, such as rotary frequencies, are real and
 small), sharded with `apply_fsdp`, given empty local shards, and each rank then reads only its own rows of each
-tensor from the safetensors files (`safe_open(...).get_slice`): host memory per rank is about 1/ranks of the
+tensor from the safetensors files (positioned reads of its rows, no memory map): host memory per rank is about 1/ranks of the
 model plus one tensor's rows, instead of every rank holding the whole model before sharding. The values equal a
 plain `from_pretrained` (tested). A checkpoint whose tensor names do not cover the model's parameters (models
 whose loading renames keys, e.g. some vision-language checkpoints) and LoRA models (PEFT builds its adapter on
@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
+import struct
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -59,8 +61,9 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
         return {name: root / file for name, file in weight_map.items()}
     out: dict[str, Path] = {}
     for file in sorted(root.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out |= dict.fromkeys(f.keys(), file)
+        f = SafetensorsFile(file)
+        f.close()
+        out |= dict.fromkeys((k for k in f.header if k != "__metadata__"), file)
     return out
 
 
@@ -112,11 +115,60 @@ def _materialize(model: torch.nn.Module, device: torch.device) -> None:
             b.copy_(buffers[name])
 
 
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class SafetensorsFile:
+    """One safetensors file read with plain positioned reads: a block of whole rows of a tensor is one
+    contiguous byte range, read straight into its destination. No memory map, so the pages read do not stay in
+    this process's memory (they are the kernel's page cache, shared and reclaimable)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        (size,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+        self.header: dict[str, Any] = json.loads(os.pread(self.fd, size, 8))
+        self.data_start = 8 + size
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def read_rows(self, name: str, start: int, stop: int, out: torch.Tensor) -> None:
+        """Rows start:stop of tensor `name` (dim 0; the whole tensor for a scalar) into `out`, cast to its dtype."""
+        info = self.header[name]
+        dtype, shape = SAFETENSORS_DTYPES[info["dtype"]], info["shape"]
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
+        first = self.data_start + info["data_offsets"][0] + start * row_bytes
+        direct = out.dtype == dtype and out.device.type == "cpu" and out.is_contiguous()
+        buf = out if direct else torch.empty(out.shape, dtype=dtype)
+        raw = buf.reshape(-1).view(torch.uint8).numpy()
+        view = memoryview(raw).cast("B")  # type: ignore[arg-type]
+        done, total = 0, (stop - start) * row_bytes
+        while done < total:  # pread may return fewer bytes than asked
+            got = os.preadv(self.fd, [view[done:]], first + done)
+            if got <= 0:
+                raise OSError(f"{self.path}: unexpected end of file reading {name}")
+            done += got
+        if not direct:
+            out.copy_(buf)
+
+
 @torch.no_grad()
 def _fill(model: torch.nn.Module, files: dict[str, Path], fresh: dict[str, float]) -> None:
-    """Each parameter's local block from its file (only that block is read), or a fresh normal init."""
-    with ExitStack() as stack:
-        handles: dict[Path, Any] = {}
+    """Each parameter's local rows from its file (only those bytes are read), or a fresh normal init."""
+    handles: dict[Path, SafetensorsFile] = {}
+    try:
         for name, param in model.named_parameters():
             local = param.to_local() if isinstance(param, DTensor) else param.data
             if local.numel() == 0:
@@ -131,7 +183,13 @@ def _fill(model: torch.nn.Module, files: dict[str, Path], fresh: dict[str, float
                 full = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, fresh[name], generator=gen)
                 local.copy_(full[block])
                 continue
+            if any(n != full_n for n, full_n in zip(shape[1:], param.shape[1:], strict=True)):
+                raise NotImplementedError(f"{name}: shards of FSDP2 split dim 0 only, got {shape} of {param.shape}")
             file = files[name]
             if file not in handles:
-                handles[file] = stack.enter_context(safe_open(str(file), framework="pt"))
-            local.copy_(handles[file].get_slice(name)[block] if block else handles[file].get_tensor(name))
+                handles[file] = SafetensorsFile(file)
+            rows = (offset[0], offset[0] + shape[0]) if param.dim() else (0, 1)
+            handles[file].read_rows(name, *rows, local)
+    finally:
+        for h in handles.values():
+            h.close()
