@@ -71,6 +71,7 @@ def main() -> None:
         }
         Path(args.out).write_text(json.dumps({**rec, "per_rank": gathered, "device": str(env.device)}))
     del actor
+    dist.barrier()  # every rank done with the group before teardown (a rank leaving early aborted the other)
     shutdown_distributed()
 
 
