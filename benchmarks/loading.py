@@ -12,7 +12,7 @@ the model in host memory and runs only where MemAvailable holds them.
 
     default   qwen2-1b: sharded on 1, 2, 4 ranks; full on 1, 2 (and 4 where memory allows)
     --quick   qwen2-100m on 1, 2, 4 ranks, both formats
-    --tiny    qwen2-1m on 1, 2 ranks, both formats
+    --tiny    qwen2-1m on 2 ranks, both formats
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ BIG = ModelSize("qwen2-1b", 2048, 22, 32, 8, 5632)  # 22 x 45.1M + embeddings: 0
 SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
     "full": (BIG, (1, 2, 4)),
     "quick": (SIZES["qwen2-100m"], (1, 2, 4)),
-    "tiny": (SIZES["qwen2-1m"], (1, 2)),
+    "tiny": (SIZES["qwen2-1m"], (2,)),
 }
 
 

@@ -41,7 +41,16 @@ def record(results: Path, name: str) -> dict[str, Any]:
 def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
     results, readme_before = tmp_path / "results", readme_section()
     proc = run_cmd(
-        [sys.executable, "-m", "benchmarks", "--tiny", "--only", "rollout,memory,sync", "--results", str(results)]
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--tiny",
+            "--only",
+            "rollout,memory,sync,loading",
+            "--results",
+            str(results),
+        ]
     )
     assert_ok(proc)
 
@@ -69,6 +78,11 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
     assert {(r["mode"], r["actor"]) for r in sync["records"]} == {("colocated", 2), ("broadcast", 1)}
     for r in sync["records"]:
         assert r["bytes"] > 0 and r["sync_s"] > 0 and r["raw_s"] > 0 and r["ratio"] > 0
+
+    loading = record(results, "loading")
+    assert {(r["format"], r["ranks"]) for r in loading["rows"]} == {("sharded", 2), ("full", 2)}
+    for row in loading["rows"]:
+        assert row["peak_rank"] > 0 and row["shard_rank"] * 2 == pytest.approx(row["model_bytes"], rel=0.01)
 
     latest = (results / "LATEST.md").read_text()
     assert "Rollout benchmark" in latest and "FSDP2 memory per rank" in latest and "Weight-sync" in latest
