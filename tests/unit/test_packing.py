@@ -75,13 +75,25 @@ def test_plan_micro_batches_sizes() -> None:
 
 
 def test_pack_layout_by_hand() -> None:
-    b = _batch([(5, 3), (6, 4)], prompt=7, resp=5, seed=1)  # 2 prompt + 2 response, 1 prompt + 1 response
+    # sample 0: 2 prompt + 2 response tokens (length 4); sample 1: 1 + 1 (length 2). Rows are as long as the
+    # longest sample (4): sample 0 fills row 0, sample 1 starts row 1, whose tail continues its positions.
+    b = _batch([(5, 3), (6, 4)], prompt=7, resp=5, seed=1)
     p = pack(b, slice(0, 2))
-    assert p.tokens == 6
-    assert p.pos.tolist() == [0, 1, 2, 3, 0, 1]
-    assert p.keep.tolist() == [1, 2, 4]  # positions before each response token
+    assert (p.tokens, p.cells) == (6, 8)
+    assert p.pos.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert p.ids[0].tolist() == b.input_ids[0, 5:9].tolist() and p.ids[1, :2].tolist() == b.input_ids[1, 6:8].tolist()
+    # response tokens: sample 0 at row 0 columns 2, 3 (predicted from 1, 2), sample 1 at row 1 column 1 (from 0)
+    assert p.out_row.tolist() == [0, 0, 1] and p.out_col.tolist() == [1, 2, 0]
+    assert p.keep.tolist() == [0, 1, 2] and p.out_kept.tolist() == [1, 2, 0]
     assert p.labels.tolist() == [b.input_ids[0, 7].item(), b.input_ids[0, 8].item(), b.input_ids[1, 7].item()]
     assert p.valid_bt.tolist() == [[True, True, False, False, False], [True, False, False, False, False]]
+
+
+def test_pack_rows_hold_several_samples() -> None:
+    b = _batch(RAGGED)  # lengths 12, 8, 7, 5, 5, 7: rows of 12 hold 12 | 8 (+ nothing of 7) ...
+    p = pack(b, slice(0, len(b)))
+    assert p.ids.shape[1] == 12 and p.tokens == 44
+    assert p.cells == 12 * len(pack_rows([12, 8, 7, 5, 5, 7], 12)) == 48 < b.attention_mask.numel()
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +107,8 @@ def test_packed_forward_equals_padded(model: torch.nn.Module, temperature: float
     mask = b.loss_mask
     rows = slice(0, len(b))
     logp_a, ent_a, cells = padded_forward_log_probs(model, b, rows, temperature, CPU)
-    logp_b, ent_b, tokens = packed_forward_log_probs(model, b, rows, temperature, CPU)
-    assert tokens == int(b.attention_mask.sum()) < cells  # no padding computed
+    logp_b, ent_b, packed_cells = packed_forward_log_probs(model, b, rows, temperature, CPU)
+    assert int(b.attention_mask.sum()) <= packed_cells < cells  # less padding computed
     assert ((logp_a - logp_b) * mask).abs().max() < 2e-6
     assert ((ent_a - ent_b) * mask).abs().max() < 5e-6
     assert (logp_b * (1 - mask)).abs().max() == 0  # nothing outside the responses

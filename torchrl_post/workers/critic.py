@@ -105,7 +105,7 @@ class Critic:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
         if self.packed and can_pack(b):  # model.use_remove_padding: one row without padding
             p = pack(b, sl)
-            return p.unpack(self.model(**p.inputs(self.device)).logits[0, p.keep.to(self.device), 0].float())
+            return p.unpack(p.full(self.model(**p.inputs(self.device)).logits)[:, 0].float())
         out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))
         return out.logits[:, -b.response_width - 1 : -1, 0].float()
 

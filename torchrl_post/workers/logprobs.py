@@ -215,31 +215,43 @@ def plan_micro_batches(
 
 @dataclass(frozen=True)
 class Pack:
-    """Rows' real tokens concatenated into one row: `ids` and `pos` [T]; `keep` [K]: the positions whose
-    output predicts (or values) a response token; `valid_bt` [b, R]: where those K outputs go back."""
+    """Samples' real tokens packed into k rows of equal length T (first-fit, each row as long as the longest
+    sample, so attention per row costs no more than a padded row's). `ids`, `pos` [k, T]; `keep` [K]: the
+    columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`, `out_kept`
+    [N]: for each of the N response tokens, its predicting position's row, column, and index in `keep`;
+    `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
 
     ids: torch.Tensor
     pos: torch.Tensor
     keep: torch.Tensor
+    out_row: torch.Tensor
+    out_col: torch.Tensor
+    out_kept: torch.Tensor
     labels: torch.Tensor
     valid_bt: torch.Tensor
+    tokens: int
+    """Real tokens packed (the rest of the k x T cells is each row's tail)."""
 
     @property
-    def tokens(self) -> int:
-        return len(self.ids)
+    def cells(self) -> int:
+        return self.ids.numel()
 
     def inputs(self, device: torch.device) -> dict[str, Any]:
         """The forward's keyword arguments: no attention mask, so HF's models read the restarts of the
-        position ids as sample boundaries (a block-diagonal causal mask; varlen attention with flash-attn). Not
-        with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
-        return {
-            "input_ids": self.ids.unsqueeze(0).to(device),
-            "position_ids": self.pos.unsqueeze(0).to(device),
-            "use_cache": False,
-        }
+        position ids as sample boundaries (a block-diagonal causal mask per row; varlen attention with
+        flash-attn). Not with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
+        return {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device), "use_cache": False}
+
+    def kept(self, out: torch.Tensor) -> torch.Tensor:
+        """[k, K, ...] outputs at `keep` (logits_to_keep) -> [N, ...], one per response token."""
+        return out[self.out_row.to(out.device), self.out_kept.to(out.device)]
+
+    def full(self, out: torch.Tensor) -> torch.Tensor:
+        """[k, T, ...] outputs at every column -> [N, ...], one per response token."""
+        return out[self.out_row.to(out.device), self.out_col.to(out.device)]
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
-        """[K] outputs at `keep` -> [b, R], zero elsewhere (differentiable)."""
+        """[N] per response token -> [b, R], zero elsewhere (differentiable)."""
         if not self.valid_bt.any():  # nothing to score: one kept position holds the graph together
             return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype) + 0.0 * values.sum()
         where = tuple(w.to(values.device) for w in self.valid_bt.nonzero(as_tuple=True))
@@ -247,28 +259,49 @@ class Pack:
 
 
 def pack(batch: Batch, rows: slice | torch.Tensor) -> Pack:
-    """The real tokens of `rows` (left-padded prompt, then the response right after it) in one row, each
-    sample with its own position ids 0, 1, ..."""
+    """The real tokens of `rows` (left-padded prompt, then the response right after it) in rows as long as the
+    longest sample, each sample with its own position ids 0, 1, ...; a row's tail continues its last sample's
+    positions (causal attention keeps it out of every real token's view)."""
     mask = batch.attention_mask[rows].bool()
+    ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
-    ids, pos = batch.input_ids[rows][mask], batch.position_ids[rows][mask]
-    ends = torch.cumsum(mask.sum(1), 0)
-    resp = mask[:, -width:].sum(1)
-    valid_bt = torch.arange(width) < resp.unsqueeze(1)
-    targets = ((ends - resp).unsqueeze(1) + torch.arange(width))[valid_bt]  # where each response token sits
-    keep = targets - 1 if len(targets) else ends[-1:] - 1
-    return Pack(ids, pos, keep, ids[targets] if len(targets) else ids[keep], valid_bt)
+    lengths = mask.sum(1).tolist()
+    resp = mask[:, -width:].sum(1).tolist()
+    cap = max(max(lengths), 1)
+    bins = pack_rows(lengths, cap)
+    ids = torch.zeros(len(bins), cap, dtype=ids_b.dtype)
+    pos = torch.zeros(len(bins), cap, dtype=pos_b.dtype)
+    where_row = torch.zeros(mask.shape[0], width, dtype=torch.long)
+    where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)
+    for r, members in enumerate(bins):
+        col = 0
+        for i in members:
+            n = lengths[i]
+            ids[r, col : col + n], pos[r, col : col + n] = ids_b[i][mask[i]], pos_b[i][mask[i]]
+            where_row[i] = r
+            where_col[i] = col + n - resp[i] + torch.arange(width)  # response token t of sample i
+            col += n
+        if col < cap and col > 0:
+            ids[r, col:] = ids[r, col - 1]
+            pos[r, col:] = pos[r, col - 1] + 1 + torch.arange(cap - col)
+    valid_bt = torch.arange(width) < torch.tensor(resp).unsqueeze(1)
+    out_row, target = where_row[valid_bt], where_col[valid_bt]
+    if not len(target):  # nothing to score: one position keeps the graph (and FSDP's backward) together
+        out_row, target = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long) * min(1, cap - 1)
+    out_col = target - 1 if valid_bt.any() else target
+    keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
+    return Pack(ids, pos, keep, out_row, out_col, out_kept, ids[out_row, target], valid_bt, sum(lengths))
 
 
 def packed_forward_log_probs(
     model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """response_log_probs of `rows` packed into one row without padding (`pack`), [b, R]; also the tokens
-    computed. Only the positions that predict response tokens go through the LM head (`logits_to_keep`)."""
+    """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed.
+    Only the columns that predict response tokens go through the LM head (`logits_to_keep`)."""
     p = pack(batch, rows)
     out = model(**p.inputs(device), logits_to_keep=p.keep.to(device))
-    logp, ent = logits_to_logprobs(out.logits[0], p.labels.to(device), temperature, _never(model))
-    return p.unpack(logp), p.unpack(ent).detach(), p.tokens
+    logp, ent = logits_to_logprobs(p.kept(out.logits), p.labels.to(device), temperature, _never(model))
+    return p.unpack(logp), p.unpack(ent).detach(), p.cells
 
 
 def can_pack(batch: Batch) -> bool:
