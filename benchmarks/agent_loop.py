@@ -244,10 +244,7 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     loop = rec["agent_loop"]
     delays = delays_of(loop)
@@ -296,10 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

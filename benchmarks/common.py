@@ -211,3 +211,35 @@ def model_dir(size: ModelSize) -> Path:
     spec = {k: v for k, v in asdict(size).items() if k != "name"}
     build_tiny_model(out, seed=0, **spec)
     return out
+
+
+def run_worker(tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> Any:
+    """`worker` under torchrun on `nproc` processes with `--out LOGS/<tag>.json` added (its log beside it); the
+    record it wrote, with the 1-minute load average at the end (above the run's own ranks: shared CPUs)."""
+    out = LOGS / f"{tag}.json"
+    out.unlink(missing_ok=True)
+    cmd = [*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(worker), *worker_args, "--out", str(out)]
+    run_logged(cmd, LOGS / f"{tag}.log", env=env)
+    rec = json.loads(out.read_text())
+    rec["loadavg_1m"] = load_1m()
+    return rec
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (no display on benchmark machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def standalone(module: Any, argv: list[str] | None = None) -> None:
+    """`python -m benchmarks.<name>`: the module's own options, its run, its report."""
+    import time
+
+    args = module.parse_args(argv)
+    start = time.perf_counter()
+    path = write_report(args.results, module.NAME, module.run(args), module.markdown, module.plot)
+    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)

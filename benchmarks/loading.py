@@ -18,7 +18,7 @@ the model in host memory and runs only where MemAvailable holds them.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,16 +52,8 @@ def mem_available() -> int:
 
 
 def launch(model: Path, fmt: str, ranks: int) -> dict[str, Any]:
-    tag = f"loading_{model.name}_{fmt}_r{ranks}"
-    out = common.LOGS / f"{tag}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", str(ranks), str(WORKER)),
-        *("--model", str(model), "--format", fmt, "--out", str(out)),
-    ]
-    common.run_logged(cmd, common.LOGS / f"{tag}.log")
-    rec: dict[str, Any] = json.loads(out.read_text())
+    args = ["--model", str(model), "--format", fmt]
+    rec: dict[str, Any] = common.run_worker(f"loading_{model.name}_{fmt}_r{ranks}", WORKER, ranks, args)
     return rec
 
 
@@ -143,10 +135,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     model_mb = rec["rows"][0]["model_bytes"] / 1e6
@@ -165,10 +154,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

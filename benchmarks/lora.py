@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,10 +243,7 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     models = rec["models"]
     modes = [m for m in MODES if all(m in model["runs"] for model in models)]
@@ -306,10 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

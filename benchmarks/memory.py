@@ -17,7 +17,7 @@ On a CUDA machine the rank counts stop at the number of GPUs.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,16 +53,8 @@ def rank_counts(wanted: tuple[int, ...]) -> list[int]:
 
 
 def launch(model: str, ranks: int) -> dict[str, Any]:
-    tag = f"memory_{model}_r{ranks}"
-    out = common.LOGS / f"{tag}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", str(ranks), str(WORKER)),
-        *("--model", str(model_dir(SIZES[model])), "--out", str(out)),
-    ]
-    common.run_logged(cmd, common.LOGS / f"{tag}.log")
-    rec: dict[str, Any] = json.loads(out.read_text())
+    args = ["--model", str(model_dir(SIZES[model]))]
+    rec: dict[str, Any] = common.run_worker(f"memory_{model}_r{ranks}", WORKER, ranks, args)
     return rec
 
 
@@ -149,10 +141,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     models = list(dict.fromkeys(r["model"] for r in rec["rows"]))
     fig, axes = plt.subplots(1, len(models), figsize=(max(7.0, 5.5 * len(models)), 4.5), squeeze=False)
@@ -176,10 +165,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ another process takes one of their cores, which buries the engines' difference i
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,26 +53,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def launch(model: str, batches: str, lengths: str, repeats: int, prompt_len: int, threads: int) -> dict[str, Any]:
-    out = common.LOGS / f"rollout_{model}.json"
-    out.unlink(missing_ok=True)
     max_seqs = max(int(p) * int(n) for p, n in (b.split("x") for b in batches.split(",")))
     max_len = prompt_len + max(int(x) for x in lengths.split(","))
     size = SIZES[model]
     kv_heads, head_dim = size.num_kv_heads, size.hidden_size // size.num_heads
     kv_gb = max(1, -(-2 * size.num_layers * kv_heads * head_dim * 4 * max_seqs * max_len * 2 // 2**30))
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", "1", str(WORKER)),
+    worker_args = [
         *("--model", str(model_dir(size)), "--prompt-len", str(prompt_len)),
-        *("--batches", batches, "--lengths", lengths, "--repeats", str(repeats)),
-        *("--kv-cache-gb", str(kv_gb), "--out", str(out)),
+        *("--batches", batches, "--lengths", lengths, "--repeats", str(repeats), "--kv-cache-gb", str(kv_gb)),
     ]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if not torch.cuda.is_available():  # the engines compute on the CPU: `threads` each, unbound
         env |= {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    common.run_logged(cmd, common.LOGS / f"rollout_{model}.log", env=env)
-    rec: dict[str, Any] = json.loads(out.read_text())
-    rec["loadavg_1m"] = common.load_1m()
+    rec: dict[str, Any] = common.run_worker(f"rollout_{model}", WORKER, 1, worker_args, env)
     return rec
 
 
@@ -198,11 +191,9 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     runs = rec["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
@@ -226,10 +217,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

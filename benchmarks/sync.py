@@ -16,7 +16,7 @@ with 2 actor ranks (an FSDP gather before the broadcast).
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,18 +72,12 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
 
 def launch(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     """One torchrun of the worker; its output goes to a log, its record comes back."""
-    out = common.LOGS / f"sync_{run.tag}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", str(run.nproc), str(WORKER)),
+    worker_args = [
         *("--model", str(model_dir(run.model)), "--mode", run.mode),
         *("--actor", str(run.actor), "--rollout", str(run.rollout)),
-        *("--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats), "--out", str(out)),
+        *("--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)),
     ]
-    common.run_logged(cmd, common.LOGS / f"sync_{run.tag}.log")
-    rec: dict[str, Any] = json.loads(out.read_text())
-    rec["loadavg_1m"] = common.load_1m()  # at the end: above `world`, something else shared the CPUs
+    rec: dict[str, Any] = common.run_worker(f"sync_{run.tag}", WORKER, run.nproc, worker_args)
     rec["transfer_ratio"] = rec["raw_s"] / rec["transfer_s"]
     return rec
 
@@ -171,10 +165,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     records = rec["records"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -216,10 +207,7 @@ def scaling_plot(ax: Any, records: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ threads stall whenever another process takes one of their cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,21 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def launch(setting: Setting, ranks: int, lengths: str, repeats: int, threads: int) -> dict[str, Any]:
-    tag = f"update_{setting.model.name}_{ranks}r_{lengths}"
-    out = common.LOGS / f"{tag}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", str(ranks), str(WORKER)),
-        *("--model", str(model_dir(setting.model)), "--out", str(out)),
-        *("--samples", str(setting.samples), "--group", str(setting.group)),
+    args = [
+        *("--model", str(model_dir(setting.model)), "--samples", str(setting.samples), "--group", str(setting.group)),
         *("--prompt-len", PROMPT_LEN, "--response-len", RESPONSE_LEN, "--lengths", lengths),
         *("--micro", str(setting.micro), "--budget", str(setting.budget), "--repeats", str(repeats)),
     ]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
-    common.run_logged(cmd, common.LOGS / f"{tag}.log", env=env)
-    rec: dict[str, Any] = json.loads(out.read_text())
-    rec["loadavg_1m"] = common.load_1m()
+    rec: dict[str, Any] = common.run_worker(f"update_{setting.model.name}_{ranks}r_{lengths}", WORKER, ranks, args, env)
     return rec
 
 
@@ -192,10 +184,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
 
     runs = rec["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
@@ -224,10 +213,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    start = time.perf_counter()
-    path = common.write_report(args.results, NAME, run(args), markdown, plot)
-    print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
