@@ -172,7 +172,9 @@ class Run:
         tp = cfg.rollout.tensor_parallel_size
         index = rollout.index(self.env.rank)
         eos = [self.tokenizer.eos_token_id]
-        engine = build_engine(cfg, self.env.device, cfg.trainer.seed + index // tp, self.tokenizer.pad_token_id, eos)
+        engine = build_engine(
+            cfg, self.env.device, cfg.trainer.seed + index // tp, self.tokenizer.pad_token_id, eos, first_sync=True
+        )
         return EngineSource(
             cfg,
             engine,
