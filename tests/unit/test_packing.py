@@ -76,15 +76,17 @@ def test_plan_micro_batches_sizes() -> None:
 
 def test_pack_layout_by_hand() -> None:
     # sample 0: 2 prompt + 2 response tokens (length 4); sample 1: 1 + 1 (length 2). Rows are as long as the
-    # longest sample (4): sample 0 fills row 0, sample 1 starts row 1, whose tail continues its positions.
+    # longest sample (4) and right-aligned: row 1 starts with 2 slack cells whose positions (1, 2) the sample's
+    # restart at 0 cuts off.
     b = _batch([(5, 3), (6, 4)], prompt=7, resp=5, seed=1)
     p = pack(b, slice(0, 2))
     assert (p.tokens, p.cells) == (6, 8)
-    assert p.pos.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
-    assert p.ids[0].tolist() == b.input_ids[0, 5:9].tolist() and p.ids[1, :2].tolist() == b.input_ids[1, 6:8].tolist()
-    # response tokens: sample 0 at row 0 columns 2, 3 (predicted from 1, 2), sample 1 at row 1 column 1 (from 0)
-    assert p.out_row.tolist() == [0, 0, 1] and p.out_col.tolist() == [1, 2, 0]
-    assert p.keep.tolist() == [0, 1, 2] and p.out_kept.tolist() == [1, 2, 0]
+    assert p.pos.tolist() == [[0, 1, 2, 3], [1, 2, 0, 1]]
+    assert p.ids[0].tolist() == b.input_ids[0, 5:9].tolist() and p.ids[1, 2:].tolist() == b.input_ids[1, 6:8].tolist()
+    # response tokens: sample 0 at row 0 columns 2, 3 (predicted from 1, 2), sample 1 at row 1 column 3 (from 2):
+    # the LM head runs on columns 1 and 2 only
+    assert p.out_row.tolist() == [0, 0, 1] and p.out_col.tolist() == [1, 2, 2]
+    assert p.keep.tolist() == [1, 2] and p.out_kept.tolist() == [0, 1, 1]
     assert p.labels.tolist() == [b.input_ids[0, 7].item(), b.input_ids[0, 8].item(), b.input_ids[1, 7].item()]
     assert p.valid_bt.tolist() == [[True, True, False, False, False], [True, False, False, False, False]]
 

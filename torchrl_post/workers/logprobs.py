@@ -216,7 +216,7 @@ def plan_micro_batches(
 @dataclass(frozen=True)
 class Pack:
     """Samples' real tokens packed into k rows of equal length T (first-fit, each row as long as the longest
-    sample, so attention per row costs no more than a padded row's). `ids`, `pos` [k, T]; `keep` [K]: the
+    sample, so attention per row costs no more than a padded row's; right-aligned, see `pack`). `ids`, `pos` [k, T]; `keep` [K]: the
     columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`, `out_kept`
     [N]: for each of the N response tokens, its predicting position's row, column, and index in `keep`;
     `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
@@ -260,8 +260,10 @@ class Pack:
 
 def pack(batch: Batch, rows: slice | torch.Tensor) -> Pack:
     """The real tokens of `rows` (left-padded prompt, then the response right after it) in rows as long as the
-    longest sample, each sample with its own position ids 0, 1, ...; a row's tail continues its last sample's
-    positions (causal attention keeps it out of every real token's view)."""
+    longest sample, each sample with its own position ids 0, 1, ... Rows are right-aligned, the sample with the
+    longest response last: most responses then end in the same last columns, and the LM head (one set of
+    columns for every row, `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of
+    its own, which no real token attends to."""
     mask = batch.attention_mask[rows].bool()
     ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
@@ -274,20 +276,22 @@ def pack(batch: Batch, rows: slice | torch.Tensor) -> Pack:
     where_row = torch.zeros(mask.shape[0], width, dtype=torch.long)
     where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)
     for r, members in enumerate(bins):
-        col = 0
+        members = sorted(members, key=lambda i: (resp[i], i))  # the longest response ends the row
+        col = cap - sum(lengths[i] for i in members)
+        if col:  # slack: a run of positions the first sample restarts from, its first token repeated
+            first_id, first_pos = ids_b[members[0]][mask[members[0]]][0], pos_b[members[0]][mask[members[0]]][0]
+            ids[r, :col] = first_id
+            pos[r, :col] = first_pos + 1 + torch.arange(col)
         for i in members:
             n = lengths[i]
             ids[r, col : col + n], pos[r, col : col + n] = ids_b[i][mask[i]], pos_b[i][mask[i]]
             where_row[i] = r
             where_col[i] = col + n - resp[i] + torch.arange(width)  # response token t of sample i
             col += n
-        if col < cap and col > 0:
-            ids[r, col:] = ids[r, col - 1]
-            pos[r, col:] = pos[r, col - 1] + 1 + torch.arange(cap - col)
     valid_bt = torch.arange(width) < torch.tensor(resp).unsqueeze(1)
     out_row, target = where_row[valid_bt], where_col[valid_bt]
     if not len(target):  # nothing to score: one position keeps the graph (and FSDP's backward) together
-        out_row, target = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long) * min(1, cap - 1)
+        out_row, target = torch.zeros(1, dtype=torch.long), torch.full((1,), cap - 1, dtype=torch.long)
     out_col = target - 1 if valid_bt.any() else target
     keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
     return Pack(ids, pos, keep, out_row, out_col, out_kept, ids[out_row, target], valid_bt, sum(lengths))
