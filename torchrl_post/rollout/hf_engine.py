@@ -31,8 +31,8 @@ def _prompts(prompt_ids: list[list[int]], mm_inputs: list[dict[str, Any]]) -> Pr
 class HFEngine:
     def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
         dtype = getattr(torch, cfg.rollout.dtype)
-        if cfg.rollout.load_format == "dummy":  # random weights: the first sync brings the actor's
-            config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        if cfg.rollout.load_format == "dummy" and VisionSpec.of(config) is None:  # the first sync brings weights
             model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
         else:
             model = load_pretrained(cfg.model, dtype)

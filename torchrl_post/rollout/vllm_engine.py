@@ -97,6 +97,10 @@ class VLLMEngine:
         if cfg.rollout.load_format == "dummy" and self.adapter_mode:
             log.info("rollout.load_format=dummy: with rollout.lora_sync=adapter the engine reads its base weights")
             return "auto"
+        if cfg.rollout.load_format == "dummy" and self.vision is not None:
+            # Not verified for vision models: a VLM run with a dummy start stopped learning (val 0.25 -> 0.0).
+            log.info("rollout.load_format=dummy: a vision-language engine reads its weights")
+            return "auto"
         return cfg.rollout.load_format
 
     def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:

@@ -25,6 +25,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from transformers import AutoConfig
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 from torchrl_post.workers.fsdp import apply_fsdp
@@ -84,7 +85,12 @@ def fsdp_model(
     `fresh`: parameters the checkpoint does not have (a critic's value head) -> the std of their normal init,
     drawn identically on every rank from a fixed seed."""
     fresh = fresh or {}
-    if model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
+    config = AutoConfig.from_pretrained(path or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+    vision = getattr(config, "vision_config", None) is not None
+    if model_cfg.load_format == "sharded" and vision:
+        # Not verified for vision-language models (their checkpoints rename keys on load): in full.
+        log.info("model.load_format=sharded: a vision-language %s loads in full", role)
+    elif model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
         model = build(True)
         files = checkpoint_files(path or model_cfg.path)
         params = dict(model.named_parameters())
