@@ -269,9 +269,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         f"{loop['max_tokens_per_turn']} tokens, env_workers {loop['env_workers']}",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 # ---- main -----------------------------------------------------------------------------------------------------

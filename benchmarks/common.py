@@ -235,6 +235,15 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write the PNG, free the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def standalone(module: Any, argv: list[str] | None = None) -> None:
     """`python -m benchmarks.<name>`: the module's own options, its run, its report."""
     import time

@@ -592,9 +592,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7)
     fig.suptitle("GRPO step: torchrl_post vs TRL GRPOTrainer (same model, data, batch; 1 process each)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

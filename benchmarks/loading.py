@@ -148,9 +148,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.set(xlabel="ranks", ylabel="peak host MB per rank", xticks=xs)
     ax.set_title(f"{rec['rows'][0]['model']} ({rec['rows'][0]['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

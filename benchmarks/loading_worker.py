@@ -51,7 +51,7 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     params = sum(p.numel() for p in actor.model.parameters())
-    local = sum(p.to_local().numel() * p.element_size() for p in actor.model.parameters())  # type: ignore[operator]
+    local = sum(p.to_local().numel() * p.element_size() for p in actor.model.parameters())  # type: ignore[attr-defined,operator]
     mine = {
         "rank": env.rank,
         "peak_growth_bytes": (peak - before) * 1024,

@@ -266,9 +266,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.legend(fontsize=8)
     right.set_yscale("log")
     fig.suptitle("LoRA vs full fine-tuning, GRPO on 2 CPU ranks (FSDP + in-process vLLM)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 # ---- main -----------------------------------------------------------------------------------------------------

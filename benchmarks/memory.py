@@ -159,9 +159,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.set_title(f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)")
         ax.legend(fontsize=8)
     fig.suptitle("FSDP2 per-rank memory: local shards after one backward and one AdamW step", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -211,9 +211,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.set_title(f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})")
         ax.legend(fontsize=8)
     fig.suptitle("rollout: vLLM (solid) vs transformers generate (dashed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

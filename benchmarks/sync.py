@@ -182,9 +182,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     left.set_title("sync vs raw collective bandwidth")
     left.legend(fontsize=8)
     scaling_plot(right, records)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def _mb(r: dict[str, Any]) -> float:

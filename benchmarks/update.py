@@ -207,9 +207,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.set_title(f"{r['model']}, {r['ranks']} rank(s), {r['samples']} samples, {r['lengths']}", fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle("update: Actor.update (ours, ratio ours/bare padded above) vs a bare PyTorch loop", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
