@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DATA, MODELS
+from torchrl_post.demo.qwen import build_tiny_qwen_model, marker_matches, write_marker
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -55,16 +56,11 @@ def _package_dir(name: str) -> Path:
 
 
 def _marker_ok(path: Path, info: dict[str, Any]) -> bool:
-    try:
-        return bool(json.loads(path.read_text()) == info)
-    except (OSError, ValueError):
-        return False
+    return marker_matches(path.parent, path.name, info)
 
 
 def _write_marker(path: Path, info: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(info, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_marker(path.parent, path.name, info)
 
 
 # ---- SmolLM2-135M-Instruct ------------------------------------------------------------------------------------
@@ -147,48 +143,18 @@ def qwen_synthetic_dir(
     """A randomly initialised float32 Qwen2 over Qwen2.5's real tokenizer (`torchrl_post.demo.qwen`), tied
     embeddings. The defaults give about 24M parameters, 19.4M of them the 151,680 x 128 embedding: the
     vocabulary dominates, as in small real models. head_dim = hidden_size / num_heads (keep it 32 or 64)."""
-    name = f"qwen2-synth-h{hidden_size}-l{num_layers}"
-    out = out or MODELS / name
-    info = {
-        "format": _FORMAT,
-        "what": "random qwen2 over the qwen2.5 tokenizer",
-        "shape": [hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size],
-    }
-    if _marker_ok(out / MODEL_MARKER, info):
-        return out
-    import math
-
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from torchrl_post.demo.qwen import ADDED_IDS, ENDOFTEXT, IM_END, build_qwen_tokenizer
-
-    print(f"building a synthetic Qwen2 ({name}) under {out} (once) ...", flush=True)
-    (out / MODEL_MARKER).unlink(missing_ok=True)
-    tok = build_qwen_tokenizer(out)
-    eos_id, pad_id = ADDED_IDS[IM_END], ADDED_IDS[ENDOFTEXT]
-    cfg = Qwen2Config(
-        vocab_size=64 * math.ceil(len(tok) / 64),
-        hidden_size=hidden_size,
+    out = out or MODELS / f"qwen2-synth-h{hidden_size}-l{num_layers}"
+    if not (out / "config.json").exists():
+        print(f"building a synthetic Qwen2 under {out} (once) ...", flush=True)
+    return build_tiny_qwen_model(
+        out,
+        hidden_size,
+        num_layers,
+        0,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(cfg)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.save_pretrained(out)
-    _write_marker(out / MODEL_MARKER, info)
-    return out
 
 
 def num_params(path: Path) -> int:
@@ -196,12 +162,13 @@ def num_params(path: Path) -> int:
     safetensors headers."""
     import math
 
-    from safetensors import safe_open
+    from torchrl_post.workers.loading import SafetensorsFile
 
     total = 0
     for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as f:
-            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
+        f = SafetensorsFile(file)
+        f.close()
+        total += sum(math.prod(v["shape"]) for k, v in f.header.items() if k != "__metadata__")
     return total
 
 

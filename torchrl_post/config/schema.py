@@ -25,9 +25,10 @@ class ModelConfig:
     rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. LoRA models and
     checkpoints whose tensor names differ from the model's load in full."""
     use_remove_padding: bool = False
-    """Sequence packing (verl's key): each micro-batch's samples are concatenated into one row without padding,
-    attention kept within each sample by its position ids; the same loss as the padded forward, less compute.
-    Actor, reference and critic forwards; vision-language batches stay padded."""
+    """Sequence packing (verl's key): each micro-batch's samples are packed into rows as long as its longest
+    sample, attention kept within each sample by its position ids, and only response positions go through the LM
+    head; the same loss as the padded forward, less compute. Actor, reference and critic forwards;
+    vision-language batches stay padded."""
     dtype: str = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""

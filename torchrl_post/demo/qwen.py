@@ -203,7 +203,8 @@ def _make_qwen_tokenizer() -> Qwen2Tokenizer:
     return tok
 
 
-def _marker_matches(out_dir: Path, name: str, info: dict[str, Any]) -> bool:
+def marker_matches(out_dir: Path, name: str, info: dict[str, Any]) -> bool:
+    """Whether `out_dir/name` records this build (`info`): a cache is valid only with its marker, written last."""
     try:
         return bool(json.loads((out_dir / name).read_text()) == info)
     except (OSError, ValueError):
@@ -226,7 +227,8 @@ def _staging(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _write_marker(out_dir: Path, name: str, info: dict[str, Any]) -> None:
+def write_marker(out_dir: Path, name: str, info: dict[str, Any]) -> None:
+    """Record a finished build (atomically: a crash leaves no marker, so the build runs again)."""
     tmp = out_dir / f".{name}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(info, sort_keys=True) + "\n")
     os.replace(tmp, out_dir / name)
@@ -240,7 +242,7 @@ _TOKENIZER_INFO: dict[str, Any] = {
 
 
 def _tokenizer_cached(out_dir: Path) -> bool:
-    return (out_dir / "tokenizer.json").exists() and _marker_matches(out_dir, TOKENIZER_MARKER, _TOKENIZER_INFO)
+    return (out_dir / "tokenizer.json").exists() and marker_matches(out_dir, TOKENIZER_MARKER, _TOKENIZER_INFO)
 
 
 def build_qwen_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
@@ -251,27 +253,38 @@ def build_qwen_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     tok = _make_qwen_tokenizer()
     with _staging(out_dir) as stage:
         tok.save_pretrained(stage)
-    _write_marker(out_dir, TOKENIZER_MARKER, _TOKENIZER_INFO)
+    write_marker(out_dir, TOKENIZER_MARKER, _TOKENIZER_INFO)
     return tok
 
 
-def build_tiny_qwen_model(out_dir: Path, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+def build_tiny_qwen_model(
+    out_dir: Path,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    intermediate_size: int = 0,
+) -> Path:
     """A randomly initialised float32 Qwen2ForCausalLM over Qwen2.5's tokenizer, saved with it in `out_dir`.
 
-    Two attention heads and one KV head (head_dim = hidden_size / 2), tied embeddings, vocabulary padded
-    to a multiple of 64. Cached: returns at once when `out_dir` already holds this build. Loads in vLLM.
+    head_dim = hidden_size / num_heads (keep it 32 or 64), MLP width `intermediate_size` (0: 2 x hidden_size),
+    tied embeddings, vocabulary padded to a multiple of 64: the vocabulary dominates, as in small real models.
+    Cached: returns at once when `out_dir` already holds this build. Loads in vLLM.
     """
+    intermediate_size = intermediate_size or 2 * hidden_size
     info = {
         "format": _FORMAT_VERSION,
         "what": "tiny random qwen2",
         "hidden_size": hidden_size,
         "num_layers": num_layers,
         "seed": seed,
+        "heads": [num_heads, num_kv_heads, intermediate_size],
     }
     if (
         _tokenizer_cached(out_dir)
         and (out_dir / "config.json").exists()
-        and _marker_matches(out_dir, MODEL_MARKER, info)
+        and marker_matches(out_dir, MODEL_MARKER, info)
     ):
         return out_dir
     (out_dir / MODEL_MARKER).unlink(missing_ok=True)
@@ -280,10 +293,10 @@ def build_tiny_qwen_model(out_dir: Path, hidden_size: int = 64, num_layers: int 
     cfg = Qwen2Config(
         vocab_size=64 * math.ceil(len(tok) / 64),
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=pad_id,
@@ -298,5 +311,5 @@ def build_tiny_qwen_model(out_dir: Path, hidden_size: int = 64, num_layers: int 
     model.generation_config.pad_token_id = pad_id
     with _staging(out_dir) as stage:
         model.save_pretrained(stage)
-    _write_marker(out_dir, MODEL_MARKER, info)
+    write_marker(out_dir, MODEL_MARKER, info)
     return out_dir

@@ -22,7 +22,7 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import apply_fsdp, empty_model, model_dtype, reshard
+from torchrl_post.workers.fsdp import empty_model, model_dtype, reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import can_pack, chunks, pack
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
@@ -93,17 +93,13 @@ class Critic:
         # The value head is new: normal(0, initializer_range) weights, zero bias, the same on every rank.
         head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
         # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
-        vlm = VisionSpec.of(config) is not None
-        self.model = (
-            apply_fsdp(build(False), mesh, cfg.fsdp)
-            if vlm
-            else fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="critic", path=path, fresh=head)
-        )
+        # (a vision-language critic loads in full: fsdp_model never builds it empty)
+        self.model = fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="critic", path=path, fresh=head)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
-        if self.packed and can_pack(b):  # model.use_remove_padding: one row without padding
+        if self.packed and can_pack(b):  # model.use_remove_padding: rows without padding (`pack`)
             p = pack(b, sl)
             return p.unpack(p.full(self.model(**p.inputs(self.device)).logits)[:, 0].float())
         out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
 from torchrl_post.types import Batch
 
@@ -69,8 +70,10 @@ def batched_log_probs(
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
     `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards)."""
     model.eval()
+    packed = packed and can_pack(batch)
     out = torch.zeros(batch.loss_mask.shape)
-    for mb in plan_micro_batches(batch.attention_mask, batch.response_width, micro, token_budget, packed, group):
+    plan = plan_micro_batches(batch.attention_mask, batch.response_width, micro, token_budget, packed, group, device)
+    for mb in plan:
         logp = forward_log_probs(model, batch, mb, temperature, device, packed)[0]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
@@ -171,18 +174,11 @@ def balance_rows(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def _aligned(count: int, group: dist.ProcessGroup | None) -> int:
+def _aligned(count: int, group: dist.ProcessGroup | None, device: torch.device | None) -> int:
     """The largest micro-batch count over `group` (FSDP ranks must run the same number of forwards)."""
-    if group is None or dist.get_world_size(group) == 1:
+    if group is None:
         return count
-    t = torch.tensor([count], dtype=torch.long, device=_collective_device(group))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
-
-
-def _collective_device(group: dist.ProcessGroup) -> torch.device:
-    backend = dist.get_backend(group)
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return int(reduce_metrics({"micro_batches": ("max", float(count))}, group, device)["micro_batches"])
 
 
 def plan_micro_batches(
@@ -192,8 +188,9 @@ def plan_micro_batches(
     token_budget: int,
     packed: bool,
     group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
 ) -> list[MicroBatch]:
-    """This rank's micro-batches of a batch, the same number on every rank of `group`.
+    """This rank's micro-batches of a batch, the same number on every rank of `group` (agreed on `device`).
 
     Fixed size (`token_budget` 0): `max_rows` consecutive rows each, padded or packed. Dynamic
     (`token_budget` > 0): padded, as many consecutive rows as fit rows x trimmed width; packed, the rows
@@ -205,11 +202,11 @@ def plan_micro_batches(
         return [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
     if packed:
         lengths = attention_mask.sum(1).tolist()
-        k = _aligned(len(pack_rows(lengths, token_budget)), group)
+        k = _aligned(len(pack_rows(lengths, token_budget)), group, device)
         bins = balance_rows(lengths, k)
         return [MicroBatch(torch.tensor(b)) if b else MicroBatch(torch.tensor([0]), live=False) for b in bins]
     out = [MicroBatch(sl) for sl in micro_slices(attention_mask, response_width, max_rows, token_budget)]
-    k = _aligned(len(out), group)
+    k = _aligned(len(out), group, device)
     return out + [MicroBatch(slice(0, 1), live=False)] * (k - len(out))
 
 
@@ -317,7 +314,8 @@ def can_pack(batch: Batch) -> bool:
 def forward_log_probs(
     model: torch.nn.Module, batch: Batch, micro: MicroBatch, temperature: float, device: torch.device, packed: bool
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The micro-batch's response logprobs and entropy [b, R] and the token cells computed."""
-    if packed and can_pack(batch):
+    """The micro-batch's response logprobs and entropy [b, R] and the token cells computed; `packed` only
+    where `can_pack(batch)`."""
+    if packed:
         return packed_forward_log_probs(model, batch, micro.rows, temperature, device)
     return padded_forward_log_probs(model, batch, micro.rows, temperature, device)
