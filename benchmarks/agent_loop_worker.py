@@ -30,7 +30,7 @@ from torchrl_post.agent.base import Trajectory
 from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
 from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine
 
 MODES = {"step": False, "turn_batches": True}
@@ -227,6 +227,7 @@ def main() -> None:
     finally:
         engine.shutdown()
         shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

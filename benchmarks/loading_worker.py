@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.workers.actor import Actor
 
@@ -72,7 +72,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({**rec, "per_rank": gathered, "device": str(env.device)}))
     del actor
     dist.barrier()  # every rank done with the group before teardown (a rank leaving early aborted the other)
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
 from torchrl_post.workers.optim import build_optimizer
@@ -98,7 +98,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rec, indent=1) + "\n")
     dist.barrier()  # no rank tears gloo down while another still talks to it (an abort at exit otherwise)
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
 from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine
 from torchrl_post.rollout.hf_engine import HFEngine
 
@@ -203,6 +203,7 @@ def main() -> None:
         for engine in engines.values():
             engine.shutdown()
         shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

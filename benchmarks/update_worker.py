@@ -52,7 +52,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import dp_group, fsdp_mesh
 from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
@@ -366,7 +366,7 @@ def main() -> None:
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rec, indent=1) + "\n")
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

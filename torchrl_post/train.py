@@ -17,16 +17,20 @@ from torchrl_post.config import UserError, load_config
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import resolve_roles, validate_batch, validate_placement
-from torchrl_post.distributed.env import read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, read_env, shutdown_distributed
 from torchrl_post.distributed.placement import Placement, plan_placement
 
 # torchrun's global rank, read before a cell's process group rewrites RANK to the rank within the cell.
 _LAUNCH_RANK = os.environ.get("RANK", "0")
 
 
-def _fail(msg: str) -> None:
+def _report(msg: str) -> None:
     if _LAUNCH_RANK == "0":
         print(f"error: {msg}", file=sys.stderr, flush=True)
+
+
+def _fail(msg: str) -> None:
+    _report(msg)
     sys.exit(2)
 
 
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     from torchrl_post.loop import Run, Stopped, claim_run_dir, fit
     from torchrl_post.trainer import build_program
 
-    program = None
+    program, code = None, 0
     try:
         fsdp_sizes = {"actor": cfg.actor.fsdp.fsdp_size, "critic": cfg.critic.fsdp.fsdp_size}
         fsdp_sizes["reference"] = cfg.actor.fsdp.fsdp_size
@@ -130,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         program = build_program(Run.prepare(cfg, env, topo))
         fit(program)
     except UserError as e:
-        _fail(str(e))
+        _report(str(e))
+        code = 2
     except Stopped as e:
         if _LAUNCH_RANK == "0":
             print(str(e), flush=True)
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         if program is not None:
             program.shutdown()
         shutdown_distributed()
+    end_process(code)
 
 
 if __name__ == "__main__":

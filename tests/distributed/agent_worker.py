@@ -23,7 +23,7 @@ from torchrl_post.agent.chat import render
 from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.rollout import SamplingParams, build_engine
 from torchrl_post.workers.logprobs import batched_log_probs
 
@@ -59,8 +59,7 @@ def main() -> None:
         if env.rank == 0:
             Path(out_path).write_text(json.dumps(report))
         engine.shutdown()
-        shutdown_distributed()
-        return
+        end_process()
     report["reproducible"] = [[s.response_ids for s in t.steps] for t in trajs] == [
         [s.response_ids for s in t.steps] for t in again
     ]
@@ -120,7 +119,7 @@ def main() -> None:
     with open(out_path, "w") as f:
         json.dump(report, f)
     engine.shutdown()
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, make_actor, parity_prompts
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import route
 from torchrl_post.rollout import SamplingParams, build_engine, collate
 from torchrl_post.sync.lora import is_adapter
@@ -91,7 +91,7 @@ def main() -> None:
     topo.world.barrier().wait()
     if engine is not None:
         engine.shutdown()
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from tests.distributed.checks import make_actor
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
@@ -289,7 +289,7 @@ def _write(report: dict[str, object], out_path: str, rank: int, world: int) -> N
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
-    shutdown_distributed()
+    end_process()
 
 
 def main() -> None:
@@ -363,7 +363,7 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
         torch.save(sharded, out_path + ".pt")
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

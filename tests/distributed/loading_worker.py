@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from tests.distributed.checks import make_actor
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
@@ -116,7 +116,7 @@ def main() -> None:
     if env.rank == 0:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from tests.distributed.checks import engine_vs_trainer, make_actor, parity_prompts
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine, collate
 from torchrl_post.sync.lora import is_adapter
@@ -80,7 +80,7 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
     engine.shutdown()
-    shutdown_distributed()
+    end_process()
 
 
 def left_out_errors(model: torch.nn.Module, engine: RolloutEngine) -> dict[str, str]:

@@ -23,7 +23,7 @@ from torchrl_post.agent.chat import observation_delta, prompt_ids, render
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.agent.math_agent import MathEnv, ToolAgent
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.rollout import SamplingParams, build_engine
 from torchrl_post.rollout.vllm_engine import tool_call_parser
 from torchrl_post.tools import ToolBox
@@ -113,7 +113,7 @@ def main() -> None:
     report["max_logprob_diff"] = (logp - batch.rollout_log_probs)[trained].abs().max().item()
     Path(out_path).write_text(json.dumps(report))
     engine.shutdown()
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

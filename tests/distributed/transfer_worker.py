@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from tests.distributed.checks import actor_rollout_topology
-from torchrl_post.distributed.env import read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import all_gather_rows, plan_transfer, route
 
 GROUPS, N = 12, 4
@@ -53,7 +53,7 @@ def main() -> None:
     }
     (out / f"rank_{env.rank}.json").write_text(json.dumps(record))
     topo.world.barrier().wait()
-    shutdown_distributed()
+    end_process()
 
 
 if __name__ == "__main__":

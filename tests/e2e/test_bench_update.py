@@ -38,5 +38,6 @@ def test_tiny_update_benchmark_writes_its_report(tmp_path: Path) -> None:
             assert r["padding_frac"] == pytest.approx(r["bare_padding_frac"]), r
             assert r["padding_frac"] > 0, r  # ragged lengths leave padding in a padded forward
         else:
-            assert r["padding_frac"] == 0.0 and r["bare_packed_tokens_per_s"] > 0, r
+            # Rows are as long as the micro-batch's longest sample: packing never pads more than padding does.
+            assert r["padding_frac"] <= r["bare_padding_frac"] + 1e-9 and r["bare_packed_tokens_per_s"] > 0, r
     assert "| fixed |" in path.with_suffix(".md").read_text()

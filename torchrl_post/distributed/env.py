@@ -5,10 +5,12 @@ Nothing else in the package reads RANK/WORLD_SIZE or chooses between cpu/gloo an
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -142,6 +144,19 @@ def shutdown_distributed() -> None:
     # vLLM's engine teardown may already have destroyed the default group.
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def end_process(code: int = 0) -> NoReturn:
+    """End a rank whose work is done and written (files, checkpoints and loggers closed) without interpreter
+    finalization. Modules keep their gloo groups alive past destroy_process_group, and a gloo worker thread that
+    drops the last reference to a finished collective's tensors needs the GIL: during finalization that thread
+    is killed inside a destructor and the rank aborts (SIGABRT, "terminate called without an active exception")
+    after work that succeeded - about one exit in four measured on 2 CPU cores (torch issue 190489)."""
+    shutdown_distributed()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _free_port() -> int:
