@@ -217,14 +217,16 @@ def options(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, o
 
 def _ragged(rank: int, world: int, rows: int = 4, prompt: int = 9, resp: int = 6) -> Batch:
     """This rank's rows of a batch whose first rank has full-length samples and the others short ones: their
-    token-budget micro-batch counts differ, as on real ranks."""
+    token-budget micro-batch counts differ, as on real ranks. Rows come in pairs that share a prompt (GRPO's
+    samples of one prompt)."""
     gen = torch.Generator().manual_seed(100 + rank)
     ids = torch.randint(5, 100, (rows, prompt + resp), generator=gen)
+    ids[1::2, :prompt] = ids[0::2, :prompt]
     attn = torch.ones_like(ids)
     if rank > 0:
         for i in range(rows):
-            attn[i, : 4 + i % 3] = 0
-            attn[i, prompt + 1 + i % 2 :] = 0
+            attn[i, : 4 + 2 * ((i // 2) % 2)] = 0
+            attn[i, prompt + 1 + 3 * (i % 2) :] = 0
     mask = attn[:, -resp:].float()
     return Batch(
         input_ids=ids,
@@ -253,8 +255,10 @@ def packing(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, o
         ("packed", True, False),
         ("packed_dynamic", True, True),
         ("padded_dynamic", False, True),
+        ("packed_apart", True, False),  # model.use_shared_prefix=false: each sample with its own prompt
     ):
         cfg.model.use_remove_padding, cfg.actor.use_dynamic_bsz = packed, dynamic
+        cfg.model.use_shared_prefix = name != "packed_apart"
         cfg.actor.ppo_max_token_len_per_gpu = 16  # full rows alone on rank 0, 2-3 short rows together elsewhere
         torch.manual_seed(0)
         actor = make_actor(cfg, mesh, 2)  # two optimizer steps
@@ -266,6 +270,7 @@ def packing(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, o
             "grad_norm": torch.tensor(metrics["actor/grad_norm"]),
         }
         out[f"padding_frac_{name}"] = metrics["perf/padding_frac"]
+        out[f"shared_prompt_frac_{name}"] = metrics["perf/shared_prompt_frac"]
         out[f"pg_loss_{name}"] = metrics["actor/pg_loss"]
         out[f"entropy_{name}"] = metrics["actor/entropy"]
     for name in runs:

@@ -18,6 +18,7 @@ from torchrl_post.workers.logprobs import (
     packed_forward_log_probs,
     padded_forward_log_probs,
     plan_micro_batches,
+    share_prompts,
 )
 
 CPU = torch.device("cpu")
@@ -108,8 +109,9 @@ def test_packed_forward_equals_padded(model: torch.nn.Module, temperature: float
     b = _batch(RAGGED)
     mask = b.loss_mask
     rows = slice(0, len(b))
-    logp_a, ent_a, cells = padded_forward_log_probs(model, b, rows, temperature, CPU)
-    logp_b, ent_b, packed_cells = packed_forward_log_probs(model, b, rows, temperature, CPU)
+    logp_a, ent_a, cells, _ = padded_forward_log_probs(model, b, rows, temperature, CPU)
+    logp_b, ent_b, packed_cells, placed = packed_forward_log_probs(model, b, rows, temperature, CPU)
+    assert placed == int(b.attention_mask.sum())  # every token placed once: no prompt shared
     assert int(b.attention_mask.sum()) <= packed_cells < cells  # less padding computed
     assert ((logp_a - logp_b) * mask).abs().max() < 2e-6
     assert ((ent_a - ent_b) * mask).abs().max() < 5e-6
@@ -136,7 +138,7 @@ def test_packed_samples_do_not_attend_across(model: torch.nn.Module) -> None:
 
 def test_pack_with_no_response_tokens_keeps_a_graph(model: torch.nn.Module) -> None:
     b = _batch([(2, 5), (0, 5)])
-    logp, ent, _ = packed_forward_log_probs(model, b, slice(0, 2), 1.0, CPU)
+    logp, ent, _, _ = packed_forward_log_probs(model, b, slice(0, 2), 1.0, CPU)
     assert logp.abs().sum() == 0 and logp.requires_grad
     logp.sum().backward()  # a stand-in micro-batch must still run backward (FSDP's reduce-scatter)
 
@@ -145,3 +147,77 @@ def test_stand_in_micro_batches_only_without_group() -> None:
     b = _batch(RAGGED)
     plan = plan_micro_batches(b.attention_mask, b.response_width, 99, 100, packed=False)
     assert plan == [MicroBatch(slice(0, 6))]
+
+
+# ---- shared prompts (model.use_shared_prefix) ------------------------------------------------------------------
+
+
+def _groups(prompt_pads: list[int], resp_pads: list[list[int]], prompt: int = 9, resp: int = 4) -> Batch:
+    """GRPO-like rows: group g's samples share one prompt (left padding `prompt_pads[g]`), their responses
+    right-padded by `resp_pads[g]`."""
+    rows = [(lp, lr) for lp, pads in zip(prompt_pads, resp_pads, strict=True) for lr in pads]
+    b = _batch(rows, prompt=prompt, resp=resp, seed=3)
+    start = 0
+    for pads in resp_pads:
+        b.input_ids[start : start + len(pads), :prompt] = b.input_ids[start, :prompt]
+        start += len(pads)
+    return b
+
+
+def test_share_prompts_grows_while_attention_costs_no_more() -> None:
+    # prompt 6, responses 2, 2, 1: the rows they replace are at most 8 long. 6+2 = 8 (8^2 <= 1 x 64), 10
+    # (100 <= 2 x 64), 11 (121 <= 3 x 64): one segment, longest response first
+    assert share_prompts([6, 6, 6], [2, 2, 1], ["a", "a", "a"], 8) == [[0, 1, 2]]
+    # prompt 2, responses 6, 6: 8, then 14 (196 > 2 x 64): apart; other prompts never share
+    assert share_prompts([2, 2], [6, 6], ["a", "a"], 8) == [[0], [1]]
+    assert share_prompts([6, 6], [2, 2], ["a", "b"], 8) == [[0], [1]]
+
+
+def test_shared_pack_layout_by_hand() -> None:
+    # one prompt of 3 tokens (left pad 6 of 9), responses of 2 and 1 tokens: one segment [p p p r r s]
+    b = _groups([6], [[2, 3]])
+    p = pack(b, slice(0, 2), shared=True)
+    assert (p.tokens, p.cells) == (6, 6)  # 3 + 2 and 3 + 1 tokens, the prompt stored once
+    prompt, r0, r1 = b.input_ids[0, 6:9].tolist(), b.input_ids[0, 9:11].tolist(), b.input_ids[1, 9:10].tolist()
+    assert p.ids[0].tolist() == prompt + r1 + r0  # the longest response ends the row
+    assert p.pos[0].tolist() == [0, 1, 2, 3, 3, 4]
+    assert p.branch is not None and p.branch[0].tolist() == [0, 0, 0, 1, 2, 2]
+    # both first tokens are predicted at the prompt's end (column 2); sample 0's second token at column 4
+    assert p.out_row.tolist() == [0, 0, 0] and p.out_col.tolist() == [2, 4, 2]
+    assert p.labels.tolist() == r0 + r1
+    allowed = p.attention(CPU)[0, 0].int().tolist()
+    assert allowed[3] == [1, 1, 1, 1, 0, 0]  # sample 1's token: the prompt and itself
+    assert allowed[5] == [1, 1, 1, 0, 1, 1]  # sample 0's second token: the prompt and its own branch
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_shared_prefix_forward_equals_padded(tiny_model: Path, impl: str) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=impl)
+    b = _groups([0, 3, 5], [[1, 0, 3, 4], [2, 2, 0, 1], [0, 4, 3, 1]])  # the last group: an empty response
+    mask, rows = b.loss_mask, slice(0, len(b))
+    weights = torch.arange(1.0, 5.0)
+    results = []
+    for forward, kwargs in ((padded_forward_log_probs, {}), (packed_forward_log_probs, {"shared": True})):
+        model.zero_grad()
+        logp, ent, cells, _ = forward(model, b, rows, 1.0, CPU, **kwargs)
+        (logp * mask * weights).sum().backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((logp.detach(), ent, cells, grads))
+    (la, ea, ca, ga), (lb, eb, cb, gb) = results
+    flat = packed_forward_log_probs(model, b, rows, 1.0, CPU)[2]
+    assert cb < flat < ca  # each group's prompt computed once: fewer cells than packing the samples apart
+    assert ((la - lb) * mask).abs().max() < 2e-6 and ((ea - eb) * mask).abs().max() < 5e-6
+    assert (lb * (1 - mask)).abs().max() == 0
+    scale = max(g.abs().max().item() for g in ga.values())
+    assert ga.keys() == gb.keys() and max((ga[k] - gb[k]).abs().max().item() for k in ga) < 1e-6 * max(scale, 1.0)
+
+
+def test_dynamic_plan_keeps_a_prompts_samples_together() -> None:
+    b = _groups([0, 3, 5], [[1, 0, 3, 4], [2, 2, 0, 1], [0, 4, 3, 1]])
+    plan = plan_micro_batches(b.attention_mask, b.response_width, 99, 16, packed=True, prompts=b.input_ids)
+    groups = [set(m.rows.tolist()) for m in plan]  # type: ignore[union-attr]
+    assert sorted(i for g in groups for i in g) == list(range(12))
+    # prompt + responses: 9 + (3+4+1+0) = 17 and 6 + (2+2+4+3) = 17 tokens do not fit 16: each split in two
+    # (first rows while they fit); 4 + (4+0+1+3) = 12 goes whole
+    for members, parts in (({0, 1, 2, 3}, 2), ({4, 5, 6, 7}, 2), ({8, 9, 10, 11}, 1)):
+        assert sum(1 for g in groups if g & members) == parts

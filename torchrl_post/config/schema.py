@@ -29,6 +29,12 @@ class ModelConfig:
     sample, attention kept within each sample by its position ids, and only response positions go through the LM
     head; the same loss as the padded forward, less compute. Actor, reference and critic forwards;
     vision-language batches stay padded."""
+    use_shared_prefix: bool = True
+    """With use_remove_padding: the samples of one prompt (GRPO's n) share one copy of it in the packed row, each
+    response attending to the prompt and itself (a tree mask), so the prompt's tokens are computed once. Exact
+    (the same logprobs and loss), and taken only where it costs no more attention than separate rows: it pays
+    when prompts are long next to responses. Needs an attention that takes a mask (sdpa, eager); with
+    flash-attn the samples pack apart."""
     dtype: str = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""

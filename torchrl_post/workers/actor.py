@@ -44,6 +44,7 @@ class Actor:
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
         self.max_response_length, self.is_cap = max_response_length, is_cap
         self.packed = model_cfg.use_remove_padding
+        self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
             d = model_cfg.dtype
             log.warning(
@@ -72,8 +73,9 @@ class Actor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
         micro = self.cfg.ppo_micro_batch_size_per_gpu
         out = batched_log_probs(
-            self.model, batch, self.temperature, micro, self.device, self.token_budget, self.packed, self.group
-        )
+            self.model, batch, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
+            self.shared,
+        )  # fmt: skip
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         return out
 
@@ -100,7 +102,7 @@ class Actor:
             ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip"),
             0.0,
         )
-        padded_cells, real_cells, pg_total, kl_total = 0, 0.0, 0.0, 0.0
+        padded_cells, placed_cells, real_cells, pg_total, kl_total = 0, 0, 0.0, 0.0, 0.0
         grad_norms: list[float] = []
         for epoch in range(a.ppo_epochs):
             for mini in chunks(len(batch), self.mini_batch_samples):
@@ -110,12 +112,15 @@ class Actor:
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(
                     mb.attention_mask, mb.response_width, a.ppo_micro_batch_size_per_gpu, self.token_budget, packed,
-                    self.group, self.device,
+                    self.group, self.device, prompts=mb.input_ids if packed and self.shared else None,
                 )  # fmt: skip
                 for step in plan:
                     micro = step.rows
-                    logp, ent, cells = forward_log_probs(self.model, mb, step, self.temperature, self.device, packed)
+                    logp, ent, cells, placed = forward_log_probs(
+                        self.model, mb, step, self.temperature, self.device, packed, self.shared
+                    )
                     padded_cells += cells
+                    placed_cells += placed if step.live else 0  # a stand-in's cells are all padding
                     real_cells += float(mb.attention_mask[micro].sum()) if step.live else 0.0
                     mask = mask_all[micro].to(self.device) * float(step.live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
@@ -156,7 +161,7 @@ class Actor:
                                 sums[key] += value.item()
                 grad_norms.append(self._step())
         self.scheduler.step()
-        return self._metrics(sums, pg_total, kl_total, grad_norms, real_cells, padded_cells, batch)
+        return self._metrics(sums, pg_total, kl_total, grad_norms, (real_cells, placed_cells, padded_cells), batch)
 
     def _step(self) -> float:
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
@@ -177,11 +182,11 @@ class Actor:
         pg_total: float,
         kl_total: float,
         grad_norms: list[float],
-        real_cells: float,
-        padded_cells: int,
+        cells: tuple[float, int, int],
         batch: Batch,
     ) -> dict[str, float]:
         a = self.cfg
+        real, placed, computed = cells
         local = {k: ("sum", v) for k, v in sums.items()} | {"pg": ("sum", pg_total), "kl_loss": ("sum", kl_total)}
         if batch.old_log_probs is not None:  # the proximal policy is the batch's: compare the engine with it
             m = batch.train_mask
@@ -200,7 +205,9 @@ class Actor:
             "actor/grad_norm": sum(grad_norms) / steps,
             "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(steps),
-            "perf/padding_frac": 1.0 - real_cells / max(padded_cells, 1),
+            # cells computed that hold no token (padding, a packed row's slack), and tokens a shared prompt saved
+            "perf/padding_frac": 1.0 - placed / max(computed, 1),
+            "perf/shared_prompt_frac": 1.0 - placed / max(real, 1.0),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
             "rollout/logprob_diff": tot["diff"] / max(tot["diff_tokens"], 1.0),
         }

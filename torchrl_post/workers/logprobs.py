@@ -66,15 +66,19 @@ def batched_log_probs(
     token_budget: int = 0,
     packed: bool = False,
     group: dist.ProcessGroup | None = None,
+    shared: bool = False,
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
     `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards)."""
     model.eval()
     packed = packed and can_pack(batch)
     out = torch.zeros(batch.loss_mask.shape)
-    plan = plan_micro_batches(batch.attention_mask, batch.response_width, micro, token_budget, packed, group, device)
+    plan = plan_micro_batches(
+        batch.attention_mask, batch.response_width, micro, token_budget, packed, group, device,
+        prompts=batch.input_ids if shared else None,
+    )  # fmt: skip
     for mb in plan:
-        logp = forward_log_probs(model, batch, mb, temperature, device, packed)[0]
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared)[0]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
     return out
@@ -120,8 +124,9 @@ def micro_slices(attention_mask: torch.Tensor, response_width: int, max_rows: in
 
 def padded_forward_log_probs(
     model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed."""
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed and the
+    real tokens among them."""
     width = batch.response_width
     mask = batch.attention_mask[rows]
     first, kept = trim_span(mask, width)
@@ -131,7 +136,7 @@ def padded_forward_log_probs(
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))
         ent = torch.nn.functional.pad(ent, (0, pad))
-    return logp, ent, mask.shape[0] * (end - first)
+    return logp, ent, mask.shape[0] * (end - first), int(mask.sum())
 
 
 # ---- micro-batches: padded rows, or packed (verl's use_remove_padding) -----------------------------------
@@ -189,34 +194,68 @@ def plan_micro_batches(
     packed: bool,
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
+    prompts: torch.Tensor | None = None,
 ) -> list[MicroBatch]:
     """This rank's micro-batches of a batch, the same number on every rank of `group` (agreed on `device`).
 
     Fixed size (`token_budget` 0): `max_rows` consecutive rows each, padded or packed. Dynamic
     (`token_budget` > 0): padded, as many consecutive rows as fit rows x trimmed width; packed, the rows
     balanced into as many packs as the rank that needs the most needs (first-fit decreasing of real tokens
-    into the budget), so every pack holds about the same number of tokens. Ranks short of micro-batches
-    run stand-ins (`live=False`).
+    into the budget), so every pack holds about the same number of tokens; with `prompts` (the input ids: packed
+    with shared prompts) the samples of a prompt stay together, counted with their prompt once. Ranks short of
+    micro-batches run stand-ins (`live=False`).
     """
     if token_budget <= 0:
         return [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
     if packed:
-        lengths = attention_mask.sum(1).tolist()
-        k = _aligned(len(pack_rows(lengths, token_budget)), group, device)
-        bins = balance_rows(lengths, k)
-        return [MicroBatch(torch.tensor(b)) if b else MicroBatch(torch.tensor([0]), live=False) for b in bins]
+        units = _prompt_units(attention_mask, response_width, prompts, token_budget)
+        sizes = [_unit_tokens(attention_mask, response_width, u) for u in units]
+        k = _aligned(len(pack_rows(sizes, token_budget)), group, device)
+        bins = [[i for u in b for i in units[u]] for b in balance_rows(sizes, k)]
+        return [MicroBatch(torch.tensor(sorted(b))) if b else MicroBatch(torch.tensor([0]), live=False) for b in bins]
     out = [MicroBatch(sl) for sl in micro_slices(attention_mask, response_width, max_rows, token_budget)]
     k = _aligned(len(out), group, device)
     return out + [MicroBatch(slice(0, 1), live=False)] * (k - len(out))
 
 
+def _prompt_units(
+    attention_mask: torch.Tensor, response_width: int, prompts: torch.Tensor | None, budget: int
+) -> list[list[int]]:
+    """Rows that go to one micro-batch together: each row alone, or with `prompts` the rows of one prompt (as
+    many as fit the token budget, the prompt counted once)."""
+    n = attention_mask.shape[0]
+    if prompts is None:
+        return [[i] for i in range(n)]
+    width = attention_mask.shape[1] - response_width
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(n):
+        groups.setdefault(tuple(prompts[i, :width][attention_mask[i, :width].bool()].tolist()), []).append(i)
+    units: list[list[int]] = []
+    for rows in groups.values():
+        unit: list[int] = []
+        for i in rows:
+            if unit and _unit_tokens(attention_mask, response_width, [*unit, i]) > budget:
+                units.append(unit)
+                unit = []
+            unit.append(i)
+        units.append(unit)
+    return units
+
+
+def _unit_tokens(attention_mask: torch.Tensor, response_width: int, rows: list[int]) -> int:
+    """Tokens of rows that share one prompt: the prompt once, every response."""
+    m = attention_mask[rows]
+    return int(m[0, :-response_width].sum()) + int(m[:, -response_width:].sum())
+
+
 @dataclass(frozen=True)
 class Pack:
-    """Samples' real tokens packed into k rows of equal length T (first-fit, each row as long as the longest
-    sample, so attention per row costs no more than a padded row's; right-aligned, see `pack`). `ids`, `pos` [k, T]; `keep` [K]: the
-    columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`, `out_kept`
-    [N]: for each of the N response tokens, its predicting position's row, column, and index in `keep`;
-    `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
+    """Samples' real tokens packed into k rows of equal length T (`pack`). `ids`, `pos` [k, T]; `segment`,
+    `branch` [k, T]: which segment of its row each column belongs to and, within it, 0 for the (shared) prompt or
+    1 + the response's index (None without shared prompts: the position ids then separate the samples); `keep`
+    [K]: the columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`,
+    `out_kept` [N]: for each of the N response tokens, its predicting position's row, column, and index in
+    `keep`; `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -227,17 +266,38 @@ class Pack:
     labels: torch.Tensor
     valid_bt: torch.Tensor
     tokens: int
-    """Real tokens packed (the rest of the k x T cells is each row's tail)."""
+    """Real tokens placed, a shared prompt once (the rest of the k x T cells is each row's slack)."""
+    segment: torch.Tensor | None = None
+    branch: torch.Tensor | None = None
 
     @property
     def cells(self) -> int:
         return self.ids.numel()
 
-    def inputs(self, device: torch.device) -> dict[str, Any]:
-        """The forward's keyword arguments: no attention mask, so HF's models read the restarts of the
-        position ids as sample boundaries (a block-diagonal causal mask per row; varlen attention with
-        flash-attn). Not with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
-        return {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device), "use_cache": False}
+    def attention(self, device: torch.device, additive: torch.dtype | None = None) -> torch.Tensor:
+        """[k, 1, T, T] mask of a row with shared prompts: a column sees the earlier columns of its segment's
+        prompt and of its own branch. Boolean (True: attend), or `additive` (0 / most negative) for eager."""
+        assert self.segment is not None and self.branch is not None
+        seg, br = self.segment.to(device), self.branch.to(device)
+        t = seg.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        same = (seg[:, :, None] == seg[:, None, :]) & ((br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :]))
+        allowed = (same & causal).unsqueeze(1)
+        if additive is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=additive, device=device).masked_fill(
+            ~allowed, torch.finfo(additive).min
+        )
+
+    def inputs(self, device: torch.device, attn_implementation: str = "sdpa") -> dict[str, Any]:
+        """The forward's keyword arguments. Without shared prompts no attention mask: HF's models read the
+        restarts of the position ids as sample boundaries (a block-diagonal causal mask per row; varlen attention
+        with flash-attn). Not with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
+        out: dict[str, Any] = {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device)}
+        if self.segment is not None:
+            additive = None if attn_implementation == "sdpa" else torch.get_default_dtype()
+            out["attention_mask"] = self.attention(device, additive)
+        return {**out, "use_cache": False}
 
     def kept(self, out: torch.Tensor) -> torch.Tensor:
         """[k, K, ...] outputs at `keep` (logits_to_keep) -> [N, ...], one per response token."""
@@ -255,54 +315,125 @@ class Pack:
         return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype).index_put(where, values)
 
 
-def pack(batch: Batch, rows: slice | torch.Tensor) -> Pack:
+# Attention implementations that take a custom [b, 1, T, T] mask (shared prompts); flash-attn does not.
+MASKABLE = ("sdpa", "eager")
+
+
+def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: int) -> list[list[int]]:
+    """Samples into segments: one prompt and the responses that share it (`keys`: equal for equal prompts).
+
+    A segment grows while its attention, (prompt + responses)^2, stays within that of the rows it replaces,
+    members x longest^2: the prompt's tokens are then computed once for all members at no extra attention cost
+    (GRPO's n samples of a prompt with short answers share most of their tokens; long answers share little and
+    stay apart). Segments keep the samples' order; a sample alone is a segment of one.
+    """
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    out: list[list[int]] = []
+    for members in groups.values():
+        seg: list[int] = []
+        size = 0
+        for i in sorted(members, key=lambda i: (-resp[i], i)):
+            grown = (size or plen[i]) + resp[i]
+            if seg and grown * grown > (len(seg) + 1) * longest * longest:
+                out.append(seg)
+                seg, grown = [], plen[i] + resp[i]
+            seg.append(i)
+            size = grown
+        out.append(seg)
+    return out
+
+
+def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack:
     """The real tokens of `rows` (left-padded prompt, then the response right after it) in rows as long as the
-    longest sample, each sample with its own position ids 0, 1, ... Rows are right-aligned, the sample with the
-    longest response last: most responses then end in the same last columns, and the LM head (one set of
-    columns for every row, `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of
-    its own, which no real token attends to."""
+    longest segment, each sample with its own position ids 0, 1, ... A segment is one sample, or with `shared`
+    one prompt followed by the responses of the samples that share it (`share_prompts`), which see the prompt
+    and themselves only (`Pack.attention`). Rows are right-aligned, the segment with the longest response last:
+    most responses then end in the same last columns, and the LM head (one set of columns for every row,
+    `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of its own, which no
+    real token attends to."""
     mask = batch.attention_mask[rows].bool()
     ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
     lengths = mask.sum(1).tolist()
     resp = mask[:, -width:].sum(1).tolist()
-    cap = max(max(lengths), 1)
-    bins = pack_rows(lengths, cap)
+    plen = [n - r for n, r in zip(lengths, resp, strict=True)]
+    longest = max(max(lengths), 1)
+    prompt_ids = [ids_b[i, : mask.shape[1] - width][mask[i, : mask.shape[1] - width]] for i in range(len(lengths))]
+    if shared:
+        keys: list[Any] = [tuple(p.tolist()) for p in prompt_ids]
+        segments = share_prompts(plen, resp, keys, longest)
+    else:
+        segments = [[i] for i in range(len(lengths))]
+    seg_len = [plen[m[0]] + sum(resp[i] for i in m) for m in segments]
+    cap = max(max(seg_len), 1)
+    bins = pack_rows(seg_len, cap)
+    masked = any(len(m) > 1 for m in segments)
     ids = torch.zeros(len(bins), cap, dtype=ids_b.dtype)
     pos = torch.zeros(len(bins), cap, dtype=pos_b.dtype)
+    segment = torch.zeros(len(bins), cap, dtype=torch.long)
+    branch = torch.zeros(len(bins), cap, dtype=torch.long)
     where_row = torch.zeros(mask.shape[0], width, dtype=torch.long)
-    where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)
+    where_tgt = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column of response token t
+    where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column predicting it
     for r, members in enumerate(bins):
-        members = sorted(members, key=lambda i: (resp[i], i))  # the longest response ends the row
-        col = cap - sum(lengths[i] for i in members)
+        for m in members:
+            segments[m].sort(key=lambda i: (resp[i], i))  # the longest response ends its segment
+        members = sorted(members, key=lambda m: (resp[segments[m][-1]], m))  # and the longest segment the row
+        col = cap - sum(seg_len[m] for m in members)
         if col:  # slack: a run of positions the first sample restarts from, its first token repeated
-            first_id, first_pos = ids_b[members[0]][mask[members[0]]][0], pos_b[members[0]][mask[members[0]]][0]
+            first = segments[members[0]][0]
+            first_id, first_pos = ids_b[first][mask[first]][0], pos_b[first][mask[first]][0]
             ids[r, :col] = first_id
             pos[r, :col] = first_pos + 1 + torch.arange(col)
-        for i in members:
-            n = lengths[i]
-            ids[r, col : col + n], pos[r, col : col + n] = ids_b[i][mask[i]], pos_b[i][mask[i]]
-            where_row[i] = r
-            where_col[i] = col + n - resp[i] + torch.arange(width)  # response token t of sample i
-            col += n
+        for s, m in enumerate(members, start=1):
+            lead = segments[m][0]
+            p = plen[lead]
+            segment[r, col : col + seg_len[m]] = s
+            ids[r, col : col + p], pos[r, col : col + p] = prompt_ids[lead], pos_b[lead][mask[lead]][:p]
+            last_prompt, col = col + p - 1, col + p
+            for b, i in enumerate(segments[m], start=1):
+                n, real = resp[i], mask[i, -width:]
+                ids[r, col : col + n], pos[r, col : col + n] = ids_b[i, -width:][real], pos_b[i, -width:][real]
+                branch[r, col : col + n] = b
+                where_row[i] = r
+                where_tgt[i] = col + torch.arange(width)
+                where_col[i] = where_tgt[i] - 1
+                where_col[i, 0] = last_prompt  # every member's first token is predicted by the prompt's end
+                col += n
     valid_bt = torch.arange(width) < torch.tensor(resp).unsqueeze(1)
-    out_row, target = where_row[valid_bt], where_col[valid_bt]
-    if not len(target):  # nothing to score: one position keeps the graph (and FSDP's backward) together
-        out_row, target = torch.zeros(1, dtype=torch.long), torch.full((1,), cap - 1, dtype=torch.long)
-    out_col = target - 1 if valid_bt.any() else target
+    out_row, out_col, target = where_row[valid_bt], where_col[valid_bt], where_tgt[valid_bt]
+    if not len(out_col):  # nothing to score: one position keeps the graph (and FSDP's backward) together
+        out_row, out_col = torch.zeros(1, dtype=torch.long), torch.full((1,), cap - 1, dtype=torch.long)
+        target = out_col
+    labels = ids[out_row, target]
     keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
-    return Pack(ids, pos, keep, out_row, out_col, out_kept, ids[out_row, target], valid_bt, sum(lengths))
+    extra = {"segment": segment, "branch": branch} if masked else {}
+    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), **extra)
 
 
 def packed_forward_log_probs(
-    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed.
-    Only the columns that predict response tokens go through the LM head (`logits_to_keep`)."""
-    p = pack(batch, rows)
-    out = model(**p.inputs(device), logits_to_keep=p.keep.to(device))
+    model: torch.nn.Module,
+    batch: Batch,
+    rows: slice | torch.Tensor,
+    temperature: float,
+    device: torch.device,
+    shared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
+    the real tokens among them. Only the columns that predict response tokens go through the LM head
+    (`logits_to_keep`)."""
+    impl = attn_implementation(model)
+    p = pack(batch, rows, shared and impl in MASKABLE)
+    out = model(**p.inputs(device, impl), logits_to_keep=p.keep.to(device))
     logp, ent = logits_to_logprobs(p.kept(out.logits), p.labels.to(device), temperature, _never(model))
-    return p.unpack(logp), p.unpack(ent).detach(), p.cells
+    return p.unpack(logp), p.unpack(ent).detach(), p.cells, p.tokens
+
+
+def attn_implementation(model: torch.nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "sdpa")
 
 
 def can_pack(batch: Batch) -> bool:
@@ -312,10 +443,17 @@ def can_pack(batch: Batch) -> bool:
 
 
 def forward_log_probs(
-    model: torch.nn.Module, batch: Batch, micro: MicroBatch, temperature: float, device: torch.device, packed: bool
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The micro-batch's response logprobs and entropy [b, R] and the token cells computed; `packed` only
-    where `can_pack(batch)`."""
+    model: torch.nn.Module,
+    batch: Batch,
+    micro: MicroBatch,
+    temperature: float,
+    device: torch.device,
+    packed: bool,
+    shared: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The micro-batch's response logprobs and entropy [b, R], the token cells computed and the real tokens
+    among them; `packed` only where `can_pack(batch)`, `shared`: packed with each prompt once for the samples
+    that share it."""
     if packed:
-        return packed_forward_log_probs(model, batch, micro.rows, temperature, device)
+        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared)
     return padded_forward_log_probs(model, batch, micro.rows, temperature, device)

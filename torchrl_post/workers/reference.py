@@ -30,6 +30,7 @@ class Reference:
         a forward-only model has no backward to keep gathered parameters for."""
         self.cfg, self.device, self.temperature = cfg, device, temperature
         self.packed = model_cfg.use_remove_padding
+        self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
         self.model = fsdp_model(
             lambda empty: load_causal_lm(model_cfg, trainable=False, empty=empty),
@@ -44,4 +45,6 @@ class Reference:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Reference logprobs of every response token, [B, R], on CPU."""
         micro = self.cfg.log_prob_micro_batch_size_per_gpu
-        return batched_log_probs(self.model, batch, self.temperature, micro, self.device, packed=self.packed)
+        return batched_log_probs(
+            self.model, batch, self.temperature, micro, self.device, packed=self.packed, shared=self.shared
+        )
