@@ -112,7 +112,7 @@ class Actor:
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(
                     mb.attention_mask, mb.response_width, a.ppo_micro_batch_size_per_gpu, self.token_budget, packed,
-                    self.group, self.device, prompts=mb.input_ids if packed and self.shared else None,
+                    self.group, self.device, prompts=mb.input_ids if self.shared else None,
                 )  # fmt: skip
                 for step in plan:
                     micro = step.rows

@@ -24,7 +24,7 @@ from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import empty_model, model_dtype, reshard
 from torchrl_post.workers.loading import fsdp_model
-from torchrl_post.workers.logprobs import MASKABLE, attn_implementation, can_pack, chunks, pack
+from torchrl_post.workers.logprobs import can_pack, chunks, packed_inputs
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 
 
@@ -101,9 +101,8 @@ class Critic:
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
         if self.packed and can_pack(b):  # model.use_remove_padding: rows without padding (`pack`)
-            impl = attn_implementation(self.model)
-            p = pack(b, sl, self.shared and impl in MASKABLE)
-            return p.unpack(p.full(self.model(**p.inputs(self.device, impl)).logits)[:, 0].float())
+            p, inputs = packed_inputs(self.model, b, sl, self.device, self.shared)
+            return p.unpack(p.full(self.model(**inputs).logits)[:, 0].float())
         out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))
         return out.logits[:, -b.response_width - 1 : -1, 0].float()
 

@@ -208,8 +208,7 @@ def plan_micro_batches(
     if token_budget <= 0:
         return [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
     if packed:
-        units = _prompt_units(attention_mask, response_width, prompts, token_budget)
-        sizes = [_unit_tokens(attention_mask, response_width, u) for u in units]
+        units, sizes = _prompt_units(attention_mask, response_width, prompts, token_budget)
         k = _aligned(len(pack_rows(sizes, token_budget)), group, device)
         bins = [[i for u in b for i in units[u]] for b in balance_rows(sizes, k)]
         return [MicroBatch(torch.tensor(sorted(b))) if b else MicroBatch(torch.tensor([0]), live=False) for b in bins]
@@ -220,32 +219,44 @@ def plan_micro_batches(
 
 def _prompt_units(
     attention_mask: torch.Tensor, response_width: int, prompts: torch.Tensor | None, budget: int
-) -> list[list[int]]:
-    """Rows that go to one micro-batch together: each row alone, or with `prompts` the rows of one prompt (as
-    many as fit the token budget, the prompt counted once)."""
-    n = attention_mask.shape[0]
+) -> tuple[list[list[int]], list[int]]:
+    """Rows that go to one micro-batch together, and their tokens: each row alone, or with `prompts` the rows of
+    one prompt (as many as fit the token budget, the prompt counted once)."""
+    resp = attention_mask[:, -response_width:].sum(1).tolist()
+    lengths = attention_mask.sum(1).tolist()
     if prompts is None:
-        return [[i] for i in range(n)]
-    width = attention_mask.shape[1] - response_width
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i in range(n):
-        groups.setdefault(tuple(prompts[i, :width][attention_mask[i, :width].bool()].tolist()), []).append(i)
+        return [[i] for i in range(len(lengths))], lengths
     units: list[list[int]] = []
-    for rows in groups.values():
+    sizes: list[int] = []
+    for rows in group_rows(prompt_keys(prompts, attention_mask, response_width)):
         unit: list[int] = []
+        size = 0
         for i in rows:
-            if unit and _unit_tokens(attention_mask, response_width, [*unit, i]) > budget:
+            grown = (size or lengths[i] - resp[i]) + resp[i]
+            if unit and grown > budget:
                 units.append(unit)
-                unit = []
+                sizes.append(size)
+                unit, grown = [], lengths[i]
             unit.append(i)
+            size = grown
         units.append(unit)
-    return units
+        sizes.append(size)
+    return units, sizes
 
 
-def _unit_tokens(attention_mask: torch.Tensor, response_width: int, rows: list[int]) -> int:
-    """Tokens of rows that share one prompt: the prompt once, every response."""
-    m = attention_mask[rows]
-    return int(m[0, :-response_width].sum()) + int(m[:, -response_width:].sum())
+def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> list[tuple[int, ...]]:
+    """Each row's real prompt tokens, as a key: rows with equal keys share their prompt."""
+    width = attention_mask.shape[1] - response_width
+    real = attention_mask[:, :width].bool()
+    return [tuple(input_ids[i, :width][real[i]].tolist()) for i in range(real.shape[0])]
+
+
+def group_rows(keys: list[Any]) -> list[list[int]]:
+    """Row indices grouped by equal keys, groups in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 @dataclass(frozen=True)
@@ -327,11 +338,8 @@ def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: in
     (GRPO's n samples of a prompt with short answers share most of their tokens; long answers share little and
     stay apart). Segments keep the samples' order; a sample alone is a segment of one.
     """
-    groups: dict[Any, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
     out: list[list[int]] = []
-    for members in groups.values():
+    for members in group_rows(keys):
         seg: list[int] = []
         size = 0
         for i in sorted(members, key=lambda i: (-resp[i], i)):
@@ -360,10 +368,8 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     resp = mask[:, -width:].sum(1).tolist()
     plen = [n - r for n, r in zip(lengths, resp, strict=True)]
     longest = max(max(lengths), 1)
-    prompt_ids = [ids_b[i, : mask.shape[1] - width][mask[i, : mask.shape[1] - width]] for i in range(len(lengths))]
     if shared:
-        keys: list[Any] = [tuple(p.tolist()) for p in prompt_ids]
-        segments = share_prompts(plen, resp, keys, longest)
+        segments = share_prompts(plen, resp, prompt_keys(ids_b, mask, width), longest)
     else:
         segments = [[i] for i in range(len(lengths))]
     seg_len = [plen[m[0]] + sum(resp[i] for i in m) for m in segments]
@@ -391,7 +397,7 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
             lead = segments[m][0]
             p = plen[lead]
             segment[r, col : col + seg_len[m]] = s
-            ids[r, col : col + p], pos[r, col : col + p] = prompt_ids[lead], pos_b[lead][mask[lead]][:p]
+            ids[r, col : col + p], pos[r, col : col + p] = ids_b[lead][mask[lead]][:p], pos_b[lead][mask[lead]][:p]
             last_prompt, col = col + p - 1, col + p
             for b, i in enumerate(segments[m], start=1):
                 n, real = resp[i], mask[i, -width:]
@@ -424,16 +430,20 @@ def packed_forward_log_probs(
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
-    impl = attn_implementation(model)
-    p = pack(batch, rows, shared and impl in MASKABLE)
-    out = model(**p.inputs(device, impl), logits_to_keep=p.keep.to(device))
+    p, inputs = packed_inputs(model, batch, rows, device, shared)
+    out = model(**inputs, logits_to_keep=p.keep.to(device))
     logp, ent = logits_to_logprobs(p.kept(out.logits), p.labels.to(device), temperature, _never(model))
     return p.unpack(logp), p.unpack(ent).detach(), p.cells, p.tokens
 
 
-def attn_implementation(model: torch.nn.Module) -> str:
+def packed_inputs(
+    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, device: torch.device, shared: bool
+) -> tuple[Pack, dict[str, Any]]:
+    """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs."""
     config = getattr(model, "config", None)
-    return str(getattr(config, "_attn_implementation", None) or "sdpa")
+    impl = str(getattr(config, "_attn_implementation", None) or "sdpa")
+    p = pack(batch, rows, shared and impl in MASKABLE)
+    return p, p.inputs(device, impl)
 
 
 def can_pack(batch: Batch) -> bool:
