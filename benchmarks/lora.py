@@ -4,7 +4,7 @@
 
 For each model (the demo model, ~0.4M parameters, and a random Qwen2 of ~25M parameters built once under
 outputs/bench_models with the demo's character tokenizer, so the demo data fits it) runs
-`torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` twice: full fine-tuning (torchrl_post/configs/config.yaml)
+`torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` twice: full fine-tuning (configs/config.yaml)
 and LoRA (`--config-name lora`: rank 16, alpha 32, all-linear, lr 2e-3; merged and adapter sync), validation and checkpoints off. From
 each run's metrics.jsonl: the median over steps 3..N of `timing_s/step`, `timing_s/update_actor`,
 `timing_s/sync` and `perf/sync_bytes` (the first two steps hold the warm-up).
@@ -94,7 +94,7 @@ def count_params(path: Path) -> dict[str, dict[str, int]]:
     from transformers import AutoModelForCausalLM
 
     from torchrl_post.config.schema import ModelConfig
-    from torchrl_post.workers.fsdp import with_lora
+    from torchrl_post.workers.models import with_lora
 
     out: dict[str, dict[str, int]] = {}
     for mode in MODES:
@@ -178,8 +178,8 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {load:.1f} to "
         f"{max(loads):.1f} during the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row is one "
         "`torchrun --nproc-per-node 2 -m torchrl_post.train` run (FSDP over 2 CPU ranks, in-process vLLM, GRPO "
-        "on the demo data, validation and checkpoints off); full fine-tuning uses torchrl_post/configs/config.yaml (lr 5e-4), "
-        f"LoRA torchrl_post/configs/lora.yaml (rank {LORA_RANK}, alpha {LORA_ALPHA}, all-linear, lr 2e-3). Times and sync "
+        "on the demo data, validation and checkpoints off); full fine-tuning uses configs/config.yaml (lr 5e-4), "
+        f"LoRA configs/lora.yaml (rank {LORA_RANK}, alpha {LORA_ALPHA}, all-linear, lr 2e-3). Times and sync "
         f"bytes: medians over steps {FIRST_STEP}..N. Optimizer state: AdamW's two float32 moments per trainable "
         "parameter, both ranks together (FSDP shards it, so each rank holds half).",
         "",

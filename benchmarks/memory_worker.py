@@ -27,7 +27,8 @@ from torch.distributed.tensor import DTensor
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
-from torchrl_post.workers.fsdp import apply_fsdp, load_causal_lm
+from torchrl_post.workers.fsdp import apply_fsdp
+from torchrl_post.workers.models import load_causal_lm
 from torchrl_post.workers.optim import build_optimizer
 
 

@@ -153,7 +153,7 @@ def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: a
             dist.all_gather_into_tensor(recv, send, group=actor.group)
 
     fns: dict[str, Callable[[], Any]] = {
-        "sync_s": lambda: sync_weights(model, engine, args.bucket_mb),
+        "sync_s": lambda: sync_weights(model, engine, bucket_bytes),
         "raw_s": raw,
         "transfer_s": lambda: drain(iter_full_weights(model, bucket_bytes)),
         "load_s": lambda: engine.load_weights(iter(full)),

@@ -17,7 +17,7 @@ from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
 from torchrl_post.workers.critic import Critic
-from torchrl_post.workers.fsdp import load_pretrained
+from torchrl_post.workers.models import load_pretrained
 from torchrl_post.workers.reference import Reference
 
 CPU = torch.device("cpu")

@@ -59,7 +59,7 @@ def main() -> None:
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
             keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
-            sync_weights(actor.model, engine, bucket_mb=1, keep=keep)
+            sync_weights(actor.model, engine, bucket_bytes=1 << 20, keep=keep)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})
     # A batch larger than vLLM's default token budget (4096 on CPU): every prefill stays whole on CPU, where a split

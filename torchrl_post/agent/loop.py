@@ -33,10 +33,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torchrl_post.agent.base import Agent, Env, Step, Trajectory
+from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.agent.chat import observation_delta, prompt_ids
+from torchrl_post.config.schema import AgentConfig
 from torchrl_post.rollout.base import SamplingParams
 from torchrl_post.tools import ToolBox
+from torchrl_post.types import Batch
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,15 @@ class AgentLoop:
             box: list[Any] = [trajectories]
             dist.broadcast_object_list(box, group=self.group, group_src=0)
         return trajectories
+
+    def run_batch(
+        self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams, stepwise: bool, keep: slice
+    ) -> Batch:
+        """`run`, then the `keep` slice of its trajectories as one batch: a row per trajectory, or per step
+        with `stepwise` (algorithm.stepwise_advantage)."""
+        trajectories = self.run(tasks, params)[keep]
+        pad_id = self.tokenizer.pad_token_id
+        return steps_to_batch(trajectories, pad_id) if stepwise else trajectories_to_batch(trajectories, pad_id)
 
     def _share(self, ops: Any) -> Any:
         box = [ops]
@@ -346,3 +357,38 @@ class AgentLoop:
         s.traj.termination = termination
         s.traj.reward = sum(step.reward for step in s.traj.steps)
         done[rid] = s.traj
+
+
+def build_agent_loop(
+    a: AgentConfig,
+    max_prompt_length: int,
+    max_response_length: int,
+    engine: Any,
+    tokenizer: Any,
+    group: dist.ProcessGroup | None = None,
+    turn_batches: bool = False,
+) -> AgentLoop:
+    """The agent loop over `engine`: the env and agent classes of `agent.env` / `agent.agent`, the tools of
+    `agent.tools` read with vLLM's `agent.tool_parser`; `group`: a tensor-parallel engine's ranks;
+    `turn_batches`: one batch per turn (the hf engine's generate runs a batch to its end)."""
+    from torchrl_post.reward.scoring import load_function
+    from torchrl_post.rollout.vllm_engine import tool_call_parser
+
+    env_cls = load_function(str(a.env), "agent.env")
+    agent = load_function(str(a.agent), "agent.agent")()
+    max_len = max_prompt_length + max_response_length
+    limits = LoopLimits(a.max_turns, max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
+    tools = ToolBox.from_specs(list(a.tools)) if a.tools else None
+    parse = tool_call_parser(a.tool_parser, tokenizer) if tools is not None else None
+    return AgentLoop(
+        engine,
+        tokenizer,
+        env_cls,
+        agent,
+        limits,
+        tools=tools,
+        parse_calls=parse,
+        env_workers=a.env_workers,
+        group=group,
+        turn_batches=turn_batches,
+    )

@@ -6,7 +6,7 @@ final answer.
     agent.tools=[calculator]
 
 The task's `question` is the row's prompt and `answer` the expected integer; reward 1 when the final answer is
-exactly that integer (the `arithmetic` reward), else 0. `torchrl_post/configs/math_agent.yaml` trains it on the demo's
+exactly that integer (the `arithmetic` reward), else 0. `configs/math_agent.yaml` trains it on the demo's
 large-number sums, which the tiny model cannot add in its head but can hand to the calculator.
 """
 

@@ -10,20 +10,49 @@ import torch
 
 from torchrl_post.algos.policy_loss import masked_mean
 
+GROUP_ESTIMATORS = ("grpo", "rloo")
 
-def grpo_advantages(
-    scores_b: torch.Tensor, n: int, response_mask_bt: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6
+
+def group_advantages(
+    scores_b: torch.Tensor, group_ids_b: torch.Tensor, estimator: str, norm_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
-    """GRPO outcome advantages: (score - group mean) / (group std + eps), broadcast to every response token.
+    """[B] outcome advantages within the groups of rows sharing a group id (any size; a group of one gets 0).
 
-    scores_b: [B] with B = num_prompts * n, prompt-major (the n samples of a prompt are adjacent).
-    Uses the unbiased std, as verl does. Returns [B, T], zero on masked tokens.
+    grpo: (r - group mean) / (group std + eps), the unbiased std as verl (or mean-centred only);
+    rloo: r - mean of the group's others = n / (n - 1) * (r - group mean).
+    The usual layout (equal groups of adjacent rows, prompt-major) is one [G, n] vectorised op.
     """
-    groups_gn = scores_b.float().view(-1, n)
+    if estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"group advantages support {', '.join(GROUP_ESTIMATORS)}, not {estimator!r}")
+    scores = scores_b.float()
+    ids, counts = torch.unique_consecutive(group_ids_b, return_counts=True)
+    n = int(counts[0]) if len(counts) else 0
+    if n > 1 and bool((counts == n).all()) and len(ids.unique()) == len(ids):
+        return _group_formula(scores.view(-1, n), estimator, norm_by_std, eps).reshape(-1)
+    out = torch.zeros(scores.shape[0], dtype=torch.float32)
+    for key in group_ids_b.unique().tolist():
+        idx = (group_ids_b == key).nonzero().flatten()
+        if len(idx) > 1:
+            out[idx] = _group_formula(scores[idx].view(1, -1), estimator, norm_by_std, eps).reshape(-1)
+    return out
+
+
+def _group_formula(groups_gn: torch.Tensor, estimator: str, norm_by_std: bool, eps: float) -> torch.Tensor:
+    n = groups_gn.shape[1]
     centered_gn = groups_gn - groups_gn.mean(dim=1, keepdim=True)
+    if estimator == "rloo":
+        return centered_gn * (n / (n - 1))
     if norm_by_std:
         centered_gn = centered_gn / (groups_gn.std(dim=1, keepdim=True) + eps)
-    return centered_gn.reshape(-1, 1) * response_mask_bt
+    return centered_gn
+
+
+def grpo_advantages(
+    scores_b: torch.Tensor, group_ids_b: torch.Tensor, response_mask_bt: torch.Tensor, norm_by_std: bool = True
+) -> torch.Tensor:
+    """GRPO outcome advantages (`group_advantages`), broadcast to every response token: [B, T], zero on masked
+    tokens."""
+    return group_advantages(scores_b, group_ids_b, "grpo", norm_by_std).unsqueeze(-1) * response_mask_bt
 
 
 def masked_whiten(x_bt: torch.Tensor, mask_bt: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -95,16 +124,10 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns_bt, mask) * mask, returns_bt
 
 
-def rloo_advantages(scores_b: torch.Tensor, n: int, mask_bt: torch.Tensor) -> torch.Tensor:
-    """RLOO: A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_j r_j) within each group of n samples.
-
-    scores_b: [B] prompt-major, B = num_prompts * n. Broadcast to tokens, zero on masked tokens. Needs n >= 2.
-    """
-    if n < 2:
-        raise ValueError(f"RLOO needs at least 2 samples per prompt, got n={n}")
-    groups_gn = scores_b.float().view(-1, n)
-    adv_gn = (groups_gn - groups_gn.mean(dim=1, keepdim=True)) * (n / (n - 1))
-    return adv_gn.reshape(-1, 1) * mask_bt.float()
+def rloo_advantages(scores_b: torch.Tensor, group_ids_b: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
+    """RLOO: A_i = r_i - mean_{j != i} r_j within each group (`group_advantages`), broadcast to the response
+    tokens: [B, T], zero on masked tokens."""
+    return group_advantages(scores_b, group_ids_b, "rloo").unsqueeze(-1) * mask_bt.float()
 
 
 def scores_to_token_rewards(scores_b: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchrl_post.algos.advantages import (
+    GROUP_ESTIMATORS,
     gae_advantages,
     grpo_advantages,
     reinforce_plus_plus_advantages,
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # the config package imports this module for its enum sets
 
 ADV_ESTIMATORS = ("grpo", "gae", "reinforce", "reinforce_plus_plus", "rloo")
 NEEDS_VALUES = ("gae",)
-GROUPED = ("grpo", "rloo")
+GROUPED = GROUP_ESTIMATORS
 
 
 def compute_advantages(
@@ -31,21 +32,21 @@ def compute_advantages(
     scores_b: torch.Tensor,
     token_rewards_bt: torch.Tensor,
     mask_bt: torch.Tensor,
-    n: int,
+    group_ids_b: torch.Tensor,
     values_bt: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages [B, T], returns [B, T]).
 
-    Outcome estimators (grpo, rloo) use the sequence scores; token-level ones (gae, reinforce,
+    Outcome estimators (grpo, rloo) use the sequence scores within the groups of `group_ids_b`; token-level ones (gae, reinforce,
     reinforce_plus_plus) use `token_rewards_bt` (the score on the last token, minus any KL penalty).
     For outcome estimators the returns are the advantages (there is no critic to regress onto them).
     """
     est = cfg.adv_estimator
     if est == "grpo":
-        adv = grpo_advantages(scores_b, n, mask_bt, cfg.norm_adv_by_std_in_grpo)
+        adv = grpo_advantages(scores_b, group_ids_b, mask_bt, cfg.norm_adv_by_std_in_grpo)
         return adv, adv
     if est == "rloo":
-        adv = rloo_advantages(scores_b, n, mask_bt)
+        adv = rloo_advantages(scores_b, group_ids_b, mask_bt)
         return adv, adv
     if est == "gae":
         assert values_bt is not None, "placement resolves a critic for gae"
@@ -58,7 +59,7 @@ def compute_advantages(
     raise ValueError(f"unknown adv_estimator {est!r}; expected one of {', '.join(ADV_ESTIMATORS)}")
 
 
-def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, n: int, kl_coef: float) -> dict[str, tuple[str, float]]:
+def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, kl_coef: float) -> dict[str, tuple[str, float]]:
     """Fill `batch.advantages` and `batch.returns` (the KL penalty, if on, shapes the token rewards first).
 
     Returns this rank's metrics as {name: (reduce op, value)} for `logging.reduce.reduce_metrics`; the
@@ -75,7 +76,9 @@ def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, n: int, kl_coef: flo
         kl_bt = kl_penalty(batch.old_log_probs, batch.ref_log_probs, cfg.kl_penalty)
         token_rewards, kl_mean = apply_kl_in_reward(token_rewards, kl_bt, mask, kl_coef)
         local["actor/reward_kl_penalty"] = ("mean", kl_mean)
-    batch.advantages, batch.returns = compute_advantages(cfg, batch.scores, token_rewards, mask, n, batch.values)
+    batch.advantages, batch.returns = compute_advantages(
+        cfg, batch.scores, token_rewards, mask, batch.group_ids, batch.values
+    )
     tokens = max(mask.sum().item(), 1.0)
     if batch.values is not None:
         local["critic/values/mean"] = ("mean", (batch.values * mask).sum().item() / tokens)

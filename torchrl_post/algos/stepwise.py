@@ -17,32 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from torchrl_post.algos.advantages import GROUP_ESTIMATORS, group_advantages
+
 STEPWISE_MODES = ("broadcast", "per_step")
-STEPWISE_ESTIMATORS = ("grpo", "rloo")
-
-
-def grouped_advantages(
-    scores_b: torch.Tensor, keys_b: torch.Tensor, estimator: str, norm_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """[B] outcome advantages within groups of equal `keys_b` of any size (a group of one gets 0).
-
-    grpo: (r - mean) / (std + eps) with the unbiased std (or mean-centred only); rloo: r - mean of the others.
-    """
-    out = torch.zeros(scores_b.shape[0], dtype=torch.float32)
-    scores = scores_b.float()
-    for key in keys_b.unique().tolist():
-        idx = (keys_b == key).nonzero().flatten()
-        if len(idx) < 2:
-            continue
-        r = scores[idx]
-        centered = r - r.mean()
-        if estimator == "rloo":
-            out[idx] = centered * (len(idx) / (len(idx) - 1))
-        elif estimator == "grpo":
-            out[idx] = centered / (r.std() + eps) if norm_by_std else centered
-        else:
-            raise ValueError(f"step-wise advantages support {', '.join(STEPWISE_ESTIMATORS)}, not {estimator!r}")
-    return out
+STEPWISE_ESTIMATORS = GROUP_ESTIMATORS  # outcome advantages per trajectory or step
 
 
 def step_returns(
@@ -78,7 +56,7 @@ def broadcast_advantages(
         return out
     trajs, first, counts = _firsts(traj_b[real])
     rows = real[first]
-    traj_adv = grouped_advantages(scores_b[rows], group_b[rows], estimator, norm_by_std)
+    traj_adv = group_advantages(scores_b[rows], group_b[rows], estimator, norm_by_std)
     per_row = traj_adv[torch.searchsorted(trajs, traj_b[real])]
     if normalize_by_steps:
         per_row = per_row / counts[torch.searchsorted(trajs, traj_b[real])].float()
@@ -103,7 +81,7 @@ def per_step_advantages(
     returns = step_returns(rewards_b[real], traj_b[real], step_b[real], gamma)
     width = int(step_b[real].max()) + 1
     keys = group_b[real] * width + step_b[real]
-    out[real] = grouped_advantages(returns, keys, estimator, norm_by_std)
+    out[real] = group_advantages(returns, keys, estimator, norm_by_std)
     return out
 
 

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoConfig
 
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.workers.fsdp import model_class
+from torchrl_post.workers.models import model_class
 
 WEIGHTS = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -1,4 +1,5 @@
-"""Compose the config (schema + torchrl_post/configs/*.yaml + key=value overrides) and validate it, with one-line errors.
+"""Compose the config (schema + the shipped YAML in configs/ + key=value overrides) and validate it, with one-line
+errors.
 
 We call Hydra's compose API rather than `@hydra.main` so that an unknown key or a wrong type becomes one
 line naming the key (not a multi-line Hydra report), and so Hydra neither changes directory nor writes
@@ -21,9 +22,20 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-"""The default YAML configs, shipped inside the package (found without the repository)."""
 SCHEMA_NAME = "torchrl_post_schema"
+
+
+def default_config_dir() -> Path:
+    """The shipped YAML configs: `torchrl_post/configs/` inside an installed wheel (setup.py copies the repository's
+    `configs/` there at build time), else `configs/` at the root of the source checkout (editable installs)."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "configs", package.parent / "configs"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(
+        f"the default YAML configs are missing: neither {package / 'configs'} (an installed wheel) nor "
+        f"{package.parent / 'configs'} (a source checkout) has config.yaml"
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -85,8 +97,8 @@ def load_config(
     overrides: list[str] | None = None, config_name: str = "config", config_path: str | None = None
 ) -> Config:
     """Compose `<config_name>.yaml` over the schema with `key=value` overrides; validate. The YAML is looked up
-    in `config_path` (a user's directory, as Hydra's --config-path) first, then in the package's configs, so a
-    user's file can start from ours (`defaults: [config, _self_]`)."""
+    in `config_path` (a user's directory, as Hydra's --config-path) first, then in the shipped configs
+    (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`)."""
     for arg in overrides or []:
         check_override_syntax(arg)
         # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
@@ -97,13 +109,14 @@ def load_config(
             )
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
-    primary, search = CONFIG_DIR, list(overrides or [])
+    shipped = default_config_dir()
+    primary, search = shipped, list(overrides or [])
     if config_path is not None:
         user = Path(config_path).expanduser().resolve()
         if not user.is_dir():
             raise ConfigError(f"--config-path {config_path!r} is not a directory of YAML configs")
         # The primary config comes from whichever directory has it; the other one is on the search path.
-        other = CONFIG_DIR
+        other = shipped
         if (user / f"{config_name}.yaml").is_file():
             primary = user
         else:

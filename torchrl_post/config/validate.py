@@ -205,12 +205,6 @@ def validate(cfg: Config) -> None:
         _positive("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
 
 
-def uses_rollout_is(cfg: Config) -> bool:
-    """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
-    auto = cfg.algorithm.rollout_is == "auto" and cfg.trainer.max_off_policy_steps > 0
-    return cfg.algorithm.rollout_is == "token" or auto
-
-
 def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict[str, bool]) -> None:
     """What the placement must satisfy beyond its rank lists: tensor-parallel and FSDP sizes, async needs."""
     tp, n_roll = cfg.rollout.tensor_parallel_size, len(ranks["rollout"])
@@ -238,9 +232,9 @@ def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict
             )
 
 
-def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str, int] | None = None) -> dict[str, int]:
-    """Batch arithmetic against the data-parallel sizes; returns the per-rank numbers for the plan."""
-    bsz, n = cfg.data.train_batch_size, cfg.rollout.n
+def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str, int] | None = None) -> None:
+    """Batch arithmetic against the data-parallel sizes (every engine and role takes whole prompts)."""
+    bsz = cfg.data.train_batch_size
     mini = cfg.actor.ppo_mini_batch_size or bsz
     # (data-parallel size, what it counts): every engine and every trained/forward role takes whole prompts.
     sizes = [(actor_dp, "actor ranks"), (rollout_dp, "rollout engines")]
@@ -261,42 +255,3 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str
         raise ConfigError(
             f"actor.ppo_mini_batch_size={mini} is not divisible by the {actor_dp} actor ranks; use a multiple of {actor_dp}"
         )
-    return {
-        "prompts_per_step": bsz,
-        "samples_per_step": bsz * n,
-        "prompts_per_rollout_engine": bsz // rollout_dp,
-        "samples_per_actor_rank": bsz * n // actor_dp,
-        "mini_batches_per_epoch": bsz // mini,
-        "samples_per_mini_batch_per_rank": mini * n // actor_dp,
-        "micro_batch_per_rank": min(cfg.actor.ppo_micro_batch_size_per_gpu, mini * n // actor_dp),
-    }
-
-
-def needs_critic(cfg: Config) -> bool:
-    return cfg.algorithm.adv_estimator == "gae"
-
-
-def needs_reference(cfg: Config) -> bool:
-    """A KL term needs a reference role, except with LoRA: there the actor with its adapter off is the reference."""
-    return (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward) and cfg.model.lora_rank == 0
-
-
-def resolve_roles(cfg: Config) -> list[str]:
-    """Place the critic and reference where they are needed and drop them where not; returns what changed.
-
-    gae without placement.critic places the critic with the actor (colocated); a KL term without
-    placement.reference does the same for the reference. A role placed but unused is not built.
-    """
-    notes = []
-    for role, needed, why in (
-        ("critic", needs_critic(cfg), "algorithm.adv_estimator=gae"),
-        ("reference", needs_reference(cfg), "actor.use_kl_loss / algorithm.use_kl_in_reward without LoRA"),
-    ):
-        placed = getattr(cfg.placement, role)
-        if needed and placed is None:
-            setattr(cfg.placement, role, "actor")
-            notes.append(f"placement.{role}: colocated with the actor ({why} needs it)")
-        elif not needed and placed is not None:
-            setattr(cfg.placement, role, None)
-            notes.append(f"placement.{role}={placed!r} ignored: nothing uses a {role} ({why} is off)")
-    return notes

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchrl_post.config.errors import DataError
+from torchrl_post.config.errors import ConfigError, DataError
 from torchrl_post.config.schema import DataConfig
 
 log = logging.getLogger(__name__)
@@ -221,11 +221,19 @@ def _messages(row: dict[str, Any], cfg: DataConfig, where: str, items: bool = Fa
 
 
 def load_prompts(
-    files: list[str], cfg: DataConfig, tokenizer: Any, split: str, processor: Any = None, max_images: int = 1
+    files: list[str],
+    cfg: DataConfig,
+    tokenizer: Any,
+    split: str,
+    processor: Any = None,
+    max_images: int = 1,
+    model: str | None = None,
 ) -> PromptDataset:
     """Read, template, tokenize and length-filter the rows of `files`. With a vision-language model's
     `processor`, rows' images (`data.image_key`, at most `max_images` each) are read, and the prompt lengths
-    count their image tokens."""
+    count their image tokens; without one (a text-only model) a row with images is a ConfigError, never
+    skipped (its images would be dropped silently). `model`: how that error names the model, e.g.
+    "model.path='/models/x' (qwen2)"; by default the tokenizer's name_or_path."""
     out = PromptDataset([], [], [], [], [], files=list(files))
     too_long: list[str] = []
     bad: list[str] | None = [] if cfg.skip_bad_rows else None
@@ -233,6 +241,14 @@ def load_prompts(
         rows, lines = _read_rows(path, bad)
         for i, row in enumerate(rows):
             where = _where(path, i, lines[i] if lines is not None else None)
+            if processor is None and _has_images(row.get(cfg.image_key)):
+                name = getattr(tokenizer, "name_or_path", None)
+                label = model or (f"model.path={name!r}" if name else "the model")
+                raise ConfigError(
+                    f"{where} has images (data.image_key={cfg.image_key!r}) but {label} is a text-only model; "
+                    "use a vision-language model or drop the column / set data.image_key to a column that does "
+                    "not exist"
+                )
             try:
                 if processor is not None:
                     _add_image_row(out, row, i, where, cfg, processor, too_long, Path(path).parent, max_images)
@@ -260,6 +276,19 @@ def load_prompts(
             f"data.max_prompt_length={cfg.max_prompt_length}, {out.num_bad} bad rows skipped)"
         )
     return out
+
+
+def _has_images(value: Any) -> bool:
+    """A row's `data.image_key` value names at least one image (None, NaN, "" and [] name none)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    if isinstance(value, (str, bytes)):
+        return bool(value.strip())
+    if isinstance(value, (list, tuple)):
+        return any(_has_images(v) for v in value)
+    if isinstance(value, dict):  # HF datasets' {"bytes", "path"}
+        return any(_has_images(v) for v in value.values())
+    return True
 
 
 def _where(path: str, i: int, line: int | None) -> str:

@@ -46,6 +46,16 @@ def resolve_device_type(preference: str) -> str:
     return preference
 
 
+def launch_rank() -> int:
+    """torchrun's global rank, as launched (a cell's process group later rewrites RANK to the rank in its
+    cell: read this first). 0 outside torchrun."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def under_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ
+
+
 def read_env(device_preference: str = "auto") -> DistEnv:
     """Read torchrun's variables (a plain `python -m` run is a world of one)."""
     rank = int(os.environ.get("RANK", "0"))

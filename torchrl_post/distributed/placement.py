@@ -177,6 +177,20 @@ class Topology:
                 continue  # vLLM builds its own groups over the cell
             self._meshes[role] = fsdp_mesh(env.device.type, len(self.cell), fsdp_sizes.get(role, -1))
 
+    def sum_all(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over every rank (all cells), in place; returns it."""
+        if self.world is None:
+            dist.all_reduce(t)
+        else:
+            self.world.allreduce([t]).wait()
+        return t
+
+    def barrier_all(self) -> None:
+        if self.world is None:
+            dist.barrier()
+        else:
+            self.world.barrier().wait()
+
     def mesh(self, role: str) -> DeviceMesh:
         return self._meshes[role]
 
@@ -193,6 +207,14 @@ def fsdp_mesh(device_type: str, n: int, fsdp_size: int) -> DeviceMesh:
         torch.arange(n, dtype=torch.int).view(n // fsdp_size, fsdp_size),
         mesh_dim_names=("dp_replicate", "dp_shard"),
     )
+
+
+def all_reduce_max(value: float, group: dist.ProcessGroup | None) -> float:
+    """The largest `value` over `group`'s ranks (the value itself without a process group)."""
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
 
 
 def dp_group(mesh: DeviceMesh) -> dist.ProcessGroup:

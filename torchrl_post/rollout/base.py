@@ -26,6 +26,20 @@ class SamplingParams:
         return (self.seed * 1_000_003 + uid) % (2**31 - 1)
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine takes from the run plan besides `model.*` and `rollout.*`."""
+
+    max_model_len: int
+    """Prompt plus response tokens (data.max_prompt_length + data.max_response_length)."""
+    lora_sync: str
+    """none / merged (the engine gets merged weights) / adapter (the engine serves the adapter)."""
+    prefix_caching: bool
+    """Agent episodes: each turn's prompt grows the last one, so cached prefixes pay."""
+    load_format: str
+    """dummy (random until the first sync: only when the caller pushes weights first) or auto."""
+
+
 class RolloutEngine(Protocol):
     def generate(
         self,

@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
-from torchrl_post.rollout.base import SamplingParams, collate
+from torchrl_post.rollout.base import EngineSpec, SamplingParams, collate
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation, PromptBatch
-from torchrl_post.workers.fsdp import load_pretrained, model_class
 from torchrl_post.workers.logprobs import batched_log_probs
+from torchrl_post.workers.models import load_pretrained, model_class
 
 
 def _prompts(prompt_ids: list[list[int]], mm_inputs: list[dict[str, Any]]) -> PromptBatch:
@@ -29,22 +29,29 @@ def _prompts(prompt_ids: list[list[int]], mm_inputs: list[dict[str, Any]]) -> Pr
 
 
 class HFEngine:
-    def __init__(self, cfg: Config, device: torch.device, pad_id: int, eos_ids: list[int]) -> None:
-        dtype = getattr(torch, cfg.rollout.dtype)
-        config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-        if cfg.rollout.load_format == "dummy" and VisionSpec.of(config) is None:  # the first sync brings weights
-            model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    def __init__(
+        self,
+        m: ModelConfig,
+        rollout: RolloutConfig,
+        spec: EngineSpec,
+        device: torch.device,
+        pad_id: int,
+        eos_ids: list[int],
+    ) -> None:
+        dtype = getattr(torch, rollout.dtype)
+        config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+        if spec.load_format == "dummy" and VisionSpec.of(config) is None:  # the first sync brings weights
+            model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
         else:
-            model = load_pretrained(cfg.model, dtype)
+            model = load_pretrained(m, dtype)
         self.vision = VisionSpec.of(model.config)
-        self.processor = load_processor(cfg.model.path, cfg.model.trust_remote_code) if self.vision else None
+        self.processor = load_processor(m.path, m.trust_remote_code) if self.vision else None
         self.model = model.to(device)  # type: ignore[arg-type]  # transformers' stub types .to() oddly
         self.model.eval()
         self.device = device
         self.pad_id = pad_id
         self.eos_ids = eos_ids
-        m = cfg.model
-        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 else 0.0
+        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if spec.lora_sync != "none" else 0.0
         self._queue: list[tuple[str, list[int], SamplingParams, int]] = []
 
     @torch.no_grad()

@@ -2,63 +2,62 @@
 and scored here, on the side that generated, so anything that filters a batch acts before it is shipped.
 
 `EngineSource` serves a colocated actor directly (`next_batch`) and the rollout ranks' program
-(`workers/remote.py: RolloutServer`), which queues `produce`d batches ahead in async mode; the actor side of
-that placement is `RemoteRollouts`, with the same `next_batch` / `metrics` / state interface.
+(`rollout/remote.py: RolloutServer`), which queues `produce`d batches ahead in async mode; the actor side of
+that placement is `RemoteRollouts`, with the same `next_batch` / `metrics` / state interface. It takes its
+settings (`SourceSettings`: the rollout section and the plan's values) and an agent loop already built.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from torchrl_post.agent.base import steps_to_batch, trajectories_to_batch
-from torchrl_post.agent.loop import AgentLoop, LoopLimits
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.multimodal.vision import VisionSpec, image_inputs
+from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
-from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_groups, relabel, uniform_groups
-from torchrl_post.tools import ToolBox
+from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
-VAL_TOTALS = 3
-"""Rows of a validation total: score sum, sample count, best-of-n sum (see EngineSource.validation_totals)."""
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What the rollout source reads: the rollout section and the run plan's values."""
+
+    rollout: RolloutConfig
+    group_size: int
+    """Samples per prompt (the plan's group size)."""
+    prompts_per_step: int
+    max_response_length: int
+    seed: int
+    rejection: RejectionSampleConfig
+    masked: tuple[str, ...]
+    """Termination reasons whose samples compact filtering masks (rollout.filters.masked_reasons)."""
+    reward_timeout_s: float
+    val_batch_size: int
+    log_val_generations: int
 
 
-def build_agent_loop(
-    cfg: Config, engine: RolloutEngine, tokenizer: Any, group: dist.ProcessGroup | None = None
-) -> AgentLoop:
-    """The agent loop over this engine: the env and agent classes of `agent.env` / `agent.agent`, the tools
-    of `agent.tools` read with vLLM's `agent.tool_parser`; `group`: a tensor-parallel engine's ranks."""
-    from torchrl_post.reward.scoring import load_function
-    from torchrl_post.rollout.vllm_engine import tool_call_parser
+class EpisodeRunner(Protocol):
+    """The agent loop as the source drives it (agent/loop.py: AgentLoop)."""
 
-    a, d = cfg.agent, cfg.data
-    env_cls = load_function(str(a.env), "agent.env")
-    agent = load_function(str(a.agent), "agent.agent")()
-    max_len = d.max_prompt_length + d.max_response_length
-    limits = LoopLimits(a.max_turns, d.max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
-    tools = ToolBox.from_specs(list(a.tools)) if a.tools else None
-    parse = tool_call_parser(a.tool_parser, tokenizer) if tools is not None else None
-    return AgentLoop(
-        engine,
-        tokenizer,
-        env_cls,
-        agent,
-        limits,
-        tools=tools,
-        parse_calls=parse,
-        env_workers=a.env_workers,
-        group=group,
-        turn_batches=cfg.rollout.engine == "hf",  # hf generate runs a batch to its end: one batch per turn
-    )
+    env_seconds: float
+
+    def run_batch(
+        self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams, stepwise: bool, keep: slice
+    ) -> Batch:
+        """`params.n` episodes per task, the `keep` slice of them as one batch (one row per trajectory, or per
+        step with `stepwise`)."""
+        ...
 
 
 class RolloutSource(Protocol):
@@ -90,7 +89,7 @@ class RolloutSource(Protocol):
 class EngineSource:
     def __init__(
         self,
-        cfg: Config,
+        settings: SourceSettings,
         engine: RolloutEngine,
         tokenizer: Any,
         data: PromptDataset,
@@ -105,21 +104,24 @@ class EngineSource:
         union: bool = True,
         processor: Any = None,
         vision: VisionSpec | None = None,
+        episodes: EpisodeRunner | None = None,
+        stepwise: bool = False,
     ) -> None:
         """`sampler` draws this rank's prompts; `engine_group`: the ranks of one tensor-parallel engine;
         `union`: they hold different prompts and generate the union (colocated actor ranks; rollout ranks of
         one engine draw the same prompts). `engine_leader`: the first rank of its engine, which counts the
-        engine's validation samples."""
-        self.cfg, self.engine, self.tokenizer, self.data = cfg, engine, tokenizer, data
+        engine's validation samples. `episodes`: the agent loop over this engine (agent.env set), trained per
+        step with `stepwise` (algorithm.stepwise_advantage.enable)."""
+        self.settings, self.engine, self.tokenizer, self.data = settings, engine, tokenizer, data
         self.reward_fn_for: RewardFn = reward_fn_for
         self.sampler, self.timer = sampler, timer
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group, self.union = engine_group, union
         self.pad_id = tokenizer.pad_token_id
         self.processor, self.vision = processor, vision
-        self.loop = build_agent_loop(cfg, engine, tokenizer, engine_group) if cfg.agent.env is not None else None
-        self.masked = masked_reasons(cfg.algorithm.compact_filtering)
-        self.rejection = cfg.algorithm.rejection_sample
+        self.loop, self.stepwise = episodes, stepwise
+        self.masked = list(settings.masked)
+        self.rejection = settings.rejection
         self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
         self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
         self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
@@ -158,7 +160,7 @@ class EngineSource:
         with self.timer("gen"):
             batch = self.generate(prompts, self.sampling(step, validation=False))
         with self.timer("reward"):
-            self.score(batch, prompts)
+            self.score(batch, prompts, self.settings.group_size)
         if self.masked:
             compact_filter(batch, self.masked)
         return batch
@@ -168,7 +170,7 @@ class EngineSource:
         what is still missing with dropped groups at weight 0. Ranks of one engine do the same rounds."""
         kept, dropped = self.reserve, list[Batch]()
         self.reserve = []
-        rounds, bsz = 0, self.cfg.data.train_batch_size
+        rounds, bsz = 0, self.settings.prompts_per_step
         while True:
             uniform = uniform_groups(batch)
             for g, part in batch.split_groups().items():
@@ -213,26 +215,22 @@ class EngineSource:
             tasks = [t for part in parts for t in part]
         env_before = self.loop.env_seconds
         with self.timer("gen"):
-            trajectories = self.loop.run(tasks, params)[mine]
+            batch = self.loop.run_batch(tasks, params, self.stepwise and not validation, mine)
         self.timer.seconds["env"] = self.loop.env_seconds - env_before
-        if self.cfg.algorithm.stepwise_advantage.enable and not validation:
-            batch = steps_to_batch(trajectories, self.pad_id)
-        else:
-            batch = trajectories_to_batch(trajectories, self.pad_id)
         if self.masked:
             compact_filter(batch, self.masked)
         return batch
 
     def sampling(self, step: int, validation: bool) -> SamplingParams:
-        r, v = self.cfg.rollout, self.cfg.rollout.val_kwargs
+        r, v = self.settings.rollout, self.settings.rollout.val_kwargs
         sample = v.do_sample and v.temperature > 0  # validation: greedy unless val_kwargs.do_sample
         return SamplingParams(
-            n=v.n if validation else r.n,
+            n=v.n if validation else self.settings.group_size,
             temperature=(v.temperature if sample else 0.0) if validation else r.temperature,
             top_p=(v.top_p if sample else 1.0) if validation else r.top_p,
             top_k=(v.top_k if sample else -1) if validation else r.top_k,
-            max_tokens=self.cfg.data.max_response_length,
-            seed=self.cfg.trainer.seed * 7919 + step,
+            max_tokens=self.settings.max_response_length,
+            seed=self.settings.seed * 7919 + step,
         )
 
     def prompt_batch(self, idx: list[int], uids: list[int], data: PromptDataset | None = None) -> PromptBatch:
@@ -272,10 +270,9 @@ class EngineSource:
         gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])
         return collate(prompts, gen, params.n, self.pad_id, self.vision)
 
-    def score(self, batch: Batch, prompts: PromptBatch) -> None:
-        """The reward of every sample: `batch.scores`, `reward_errors` and per-key `reward_extra`."""
+    def score(self, batch: Batch, prompts: PromptBatch, n: int) -> None:
+        """The reward of every sample (`n` per prompt): `batch.scores`, `reward_errors`, per-key `reward_extra`."""
         texts = self.tokenizer.batch_decode(batch.responses.tolist(), skip_special_tokens=True)
-        n = len(batch) // len(prompts)
         rep = [i // n for i in range(len(batch))]
         scores = score_batch(
             self.reward_fn_for,
@@ -283,7 +280,7 @@ class EngineSource:
             [prompts.answers[j] for j in rep],
             [prompts.data_sources[j] for j in rep],
             [prompts.extra_infos[j] for j in rep],
-            self.cfg.reward.timeout_s,
+            self.settings.reward_timeout_s,
         )
         batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
 
@@ -296,9 +293,9 @@ class EngineSource:
         first engine are kept in `val_samples`."""
         totals = torch.zeros(VAL_TOTALS, len(sources), dtype=torch.float64)
         self.val_samples = []
-        keep = self.cfg.trainer.log_val_generations if self.engine_index == 0 and self.engine_leader else 0
+        keep = self.settings.log_val_generations if self.engine_index == 0 and self.engine_leader else 0
         mine = list(range(self.engine_index, len(data), self.n_engines))
-        chunk = self.cfg.data.val_batch_size or max(1, len(mine))
+        chunk = self.settings.val_batch_size or max(1, len(mine))
         params = self.sampling(0, validation=True)
         for start in range(0, len(mine), chunk):
             idx = mine[start : start + chunk]
@@ -307,7 +304,7 @@ class EngineSource:
                 batch = self._episodes(prompts, params, validation=True)
             else:
                 batch = self.generate(prompts, params, shared=True)
-                self.score(batch, prompts)
+                self.score(batch, prompts, params.n)
             if not self.engine_leader:
                 continue
             assert batch.scores is not None

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import EngineSpec, SamplingParams
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 from torchrl_post.types import Generation
 
@@ -31,38 +31,40 @@ log = logging.getLogger(__name__)
 
 
 class VLLMEngine:
-    def __init__(self, cfg: Config, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, model: ModelConfig, rollout: RolloutConfig, spec: EngineSpec, device: torch.device, seed: int
+    ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-call INFO lines drown the step log
         if device.type == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.cpu_kvcache_space_gb))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(rollout.cpu_kvcache_space_gb))
         import vllm
 
         self._vllm = vllm
         self._param_layers: dict[str, list[str]] | None = None  # layer class -> its modules that own parameters
-        self.sleep_enabled = device.type == "cuda" and cfg.rollout.free_cache_engine
-        if device.type != "cuda" and cfg.rollout.free_cache_engine:
+        self.sleep_enabled = device.type == "cuda" and rollout.free_cache_engine
+        if device.type != "cuda" and rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
-        m = cfg.model
-        self.adapter_mode = m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter"
-        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if m.lora_rank > 0 and not self.adapter_mode else 0.0
+        m = model
+        self.adapter_mode = spec.lora_sync == "adapter"
+        self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if spec.lora_sync == "merged" else 0.0
         self.lora_rank, self.lora_alpha = m.lora_rank, m.lora_alpha
         self.lora_request: Any = None  # adapter mode: the current policy's adapter (None: the base model)
         self.lora_dir: Path | None = None
-        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        max_len = spec.max_model_len
         self.vision = VisionSpec.of(AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code))
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
             # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
             # running sequence whole means no prefill is ever split.
-            extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.rollout.max_num_seqs * max_len}
+            extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": rollout.max_num_seqs * max_len}
         if self.adapter_mode:
             extra |= {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 1}
             shm = Path("/dev/shm")  # adapters are written per update: memory-backed where there is one
             self.lora_dir = Path(tempfile.mkdtemp(prefix="torchrl_post_lora_", dir=shm if shm.is_dir() else None))
-        if cfg.agent.env is not None:
+        if spec.prefix_caching:
             # Prefix caching across an agent's turns (each turn's prompt is the last one grown). On CPU the
             # default block (128 tokens) never fills on short multi-turn prompts; 32 is the smallest the CPU
             # attention backend accepts.
@@ -71,37 +73,37 @@ class VLLMEngine:
                 extra["block_size"] = 32
         if self.vision is not None:
             _vision_ready()
-            extra["limit_mm_per_prompt"] = {"image": cfg.rollout.limit_images, "video": 0}
-        if device.type == "cpu" and cfg.rollout.tensor_parallel_size > 1:
+            extra["limit_mm_per_prompt"] = {"image": rollout.limit_images, "video": 0}
+        if device.type == "cpu" and rollout.tensor_parallel_size > 1:
             _remove_stale_cpu_shm()
         self.llm = vllm.LLM(
-            model=cfg.model.path,
-            trust_remote_code=cfg.model.trust_remote_code,
+            model=m.path,
+            trust_remote_code=m.trust_remote_code,
             distributed_executor_backend="external_launcher",
-            tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-            dtype=cfg.rollout.dtype,  # type: ignore[arg-type]  # validated against DTYPES
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            dtype=rollout.dtype,  # type: ignore[arg-type]  # validated against DTYPES
             seed=seed,
             max_model_len=max_len,
-            max_num_seqs=cfg.rollout.max_num_seqs,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            enforce_eager=cfg.rollout.enforce_eager,
+            max_num_seqs=rollout.max_num_seqs,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=rollout.enforce_eager,
             enable_sleep_mode=self.sleep_enabled,
             logprobs_mode="processed_logprobs",
-            load_format=self._load_format(cfg),
+            load_format=self._load_format(spec.load_format),
             **extra,
         )
 
-    def _load_format(self, cfg: Config) -> str:
+    def _load_format(self, load_format: str) -> str:
         """rollout.load_format, except that an engine serving adapters needs its base weights from disk (the
         syncs send only adapters)."""
-        if cfg.rollout.load_format == "dummy" and self.adapter_mode:
+        if load_format == "dummy" and self.adapter_mode:
             log.info("rollout.load_format=dummy: with rollout.lora_sync=adapter the engine reads its base weights")
             return "auto"
-        if cfg.rollout.load_format == "dummy" and self.vision is not None:
+        if load_format == "dummy" and self.vision is not None:
             # Not verified for vision models: a VLM run with a dummy start stopped learning (val 0.25 -> 0.0).
             log.info("rollout.load_format=dummy: a vision-language engine reads its weights")
             return "auto"
-        return cfg.rollout.load_format
+        return load_format
 
     def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:
         """vLLM's sampling parameters for the prompt `uid` (its own seed), the sampled tokens' logprobs, ids only."""

@@ -207,14 +207,14 @@ def with_aliases(
             yield alias, tensor
 
 
-def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int, keep: Keep | None = None) -> int:
+def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_bytes: int, keep: Keep | None = None) -> int:
     """Push the actor's current weights into the colocated engine (tied embeddings under both names); returns
     the bytes moved."""
     moved = 0
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal moved
-        for name, t in iter_full_weights(model, bucket_mb << 20, keep):
+        for name, t in iter_full_weights(model, bucket_bytes, keep):
             moved += t.numel() * t.element_size()
             yield name, t
 
@@ -225,11 +225,11 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_mb: int, 
 class ReloadSync:
     """Colocated weight push: every actor rank gathers the buckets and reloads its own engine in place."""
 
-    def __init__(self, engine: RolloutEngine, bucket_mb: int, keep: Keep | None = None) -> None:
-        self.engine, self.bucket_mb, self.keep = engine, bucket_mb, keep
+    def __init__(self, engine: RolloutEngine, bucket_bytes: int, keep: Keep | None = None) -> None:
+        self.engine, self.bucket_bytes, self.keep = engine, bucket_bytes, keep
 
     def push(self, model: torch.nn.Module) -> int:
-        return sync_weights(model, self.engine, self.bucket_mb, self.keep)
+        return sync_weights(model, self.engine, self.bucket_bytes, self.keep)
 
 
 class BroadcastSync:

@@ -15,10 +15,13 @@ from torchrl_post.config.schema import ActorConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import load_causal_lm, reshard
+from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
-from torchrl_post.workers.logprobs import batched_log_probs, can_pack, chunks, forward_log_probs, plan_micro_batches
+from torchrl_post.workers.logprobs import batched_log_probs, forward_log_probs
+from torchrl_post.workers.micro_batches import chunks, plan_micro_batches
+from torchrl_post.workers.models import load_causal_lm
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
+from torchrl_post.workers.packing import can_pack
 
 log = logging.getLogger(__name__)
 

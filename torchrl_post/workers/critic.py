@@ -22,10 +22,12 @@ from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import empty_model, model_dtype, reshard
+from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
-from torchrl_post.workers.logprobs import can_pack, chunks, packed_inputs
+from torchrl_post.workers.micro_batches import chunks
+from torchrl_post.workers.models import empty_model, model_dtype
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
+from torchrl_post.workers.packing import can_pack, packed_inputs
 
 
 class VisionValueModel(torch.nn.Module):

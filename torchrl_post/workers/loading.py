@@ -16,8 +16,7 @@ import logging
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +33,6 @@ log = logging.getLogger(__name__)
 
 Build = Callable[[bool], torch.nn.Module]
 """build(empty) -> the model: loaded from disk (empty=False) or with its parameters on the meta device."""
-
-
-@contextmanager
-def params_on_meta() -> Iterator[None]:
-    """Every parameter registered inside lands on the meta device (no memory, no init work); buffers stay real."""
-    register = torch.nn.Module.register_parameter
-
-    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        if param is not None and param.device.type != "meta":
-            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def checkpoint_files(path: str | Path) -> dict[str, Path]:

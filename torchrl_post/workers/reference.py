@@ -9,9 +9,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig, ReferenceConfig
 from torchrl_post.types import Batch
-from torchrl_post.workers.fsdp import load_causal_lm
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs
+from torchrl_post.workers.models import load_causal_lm
 
 
 class Reference:

