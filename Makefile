@@ -61,6 +61,7 @@ lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy torchrl_post
+	$(VENV)/bin/lint-imports
 
 test: setup lint
 	$(VENV)/bin/pytest -q tests

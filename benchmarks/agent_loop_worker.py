@@ -31,7 +31,9 @@ from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
-from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams
+from torchrl_post.rollout.engines import build_engine
 
 MODES = {"step": False, "turn_batches": True}
 MAX_MODEL_LEN = 256  # the demo model's max_position_embeddings
@@ -170,7 +172,7 @@ def main() -> None:
     cfg = build_config(args)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     t0 = time.perf_counter()
-    engine = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, tok.pad_token_id, [tok.eos_token_id])
     engine_start_s = time.perf_counter() - t0
     # The guess-number task on the demo data's questions (sums; hints "higher"/"lower" after a wrong answer).
     rows = [json.loads(line) for line in args.data.read_text().splitlines()][: args.tasks]

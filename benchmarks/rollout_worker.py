@@ -35,7 +35,9 @@ from transformers import AutoTokenizer
 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
-from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.hf_engine import HFEngine
 
 ENGINES = ("vllm", "hf")
@@ -97,7 +99,7 @@ def build_engines(cfg: Config, device: torch.device, pad_id: int) -> tuple[dict[
         if name == "vllm":
             engines[name] = fixed_length_vllm(cfg, device)
         else:
-            engines[name] = build_engine(cfg, device, 0, pad_id, eos_ids=[])
+            engines[name] = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), device, 0, pad_id, [])
             assert isinstance(engines[name], HFEngine)
         start_s[name] = time.perf_counter() - t0
     return engines, start_s

@@ -35,7 +35,9 @@ from torchrl_post.config import load_config
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DistEnv, read_env
 from torchrl_post.distributed.placement import Topology, plan_placement
-from torchrl_post.rollout import RolloutEngine, build_engine
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import RolloutEngine
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, param_specs, plan_wire, sync_weights
 from torchrl_post.workers.actor import Actor
 
@@ -88,7 +90,9 @@ def build_topology(args: argparse.Namespace, env: DistEnv) -> Topology:
 
 def build_engine_for(cfg: Config, env: DistEnv) -> RolloutEngine:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    return build_engine(cfg, env.device, env.rank, tok.pad_token_id, [tok.eos_token_id])
+    return build_engine(
+        cfg.model, cfg.rollout, engine_spec(cfg), env.device, env.rank, tok.pad_token_id, [tok.eos_token_id]
+    )
 
 
 def barrier_all(topo: Topology) -> None:

@@ -18,7 +18,7 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
-from torchrl_post.rollout import build_engine
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
 from torchrl_post.rollout.source import EngineSource, SourceSettings

@@ -24,7 +24,9 @@ from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
-from torchrl_post.rollout import SamplingParams, build_engine
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.workers.logprobs import batched_log_probs
 
 
@@ -39,7 +41,7 @@ def main() -> None:
     env = read_env("cpu")
     init_world(env)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    engine = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, tok.pad_token_id, [tok.eos_token_id])
     limits = LoopLimits(max_turns=3, max_response_length=24, max_model_len=128, timeout_s=120)
     group = dist.group.WORLD if tp > 1 else None
     loop = AgentLoop(engine, tok, GuessNumberEnv, GuessAgent(), limits, env_workers=0, group=group)
@@ -100,7 +102,7 @@ def main() -> None:
     )
     # The hf engine runs the same loop (each step answers every queued turn as one batch).
     cfg.rollout.engine = "hf"
-    hf = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    hf = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, tok.pad_token_id, [tok.eos_token_id])
     hf_loop = AgentLoop(hf, tok, GuessNumberEnv, GuessAgent(), limits, turn_batches=True)
     hf_trajs = hf_loop.run(tasks, params)
     report["hf_turns"] = [len(t.steps) for t in hf_trajs]

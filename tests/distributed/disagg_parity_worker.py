@@ -19,7 +19,9 @@ from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import route
-from torchrl_post.rollout import SamplingParams, build_engine, collate
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import SamplingParams, collate
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch, Generation
@@ -42,7 +44,7 @@ def main() -> None:
     torch.manual_seed(0)
     is_actor = env.rank in (0, 1)
     actor = make_actor(cfg, topo.mesh("actor")) if is_actor else None
-    engine = None if is_actor else build_engine(cfg, env.device, seed=0, pad_id=0, eos_ids=[3])
+    engine = None if is_actor else build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, 0, [3])
     # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
     sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None, keep)
     gen = torch.Generator().manual_seed(100)

@@ -23,7 +23,9 @@ from tests.distributed.checks import engine_vs_trainer, make_actor, parity_promp
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
-from torchrl_post.rollout import RolloutEngine, SamplingParams, build_engine, collate
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import iter_full_weights, sync_weights, tied_aliases, with_aliases
 
@@ -45,7 +47,7 @@ def main() -> None:
     mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     torch.manual_seed(0)
     actor = make_actor(cfg, mesh)
-    engine = build_engine(cfg, env.device, seed=env.rank, pad_id=0, eos_ids=[3])
+    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, env.rank, 0, [3])
     gen = torch.Generator().manual_seed(100 + env.rank)
     pb, spec, pad = parity_prompts(model_dir, gen)  # a vision-language model's carry images
     images = pb.images or None

@@ -24,7 +24,9 @@ from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.agent.math_agent import MathEnv, ToolAgent
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
-from torchrl_post.rollout import SamplingParams, build_engine
+from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.vllm_engine import tool_call_parser
 from torchrl_post.tools import ToolBox
 from torchrl_post.workers.logprobs import batched_log_probs
@@ -76,7 +78,7 @@ def main() -> None:
     cfg.model.path = str(taught)
     cfg.data.max_prompt_length, cfg.data.max_response_length = 320, 96
     cfg.agent.env = "torchrl_post.agent.math_agent:MathEnv"  # prefix caching as in training
-    engine = build_engine(cfg, env.device, seed=0, pad_id=tok.pad_token_id, eos_ids=[tok.eos_token_id])
+    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, tok.pad_token_id, [tok.eos_token_id])
     limits = LoopLimits(max_turns=3, max_response_length=96, max_model_len=416, timeout_s=120)
     loop = AgentLoop(engine, tok, MathEnv, ToolAgent(), limits, tools=box, parse_calls=tool_call_parser("hermes", tok))
     params = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=96, seed=0)

@@ -17,7 +17,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DEVICES
 from torchrl_post.logging.metrics import LOGGERS
-from torchrl_post.rollout import ENGINES, ROLLOUT_MODES
+from torchrl_post.rollout.engines import ENGINES, ROLLOUT_MODES
 from torchrl_post.sync.lora import LORA_SYNC_MODES
 
 # Each enum set lives beside the code that dispatches on it; these two are dispatched here and in the workers.

@@ -238,9 +238,3 @@ def plot_run(run_dir: Path) -> Path | None:
     or the first PNG written when the run has no training reward yet; None when metrics.jsonl has no rows."""
     written = plot_runs([run_dir], run_dir / "plots")
     return written[0] if written else None
-
-
-if __name__ == "__main__":
-    from torchrl_post.plot import main
-
-    main()

@@ -1,0 +1,35 @@
+"""The engines behind one interface (`RolloutEngine`): vllm (in-process) and hf (transformers); `build_engine`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from torchrl_post.rollout.base import EngineSpec, RolloutEngine
+
+if TYPE_CHECKING:
+    from torchrl_post.config.schema import ModelConfig, RolloutConfig
+
+ENGINES = ("vllm", "hf")  # build_engine
+ROLLOUT_MODES = ("sync", "async")  # rollout.mode; the off-policy look-ahead is trainer.max_off_policy_steps
+
+
+def build_engine(
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    spec: EngineSpec,
+    device: torch.device,
+    seed: int,
+    pad_id: int,
+    eos_ids: list[int],
+) -> RolloutEngine:
+    """The engine `rollout.engine` names, with its weights as `spec.load_format` says (`dummy`: random until
+    the caller's first sync; see `plan.RunPlan.engine_spec`)."""
+    if rollout.engine == "vllm":
+        from torchrl_post.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, rollout, spec, device, seed)
+    from torchrl_post.rollout.hf_engine import HFEngine
+
+    return HFEngine(model, rollout, spec, device, pad_id, eos_ids)
