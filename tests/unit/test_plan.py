@@ -1,0 +1,226 @@
+"""Tests of torchrl_post/plan.py: the run plan over a table of configs, each row's answers worked out by hand."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import load_config
+from torchrl_post.plan import MB, RunPlan, engine_spec, plan_run, planned_world
+
+AGENT = ["agent.env=torchrl_post.agent.math_agent:MathEnv", "agent.agent=torchrl_post.agent.math_agent:ToolAgent"]
+
+# (name, world, overrides, expected answers). Demo defaults: 16 prompts x n=8, ppo_mini_batch_size 0 (= the
+# batch), micro 32, ppo_epochs 1, sync_bucket_mb 64, rollout_is auto with threshold 2.0.
+TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
+    (
+        "colocated on 2 ranks",
+        2,
+        [],
+        {
+            "roles": {"actor": ([0, 1], ("dp",), (2,), 64)},  # 16*8 samples / 2 ranks, one mini-batch
+            "rollout_ranks": [0, 1],
+            "engines": 2,
+            "sync": "reload",
+            "reference": "none",
+            "critic": "none",
+            "lora_sync": "none",
+            "needs_old_log_probs": False,
+            "rollout_is_cap": 0.0,
+            "group_size": 8,
+            "micro_batch_samples": 32,
+        },
+    ),
+    (
+        "rollout ranks of their own, look-ahead 1",
+        4,
+        ["placement.actor=[0,1]", "placement.rollout=[2,3]", "trainer.max_off_policy_steps=1"],
+        {
+            "roles": {"actor": ([0, 1], ("dp",), (2,), 64)},
+            "rollout_ranks": [2, 3],
+            "engines": 2,
+            "sync": "broadcast",
+            "needs_old_log_probs": False,  # one update per batch: the actor's forward is the old policy
+            "rollout_is_cap": 2.0,  # auto: on with look-ahead
+            "max_off_policy_steps": 1,
+        },
+    ),
+    (
+        "tensor-parallel engines",
+        4,
+        ["placement.actor=[0,1]", "placement.rollout=[2,3]", "rollout.tensor_parallel_size=2"],
+        {"engines": 1, "rollout_ranks": [2, 3], "tensor_parallel_size": 2, "sync": "broadcast"},
+    ),
+    (
+        "HSDP: fsdp_size 2 of 4 actor ranks, mini-batches of 4 prompts, 2 epochs",
+        4,
+        ["actor.fsdp.fsdp_size=2", "actor.ppo_mini_batch_size=4", "actor.ppo_epochs=2"],
+        {
+            "roles": {"actor": ([0, 1, 2, 3], ("dp_replicate", "dp_shard"), (2, 2), 8)},  # 4*8 samples / 4 ranks
+            "needs_old_log_probs": True,  # several updates per batch
+            "micro_batch_samples": 8,  # the mini-batch is smaller than the micro-batch size
+            "mini_batch_prompts": 4,
+        },
+    ),
+    (
+        "GAE critic and KL reference on ranks of their own",
+        4,
+        [
+            "algorithm.adv_estimator=gae",
+            "actor.use_kl_loss=true",
+            "placement.actor=[0,1]",
+            "placement.critic=[2]",
+            "placement.reference=[3]",
+        ],
+        {
+            "roles": {
+                "actor": ([0, 1], ("dp",), (2,), 64),
+                "critic": ([2], ("dp",), (1,), 128),
+                "reference": ([3], ("dp",), (1,), 128),
+            },
+            "critic": "own_ranks",
+            "reference": "own_ranks",
+            "sync": "reload",  # the rollout stays with the actor
+        },
+    ),
+    (
+        "KL in the reward: a colocated reference placed by the plan, old logprobs for the penalty",
+        2,
+        ["algorithm.use_kl_in_reward=true"],
+        {"reference": "colocated", "needs_old_log_probs": True, "notes": 1},
+    ),
+    (
+        "LoRA with a KL loss: the actor with its adapter off is the reference, adapter sync",
+        2,
+        ["model.lora_rank=8", "actor.use_kl_loss=true", "rollout.lora_sync=adapter", "placement.reference=actor"],
+        {
+            "reference": "adapter_off",
+            "lora_sync": "adapter",
+            "notes": 1,
+            "roles": {"actor": ([0, 1], ("dp",), (2,), 64)},
+        },
+    ),
+    (
+        "LoRA merged into the engine's weights",
+        1,
+        ["model.lora_rank=8", "rollout.sync_bucket_mb=4"],
+        {"lora_sync": "merged", "reference": "none", "sync_bucket_bytes": 4 << 20},
+    ),
+    (
+        "agents: prefix caching in the engine",
+        2,
+        AGENT,
+        {"engine_prefix_caching": True, "engine_max_model_len": 64 + 8},
+    ),
+    (
+        "token-level importance sampling forced on, colocated",
+        1,
+        ["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=3.0"],
+        {"rollout_is_cap": 3.0},
+    ),
+]
+
+
+def _answers(plan: RunPlan) -> dict[str, Any]:
+    return {
+        "roles": {
+            role: (list(r.ranks), r.mesh_dims, r.mesh_shape, r.mini_batch_samples) for role, r in plan.roles.items()
+        },
+        "rollout_ranks": plan.rollout_ranks,
+        "engines": plan.engines,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "sync": plan.sync,
+        "sync_bucket_bytes": plan.sync_bucket_bytes,
+        "reference": plan.reference,
+        "critic": plan.critic,
+        "lora_sync": plan.lora_sync,
+        "needs_old_log_probs": plan.needs_old_log_probs,
+        "rollout_is_cap": plan.rollout_is_cap,
+        "group_size": plan.group_size,
+        "micro_batch_samples": plan.micro_batch_samples,
+        "mini_batch_prompts": plan.mini_batch_prompts,
+        "max_off_policy_steps": plan.max_off_policy_steps,
+        "notes": len(plan.notes),
+        "engine_prefix_caching": plan.engine.prefix_caching,
+        "engine_max_model_len": plan.engine.max_model_len,
+    }
+
+
+@pytest.mark.parametrize("name,world,overrides,expected", TABLE, ids=[row[0] for row in TABLE])
+def test_plan_answers(name: str, world: int, overrides: list[str], expected: dict[str, Any]) -> None:
+    cfg = load_config(overrides)
+    before = copy.deepcopy(cfg)
+    got = _answers(plan_run(cfg, world))
+    for key, want in expected.items():
+        if key == "roles":
+            for role, answer in want.items():
+                assert got["roles"][role] == answer, (role, got["roles"])
+            assert sorted(got["roles"]) == sorted(want), got["roles"]
+        else:
+            assert got[key] == want, (key, got[key])
+    assert cfg == before, "planning must not change the config"
+
+
+def test_the_plan_places_roles_without_touching_placement() -> None:
+    cfg = load_config(["algorithm.adv_estimator=gae", "placement.reference=actor"])
+    plan = plan_run(cfg, 2)
+    assert plan.critic == "colocated" and "critic" in plan.placement.ranks
+    assert plan.reference == "none" and "reference" not in plan.placement.ranks  # no KL term uses it
+    assert cfg.placement.critic is None and cfg.placement.reference == "actor"
+    assert [n.split(":")[0] for n in plan.notes] == ["placement.critic", "placement.reference='actor' ignored"]
+
+
+def test_engine_spec_outside_training_reads_weights() -> None:
+    cfg = load_config(["rollout.load_format=dummy"])
+    assert engine_spec(cfg).load_format == "auto"  # nobody pushes weights before a test's or benchmark's engine
+    assert plan_run(cfg, 1).engine.load_format == "dummy"  # the training loop syncs first
+
+
+def test_total_steps_from_data_size() -> None:
+    plan = plan_run(load_config(["trainer.total_epochs=2", "trainer.total_training_steps=null"]), 1)
+    assert plan.total_steps(100, 16) == 12  # 6 batches per epoch (the last partial one dropped), 2 epochs
+    assert plan_run(load_config(["trainer.total_training_steps=5"]), 1).total_steps(100, 16) == 5
+    with pytest.raises(ConfigError, match="data.train_batch_size=16 is larger than the 10 training prompts"):
+        plan.total_steps(10, 16)
+
+
+@pytest.mark.parametrize(
+    "world,overrides,needle",
+    [
+        (3, [], "data.train_batch_size=16 is not divisible by the 3 actor ranks"),
+        (2, ["placement.actor=[0]", "placement.rollout=[1]", "rollout.tensor_parallel_size=2"], "does not divide"),
+        (2, ["trainer.max_off_policy_steps=1"], "needs the rollout on ranks of its own"),
+        (4, ["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size=3 does not divide the 4 actor ranks"),
+        (2, ["rollout.engine=hf", "placement.actor=[0]", "placement.rollout=[1]"], "rollout.engine=hf runs on"),
+        (4, ["actor.ppo_mini_batch_size=2"], "actor.ppo_mini_batch_size=2 is not divisible by the 4 actor ranks"),
+    ],
+)
+def test_plan_errors_are_one_line(world: int, overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_run(load_config(overrides), world)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_planned_world() -> None:
+    assert planned_world(None, 3, True) == 3
+    assert planned_world(8, 1, False) == 8
+    with pytest.raises(ConfigError, match="torchrun started 2 processes"):
+        planned_world(4, 2, True)
+
+
+def test_describe_shows_every_decision() -> None:
+    cfg = load_config(["placement.actor=[0,1]", "placement.rollout=[2,3]", "actor.fsdp.fsdp_size=1"])
+    text = plan_run(cfg, 4).describe("cpu", "gloo")
+    for line in (
+        "actor mesh ('dp_replicate', 'dp_shard') = (2, 1) (HSDP)",
+        "rollout engines (tensor_parallel_size=1): [[2], [3]]",
+        "weight sync: broadcast, buckets of 64 MiB",
+        "group size: 8; old logprobs: no",
+        "reference: none; critic: none; lora sync: none",
+        "samples_per_mini_batch_per_rank: 64",
+    ):
+        assert line in text, (line, text)
+    assert MB == 1 << 20
