@@ -22,31 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, ImageDraw
 from transformers import AutoModelForImageTextToText, PreTrainedModel, PreTrainedTokenizerBase
 
-from torchrl_post.demo.task import write_jsonl
 from torchrl_post.demo.tokenizer import build_char_tokenizer
+from torchrl_post.demo.vlm_task import COLOURS, DATA_SOURCE, colour_reward, read_rows, write_vlm_task
 from torchrl_post.multimodal import compat
-from torchrl_post.multimodal.vision import load_image, load_processor, with_image_items
+from torchrl_post.multimodal.vision import load_processor, with_image_items
 
 ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-DATA_SOURCE = "vlm_colour"
-PROMPT = "<image>What colour is it?"
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40),
-    "green": (40, 170, 60),
-    "blue": (40, 70, 220),
-    "yellow": (235, 210, 40),
-}
-BACKGROUNDS: list[tuple[int, int, int]] = [(255, 255, 255), (0, 0, 0), (128, 128, 128), (200, 200, 200)]
 
 # ChatML; a content list renders item by item, an image item as the vision markers around one image pad (the
 # processor expands the pad to the image's tokens).
@@ -195,55 +184,6 @@ def build_vlm(out_dir: Path, arch: str, seed: int = 0) -> Path:
     model = AutoModelForImageTextToText.from_config(_config(arch, tok))
     save_vlm(model, processor, out_dir)
     return out_dir
-
-
-def colour_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
-    """1.0 when the stripped response is the colour word, else 0.0."""
-    return float(solution_str.strip() == str(ground_truth).strip())
-
-
-def _draw(rng: random.Random, colour: str, size: int) -> Image.Image:
-    """A neutral background with a filled rectangle or ellipse of `colour`, or a solid fill of it."""
-    fill = COLOURS[colour]
-    kind = rng.choice(["fill", "rect", "ellipse"])
-    img = Image.new("RGB", (size, size), fill if kind == "fill" else rng.choice(BACKGROUNDS))
-    if kind != "fill":
-        w, h = rng.randint(size // 2, size - 4), rng.randint(size // 2, size - 4)
-        x, y = rng.randint(0, size - w), rng.randint(0, size - h)
-        draw = ImageDraw.Draw(img)
-        (draw.rectangle if kind == "rect" else draw.ellipse)((x, y, x + w - 1, y + h - 1), fill=fill)
-    return img
-
-
-def write_vlm_task(
-    data_dir: Path, seed: int = 0, n_train: int = 512, n_val: int = 64, size: int = 56
-) -> tuple[Path, Path]:
-    """train.jsonl and val.jsonl under data_dir, with their PNGs under data_dir/images; returns the two paths.
-
-    Colours are balanced in each split (a constant answer scores 0.25)."""
-    rng = random.Random(seed)
-    (data_dir / "images").mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        colours = [list(COLOURS)[i % len(COLOURS)] for i in range(n)]
-        rng.shuffle(colours)
-        rows = []
-        for i, colour in enumerate(colours):
-            rel = f"images/{split}_{i:05d}.png"
-            _draw(rng, colour, size).save(data_dir / rel)
-            rows.append({"prompt": PROMPT, "images": [rel], "answer": colour, "data_source": DATA_SOURCE})
-        path = data_dir / f"{split}.jsonl"
-        write_jsonl(rows, path)  # type: ignore[arg-type]
-        paths.append(path)
-    return paths[0], paths[1]
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSONL rows of `path`, each with its images loaded (`"pil"`: PIL images)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for i, r in enumerate(rows):
-        r["pil"] = [load_image(src, path.parent, f"{path}:{i + 1}") for src in r["images"]]
-    return rows
 
 
 def prompt_text(processor: Any, row: dict[str, Any]) -> str:
