@@ -1,4 +1,4 @@
-"""Reward functions imported by path in test_reward.py (`tests.unit.reward_helpers:<name>`)."""
+"""Reward functions imported by path in reward/test_scoring.py (`tests.unit.reward_helpers:<name>`)."""
 
 CALLS: list[tuple] = []
 

@@ -1,0 +1,223 @@
+"""Tests of torchrl_post/algos/advantages.py: GRPO, GAE, REINFORCE(++), RLOO and reward placement by hand."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from tests.unit.algos.helpers import MASK
+from torchrl_post.algos.advantages import (
+    gae_advantages,
+    grpo_advantages,
+    masked_whiten,
+    reinforce_plus_plus_advantages,
+    reinforce_returns,
+    rloo_advantages,
+    scores_to_token_rewards,
+)
+
+# --- grpo_advantages ----------------------------------------------------------------------------------------
+
+
+def test_grpo_advantages_by_hand():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    mask = torch.ones(8, 3)
+    adv = grpo_advantages(scores, 4, mask)
+    assert adv.shape == (8, 3)
+    # group 1: mean 0.5, deviations +-0.5, unbiased var = 4 * 0.25 / 3 = 1/3
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    expected = torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(adv, expected[:, None].expand(8, 3))
+
+
+def test_grpo_advantages_uneven_group():
+    scores = torch.tensor([3.0, 0.0, 0.0])
+    adv = grpo_advantages(scores, 3, torch.ones(3, 1))
+    # mean 1, deviations [2, -1, -1], unbiased var = (4 + 1 + 1) / 2 = 3
+    std = math.sqrt(3.0)
+    expected = torch.tensor([2.0, -1.0, -1.0]) / (std + 1e-6)
+    torch.testing.assert_close(adv[:, 0], expected)
+
+
+def test_grpo_advantages_masked_tokens_are_zero():
+    scores = torch.tensor([1.0, 0.0, 2.0, 2.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    adv = grpo_advantages(scores, 2, mask)
+    assert torch.all(adv[mask == 0] == 0)
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # group [1, 0]: mean 0.5, unbiased var 0.5
+    torch.testing.assert_close(adv[0], torch.tensor([a, a, 0.0]))
+    torch.testing.assert_close(adv[1], torch.tensor([-a, 0.0, 0.0]))
+    assert torch.all(adv[2:] == 0)
+
+
+def test_grpo_advantages_each_group_sums_to_zero():
+    torch.manual_seed(0)
+    scores = torch.rand(12)
+    adv = grpo_advantages(scores, 4, torch.ones(12, 1))[:, 0]
+    sums = adv.view(3, 4).sum(dim=1)
+    torch.testing.assert_close(sums, torch.zeros(3), atol=1e-5, rtol=0)
+    assert adv.abs().sum() > 0
+    # normalised by the group std: each group's advantages have unbiased std ~1
+    torch.testing.assert_close(adv.view(3, 4).std(dim=1), torch.ones(3), atol=1e-4, rtol=0)
+
+
+def test_grpo_advantages_without_std_is_plain_centering():
+    scores = torch.tensor([2.0, 0.0, 1.0, 5.0, 5.0, 8.0])
+    adv = grpo_advantages(scores, 3, torch.ones(6, 2), norm_by_std=False)
+    expected = torch.tensor([1.0, -1.0, 0.0, -1.0, -1.0, 2.0])
+    torch.testing.assert_close(adv, expected[:, None].expand(6, 2))
+
+
+def test_grpo_advantages_accepts_integer_scores():
+    adv = grpo_advantages(torch.tensor([1, 0]), 2, torch.ones(2, 1), norm_by_std=False)
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv[:, 0], torch.tensor([0.5, -0.5]))
+
+
+def _whiten_by_hand(xs: list[float]) -> list[float]:
+    """(x - mean) / sqrt(unbiased var + 1e-8), with plain Python floats."""
+    mean = statistics.fmean(xs)
+    var = statistics.variance(xs)  # unbiased (n - 1)
+    return [(x - mean) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def _masked_unbiased_std(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return statistics.stdev(x[mask > 0].tolist())
+
+
+# --- masked_whiten ------------------------------------------------------------------------------------------
+
+
+def test_masked_whiten_by_hand():
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    out = masked_whiten(x, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    # real entries 1, 2, 3: mean 2, unbiased var ((1 + 0 + 1) / 2) = 1 (a biased var would be 2/3)
+    s = 1 / math.sqrt(1 + 1e-8)
+    torch.testing.assert_close(out[0, :3], torch.tensor([-s, 0.0, s]))
+
+
+def test_masked_whiten_single_entry_is_zero_not_nan():
+    out = masked_whiten(torch.tensor([[5.0, 7.0]]), torch.tensor([[1.0, 0.0]]))
+    assert out[0, 0].item() == 0.0
+
+
+# --- gae_advantages -----------------------------------------------------------------------------------------
+
+
+def test_gae_by_hand():
+    # masked positions hold garbage rewards/values that must not leak in
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 5.0], [2.0, 7.0, 7.0, 7.0]])
+    values = torch.tensor([[0.5, 0.4, 0.2, 9.0], [1.0, 3.0, 3.0, 3.0]])
+    adv, ret = gae_advantages(rewards, values, MASK, gamma=0.9, lam=0.8)
+    # row 0, right to left (next value after the last real token is 0):
+    #   t=2: delta = 1 + 0.9*0 - 0.2 = 0.8;        A2 = 0.8
+    #   t=1: delta = 0 + 0.9*0.2 - 0.4 = -0.22;    A1 = -0.22 + 0.72*0.8 = 0.356
+    #   t=0: delta = 0 + 0.9*0.4 - 0.5 = -0.14;    A0 = -0.14 + 0.72*0.356 = 0.11632
+    # row 1: t=0: delta = 2 + 0 - 1 = 1;         A0 = 1
+    raw = [0.11632, 0.356, 0.8, 1.0]
+    expected_ret = torch.tensor([[0.61632, 0.756, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(ret, expected_ret)
+    w = _whiten_by_hand(raw)
+    expected_adv = torch.tensor([[w[0], w[1], w[2], 0.0], [w[3], 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected_adv)
+
+
+def test_gae_gamma_lam_one_returns_are_future_reward_sums():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
+    rewards = torch.randn(3, 5)
+    values = torch.randn(3, 5)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    future = (rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    torch.testing.assert_close(ret, future)
+    # returns = adv_raw + values, so the unwhitened advantage is (sum of future rewards) - V on real tokens
+    adv_raw = (ret - values) * mask
+    torch.testing.assert_close(adv_raw, (future - values) * mask)
+    # and the returned advantages are exactly that quantity, whitened over the batch
+    w = _whiten_by_hand(adv_raw[mask > 0].tolist())
+    torch.testing.assert_close(adv[mask > 0], torch.tensor(w))
+    assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
+
+
+def test_gae_advantages_whitened_returns_not():
+    torch.manual_seed(1)
+    rewards = torch.randn(2, 4) * 3 + 2
+    values = torch.randn(2, 4)
+    adv, ret = gae_advantages(rewards, values, MASK, gamma=0.99, lam=0.95)
+    assert (adv * MASK).sum().item() == pytest.approx(0.0, abs=1e-5)
+    assert _masked_unbiased_std(adv, MASK) == pytest.approx(1.0, abs=1e-4)
+    assert _masked_unbiased_std(ret, MASK) != pytest.approx(1.0, abs=1e-2)
+
+
+# --- reinforce_returns / reinforce_plus_plus_advantages -----------------------------------------------------
+
+
+def test_reinforce_returns_by_hand_gamma_half():
+    rewards = torch.tensor([[1.0, 2.0, 4.0, 8.0], [3.0, 5.0, 5.0, 5.0]])
+    ret = reinforce_returns(rewards, MASK, gamma=0.5)
+    # row 0: G2 = 4; G1 = 2 + 0.5*4 = 4; G0 = 1 + 0.5*4 = 3 (the masked 8 must not count); row 1: G0 = 3
+    torch.testing.assert_close(ret, torch.tensor([[3.0, 4.0, 4.0, 0.0], [3.0, 0.0, 0.0, 0.0]]))
+
+
+def test_reinforce_plus_plus_by_hand():
+    rewards = torch.tensor([[1.0, 2.0, 4.0, 8.0], [3.0, 5.0, 5.0, 5.0]])
+    adv, ret = reinforce_plus_plus_advantages(rewards, MASK, gamma=0.5)
+    torch.testing.assert_close(ret, torch.tensor([[3.0, 4.0, 4.0, 0.0], [3.0, 0.0, 0.0, 0.0]]))
+    # real returns 3, 4, 4, 3: mean 3.5, unbiased var = 4 * 0.25 / 3 = 1/3
+    a = 0.5 / math.sqrt(1 / 3 + 1e-8)
+    torch.testing.assert_close(adv, torch.tensor([[-a, a, a, 0.0], [-a, 0.0, 0.0, 0.0]]))
+
+
+def test_reinforce_plus_plus_whitened_stats():
+    torch.manual_seed(2)
+    mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2, [1.0] + [0.0] * 5])
+    adv, ret = reinforce_plus_plus_advantages(torch.randn(3, 6) + 1.0, mask, gamma=0.9)
+    assert (adv * mask).sum().item() / mask.sum().item() == pytest.approx(0.0, abs=1e-5)
+    assert _masked_unbiased_std(adv, mask) == pytest.approx(1.0, abs=1e-4)
+    assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
+
+
+# --- rloo_advantages ----------------------------------------------------------------------------------------
+
+
+def test_rloo_by_hand_leave_one_out():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])
+    mask = torch.ones(8, 2)
+    mask[1, 1] = 0.0
+    adv = rloo_advantages(scores, 4, mask)
+    # A_i = r_i - mean of the other three: group 1: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3; group 2: 2 - 6 = -4, 4 - 16/3, ...
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, 4 - 16 / 3, 6 - 14 / 3, 8 - 4.0])
+    torch.testing.assert_close(adv[:, 0], expected)
+    torch.testing.assert_close(adv[:, 1], expected * mask[:, 1])
+    assert adv[1, 1].item() == 0.0
+
+
+def test_rloo_equals_scaled_centering_and_groups_sum_to_zero():
+    torch.manual_seed(3)
+    n = 3
+    scores = torch.rand(12)
+    adv = rloo_advantages(scores, n, torch.ones(12, 1))[:, 0]
+    groups = scores.view(-1, n)
+    torch.testing.assert_close(adv, (n / (n - 1) * (groups - groups.mean(1, keepdim=True))).flatten())
+    torch.testing.assert_close(adv.view(-1, n).sum(1), torch.zeros(4), atol=1e-6, rtol=0)
+
+
+def test_rloo_n_two_and_uneven_mask():
+    adv = rloo_advantages(torch.tensor([3.0, 1.0]), 2, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[2.0, 2.0, 2.0], [-2.0, 0.0, 0.0]]))
+
+
+def test_rloo_rejects_n_below_two():
+    with pytest.raises(ValueError, match="n=1"):
+        rloo_advantages(torch.tensor([1.0, 2.0]), 1, torch.ones(2, 1))
+
+
+# --- scores_to_token_rewards --------------------------------------------------------------------------------
+
+
+def test_scores_to_token_rewards_last_real_token():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    out = scores_to_token_rewards(torch.tensor([0.5, -1.0, 7.0, 2.0]), mask)
+    expected = torch.tensor([[0.0, 0.0, 0.5, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]])
+    torch.testing.assert_close(out, expected)

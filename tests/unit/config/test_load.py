@@ -1,0 +1,263 @@
+"""Tests of torchrl_post/config/load.py: config composition, override syntax and value checks as one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import load_config
+from torchrl_post.config.schema import Config
+
+
+def _config_error(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    msg = str(info.value)
+    assert "\n" not in msg, f"ConfigError must be one line: {msg!r}"
+    assert msg.strip(), "ConfigError must have a message"
+    return msg
+
+
+# --- load_config --------------------------------------------------------------------------------------------
+
+
+def test_no_overrides_gives_demo_defaults():
+    cfg = load_config([])
+    assert isinstance(cfg, Config)
+    assert cfg.model.path == "outputs/demo_model"
+    assert cfg.data.train_files == "outputs/demo_data/train.jsonl"
+    assert cfg.data.val_files == "outputs/demo_data/val.jsonl"
+    assert cfg.data.train_batch_size == 16
+    assert cfg.data.max_prompt_length == 64
+    assert cfg.data.max_response_length == 8
+    assert cfg.rollout.engine == "vllm"
+    assert cfg.rollout.n == 8
+    assert cfg.actor.lr == pytest.approx(5e-4)
+    assert cfg.actor.betas == [0.9, 0.999]
+    assert cfg.actor.loss_agg_mode == "token-mean"
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.reward.function is None
+    assert cfg.placement.actor is None
+    assert cfg.placement.rollout == "actor"
+    assert cfg.trainer.total_training_steps == 300
+    assert cfg.trainer.resume_mode == "auto"
+    assert cfg.trainer.logger == ["console"]
+
+
+def test_overrides_apply():
+    cfg = load_config(["actor.lr=0.5", "data.train_files=[a.jsonl,b.jsonl]", "data.val_files=null", "rollout.n=4"])
+    assert cfg.actor.lr == 0.5
+    assert cfg.data.train_files == ["a.jsonl", "b.jsonl"]
+    assert isinstance(cfg.data.train_files, list)
+    assert cfg.data.val_files is None
+    assert cfg.rollout.n == 4
+    # Untouched keys keep their defaults.
+    assert cfg.data.train_batch_size == 16
+
+
+def test_overrides_do_not_leak_between_calls():
+    assert load_config(["actor.lr=0.25"]).actor.lr == 0.25
+    assert load_config([]).actor.lr == pytest.approx(5e-4)
+
+
+def test_unknown_key_in_section():
+    msg = _config_error(["data.foo=1"])
+    assert "data.foo" in msg
+
+
+def test_unknown_top_level_key():
+    msg = _config_error(["foo=1"])
+    assert "'foo'" in msg
+
+
+def test_appended_unknown_key_is_rejected():
+    msg = _config_error(["+data.foo=1"])
+    assert "data.foo" in msg
+
+
+def test_wrong_type():
+    msg = _config_error(["actor.lr=abc"])
+    assert "actor.lr" in msg
+
+
+def test_bad_enum():
+    msg = _config_error(["rollout.engine=x"])
+    assert "rollout.engine" in msg
+
+
+def test_grpo_needs_group_of_two():
+    msg = _config_error(["rollout.n=1"])
+    assert "rollout.n" in msg
+    # n=2 is the smallest valid group.
+    assert load_config(["rollout.n=2"]).rollout.n == 2
+
+
+def test_resume_path_needs_a_path():
+    msg = _config_error(["trainer.resume_mode=resume_path"])
+    assert "trainer.resume_from_path" in msg
+    cfg = load_config(["trainer.resume_mode=resume_path", "trainer.resume_from_path=ckpt/global_step_3"])
+    assert cfg.trainer.resume_from_path == "ckpt/global_step_3"
+
+
+def test_reward_function_needs_colon():
+    msg = _config_error(["reward.function=nocolon"])
+    assert "reward.function" in msg
+    assert load_config(["reward.function=pkg.mod:fn"]).reward.function == "pkg.mod:fn"
+
+
+@pytest.mark.parametrize("override", ["actor.lr", "+actor.lr=0.5"])
+def test_hydra_override_errors_are_one_line(override):
+    # Hydra's own multi-line reports (bad override grammar, appending an existing key) are joined into one line.
+    msg = _config_error([override])
+    assert "actor.lr" in msg
+
+
+def test_empty_train_files():
+    msg = _config_error(["data.train_files="])
+    assert "data.train_files" in msg
+
+
+# --- overrides ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["data.train_batch_size=[1,2", "actor.lr=${oops", "trainer.logger=[console", "a b=1", "actor.lr==3"],
+)
+def test_override_syntax_error_names_the_override(override: str) -> None:
+    msg = _config_error(["actor.lr=0.1", override])
+    assert f"override {override!r} is not valid override syntax" in msg
+    assert "key='...'" in msg
+
+
+def test_override_without_a_key() -> None:
+    assert "override '=3' has no key" in _config_error(["=3"])
+
+
+def test_override_that_is_a_sweep() -> None:
+    msg = _config_error(["data.train_files=a.jsonl,b.jsonl"])
+    assert "'data.train_files=a.jsonl,b.jsonl' is a sweep" in msg and "key=[a,b]" in msg
+
+
+# --- config values ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("actor.lr=nan", "actor.lr=nan is not a finite number"),
+        ("actor.lr=inf", "actor.lr=inf is not a finite number"),
+        ("reward.timeout_s=nan", "reward.timeout_s=nan"),
+        ("actor.grad_clip=-inf", "actor.grad_clip=-inf"),
+        ("actor.betas=[0.9,nan]", "actor.betas=[0.9, nan] is not a finite number"),
+        ("actor.betas=[0.9,1.5]", "actor.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+        ("model.path=''", "model.path='' must be a non-empty string"),
+        ("data.answer_key=''", "data.answer_key='' must be a non-empty string"),
+        ("data.prompt_key=' '", "data.prompt_key=' ' must be a non-empty string"),
+        ("data.default_data_source=''", "data.default_data_source"),
+        ("trainer.default_local_dir=''", "trainer.default_local_dir"),
+        ("critic.model.path=''", "critic.model.path"),
+        ("actor.weight_decay=-0.1", "actor.weight_decay=-0.1 must be >= 0"),
+        ("critic.weight_decay=-1", "critic.weight_decay"),
+        ("critic.lr_warmup_steps=-1", "critic.lr_warmup_steps"),
+        ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low"),
+        ("rollout.max_num_seqs=0", "rollout.max_num_seqs=0 must be > 0"),
+        ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
+        ("rollout.load_format=lazy", "rollout.load_format"),
+        ("model.load_format=mmap", "model.load_format"),
+    ],
+)
+def test_config_values_checked(override: str, needle: str) -> None:
+    assert needle in _config_error([override])
+
+
+def test_dependent_config_values_checked() -> None:
+    msg = _config_error(["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"])
+    assert "algorithm.kl_ctrl.horizon=0" in msg
+    assert "target_kl" in _config_error(["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"])
+    msg = _config_error(["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=0"])
+    assert "actor.ppo_max_token_len_per_gpu=0" in msg
+    load_config(["algorithm.kl_ctrl.horizon=0"])  # fixed control: the horizon is unused
+
+
+def test_numbers_where_strings_are_expected_are_strings() -> None:
+    cfg = load_config(["model.path=123", "data.prompt_key=5", "trainer.experiment_name=7"])
+    assert (cfg.model.path, cfg.data.prompt_key, cfg.trainer.experiment_name) == ("123", "5", "7")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.adv_estimator=ppo", "algorithm.adv_estimator"),
+        ("actor.kl_loss_type=k9", "actor.kl_loss_type"),
+        ("algorithm.kl_penalty=big", "algorithm.kl_penalty"),
+        ("algorithm.kl_ctrl.type=pid", "algorithm.kl_ctrl.type"),
+        ("actor.clip_ratio_c=0.5", "actor.clip_ratio_c"),
+        ("actor.policy_loss=dpo", "actor.policy_loss"),
+        ("algorithm.lam=1.5", "algorithm.lam"),
+        ("critic.loss_agg_mode=sum", "critic.loss_agg_mode"),
+    ],
+)
+def test_algorithm_keys_validated(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config([override])
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+AGENT = ["agent.env=torchrl_post.agent.math_agent:MathEnv", "agent.agent=torchrl_post.agent.math_agent:ToolAgent"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.stepwise_advantage.enable=true"], "algorithm.stepwise_advantage.enable=true trains agent steps"),
+        ([*AGENT, "algorithm.stepwise_advantage.mode=per_turn"], "algorithm.stepwise_advantage.mode"),
+        (
+            [*AGENT, "algorithm.stepwise_advantage.enable=true", "algorithm.adv_estimator=gae"],
+            "adv_estimator in grpo, rloo",
+        ),
+        ([*AGENT, "agent.env_workers=-1"], "agent.env_workers"),
+    ],
+)
+def test_agent_and_stepwise_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+def test_agent_runs_on_tensor_parallel_and_hf_engines() -> None:
+    """The lockstep loop and the hf engine's per-turn batches: no longer refused."""
+    cfg = load_config([*AGENT, "rollout.tensor_parallel_size=2", "agent.tools=[calculator]"])
+    assert cfg.agent.tools == ["calculator"]
+    assert load_config([*AGENT, "rollout.engine=hf"]).rollout.engine == "hf"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.lora_rank=-1"], "model.lora_rank"),
+        (["model.lora_rank=8", "model.lora_dropout=1.0"], "model.lora_dropout"),
+        (["rollout.limit_images=0"], "rollout.limit_images"),
+        (["data.image_key="], "data.image_key"),
+        (["model.lora_rank=8", "model.target_modules=[]"], "model.target_modules"),
+    ],
+)
+def test_lora_and_vlm_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+# --- model.dtype --------------------------------------------------------------------------------------------
+
+
+def test_model_dtype_default_and_override() -> None:
+    assert load_config([]).model.dtype == "float32"
+    assert load_config(["model.dtype=bfloat16"]).model.dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("value", ["float64", "bf16", "int8"])
+def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([f"model.dtype={value}"])
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg == f"model.dtype='{value}' is not one of float32, bfloat16, float16"

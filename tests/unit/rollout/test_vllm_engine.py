@@ -1,0 +1,73 @@
+"""Tests of torchrl_post/rollout/vllm_engine.py: vLLM's reload reports accounted, and its hermes tool-call parser."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from torchrl_post.rollout.vllm_engine import RELOAD_LOGGERS, ReloadAccount, reload_misses, tool_parser_names
+
+# --- the vLLM engine's accounting (vLLM's reload reports, as its loggers emit them) ------------------------------
+
+PARAM_LAYERS = {
+    "VocabParallelEmbedding": ["model.embed_tokens"],
+    "ParallelLMHead": ["lm_head"],
+    "RMSNorm": [f"model.layers.{i}.{n}" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")]
+    + ["model.norm"],
+}
+
+
+def test_rotary_caches_are_quiet_and_a_layer_with_parameters_is_named() -> None:
+    assert reload_misses(["RotaryEmbedding", "MRotaryEmbedding"], [], PARAM_LAYERS) is None
+    error = reload_misses(["RotaryEmbedding", "ParallelLMHead"], [], PARAM_LAYERS)
+    assert error is not None and "ParallelLMHead (lm_head)" in error and "Rotary" not in error
+    assert "sync missed" in error
+    error = reload_misses(["RMSNorm"], ["model.norm.weight"], PARAM_LAYERS)
+    assert error is not None and "RMSNorm (some of its 5 layers" in error and "model.norm.weight" in error
+
+
+@pytest.fixture
+def vllm_at_error_level() -> Iterator[list[logging.LogRecord]]:
+    """vLLM's logger as VLLM_LOGGING_LEVEL=ERROR leaves it (no propagation, its own level); what it prints."""
+    root = logging.getLogger("vllm")
+    saved = root.level, root.propagate
+    printed: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = printed.append  # type: ignore[method-assign]
+    root.setLevel(logging.ERROR)
+    root.propagate = False
+    root.addHandler(handler)
+    yield printed
+    root.removeHandler(handler)
+    root.setLevel(saved[0])
+    root.propagate = saved[1]
+
+
+def test_reload_account_takes_vllm_reports_even_at_a_quieter_level(vllm_at_error_level: list) -> None:
+    layerwise, inplace = (logging.getLogger(name) for name in RELOAD_LOGGERS)
+    with ReloadAccount() as account:
+        layerwise.warning("%s: Failed to load weights", "RotaryEmbedding")
+        layerwise.warning("%s: Failed to load weights", "ParallelLMHead")
+        inplace.warning("Following weights were not loaded from checkpoint: %s", {"model.norm.weight"})
+        layerwise.warning("Allocating %.1f MB of device memory", 1.0)  # below the level set: stays unprinted
+        layerwise.error("something else")  # at the level set: printed as before
+    assert account.layers == ["RotaryEmbedding", "ParallelLMHead"]
+    assert account.params == ["model.norm.weight"]
+    assert [r.getMessage() for r in vllm_at_error_level] == ["something else"]
+    assert not layerwise.filters and layerwise.level == logging.NOTSET, "the loggers are left as they were"
+    layerwise.warning("%s: Failed to load weights", "ParallelLMHead")  # outside a reload: not taken
+    assert account.layers == ["RotaryEmbedding", "ParallelLMHead"]
+
+
+def test_hermes_calls_parsed(parse) -> None:  # type: ignore[no-untyped-def]
+    one = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    assert parse(one) == (True, [("calculator", json.dumps({"expression": "2+3"}))])
+    two = one + '<tool_call>{"name": "shout", "arguments": {"text": "hi", "times": 2}}</tool_call>'
+    tried, calls = parse("thinking... " + two)
+    assert tried and [c[0] for c in calls] == ["calculator", "shout"] and json.loads(calls[1][1])["times"] == 2
+    assert parse("The answer is 5.") == (False, [])
+    assert parse('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>') == (True, [])
+    assert "hermes" in tool_parser_names()
