@@ -5,7 +5,7 @@
 For each model (the demo model, ~0.4M parameters, and a random Qwen2 of ~25M parameters built once under
 outputs/bench_models with the demo's character tokenizer, so the demo data fits it) runs
 `torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` twice: full fine-tuning (configs/config.yaml)
-and LoRA (`--config-name lora`: rank 16, alpha 32, all-linear, lr 2e-3; merged and adapter sync), validation and checkpoints off. From
+and LoRA (`--config-name lora` at rank 16, alpha 32: all-linear, lr 2e-3; merged and adapter sync), validation and checkpoints off. From
 each run's metrics.jsonl: the median over steps 3..N of `timing_s/step`, `timing_s/update_actor`,
 `timing_s/sync` and `perf/sync_bytes` (the first two steps hold the warm-up).
 Trainable parameters and AdamW state (2 float32 moments per trainable parameter, all ranks together; FSDP
@@ -123,7 +123,11 @@ def train(model: BenchModel, mode: str) -> dict[str, Any]:
     cmd = [
         *torchrun(),
         *("--standalone", "--nproc-per-node", "2", "-m", "torchrl_post.train"),
-        *(["--config-name", "lora"] if mode.startswith("lora") else []),
+        *(
+            ["--config-name", "lora", f"model.lora_rank={LORA_RANK}", f"model.lora_alpha={LORA_ALPHA}"]
+            if mode.startswith("lora")
+            else []
+        ),
         *(["rollout.lora_sync=adapter"] if mode == "lora_adapter" else []),
         f"model.path={model.path}",
         f"trainer.total_training_steps={model.steps}",

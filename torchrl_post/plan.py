@@ -214,6 +214,19 @@ def engine_spec(cfg: Config, first_sync: bool = False) -> EngineSpec:
     )
 
 
+def ignored_keys(cfg: Config) -> list[str]:
+    """Keys set to something that this run does not use (a warning, not an error: the value is harmless)."""
+    a, notes = cfg.agent, []
+    if a.env is None and a.tools:
+        notes.append(f"agent.tools={list(a.tools)} ignored: tools are called by agents, and agent.env is unset")
+    if a.env is not None and cfg.reward.function is not None:
+        notes.append(
+            f"reward.function={cfg.reward.function!r} ignored: agent episodes are scored by their environment "
+            "(agent.env)"
+        )
+    return notes
+
+
 def _mesh(n: int, fsdp_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """1-D ("dp",) for FSDP over all n ranks; 2-D ("dp_replicate", "dp_shard") for HSDP when fsdp_size < n."""
     if 0 < fsdp_size < n:
@@ -231,6 +244,7 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
     """The plan for `cfg` on `world_size` ranks (the config's world-independent checks already ran when it
     was loaded: `config.load.load_config`)."""
     placed, notes = _role_placement(cfg)
+    notes += ignored_keys(cfg)
     placement = plan_placement(placed, world_size)
     validate_placement(cfg, placement.ranks, placement.colocated)
     tp = cfg.rollout.tensor_parallel_size

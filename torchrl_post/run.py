@@ -95,11 +95,11 @@ class Run:
         check_critic(cfg, tokenizer, plan.critic != "none")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        limit = cfg.rollout.limit_images
+        limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"
         train_files = file_list("data.train_files", cfg.data.train_files)
-        train = load_prompts(train_files, cfg.data, tokenizer, "train", processor, limit)
+        train = load_prompts(train_files, cfg.data, tokenizer, "train", processor, limit, label)
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
-        val = load_prompts(val_files, cfg.data, tokenizer, "val", processor, limit) if val_files else None
+        val = load_prompts(val_files, cfg.data, tokenizer, "val", processor, limit, label) if val_files else None
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         # Agent episodes are scored by their environment's rewards: no reward function is looked up.
         reward_fn_for = resolve_reward_fn(cfg.reward.function, sources) if cfg.agent.env is None else None

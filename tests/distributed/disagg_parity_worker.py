@@ -19,7 +19,7 @@ from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import route
-from torchrl_post.plan import engine_spec
+from torchrl_post.plan import engine_spec, lora_sync
 from torchrl_post.rollout.base import SamplingParams, collate
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
@@ -34,7 +34,7 @@ def main() -> None:
     if sys.argv[4:5] in (["lora"], ["lora-adapter"]):  # merged weights, or only the adapter, over the broadcast
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
         cfg.rollout.lora_sync = "adapter" if sys.argv[4] == "lora-adapter" else "merged"
-    keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
+    keep = is_adapter if lora_sync(cfg) == "adapter" else None
     cfg.data.max_prompt_length, cfg.data.max_response_length = 32, 6
     cfg.rollout.max_num_seqs, cfg.rollout.tensor_parallel_size = 64, tp
     cfg.actor.lr, cfg.actor.ppo_micro_batch_size_per_gpu = 5e-3, 4

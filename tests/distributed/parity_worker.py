@@ -23,7 +23,7 @@ from tests.distributed.checks import engine_vs_trainer, make_actor, parity_promp
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
-from torchrl_post.plan import engine_spec
+from torchrl_post.plan import engine_spec, lora_sync
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
@@ -60,7 +60,7 @@ def main() -> None:
             rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample, images), 2, pad, spec)
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
-            keep = is_adapter if cfg.rollout.lora_sync == "adapter" and cfg.model.lora_rank else None
+            keep = is_adapter if lora_sync(cfg) == "adapter" else None
             sync_weights(actor.model, engine, bucket_bytes=1 << 20, keep=keep)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})

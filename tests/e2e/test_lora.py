@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 def test_lora_learns_with_the_adapter_in_the_engine(demo: tuple[Path, Path], tmp_path: Path) -> None:
     rows, _ = run_config("lora", demo, tmp_path, 20, "trainer.save_freq=20")
     val = [r["val/test_score/arithmetic"] for r in rows if "val/test_score/arithmetic" in r]
-    assert len(val) == 2 and val[1] >= val[0] + 0.2, val  # measured 0.32 -> 0.63 at step 20
+    # configs/lora.yaml over 6 seeds: +0.24 to +0.33 at step 20 from 0.22 (seed 1, the default: +0.33); the
+    # margin is half the smallest rise.
+    assert len(val) == 2 and val[1] >= val[0] + 0.12, val
     diffs = [r["rollout/logprob_diff"] for r in rows if "rollout/logprob_diff" in r]
     assert len(diffs) == 20 and max(diffs) < 1e-3, diffs  # the engine samples the adapted model, every step
     # Only the adapter sits in the optimizer (and so in its checkpointed state).

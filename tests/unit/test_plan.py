@@ -9,7 +9,7 @@ import pytest
 
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
-from torchrl_post.plan import MB, RunPlan, engine_spec, plan_run, planned_world
+from torchrl_post.plan import MB, RunPlan, engine_spec, plan_run, planned_world, uses_rollout_is
 
 AGENT = ["agent.env=torchrl_post.agent.math_agent:MathEnv", "agent.agent=torchrl_post.agent.math_agent:ToolAgent"]
 
@@ -224,3 +224,60 @@ def test_describe_shows_every_decision() -> None:
     ):
         assert line in text, (line, text)
     assert MB == 1 << 20
+
+
+def test_batch_numbers_per_rank() -> None:
+    plan = plan_run(load_config(["placement.actor=[0,1]", "placement.rollout=[2,3]"]), 4)
+    assert plan.batch_numbers() == {
+        "prompts_per_step": 16,
+        "samples_per_step": 128,
+        "prompts_per_rollout_engine": 8,
+        "samples_per_actor_rank": 64,
+        "mini_batches_per_epoch": 1,
+        "samples_per_mini_batch_per_rank": 64,
+    }
+    cfg = load_config(["actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=64"])
+    plan = plan_run(cfg, 2)
+    numbers = plan.batch_numbers()
+    assert numbers["mini_batches_per_epoch"] == 4  # 16 / 4
+    assert numbers["samples_per_mini_batch_per_rank"] == 16  # 4 * 8 / 2
+    assert plan.micro_batch_samples == 16  # min(64, 16)
+
+
+def test_rollout_is_auto_follows_off_policy_steps() -> None:
+    assert not uses_rollout_is(load_config([]))
+    assert not uses_rollout_is(load_config(["rollout.mode=async"]))  # continuous batching, still on-policy
+    assert uses_rollout_is(load_config(["trainer.max_off_policy_steps=1"]))
+    assert uses_rollout_is(load_config(["algorithm.rollout_is=token"]))
+    assert not uses_rollout_is(load_config(["trainer.max_off_policy_steps=1", "algorithm.rollout_is=none"]))
+
+
+def test_rollout_mode_async_is_valid_colocated() -> None:
+    """verl users set rollout.mode=async everywhere; it must not be an error with the hybrid engine."""
+    text = plan_run(load_config(["rollout.mode=async"]), 2).describe("cpu", "gloo")
+    assert "trainer.max_off_policy_steps=0 (on-policy)" in text
+
+
+def test_describe_eight_ranks_hsdp_tp_look_ahead() -> None:
+    cfg = load_config(
+        [
+            "rollout.tensor_parallel_size=2",
+            "actor.fsdp.fsdp_size=2",
+            "trainer.max_off_policy_steps=1",
+            "placement.actor=[0,1,2,3]",
+            "placement.rollout=[4,5,6,7]",
+        ]
+    )
+    text = plan_run(cfg, 8).describe("cpu", "gloo")
+    assert "actor mesh ('dp_replicate', 'dp_shard') = (2, 2) (HSDP)" in text
+    assert "rollout engines (tensor_parallel_size=2): [[4, 5], [6, 7]]" in text
+    assert "weight sync: broadcast over ranks [0, 4, 5, 6, 7]" in text
+    assert "max_off_policy_steps=1" in text and "samples_per_actor_rank: 32" in text
+    assert "rollout importance cap: 2.0" in text
+
+
+def test_keys_this_run_does_not_use_are_noted() -> None:
+    notes = plan_run(load_config(["agent.tools=[calculator]"]), 1).notes
+    assert notes == ("agent.tools=['calculator'] ignored: tools are called by agents, and agent.env is unset",)
+    notes = plan_run(load_config([*AGENT, "reward.function=torchrl_post.reward.builtin:arithmetic"]), 1).notes
+    assert len(notes) == 1 and notes[0].startswith("reward.function=") and "scored by their environment" in notes[0]

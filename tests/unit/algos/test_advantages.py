@@ -9,6 +9,7 @@ import torch
 from tests.unit.algos.helpers import MASK
 from torchrl_post.algos.advantages import (
     gae_advantages,
+    group_advantages,
     grpo_advantages,
     masked_whiten,
     reinforce_plus_plus_advantages,
@@ -17,13 +18,42 @@ from torchrl_post.algos.advantages import (
     scores_to_token_rewards,
 )
 
+
+def _ids(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """Group ids of prompt-major samples, `n` per prompt."""
+    return torch.arange(len(scores)) // n
+
+
+# --- group_advantages ---------------------------------------------------------------------------------------
+
+
+def test_group_advantages_variable_groups() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 3.0, 2.0, 7.0]), torch.tensor([0, 0, 1, 1, 2]), "grpo", False)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0]))
+    with pytest.raises(ValueError, match="group advantages support grpo, rloo, not 'gae'"):
+        group_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), "gae")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_group_advantages_follow_ids_not_positions(estimator: str) -> None:
+    """Equal adjacent groups take the [G, n] path; the same rows shuffled (ids scattered) take the per-group
+    path: every row gets the same advantage either way."""
+    torch.manual_seed(0)
+    scores, ids = torch.rand(12), torch.arange(12) // 4
+    adjacent = group_advantages(scores, ids, estimator)
+    perm = torch.randperm(12)
+    shuffled = group_advantages(scores[perm], ids[perm], estimator)
+    torch.testing.assert_close(shuffled, adjacent[perm], atol=1e-6, rtol=0)
+    assert adjacent.abs().sum() > 0
+
+
 # --- grpo_advantages ----------------------------------------------------------------------------------------
 
 
 def test_grpo_advantages_by_hand():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     mask = torch.ones(8, 3)
-    adv = grpo_advantages(scores, 4, mask)
+    adv = grpo_advantages(scores, _ids(scores, 4), mask)
     assert adv.shape == (8, 3)
     # group 1: mean 0.5, deviations +-0.5, unbiased var = 4 * 0.25 / 3 = 1/3
     a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
@@ -33,7 +63,7 @@ def test_grpo_advantages_by_hand():
 
 def test_grpo_advantages_uneven_group():
     scores = torch.tensor([3.0, 0.0, 0.0])
-    adv = grpo_advantages(scores, 3, torch.ones(3, 1))
+    adv = grpo_advantages(scores, _ids(scores, 3), torch.ones(3, 1))
     # mean 1, deviations [2, -1, -1], unbiased var = (4 + 1 + 1) / 2 = 3
     std = math.sqrt(3.0)
     expected = torch.tensor([2.0, -1.0, -1.0]) / (std + 1e-6)
@@ -43,7 +73,7 @@ def test_grpo_advantages_uneven_group():
 def test_grpo_advantages_masked_tokens_are_zero():
     scores = torch.tensor([1.0, 0.0, 2.0, 2.0])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-    adv = grpo_advantages(scores, 2, mask)
+    adv = grpo_advantages(scores, _ids(scores, 2), mask)
     assert torch.all(adv[mask == 0] == 0)
     a = 0.5 / (math.sqrt(0.5) + 1e-6)  # group [1, 0]: mean 0.5, unbiased var 0.5
     torch.testing.assert_close(adv[0], torch.tensor([a, a, 0.0]))
@@ -54,7 +84,7 @@ def test_grpo_advantages_masked_tokens_are_zero():
 def test_grpo_advantages_each_group_sums_to_zero():
     torch.manual_seed(0)
     scores = torch.rand(12)
-    adv = grpo_advantages(scores, 4, torch.ones(12, 1))[:, 0]
+    adv = grpo_advantages(scores, _ids(scores, 4), torch.ones(12, 1))[:, 0]
     sums = adv.view(3, 4).sum(dim=1)
     torch.testing.assert_close(sums, torch.zeros(3), atol=1e-5, rtol=0)
     assert adv.abs().sum() > 0
@@ -64,13 +94,13 @@ def test_grpo_advantages_each_group_sums_to_zero():
 
 def test_grpo_advantages_without_std_is_plain_centering():
     scores = torch.tensor([2.0, 0.0, 1.0, 5.0, 5.0, 8.0])
-    adv = grpo_advantages(scores, 3, torch.ones(6, 2), norm_by_std=False)
+    adv = grpo_advantages(scores, _ids(scores, 3), torch.ones(6, 2), norm_by_std=False)
     expected = torch.tensor([1.0, -1.0, 0.0, -1.0, -1.0, 2.0])
     torch.testing.assert_close(adv, expected[:, None].expand(6, 2))
 
 
 def test_grpo_advantages_accepts_integer_scores():
-    adv = grpo_advantages(torch.tensor([1, 0]), 2, torch.ones(2, 1), norm_by_std=False)
+    adv = grpo_advantages(torch.tensor([1, 0]), _ids(torch.tensor([1, 0]), 2), torch.ones(2, 1), norm_by_std=False)
     assert adv.dtype == torch.float32
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.5, -0.5]))
 
@@ -185,7 +215,7 @@ def test_rloo_by_hand_leave_one_out():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 4.0, 6.0, 8.0])
     mask = torch.ones(8, 2)
     mask[1, 1] = 0.0
-    adv = rloo_advantages(scores, 4, mask)
+    adv = rloo_advantages(scores, _ids(scores, 4), mask)
     # A_i = r_i - mean of the other three: group 1: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3; group 2: 2 - 6 = -4, 4 - 16/3, ...
     expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, 4 - 16 / 3, 6 - 14 / 3, 8 - 4.0])
     torch.testing.assert_close(adv[:, 0], expected)
@@ -197,20 +227,22 @@ def test_rloo_equals_scaled_centering_and_groups_sum_to_zero():
     torch.manual_seed(3)
     n = 3
     scores = torch.rand(12)
-    adv = rloo_advantages(scores, n, torch.ones(12, 1))[:, 0]
+    adv = rloo_advantages(scores, _ids(scores, n), torch.ones(12, 1))[:, 0]
     groups = scores.view(-1, n)
     torch.testing.assert_close(adv, (n / (n - 1) * (groups - groups.mean(1, keepdim=True))).flatten())
     torch.testing.assert_close(adv.view(-1, n).sum(1), torch.zeros(4), atol=1e-6, rtol=0)
 
 
 def test_rloo_n_two_and_uneven_mask():
-    adv = rloo_advantages(torch.tensor([3.0, 1.0]), 2, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    adv = rloo_advantages(
+        torch.tensor([3.0, 1.0]), _ids(torch.tensor([3.0, 1.0]), 2), torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    )
     torch.testing.assert_close(adv, torch.tensor([[2.0, 2.0, 2.0], [-2.0, 0.0, 0.0]]))
 
 
-def test_rloo_rejects_n_below_two():
-    with pytest.raises(ValueError, match="n=1"):
-        rloo_advantages(torch.tensor([1.0, 2.0]), 1, torch.ones(2, 1))
+def test_rloo_group_of_one_gets_zero():
+    adv = rloo_advantages(torch.tensor([1.0, 2.0]), _ids(torch.tensor([1.0, 2.0]), 1), torch.ones(2, 1))
+    torch.testing.assert_close(adv, torch.zeros(2, 1))
 
 
 # --- scores_to_token_rewards --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_step_advantage_lands_on_its_own_tokens(mode: str) -> None:
     assert batch.loss_mask.sum(-1).tolist() == [3.0, 1.0, 1.0, 2.0]
     cfg = AlgorithmConfig()
     cfg.stepwise_advantage.enable, cfg.stepwise_advantage.mode = True, mode
-    estimate_advantages(cfg, batch, n=2, kl_coef=0.0)
+    estimate_advantages(cfg, batch, kl_coef=0.0)
     adv = batch.advantages
     assert adv is not None
     assert ((adv != 0) == batch.loss_mask.bool()).all(), "an advantage is zeroed or leaks outside its step's tokens"

@@ -18,7 +18,7 @@ from torchrl_post.algos.policy_loss import (
     ppo_clip_loss,
     truncated_is_weights,
 )
-from torchrl_post.workers.logprobs import micro_slices
+from torchrl_post.workers.micro_batches import micro_slices
 
 # --- ppo_clip_loss ------------------------------------------------------------------------------------------
 

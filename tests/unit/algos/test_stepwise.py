@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tests.unit.stepwise_helpers import R
-from torchrl_post.algos.stepwise import broadcast_advantages, grouped_advantages, per_step_advantages, step_returns
+from torchrl_post.algos.stepwise import broadcast_advantages, per_step_advantages, step_returns
 
 
 def test_broadcast_gives_each_step_its_trajectorys_advantage() -> None:
@@ -36,10 +35,3 @@ def test_per_step_returns_and_groups() -> None:
     torch.testing.assert_close(adv, torch.tensor([R, R, -R, 0.0, -R]), atol=1e-5, rtol=0)
     rloo = per_step_advantages(rewards, group, traj, step, "rloo", gamma=0.5)
     torch.testing.assert_close(rloo, torch.tensor([0.5, 0.25, -0.25, 0.0, -0.5]))
-
-
-def test_grouped_advantages_variable_groups() -> None:
-    adv = grouped_advantages(torch.tensor([1.0, 0.0, 3.0, 2.0, 7.0]), torch.tensor([0, 0, 1, 1, 2]), "grpo", False)
-    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0]))
-    with pytest.raises(ValueError, match="step-wise"):
-        grouped_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), "gae")

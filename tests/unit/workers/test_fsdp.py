@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchrl_post.config.schema import ModelConfig
-from torchrl_post.workers.fsdp import load_causal_lm
+from torchrl_post.workers.models import load_causal_lm
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
