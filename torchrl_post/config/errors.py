@@ -17,3 +17,9 @@ class DataError(UserError):
 
 class TrainingError(UserError):
     """Training cannot go on (e.g. repeated non-finite updates); the last good checkpoint is kept."""
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (whitespace collapsed, cut at `limit` characters)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

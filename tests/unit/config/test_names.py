@@ -1,5 +1,5 @@
-"""Config values that name something (LoRA target modules, the agent's tool parser, a data file's image
-column) stop the run before any model loads, with one line naming the key, the bad value and what exists."""
+"""Tests of torchrl_post/config/names.py and the image-row check of data/dataset.py: values that name something
+stop the run before any model loads, with one line naming the key, the bad value and what exists."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from transformers import AutoConfig, AutoTokenizer, Qwen2VLConfig
 
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
-from torchrl_post.config.preflight import check_lora_targets, check_tool_parser, preflight
+from torchrl_post.config.names import check_lora_targets, check_tool_parser
+from torchrl_post.config.preflight import preflight
 from torchrl_post.config.schema import Config, DataConfig
 from torchrl_post.data.dataset import load_prompts
 
