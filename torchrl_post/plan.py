@@ -24,7 +24,7 @@ from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config, FSDPConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
-from torchrl_post.distributed.placement import Placement, plan_placement
+from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
 from torchrl_post.rollout.base import EngineSpec
 
 Where = Literal["none", "colocated", "own_ranks"]
@@ -227,13 +227,6 @@ def ignored_keys(cfg: Config) -> list[str]:
     return notes
 
 
-def _mesh(n: int, fsdp_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """1-D ("dp",) for FSDP over all n ranks; 2-D ("dp_replicate", "dp_shard") for HSDP when fsdp_size < n."""
-    if 0 < fsdp_size < n:
-        return ("dp_replicate", "dp_shard"), (n // fsdp_size, fsdp_size)
-    return ("dp",), (n,)
-
-
 def uses_rollout_is(cfg: Config) -> bool:
     """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
     auto = cfg.algorithm.rollout_is == "auto" and cfg.trainer.max_off_policy_steps > 0
@@ -259,7 +252,7 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
         if role not in placement.ranks:
             continue
         ranks = placement.ranks[role]
-        dims, shape = _mesh(len(ranks), fsdp[role].fsdp_size)
+        dims, shape = mesh_shape(len(ranks), fsdp[role].fsdp_size)
         roles[role] = RolePlan(tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, mini * n // len(ranks))
     lora = cfg.model.lora_rank > 0
     if "reference" in roles:

@@ -198,15 +198,18 @@ class Topology:
         return self.rank in self.placement.ranks.get(role, [])
 
 
+def mesh_shape(n: int, fsdp_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A role's FSDP mesh over its n ranks: 1-D ("dp",) shards over all of them; 2-D ("dp_replicate",
+    "dp_shard") is HSDP when 0 < fsdp_size < n (replicas of fsdp_size shards)."""
+    if 0 < fsdp_size < n:
+        return ("dp_replicate", "dp_shard"), (n // fsdp_size, fsdp_size)
+    return ("dp",), (n,)
+
+
 def fsdp_mesh(device_type: str, n: int, fsdp_size: int) -> DeviceMesh:
-    """1-D ("dp",) for FSDP over the whole cell; 2-D ("dp_replicate", "dp_shard") for HSDP when fsdp_size < n."""
-    if fsdp_size <= 0 or fsdp_size >= n:
-        return DeviceMesh(device_type, torch.arange(n, dtype=torch.int), mesh_dim_names=("dp",))
-    return DeviceMesh(
-        device_type,
-        torch.arange(n, dtype=torch.int).view(n // fsdp_size, fsdp_size),
-        mesh_dim_names=("dp_replicate", "dp_shard"),
-    )
+    """The DeviceMesh of `mesh_shape(n, fsdp_size)` over ranks 0..n-1 of the cell."""
+    dims, shape = mesh_shape(n, fsdp_size)
+    return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(*shape), mesh_dim_names=dims)
 
 
 def all_reduce_max(value: float, group: dist.ProcessGroup | None) -> float:
