@@ -188,11 +188,11 @@ class Trainer:
         out, m = ckpt_tmp / "hf", self.cfg.model
         if self.info.is_main:
             write_hf_meta(self.actor.model.config, self.info.hf_meta, out)
-            if m.lora_rank > 0:  # adapter_config.json: export rebuilds the PEFT model from it
+            if self.plan.lora_sync != "none":  # adapter_config.json: export rebuilds the PEFT model from it
                 write_adapter_config(self.actor.model, m.path, out)
         if self.cfg.trainer.save_hf:
             weights = iter_full_weights(self.actor.model, self.plan.sync_bucket_bytes)
-            if m.lora_rank > 0:  # the merged model, loadable as a plain HF model
+            if self.plan.lora_sync != "none":  # the merged model, loadable as a plain HF model
                 weights = merged_weights(weights, lora_scale(m.lora_rank, m.lora_alpha))
             write_hf_weights(weights, out, self.info.is_main)
 
