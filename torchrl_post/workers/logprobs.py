@@ -47,6 +47,7 @@ def _never(model: torch.nn.Module) -> tuple[int, ...]:
     return spec.never_generated if spec is not None else ()
 
 
+@torch.no_grad()
 def batched_log_probs(
     model: torch.nn.Module,
     batch: Batch,

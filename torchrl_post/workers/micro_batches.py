@@ -18,7 +18,6 @@ def chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, n))
 
 
-@torch.no_grad()
 def trim_span(attention_mask: torch.Tensor, response_width: int) -> tuple[int, int]:
     """(first column, response columns kept) after dropping padding shared by every row of a micro-batch.
 
