@@ -67,7 +67,8 @@ def test_guess_number_example_learns(demo: tuple[Path, Path], tmp_path: Path) ->
     """configs/guess_number.yaml through the entrypoint: its greedy validation score rises."""
     rows, _ = run_config("guess_number", demo, tmp_path, 20, "trainer.save_freq=0")
     val = [r["val/test_score/arithmetic"] for r in rows if "val/test_score/arithmetic" in r]
-    assert len(val) == 2 and val[1] >= val[0] + 0.15, val  # measured: 0.32 -> 0.61 at step 10
+    # 0.25 -> 0.47 / 0.63 / 0.64 at step 20 over seeds 0 / 1 / 2; the margin is half the smallest rise
+    assert len(val) == 2 and val[1] >= val[0] + 0.11, val
     last = [r for r in rows if "agent/num_turns/mean" in r][-1]
     assert last["agent/num_turns/mean"] > 1.0  # wrong answers get hints and another turn
 
@@ -83,10 +84,12 @@ def math_agent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_math_agent_example_learns_to_use_its_calculator(math_agent: tuple[Path, Path], tmp_path: Path) -> None:
     """configs/math_agent.yaml through the entrypoint: the calculator is called in hermes format, parsed by
-    vLLM's parser, and the greedy validation score rises by more than 0.2 (measured: 0.30 -> 0.81 in 10 steps)."""
+    vLLM's parser, and the greedy validation score rises by more than 0.25 (0.25 -> 0.77 / 0.89 / 0.91 in 10 steps over
+    seeds 0 / 1 / 2: half the smallest rise)."""
     rows, _ = run_config("math_agent", math_agent, tmp_path, 10, "trainer.save_freq=0")
     val = [r["val/test_score/math_agent"] for r in rows if "val/test_score/math_agent" in r]
-    assert len(val) == 2 and val[1] >= val[0] + 0.2, val
+    assert len(val) == 2 and val[1] >= val[0] + 0.25, val
     last = [r for r in rows if "agent/tool_calls/mean" in r][-1]
-    assert last["agent/num_turns/mean"] > 1.0 and last["agent/tool_calls/mean"] >= 1.0
+    # tool calls per trajectory: about 0.3 at step 1, 0.96 / 1.02 / 1.02 at step 10 over seeds 0 / 1 / 2
+    assert last["agent/num_turns/mean"] > 1.0 and last["agent/tool_calls/mean"] >= 0.8
     assert last["agent/tool_errors"] >= 0 and last["timing_s/env"] >= 0

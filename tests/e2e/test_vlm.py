@@ -33,8 +33,9 @@ def _diffs(rows: list[dict]) -> list[float]:
 def test_vlm_learns_to_look_at_the_image(vlm_demo: tuple[Path, Path], tmp_path: Path) -> None:
     rows, _ = run_config("vlm", vlm_demo, tmp_path, 60, "trainer.save_freq=60")
     val = [r["val/test_score/vlm_colour"] for r in rows if "val/test_score/vlm_colour" in r]
-    # measured 0.25 (a random colour word: blind) -> 0.69 at step 60, 0.92 at 100
-    assert len(val) == 2 and val[1] >= val[0] + 0.2, val
+    # 0.25 (a random colour word: blind) -> 0.48 / 0.69 / 0.50 at step 60 over seeds 0 / 1 / 2 (1, the default);
+    # the margin is half the smallest rise
+    assert len(val) == 2 and val[1] >= val[0] + 0.12, val
     diffs = _diffs(rows)
     assert len(diffs) == 60 and max(diffs) < 1e-3, max(diffs)  # images and weights reach vLLM every step
     # Export: an HF model directory with the processor, which transformers loads and runs on an image prompt.
