@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.unit.workers.helpers import CPU, RAGGED, _batch, _groups
-from torchrl_post.workers.logprobs import packed_forward_log_probs, padded_forward_log_probs
+from torchrl_post.workers.logprobs import batched_log_probs, packed_forward_log_probs, padded_forward_log_probs
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,13 @@ def test_shared_prefix_forward_equals_padded(tiny_model: Path, impl: str) -> Non
     assert (lb * (1 - mask)).abs().max() == 0
     scale = max(g.abs().max().item() for g in ga.values())
     assert ga.keys() == gb.keys() and max((ga[k] - gb[k]).abs().max().item() for k in ga) < 1e-6 * max(scale, 1.0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_batched_log_probs_hold_no_graph(model: torch.nn.Module, packed: bool) -> None:
+    """Old and reference logprobs are constants of the update: a graph kept on them makes the update's backward
+    run through the old forward (a KL-in-reward run failed in backward when the decorator went missing)."""
+    model.train()
+    out = batched_log_probs(model, _batch(RAGGED), 1.0, 2, CPU, packed=packed)
+    assert not out.requires_grad and out.grad_fn is None
+    assert out.abs().sum() > 0
