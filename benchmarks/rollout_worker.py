@@ -86,7 +86,7 @@ def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
             sampling.ignore_eos = True
             return sampling
 
-    return FixedLengthVLLM(cfg, device, seed=0)
+    return FixedLengthVLLM(cfg.model, cfg.rollout, engine_spec(cfg), device, seed=0)
 
 
 def build_engines(cfg: Config, device: torch.device, pad_id: int) -> tuple[dict[str, RolloutEngine], dict[str, float]]:

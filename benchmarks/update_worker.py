@@ -56,7 +56,7 @@ from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import dp_group, fsdp_mesh
 from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
-from torchrl_post.workers.logprobs import plan_micro_batches
+from torchrl_post.workers.micro_batches import plan_micro_batches
 
 MODES = ("fixed", "dynamic", "packed", "packed_dynamic")
 _KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not race the other ranks
