@@ -64,6 +64,8 @@ class RunPlan:
     mini_batch_prompts: int
     ppo_epochs: int
     tensor_parallel_size: int
+    rollout_engine: str
+    """rollout.engine: vllm or hf."""
     engines: int
     """Rollout engines (one per tensor_parallel_size rollout ranks)."""
     needs_old_log_probs: bool
@@ -133,7 +135,7 @@ class RunPlan:
             lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how})")
         tp, roll = self.tensor_parallel_size, self.rollout_ranks
         engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
-        lines.append(f"  rollout engines (tensor_parallel_size={tp}): {engines}")
+        lines.append(f"  rollout engines ({self.rollout_engine}, tensor_parallel_size={tp}): {engines}")
         lines.append(
             f"  off-policy look-ahead: trainer.max_off_policy_steps={self.max_off_policy_steps}"
             + (" (on-policy)" if not self.max_off_policy_steps else "")
@@ -268,6 +270,7 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
         mini_batch_prompts=mini,
         ppo_epochs=cfg.actor.ppo_epochs,
         tensor_parallel_size=tp,
+        rollout_engine=cfg.rollout.engine,
         engines=engines,
         needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward,
         reference=reference,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from torchrl_post.config import UserError, load_config
 from torchrl_post.distributed.env import end_process, launch_rank, read_env, shutdown_distributed, under_torchrun
@@ -18,6 +19,7 @@ from torchrl_post.plan import plan_run, planned_world
 
 # Read before a cell's process group rewrites RANK to the rank within the cell.
 _LAUNCH_RANK = launch_rank()
+REPORT_GRACE_S = 5.0
 
 
 def _report(msg: str) -> None:
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         _report(str(e))
         code = 2
+        if _LAUNCH_RANK != 0:
+            # Every rank usually meets the same error; the first rank reports it. A rank that exits first makes
+            # torchrun stop the others, so wait for the first rank's line (it may still be writing the run's files).
+            time.sleep(REPORT_GRACE_S)
     except Stopped as e:
         if _LAUNCH_RANK == 0:
             print(str(e), flush=True)

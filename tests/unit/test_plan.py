@@ -216,7 +216,7 @@ def test_describe_shows_every_decision() -> None:
     text = plan_run(cfg, 4).describe("cpu", "gloo")
     for line in (
         "actor mesh ('dp_replicate', 'dp_shard') = (2, 1) (HSDP)",
-        "rollout engines (tensor_parallel_size=1): [[2], [3]]",
+        "rollout engines (vllm, tensor_parallel_size=1): [[2], [3]]",
         "weight sync: broadcast, buckets of 64 MiB",
         "group size: 8; old logprobs: no",
         "reference: none; critic: none; lora sync: none",
@@ -270,7 +270,7 @@ def test_describe_eight_ranks_hsdp_tp_look_ahead() -> None:
     )
     text = plan_run(cfg, 8).describe("cpu", "gloo")
     assert "actor mesh ('dp_replicate', 'dp_shard') = (2, 2) (HSDP)" in text
-    assert "rollout engines (tensor_parallel_size=2): [[4, 5], [6, 7]]" in text
+    assert "rollout engines (vllm, tensor_parallel_size=2): [[4, 5], [6, 7]]" in text
     assert "weight sync: broadcast over ranks [0, 4, 5, 6, 7]" in text
     assert "max_off_policy_steps=1" in text and "samples_per_actor_rank: 32" in text
     assert "rollout importance cap: 2.0" in text
