@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ class BatchStats:
     """Prompt and response tokens of the batch over every actor rank (for perf/throughput)."""
 
 
-def batch_metrics(batch: Batch, masked: list[str]) -> BatchStats:
+def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
     """Scores, lengths, advantages and filter fractions of the step's samples, reduced over every actor rank
     (the cell's default group); `masked`: the termination reasons compact filtering masks."""
     assert batch.scores is not None and batch.advantages is not None and batch.reward_errors is not None

@@ -19,7 +19,6 @@ from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.rollout.engines import build_engine
-from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.run import Run
@@ -119,7 +118,7 @@ def source_settings(run: Run) -> SourceSettings:
         max_response_length=cfg.data.max_response_length,
         seed=cfg.trainer.seed,
         rejection=cfg.algorithm.rejection_sample,
-        masked=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
+        masked=plan.masked_reasons,
         reward_timeout_s=cfg.reward.timeout_s,
         val_batch_size=cfg.data.val_batch_size,
         log_val_generations=cfg.trainer.log_val_generations,

@@ -22,10 +22,11 @@ from typing import Literal
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.schema import Config, FSDPConfig
+from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
 from torchrl_post.rollout.base import EngineSpec
+from torchrl_post.rollout.filters import masked_reasons
 
 Where = Literal["none", "colocated", "own_ranks"]
 ReferenceSource = Literal["none", "colocated", "own_ranks", "adapter_off"]
@@ -78,6 +79,8 @@ class RunPlan:
     sync_bucket_bytes: int
     rollout_is_cap: float
     """Truncated importance-weight cap against the rollout logprobs; 0.0: off."""
+    masked_reasons: tuple[str, ...]
+    """Termination reasons whose samples compact filtering masks (none unless it is on)."""
     max_off_policy_steps: int
     total_epochs: int
     total_training_steps: int | None
@@ -105,12 +108,13 @@ class RunPlan:
     def fsdp_sizes(self) -> dict[str, int]:
         return {role: r.fsdp.fsdp_size for role, r in self.roles.items()}
 
-    def total_steps(self, train_prompts: int, batch_size: int) -> int:
+    def total_steps(self, train_prompts: int) -> int:
         """Steps of the run once the training set's size is known: epochs x batches per epoch, capped by
         trainer.total_training_steps."""
-        per_epoch = train_prompts // batch_size
+        bsz = self.prompts_per_step
+        per_epoch = train_prompts // bsz
         if per_epoch == 0:
-            raise ConfigError(f"data.train_batch_size={batch_size} is larger than the {train_prompts} training prompts")
+            raise ConfigError(f"data.train_batch_size={bsz} is larger than the {train_prompts} training prompts")
         steps = per_epoch * self.total_epochs
         return min(steps, self.total_training_steps or steps)
 
@@ -164,7 +168,7 @@ def needs_kl(cfg: Config) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def _role_placement(cfg: Config) -> tuple[object, list[str]]:
+def _role_placement(cfg: Config) -> tuple[PlacementConfig, list[str]]:
     """placement.* with the critic and reference put where the algorithm needs them (a copy; notes say why)."""
     placed, notes = cfg.placement, []
     lora = cfg.model.lora_rank > 0
@@ -279,6 +283,7 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
         sync="reload" if placement.colocated["rollout"] else "broadcast",
         sync_bucket_bytes=cfg.rollout.sync_bucket_mb * MB,
         rollout_is_cap=cfg.algorithm.rollout_is_threshold if uses_rollout_is(cfg) else 0.0,
+        masked_reasons=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
         max_off_policy_steps=cfg.trainer.max_off_policy_steps,
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,

@@ -108,7 +108,7 @@ class Run:
                 load_function(str(getattr(cfg.agent, key)), f"agent.{key}")
         if cfg.agent.env is not None and cfg.agent.tools:
             ToolBox.from_specs(list(cfg.agent.tools))
-        total = plan.total_steps(len(train), cfg.data.train_batch_size)
+        total = plan.total_steps(len(train))
         torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
         run_dir = Path(cfg.trainer.default_local_dir)
         return Run(cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision)

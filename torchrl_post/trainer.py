@@ -29,7 +29,6 @@ from torchrl_post.distributed.placement import all_reduce_max, dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.plan import RunPlan
-from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.source import RolloutSource
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.sync.weights import iter_full_weights
@@ -77,7 +76,6 @@ class Trainer:
         self.actor, self.rollouts, self.weights = roles.actor, roles.rollouts, roles.weights
         self.critic, self.reference = roles.critic, roles.reference
         self.group = dp_group(self.actor.mesh)
-        self.masked = masked_reasons(cfg.algorithm.compact_filtering)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = (
             AdaptiveKLController(kc.kl_coef, kc.target_kl, kc.horizon)
@@ -117,7 +115,7 @@ class Trainer:
         metrics |= timed("wait_critic", critic_metrics)
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
-        stats = batch_metrics(batch, self.masked)
+        stats = batch_metrics(batch, self.plan.masked_reasons)
         return metrics | stats.metrics | self.rollouts.metrics(), stats.tokens
 
     def _even(self, batch: Batch) -> Batch:

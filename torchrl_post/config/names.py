@@ -11,6 +11,7 @@ import torch
 
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.schema import Config
+from torchrl_post.workers.models import VISION_TOWER, model_class
 
 log = logging.getLogger(__name__)
 
@@ -20,18 +21,12 @@ ALL_LINEAR = "all-linear"
 
 
 def _meta_model(model_config: Any, trust_remote_code: bool) -> torch.nn.Module:
-    """The architecture of `model_config` by its auto class (image-text-to-text for a vision-language model, as
-    workers/models.py builds it, else causal LM) with every tensor on the meta device: no memory, no weights."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    auto = (
-        AutoModelForImageTextToText
-        if getattr(model_config, "vision_config", None) is not None
-        else AutoModelForCausalLM
-    )
+    """The architecture of `model_config` by the auto class the roles build it with (`workers.models.model_class`),
+    with every tensor on the meta device: no memory, no weights."""
     with torch.device("meta"):
-        model: torch.nn.Module = auto.from_config(model_config, trust_remote_code=trust_remote_code)
+        model: torch.nn.Module = model_class(model_config).from_config(
+            model_config, trust_remote_code=trust_remote_code
+        )
     return model
 
 
@@ -43,10 +38,6 @@ def check_lora_targets(cfg: Config, model_config: Any) -> None:
     weight sync merges lora_B @ lora_A into linear weights); a vision-language model's vision tower is left out
     (`workers/models.py` excludes it from the adapter). The architecture is built on the meta device from the
     config alone, so this costs no memory however large the model."""
-    import torch
-
-    from torchrl_post.workers.models import VISION_TOWER
-
     m = cfg.model
     targets = m.target_modules
     if isinstance(targets, str) and targets.lower() == ALL_LINEAR:

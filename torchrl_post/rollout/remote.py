@@ -57,7 +57,7 @@ class RolloutTransfer:
 
     def take_part(self) -> None:
         """A rank that neither sends nor receives groups (a critic or reference on ranks of its own)."""
-        self(dict(), group_rows([]))
+        self({}, group_rows([]))
 
 
 class RemoteRollouts:
