@@ -56,6 +56,7 @@ def build_trainer(run: Run) -> Trainer:
         mini_batch_samples=plan.roles["actor"].mini_batch_samples,
         max_response_length=cfg.data.max_response_length,
         is_cap=plan.rollout_is_cap,
+        fsdp=plan.roles["actor"].fsdp,
     )
     critic: CriticRole | None = None
     if plan.critic == "colocated":
@@ -73,13 +74,17 @@ def build_trainer(run: Run) -> Trainer:
     if plan.disaggregated:
         rejection = cfg.algorithm.rejection_sample.enable
         rollouts = RemoteRollouts(rollout_transfer(run), run.sampler(0, 1), timer, rejection, run.pad_id)
-        dtype = getattr(torch, cfg.rollout.dtype)
+        dtype = getattr(torch, plan.engine.dtype)
         weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
         roles = StepRoles(actor, rollouts, weights, critic, reference)
     else:
         dp = len(plan.actor_ranks)
-        source = engine_source(run, run.sampler(plan.actor_ranks.index(run.env.rank), dp), timer)
-        roles = StepRoles(actor, source, ReloadSync(source.engine, plan.sync_bucket_bytes, keep), critic, reference)
+        sampler = run.sampler(plan.actor_ranks.index(run.env.rank), dp)
+        source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
+        # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
+        wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
+        sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
+        roles = StepRoles(actor, source, sync, critic, reference)
     info = RankInfo(
         run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
     )
@@ -91,7 +96,7 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     tp, rollout = plan.tensor_parallel_size, plan.rollout_ranks
     sampler = run.sampler(rollout.index(run.env.rank) // tp, len(rollout) // tp)
     source = engine_source(run, sampler, timer)
-    dtype = getattr(torch, run.cfg.rollout.dtype)
+    dtype = getattr(torch, plan.engine.dtype)
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
     return RolloutServer(
         source,
@@ -125,14 +130,15 @@ def source_settings(run: Run) -> SourceSettings:
     )
 
 
-def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer) -> EngineSource:
+def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_bytes: int = 0) -> EngineSource:
     """This rank's engine (one per `rollout.tensor_parallel_size` rollout ranks; its first rank speaks for it)
-    behind the rollout source, with the agent loop over it when agent.env is set."""
+    behind the rollout source, with the agent loop over it when agent.env is set. `reserve_bytes`: accelerator
+    memory a colocated trainer has yet to allocate (its optimizer state), kept out of the engine's share."""
     cfg, plan = run.cfg, run.plan
     tp, index = plan.tensor_parallel_size, plan.rollout_ranks.index(run.env.rank)
     eos = [run.tokenizer.eos_token_id]
     seed = cfg.trainer.seed + index // tp
-    engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos)
+    engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos, reserve_bytes)
     episodes = None
     if cfg.agent.env is not None:
         d = cfg.data
@@ -175,6 +181,7 @@ def build_critic(run: Run) -> Critic:
         mini_batch_samples=role.mini_batch_samples,
         epochs=run.plan.ppo_epochs,
         max_response_length=cfg.data.max_response_length,
+        fsdp=role.fsdp,
     )
 
 

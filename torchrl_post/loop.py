@@ -46,6 +46,8 @@ def fit(run: Run, program: RankProgram) -> None:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.yaml").write_text(to_yaml(cfg))
         (run.run_dir / "versions.json").write_text(json.dumps(package_versions(), indent=1) + "\n")
+        # the run plan with every default by device resolved (what trainer.dry_run=true prints)
+        (run.run_dir / "plan.txt").write_text(run.plan.describe(run.env.device.type, run.env.backend) + "\n")
     step = resume(run, program, checkpointer)
     if step == 0:
         program.after_resume()  # the first sync: engines may have started with dummy weights

@@ -22,6 +22,7 @@ from typing import Literal
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
@@ -88,6 +89,12 @@ class RunPlan:
     """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
     micro_batch_samples: int
     """Actor samples per forward/backward on each rank (fixed-size micro-batches)."""
+    model_dtype: str = "float32"
+    """model.dtype: the trained models' weights (the master copy under mixed precision)."""
+    device: str = "cpu"
+    """cpu or cuda: what the defaults by device below were resolved for."""
+    max_logprob_diff: float = 1e-4
+    """The engine/trainer mismatch warning's threshold (trainer.max_logprob_diff, or by precision); 0: off."""
     notes: tuple[str, ...] = field(default=())
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
@@ -149,6 +156,13 @@ class RunPlan:
                 f"  batch transfer: whole prompt groups ({self.group_size} samples) from {self.engines} engine(s) "
                 f"to {len(self.actor_ranks)} actor ranks, equal counts, balanced by tokens"
             )
+        e, actor = self.engine, self.roles["actor"].fsdp
+        memory = "sized from free memory" if e.gpu_memory_utilization is None else f"{e.gpu_memory_utilization:g}"
+        lines.append(
+            f"  precision ({self.device}): engine {e.dtype}, trainer compute {actor.param_dtype} over "
+            f"{self.model_dtype} weights; cuda graphs {'off' if e.enforce_eager else 'on'}; engine sleep level "
+            f"{e.sleep_level}; gpu_memory_utilization {memory}; mismatch warning above {self.max_logprob_diff:g}"
+        )
         lines += [
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
             f"  reference: {self.reference}; critic: {self.critic}; lora sync: {self.lora_sync}",
@@ -207,16 +221,46 @@ def lora_sync(cfg: Config) -> LoraSync:
     return "adapter" if cfg.rollout.lora_sync == "adapter" else "merged"
 
 
-def engine_spec(cfg: Config, first_sync: bool = False) -> EngineSpec:
-    """What an engine needs beyond model.* and rollout.*. Its weights come from model.path, or, with
-    `first_sync` (the caller pushes the actor's weights before any generation, as the training loop does), as
-    rollout.load_format says (`dummy`: random until that sync)."""
-    d = cfg.data
+DEDICATED_GPU_SHARE = 0.9
+"""gpu_memory_utilization of an engine on GPUs of its own (rollout.gpu_memory_utilization=null)."""
+
+
+def sleep_level(cfg: Config, device: str, colocated: bool) -> int:
+    """0: the engine never sleeps (CPU, rollout ranks of its own, free_cache_engine off); 2: weights and KV cache
+    discarded (the sync rewrites every weight); 1: weights kept (adapter syncs send the adapter only)."""
+    if device != "cuda" or not colocated or not cfg.rollout.free_cache_engine:
+        return 0
+    return 1 if lora_sync(cfg) == "adapter" else 2
+
+
+def mismatch_limit(cfg: Config, device: str, engine: str, compute: str) -> float:
+    """trainer.max_logprob_diff, or by precision: float32 noise is ~1e-6 on CPU, TF32 attention puts it near
+    1e-3 on CUDA, 16-bit weights or compute near 1e-2."""
+    if cfg.trainer.max_logprob_diff is not None:
+        return max(cfg.trainer.max_logprob_diff, 0.0)
+    if engine != "float32" or compute != "float32" or cfg.model.dtype != "float32":
+        return 0.1
+    return 5e-3 if device == "cuda" else 1e-4
+
+
+def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colocated: bool = True) -> EngineSpec:
+    """What an engine needs beyond model.* and rollout.*, with the defaults by device resolved. Its weights come
+    from model.path, or, with `first_sync` (the caller pushes the actor's weights before any generation, as the
+    training loop does), as rollout.load_format says (`dummy`: random until that sync). `colocated`: beside the
+    trainer (memory sized from what it leaves free, sleep during the update)."""
+    d, r = cfg.data, cfg.rollout
+    util = r.gpu_memory_utilization
+    if util is None and not colocated and device == "cuda":
+        util = DEDICATED_GPU_SHARE
     return EngineSpec(
         max_model_len=d.max_prompt_length + d.max_response_length,
         lora_sync=lora_sync(cfg),
         prefix_caching=cfg.agent.env is not None,
-        load_format=cfg.rollout.load_format if first_sync else "auto",
+        load_format=r.load_format if first_sync else "auto",
+        dtype=resolve_dtype(cfg.rollout.dtype, device),
+        enforce_eager=r.enforce_eager if r.enforce_eager is not None else device != "cuda",
+        gpu_memory_utilization=util,
+        sleep_level=sleep_level(cfg, device, colocated),
     )
 
 
@@ -239,9 +283,9 @@ def uses_rollout_is(cfg: Config) -> bool:
     return cfg.algorithm.rollout_is == "token" or auto
 
 
-def plan_run(cfg: Config, world_size: int) -> RunPlan:
-    """The plan for `cfg` on `world_size` ranks (the config's world-independent checks already ran when it
-    was loaded: `config.load.load_config`)."""
+def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
+    """The plan for `cfg` on `world_size` ranks of `device` (cpu or cuda: the defaults by device; the config's
+    world-independent checks already ran when it was loaded: `config.load.load_config`)."""
     placed, notes = _role_placement(cfg)
     notes += ignored_keys(cfg)
     placement = plan_placement(placed, world_size)
@@ -252,7 +296,10 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
     validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
     n, bsz = cfg.rollout.n, cfg.data.train_batch_size
     mini = cfg.actor.ppo_mini_batch_size or bsz
-    fsdp = {"actor": cfg.actor.fsdp, "critic": cfg.critic.fsdp, "reference": cfg.actor.fsdp}
+    fsdp = {
+        role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
+        for role, f in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp))
+    }
     roles: dict[str, RolePlan] = {}
     for role in ("actor", "critic", "reference"):
         if role not in placement.ranks:
@@ -266,6 +313,7 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
     else:
         reference = "adapter_off" if lora and needs_kl(cfg) else "none"
     on_policy = cfg.actor.ppo_epochs == 1 and mini == bsz
+    engine = engine_spec(cfg, first_sync=True, device=device, colocated=placement.colocated["rollout"])
     return RunPlan(
         placement=placement,
         roles=roles,
@@ -287,7 +335,10 @@ def plan_run(cfg: Config, world_size: int) -> RunPlan:
         max_off_policy_steps=cfg.trainer.max_off_policy_steps,
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
-        engine=engine_spec(cfg, first_sync=True),
+        engine=engine,
         micro_batch_samples=min(cfg.actor.ppo_micro_batch_size_per_gpu, roles["actor"].mini_batch_samples),
+        model_dtype=cfg.model.dtype,
+        device=device,
+        max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),
         notes=tuple(notes),
     )

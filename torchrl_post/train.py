@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(overrides, name, path)
         env = read_env(cfg.trainer.device)
-        plan = plan_run(cfg, planned_world(cfg.trainer.world_size, env.world_size, under_torchrun()))
+        world = planned_world(cfg.trainer.world_size, env.world_size, under_torchrun())
+        plan = plan_run(cfg, world, env.device.type)
     except UserError as e:
         _fail(str(e))
         return

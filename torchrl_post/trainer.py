@@ -23,7 +23,7 @@ from torchrl_post.batch_metrics import batch_metrics
 from torchrl_post.checkpoint.dcp import Checkpointer, Trained
 from torchrl_post.checkpoint.hf import write_adapter_config, write_hf_meta, write_hf_weights
 from torchrl_post.config.errors import TrainingError
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import Config, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.distributed.placement import all_reduce_max, dp_group
 from torchrl_post.logging.reduce import reduce_metrics
@@ -88,7 +88,7 @@ class Trainer:
         t0 = time.perf_counter()
         metrics, tokens = self.train_step(step)
         elapsed = time.perf_counter() - t0
-        if self.info.is_main and (warning := logprob_diff_warning(metrics, self.cfg)) is not None:
+        if self.info.is_main and (warning := logprob_diff_warning(metrics, self.plan, self.cfg.rollout)) is not None:
             log.warning("step %d: %s", step, warning)
         return {
             "training/global_step": step,
@@ -115,6 +115,7 @@ class Trainer:
         metrics |= timed("wait_critic", critic_metrics)
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
+        self.actor.offload()  # the engine generates next: host offload where configured
         stats = batch_metrics(batch, self.plan.masked_reasons)
         return metrics | stats.metrics | self.rollouts.metrics(), stats.tokens
 
@@ -162,6 +163,7 @@ class Trainer:
 
     def trained_roles(self) -> dict[str, Trained]:
         critic = self.critic.trained() if self.critic is not None else {}
+        self.actor.onload()  # checkpoints read and write the shards where they train
         return {"actor": (self.actor.model, self.actor.optimizer), **critic}
 
     def state_dict(self) -> dict[str, Any]:
@@ -180,6 +182,7 @@ class Trainer:
 
     def after_resume(self) -> None:
         self.weights.push(self.actor.model)
+        self.actor.offload()
 
     def write_hf(self, ckpt_tmp: Path) -> None:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""
@@ -189,6 +192,7 @@ class Trainer:
             if self.plan.lora_sync != "none":  # adapter_config.json: export rebuilds the PEFT model from it
                 write_adapter_config(self.actor.model, m.path, out)
         if self.cfg.trainer.save_hf:
+            self.actor.onload()
             weights = iter_full_weights(self.actor.model, self.plan.sync_bucket_bytes)
             if self.plan.lora_sync != "none":  # the merged model, loadable as a plain HF model
                 weights = merged_weights(weights, lora_scale(m.lora_rank, m.lora_alpha))
@@ -198,24 +202,23 @@ class Trainer:
         self.rollouts.shutdown()
 
 
-def logprob_diff_warning(metrics: Mapping[str, float], cfg: Config) -> str | None:
+def logprob_diff_warning(metrics: Mapping[str, float], plan: RunPlan, rollout: RolloutConfig) -> str | None:
     """The warning for a step whose `rollout/logprob_diff` (engine vs trainer logprobs of the same tokens)
-    exceeds `trainer.max_logprob_diff`, or None. Checked only where the two compare like with like: float32
-    engine and trainer (bf16 noise is 1e-2), on-policy generation (`rollout/staleness` 0: look-ahead samples
-    older weights on purpose) and untruncated sampling (with top_k/top_p the engine reports logprobs of the
-    truncated distribution). There float32 noise is about 1e-6: far above it, the engine samples weights the
-    trainer does not have."""
-    limit, diff = cfg.trainer.max_logprob_diff, metrics.get("rollout/logprob_diff")
+    exceeds the plan's threshold (`trainer.max_logprob_diff`, or by the engine's and trainer's precision:
+    `plan.mismatch_limit`), or None. Checked only where the two compare like with like: on-policy generation
+    (`rollout/staleness` 0: look-ahead samples older weights on purpose) and untruncated sampling (with
+    top_k/top_p the engine reports logprobs of the truncated distribution). Far above the precision's noise,
+    the engine samples weights the trainer does not have."""
+    limit, diff = plan.max_logprob_diff, metrics.get("rollout/logprob_diff")
     if limit <= 0 or diff is None or not diff > limit:
         return None
-    if cfg.rollout.dtype != "float32" or cfg.actor.fsdp.param_dtype != "float32":
-        return None
-    if metrics.get("rollout/staleness", 0.0) > 0 or cfg.rollout.top_k > 0 or cfg.rollout.top_p < 1.0:
+    if metrics.get("rollout/staleness", 0.0) > 0 or rollout.top_k > 0 or rollout.top_p < 1.0:
         return None
     return (
-        f"ENGINE/TRAINER MISMATCH: rollout/logprob_diff = {diff:.3g} > trainer.max_logprob_diff = {limit:g} with "
-        "float32 engine and trainer, where the two agree to about 1e-6. The engine is most likely sampling with "
-        "weights the trainer does not have: a weight sync that missed a parameter (check tied embeddings, "
-        "tie_word_embeddings, and custom parameter names against the engine's). Raise trainer.max_logprob_diff "
-        "if this difference is expected, or set it to 0 to turn the check off"
+        f"ENGINE/TRAINER MISMATCH: rollout/logprob_diff = {diff:.3g} > {limit:g}, far above the noise of an "
+        f"{plan.engine.dtype} engine and a {plan.roles['actor'].fsdp.param_dtype} trainer on {plan.device}. The "
+        "engine is most likely sampling with weights the trainer does not have: a weight sync that missed a "
+        "parameter (check tied embeddings, tie_word_embeddings, and custom parameter names against the "
+        "engine's). Set trainer.max_logprob_diff higher if this difference is expected, or to 0 to turn the "
+        "check off"
     )

@@ -81,10 +81,12 @@ def test_max_ckpt_to_keep_holds_after_resume(runs: dict[str, Path]) -> None:
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
 
 
-def test_run_dir_keeps_config_and_versions(runs: dict[str, Path]) -> None:
+def test_run_dir_keeps_config_versions_and_plan(runs: dict[str, Path]) -> None:
     versions = (runs["straight"] / "versions.json").read_text()
     assert '"torch": "2.13.0' in versions and '"transformers"' in versions
     assert "save_hf: true" in (runs["straight"] / "config.yaml").read_text()
+    # the plan with the defaults by device resolved: float32 and no CUDA graphs on CPU
+    assert "precision (cpu): engine float32, trainer compute float32" in (runs["straight"] / "plan.txt").read_text()
 
 
 def test_hf_export_matches_trainer_and_loads_in_vllm(runs: dict[str, Path], tmp_path: Path) -> None:

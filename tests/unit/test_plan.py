@@ -287,3 +287,34 @@ def test_keys_this_run_does_not_use_are_noted() -> None:
     assert notes == ("agent.tools=['calculator'] ignored: tools are called by agents, and agent.env is unset",)
     notes = plan_run(load_config([*AGENT, "reward.function=torchrl_post.reward.builtin:arithmetic"]), 1).notes
     assert len(notes) == 1 and notes[0].startswith("reward.function=") and "scored by their environment" in notes[0]
+
+
+# (device, overrides) -> engine dtype, trainer compute dtype, CUDA graphs, sleep level, gpu_memory_utilization
+DEVICE_DEFAULTS: list[tuple[str, list[str], tuple[str, str, bool, int, float | None]]] = [
+    ("cpu", [], ("float32", "float32", False, 0, None)),
+    ("cuda", [], ("bfloat16", "bfloat16", True, 2, None)),  # colocated: memory sized from what is free
+    ("cuda", ["placement.actor=[0]", "placement.rollout=[1]"], ("bfloat16", "bfloat16", True, 0, 0.9)),
+    ("cuda", ["model.lora_rank=8", "rollout.lora_sync=adapter"], ("bfloat16", "bfloat16", True, 1, None)),
+    ("cuda", ["rollout.free_cache_engine=false"], ("bfloat16", "bfloat16", True, 0, None)),
+    (
+        "cuda",
+        ["rollout.dtype=float32", "actor.fsdp.param_dtype=float16", "rollout.enforce_eager=true"]
+        + ["rollout.gpu_memory_utilization=0.4"],
+        ("float32", "float16", False, 2, 0.4),
+    ),
+    ("cpu", ["rollout.dtype=bfloat16", "rollout.enforce_eager=false"], ("bfloat16", "float32", True, 0, None)),
+]
+
+
+@pytest.mark.parametrize(("device", "overrides", "expected"), DEVICE_DEFAULTS)
+def test_defaults_by_device(device: str, overrides: list[str], expected: tuple[Any, ...]) -> None:
+    cfg = load_config(overrides)
+    before = copy.deepcopy(cfg)
+    plan = plan_run(cfg, 2, device)
+    e = plan.engine
+    got = (e.dtype, plan.roles["actor"].fsdp.param_dtype, not e.enforce_eager, e.sleep_level, e.gpu_memory_utilization)
+    assert got == expected
+    assert cfg == before  # `auto` and null resolved in the plan, never in the config
+    text = plan.describe(device, "gloo")
+    assert f"engine {e.dtype}, trainer compute {expected[1]} over float32 weights" in text
+    assert f"cuda graphs {'on' if expected[2] else 'off'}; engine sleep level {expected[3]}" in text

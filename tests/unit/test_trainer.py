@@ -26,29 +26,59 @@ from torchrl_post.types import Batch
 # --- the trainer's warning --------------------------------------------------------------------------------------
 
 
+def _warning(cfg: Config, diff: float, device: str = "cpu", **metrics: float) -> str | None:
+    return logprob_diff_warning({"rollout/logprob_diff": diff, **metrics}, plan_run(cfg, 2, device), cfg.rollout)
+
+
 def test_logprob_diff_far_above_float32_noise_warns_naming_value_threshold_and_key() -> None:
     cfg = Config()
-    assert cfg.trainer.max_logprob_diff == 1e-4  # float32 parity is about 1e-6; the issue's stale head: 1.5e-4
-    assert logprob_diff_warning({"rollout/logprob_diff": 5e-6}, cfg) is None
-    text = logprob_diff_warning({"rollout/logprob_diff": 2.2e-4, "rollout/staleness": 0.0}, cfg)
+    assert cfg.trainer.max_logprob_diff is None  # by precision: float32 on CPU agrees to about 1e-6
+    assert _warning(cfg, 5e-6) is None
+    text = _warning(cfg, 2.2e-4, **{"rollout/staleness": 0.0})  # the issue's stale head: 1.5e-4
     assert text is not None
     for part in ("0.00022", "0.0001", "trainer.max_logprob_diff", "missed a parameter", "tied embeddings"):
         assert part in text, part
     cfg.trainer.max_logprob_diff = 1e-3
-    assert logprob_diff_warning({"rollout/logprob_diff": 2.2e-4}, cfg) is None
+    assert _warning(cfg, 2.2e-4) is None
+
+
+@pytest.mark.parametrize(
+    ("device", "key", "value", "quiet", "loud"),
+    [
+        ("cuda", None, None, 1.2e-3, 2e-2),  # float32 on CUDA: vLLM's TF32 attention puts its noise near 1e-3
+        ("cuda", "rollout.dtype", "float32", 1.2e-3, 2e-2),
+        ("cuda", None, "defaults", 3e-2, 0.5),  # bf16 engine and compute (the CUDA defaults): noise near 1e-2
+        ("cpu", "rollout.dtype", "bfloat16", 3e-2, 0.5),
+        ("cpu", "actor.fsdp.param_dtype", "bfloat16", 3e-2, 0.5),
+    ],
+    ids=["cuda-fp32", "cuda-fp32-engine", "cuda-bf16", "bf16-engine", "bf16-trainer"],
+)
+def test_logprob_diff_threshold_follows_the_precision(
+    device: str, key: str | None, value: object, quiet: float, loud: float
+) -> None:
+    """A correct sync never warns (its noise stays under the threshold of its precision), a missed one does."""
+    cfg = Config()
+    if value != "defaults":
+        cfg.rollout.dtype, cfg.actor.fsdp.param_dtype = "float32", "float32"
+    if key is not None:
+        section, *rest = key.split(".")
+        node: object = getattr(cfg, section)
+        for part in rest[:-1]:
+            node = getattr(node, part)
+        setattr(node, rest[-1], value)
+    assert _warning(cfg, quiet, device) is None
+    assert _warning(cfg, loud, device) is not None
 
 
 @pytest.mark.parametrize(
     ("key", "value", "metrics"),
     [
         ("trainer.max_logprob_diff", 0.0, {}),
-        ("rollout.dtype", "bfloat16", {}),
-        ("actor.fsdp.param_dtype", "bfloat16", {}),
         ("rollout.top_p", 0.9, {}),
         ("rollout.top_k", 20, {}),
         (None, None, {"rollout/staleness": 1.0}),
     ],
-    ids=["off", "bf16-engine", "bf16-trainer", "top_p", "top_k", "look-ahead"],
+    ids=["off", "top_p", "top_k", "look-ahead"],
 )
 def test_logprob_diff_check_stays_off_where_engine_and_trainer_differ_by_design(
     key: str | None, value: object, metrics: dict[str, float]
@@ -60,7 +90,7 @@ def test_logprob_diff_check_stays_off_where_engine_and_trainer_differ_by_design(
         for part in path:
             node = getattr(node, part)
         setattr(node, last, value)
-    assert logprob_diff_warning({"rollout/logprob_diff": 0.5, **metrics}, cfg) is None
+    assert _warning(cfg, 0.5, **metrics) is None
 
 
 # --- Trainer.train_step / Trainer.step with stand-in roles ------------------------------------------------------
@@ -116,6 +146,12 @@ class _Actor:
 
     def state_dict(self) -> dict[str, Any]:
         return {}
+
+    def offload(self) -> None:
+        self.calls.append("actor.offload")
+
+    def onload(self) -> None:
+        self.calls.append("actor.onload")
 
 
 class _Rollouts:
@@ -224,7 +260,7 @@ def _grpo_by_hand(scores: list[float], groups: list[int]) -> list[float]:
 
 NEXT, OLD, REF = "rollouts.next_batch", "actor.log_probs", "reference.log_probs"
 VALS, START, UPDATE, WAIT = "critic.values", "critic.start_update", "actor.update", "critic.wait"
-PUSH, METRICS = "weights.push", "rollouts.metrics"
+PUSH, OFFLOAD, METRICS = "weights.push", "actor.offload", "rollouts.metrics"
 
 
 @pytest.mark.parametrize(
@@ -253,7 +289,7 @@ def test_train_step_calls_the_roles_the_plan_has_in_the_data_order(
     plan = run.trainer.plan
     assert (plan.needs_old_log_probs, plan.reference, plan.critic) == plan_says
     run.trainer.train_step(5)
-    assert run.calls == order
+    assert run.calls == [c for call in order for c in ((PUSH, OFFLOAD) if call == PUSH else (call,))]
     assert run.rollouts.steps == [5]
     seen = run.actor.seen  # what the update saw: every tensor an earlier stage put on the batch
     mask = _scored_batch().loss_mask

@@ -116,14 +116,17 @@ class RolloutConfig:
     """Top-k sampling; -1 disables it."""
     val_kwargs: ValKwargs = field(default_factory=lambda: ValKwargs())
     """Validation sampling (verl's rollout.val_kwargs): greedy by default."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of accelerator memory vLLM may take (GPU only)."""
+    gpu_memory_utilization: float | None = None
+    """Fraction of the GPU's memory vLLM may take (vLLM's meaning; GPU only). null sizes it by placement: an engine
+    on GPUs of its own takes 0.9; a colocated engine takes 0.9 of what is free when it starts, less the optimizer
+    state the trainer has yet to allocate (`rollout/engines.py: engine_memory_fraction`)."""
     cpu_kvcache_space_gb: int = 1
     """vLLM KV cache size on CPU, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
     max_num_seqs: int = 256
     """Most sequences vLLM schedules at once."""
-    dtype: str = "float32"
-    """Engine weight dtype (float32, bfloat16, float16); float32 keeps CPU parity with the trainer exact."""
+    dtype: str = "auto"
+    """Engine weight dtype: auto (float32 on CPU, which keeps parity with the trainer exact; bfloat16 on CUDA, the
+    dtype vLLM's FlashAttention/FlashInfer backends take), float32, bfloat16 or float16."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size: consecutive rollout ranks that hold one engine (must divide the rollout ranks)."""
     mode: str = "sync"
@@ -131,9 +134,13 @@ class RolloutConfig:
     agent is configured); valid in every placement. Without an agent both modes send a step's requests to the
     engine as one continuous batch. Off-policy look-ahead is trainer.max_off_policy_steps."""
     free_cache_engine: bool = True
-    """On GPU, put vLLM to sleep during the update to free its memory (no sleep mode on CPU)."""
-    enforce_eager: bool = True
-    """Skip vLLM's graph capture/compilation (faster start; tiny models gain nothing from it)."""
+    """On GPU, a colocated vLLM sleeps during the update to free its memory: level 2 (weights and KV cache
+    discarded; the next sync writes every weight) when the whole model is synced, level 1 (weights kept in host
+    memory) with rollout.lora_sync=adapter, whose syncs send the adapter only. No sleep mode on CPU, and no need
+    on rollout ranks of their own."""
+    enforce_eager: bool | None = None
+    """Skip vLLM's CUDA-graph capture. null: true on CPU (nothing to capture), false on CUDA (decoding is bound by
+    kernel launches without graphs; the in-place weight reload keeps tensor storage, so the graphs survive it)."""
     sync_bucket_mb: int = 64
     """Weight sync bucket size in MiB: parameters are gathered and pushed this many bytes at a time."""
 
@@ -154,8 +161,9 @@ class FSDPConfig:
     fsdp_size: int = -1
     """Ranks each parameter is sharded over; -1 (or the group size) is plain FSDP, smaller is HSDP: a
     (group / fsdp_size) x fsdp_size mesh, sharded within rows, replicated across them."""
-    param_dtype: str = "float32"
-    """Mixed-precision dtype for parameters in forward/backward (float32, bfloat16, float16)."""
+    param_dtype: str = "auto"
+    """Mixed-precision dtype for parameters in forward/backward: auto (float32 on CPU; bfloat16 on CUDA, over
+    master weights kept in model.dtype), float32, bfloat16 or float16."""
     reduce_dtype: str = "float32"
     """Dtype for gradient reduce-scatter."""
     reshard_after_forward: bool = True
@@ -163,6 +171,12 @@ class FSDPConfig:
     offload_policy: bool = False
     """CPU offload of the sharded parameters, gradients and optimizer state (FSDP2's CPUOffloadPolicy; the
     optimizer steps on CPU): less accelerator memory for more host traffic. ROLL's offload_policy."""
+    param_offload: bool = False
+    """Hybrid engine (verl's param_offload): move the sharded parameters and gradients to host memory after the
+    weight sync, while the colocated engine generates, and back before the next forward. No-op on CPU."""
+    optimizer_offload: bool = False
+    """Hybrid engine (verl's optimizer_offload): keep the optimizer state in host memory outside the optimizer
+    step. No-op on CPU."""
 
 
 @dataclass
@@ -427,10 +441,12 @@ class TrainerConfig:
     save_on_sigterm: bool = True
     """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
     if the last one is older than that step, and exit with one line; a resume continues from there."""
-    max_logprob_diff: float = 1e-4
-    """Warn loudly when rollout/logprob_diff (engine vs trainer on the same tokens) exceeds this with float32
-    engines: far above float32 noise (about 1e-6), it means the engine samples other weights than the trainer's
-    (a sync that missed a parameter). <= 0 turns the check off."""
+    max_logprob_diff: float | None = None
+    """Warn loudly when rollout/logprob_diff (engine vs trainer on the same tokens) exceeds this: far above the
+    precision's noise, it means the engine samples other weights than the trainer's (a sync that missed a
+    parameter). null follows the engine's and trainer's precision: 1e-4 in float32 on CPU (noise about 1e-6),
+    5e-3 in float32 on CUDA (vLLM's attention runs its dots in TF32), 0.1 with 16-bit weights or compute.
+    <= 0 turns the check off."""
 
 
 @dataclass

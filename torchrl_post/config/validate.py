@@ -98,7 +98,7 @@ def validate(cfg: Config) -> None:
     _one_of("algorithm.rollout_is", cfg.algorithm.rollout_is, ROLLOUT_IS)
     _positive("algorithm.rollout_is_threshold", cfg.algorithm.rollout_is_threshold)
     _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps, allow_zero=True)
-    _one_of("rollout.dtype", cfg.rollout.dtype, DTYPES)
+    _one_of("rollout.dtype", cfg.rollout.dtype, ("auto", *DTYPES))
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
     _positive("actor.lr", cfg.actor.lr)
     _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
@@ -115,10 +115,10 @@ def validate(cfg: Config) -> None:
     if cfg.actor.use_dynamic_bsz:
         _positive("actor.ppo_max_token_len_per_gpu", cfg.actor.ppo_max_token_len_per_gpu)
     _positive("rollout.max_num_seqs", cfg.rollout.max_num_seqs)
-    if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
+    if cfg.rollout.gpu_memory_utilization is not None and not 0 < cfg.rollout.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
     _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
-    _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, DTYPES)
+    _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, ("auto", *DTYPES))
     _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
     _one_of("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     est = cfg.algorithm.adv_estimator

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchrl_post.config.errors import ConfigError
 from torchrl_post.multimodal.vision import VisionSpec, attach_images
 from torchrl_post.types import Batch, Generation, PromptBatch, termination_codes
 
@@ -38,6 +39,34 @@ class EngineSpec:
     """Agent episodes: each turn's prompt grows the last one, so cached prefixes pay."""
     load_format: str
     """dummy (random until the first sync: only when the caller pushes weights first) or auto."""
+    dtype: str = "float32"
+    """The engine's weight dtype (rollout.dtype with `auto` resolved by device)."""
+    enforce_eager: bool = True
+    """No CUDA graphs (rollout.enforce_eager; null resolved by device)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's share of the GPU; None: sized from the memory free when the engine starts
+    (`engine_memory_fraction`)."""
+    sleep_level: int = 0
+    """vLLM sleep level during the update: 0 never sleeps, 1 keeps weights in host memory, 2 discards them."""
+
+
+ENGINE_SHARE_OF_FREE = 0.9
+"""The share of the memory a colocated trainer leaves free that its engine takes (the rest: allocator slack)."""
+GiB = 1 << 30
+
+
+def engine_memory_fraction(free: int, total: int, reserve: int, share: float = ENGINE_SHARE_OF_FREE) -> float:
+    """vLLM's gpu_memory_utilization (a fraction of the card) for an engine that starts beside a trainer: `share`
+    of what is free now less `reserve` (what the trainer will still allocate: its optimizer state at the first
+    step). Raises ConfigError when nothing would be left."""
+    left = free - reserve
+    if left <= 0.05 * total:
+        raise ConfigError(
+            f"rollout.gpu_memory_utilization: the trainer leaves {left / GiB:.1f} GiB of {total / GiB:.1f} GiB "
+            "for the colocated engine; set actor.fsdp.optimizer_offload=true / actor.fsdp.param_offload=true, "
+            "shard over more ranks, or give the engine ranks of its own (placement.rollout)"
+        )
+    return share * left / total
 
 
 class RolloutEngine(Protocol):

@@ -23,13 +23,15 @@ def build_engine(
     seed: int,
     pad_id: int,
     eos_ids: list[int],
+    reserve_bytes: int = 0,
 ) -> RolloutEngine:
     """The engine `rollout.engine` names, with its weights as `spec.load_format` says (`dummy`: random until
-    the caller's first sync; see `plan.RunPlan.engine_spec`)."""
+    the caller's first sync; see `plan.RunPlan.engine_spec`); `reserve_bytes`: GPU memory vLLM must leave to a
+    colocated trainer beyond what it holds when the engine starts."""
     if rollout.engine == "vllm":
         from torchrl_post.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, rollout, spec, device, seed)
+        return VLLMEngine(model, rollout, spec, device, seed, reserve_bytes)
     from torchrl_post.rollout.hf_engine import HFEngine
 
     return HFEngine(model, rollout, spec, device, pad_id, eos_ids)

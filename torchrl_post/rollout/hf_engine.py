@@ -38,7 +38,7 @@ class HFEngine:
         pad_id: int,
         eos_ids: list[int],
     ) -> None:
-        dtype = getattr(torch, rollout.dtype)
+        dtype = getattr(torch, spec.dtype)
         config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         if spec.load_format == "dummy" and VisionSpec.of(config) is None:  # the first sync brings weights
             model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)

@@ -23,7 +23,7 @@ from transformers import AutoConfig
 
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
-from torchrl_post.rollout.base import EngineSpec, SamplingParams
+from torchrl_post.rollout.base import EngineSpec, GiB, SamplingParams, engine_memory_fraction
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 from torchrl_post.types import Generation
 
@@ -32,7 +32,13 @@ log = logging.getLogger(__name__)
 
 class VLLMEngine:
     def __init__(
-        self, model: ModelConfig, rollout: RolloutConfig, spec: EngineSpec, device: torch.device, seed: int
+        self,
+        model: ModelConfig,
+        rollout: RolloutConfig,
+        spec: EngineSpec,
+        device: torch.device,
+        seed: int,
+        reserve_bytes: int = 0,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-call INFO lines drown the step log
@@ -42,7 +48,7 @@ class VLLMEngine:
 
         self._vllm = vllm
         self._param_layers: dict[str, list[str]] | None = None  # layer class -> its modules that own parameters
-        self.sleep_enabled = device.type == "cuda" and rollout.free_cache_engine
+        self.sleep_level = spec.sleep_level if device.type == "cuda" else 0
         if device.type != "cuda" and rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
@@ -81,13 +87,13 @@ class VLLMEngine:
             trust_remote_code=m.trust_remote_code,
             distributed_executor_backend="external_launcher",
             tensor_parallel_size=rollout.tensor_parallel_size,
-            dtype=rollout.dtype,  # type: ignore[arg-type]  # validated against DTYPES
+            dtype=spec.dtype,  # type: ignore[arg-type]  # validated against DTYPES
             seed=seed,
             max_model_len=max_len,
             max_num_seqs=rollout.max_num_seqs,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            enforce_eager=rollout.enforce_eager,
-            enable_sleep_mode=self.sleep_enabled,
+            gpu_memory_utilization=_memory_share(spec, device, reserve_bytes),
+            enforce_eager=spec.enforce_eager,
+            enable_sleep_mode=self.sleep_level > 0,
             logprobs_mode="processed_logprobs",
             load_format=self._load_format(spec.load_format),
             **extra,
@@ -214,12 +220,16 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        if self.sleep_enabled and not self.asleep:
-            self.llm.sleep(level=1)
+        """Level 2 discards the weights (the next sync rewrites all of them: no copy to host and back), level 1
+        keeps them in host memory (an adapter sync sends the adapter only); both free the KV cache."""
+        if self.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
     def wake_up(self) -> None:
         if self.asleep:
+            if self.sleep_level == 2:
+                raise RuntimeError("the vLLM engine slept at level 2 (weights discarded): a weight sync must wake it")
             self.llm.wake_up()
             self.asleep = False
 
@@ -233,6 +243,23 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def _memory_share(spec: EngineSpec, device: torch.device, reserve_bytes: int) -> float:
+    """vLLM's gpu_memory_utilization: the plan's, or, colocated with it unset, sized from the memory the trainer
+    leaves free now (`engine_memory_fraction`). The CPU backend ignores it (its KV cache is
+    rollout.cpu_kvcache_space_gb)."""
+    if device.type != "cuda":
+        return 0.5
+    if spec.gpu_memory_utilization is not None:
+        return spec.gpu_memory_utilization
+    free, total = torch.cuda.mem_get_info(device)
+    share = engine_memory_fraction(free, total, reserve_bytes)
+    log.info(
+        "rollout.gpu_memory_utilization=%.3f: %.1f GiB free of %.1f GiB beside the trainer, %.1f GiB kept for its "
+        "optimizer state", share, free / GiB, total / GiB, reserve_bytes / GiB,
+    )  # fmt: skip
+    return share
 
 
 def _vision_ready() -> None:

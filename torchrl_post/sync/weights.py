@@ -163,13 +163,20 @@ def split_bucket(flat: torch.Tensor, bucket: WireBucket) -> Iterator[tuple[str, 
 
 
 def iter_full_weights(
-    model: torch.nn.Module, bucket_bytes: int, keep: Keep | None = None
+    model: torch.nn.Module,
+    bucket_bytes: int,
+    keep: Keep | None = None,
+    wire_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) for every parameter (`keep`: those it accepts), gathered in buckets of about
-    `bucket_bytes`, in the parameters' own dtype. Each bucket is handed on before the next is gathered."""
+    `bucket_bytes` on `device` (default: where the parameters are), floating ones cast to `wire_dtype` (default:
+    their own). Each bucket is handed on before the next is gathered. With CPU-offloaded shards
+    (`fsdp.offload_policy`) and an accelerator `device`, each shard is copied up and cast as it is packed, and
+    the gather runs on the accelerator's backend, not on the CPU's."""
     params = dict(model.named_parameters())
-    device = next(iter(params.values())).device
-    for bucket in plan_wire(param_specs(model, keep=keep), bucket_bytes):
+    device = device or next(iter(params.values())).device
+    for bucket in plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes):
         yield from split_bucket(gather_bucket(bucket, params, device), bucket)
 
 
@@ -207,14 +214,21 @@ def with_aliases(
             yield alias, tensor
 
 
-def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_bytes: int, keep: Keep | None = None) -> int:
-    """Push the actor's current weights into the colocated engine (tied embeddings under both names); returns
-    the bytes moved."""
+def sync_weights(
+    model: torch.nn.Module,
+    engine: RolloutEngine,
+    bucket_bytes: int,
+    keep: Keep | None = None,
+    wire_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+) -> int:
+    """Push the actor's current weights into the colocated engine (tied embeddings under both names), in the
+    engine's dtype where given, gathered on `device`; returns the bytes moved."""
     moved = 0
 
     def counted() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal moved
-        for name, t in iter_full_weights(model, bucket_bytes, keep):
+        for name, t in iter_full_weights(model, bucket_bytes, keep, wire_dtype, device):
             moved += t.numel() * t.element_size()
             yield name, t
 
@@ -225,11 +239,21 @@ def sync_weights(model: torch.nn.Module, engine: RolloutEngine, bucket_bytes: in
 class ReloadSync:
     """Colocated weight push: every actor rank gathers the buckets and reloads its own engine in place."""
 
-    def __init__(self, engine: RolloutEngine, bucket_bytes: int, keep: Keep | None = None) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        bucket_bytes: int,
+        keep: Keep | None = None,
+        wire_dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        """`wire_dtype`: the engine's (floating weights are cast as they are packed: a bf16 engine halves the
+        bytes gathered); `device`: where to gather (the rank's accelerator, also for CPU-offloaded shards)."""
         self.engine, self.bucket_bytes, self.keep = engine, bucket_bytes, keep
+        self.wire_dtype, self.device = wire_dtype, device
 
     def push(self, model: torch.nn.Module) -> int:
-        return sync_weights(model, self.engine, self.bucket_bytes, self.keep)
+        return sync_weights(model, self.engine, self.bucket_bytes, self.keep, self.wire_dtype, self.device)
 
 
 class BroadcastSync:

@@ -11,7 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.algos.kl import kl_penalty
 from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
-from torchrl_post.config.schema import ActorConfig, ModelConfig
+from torchrl_post.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
@@ -20,10 +20,16 @@ from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs, forward_log_probs
 from torchrl_post.workers.micro_batches import chunks, plan_micro_batches
 from torchrl_post.workers.models import load_causal_lm
-from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
+from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, local_tensor, move_optimizer_state
 from torchrl_post.workers.packing import can_pack
 
 log = logging.getLogger(__name__)
+
+SUMS = (
+    "tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip", "pg",
+    "kl_loss",
+)  # fmt: skip
+"""The update's running sums (token-weighted metrics; the policy and KL loss terms), in the order accumulated."""
 
 
 class Actor:
@@ -38,10 +44,18 @@ class Actor:
         mini_batch_samples: int,
         max_response_length: int,
         is_cap: float = 0.0,
+        fsdp: FSDPConfig | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `is_cap` > 0 turns on truncated
-        importance sampling against the rollout engine's logprobs with that cap."""
+        importance sampling against the rollout engine's logprobs with that cap; `fsdp`: the plan's FSDP
+        settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
+        fsdp = fsdp or cfg.fsdp
+        # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
+        # does not keep the shards on the host already).
+        on_gpu = device.type != "cpu" and not fsdp.offload_policy
+        self.param_offload, self.optimizer_offload = on_gpu and fsdp.param_offload, on_gpu and fsdp.optimizer_offload
+        self.offloaded = False
         self.group = dp_group(mesh)
         self.dp_size = mesh.size()
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
@@ -61,7 +75,7 @@ class Actor:
             return model
 
         # actor.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank reads its rows
-        self.model = fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="actor")
+        self.model = fsdp_model(build, model_cfg, mesh, fsdp, device, role="actor")
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps, (cfg.betas[0], cfg.betas[1])
         )
@@ -72,8 +86,38 @@ class Actor:
     def token_budget(self) -> int:
         return self.cfg.ppo_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
 
+    def pending_state_bytes(self) -> int:
+        """Accelerator bytes this rank's optimizer state will take at the first step (AdamW's two moments in the
+        parameters' dtype), 0 where it lives on the host: what a colocated engine must leave free."""
+        if self.device.type == "cpu" or self.optimizer_offload or self.cfg.fsdp.offload_policy:
+            return 0
+        trained = (p for p in self.model.parameters() if p.requires_grad)
+        return sum(2 * local_tensor(p).numel() * p.element_size() for p in trained)
+
+    def offload(self) -> None:
+        """Hybrid engine: after the weight sync, the sharded parameters (actor.fsdp.param_offload) and the
+        optimizer state (optimizer_offload) go to host memory while the engine generates; `onload` brings them
+        back before the next forward. The gradients are already freed (`update`)."""
+        if self.param_offload:
+            self.model.to("cpu")  # FSDP2 re-points its sharded parameters after a module move
+        if self.optimizer_offload:
+            move_optimizer_state(self.optimizer, torch.device("cpu"))
+        if self.param_offload or self.optimizer_offload:
+            self.offloaded = True
+            torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        if self.param_offload:
+            self.model.to(self.device)
+        if self.optimizer_offload:
+            move_optimizer_state(self.optimizer, self.device)
+        self.offloaded = False
+
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
+        self.onload()
         micro = self.cfg.ppo_micro_batch_size_per_gpu
         out = batched_log_probs(
             self.model, batch, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
@@ -96,16 +140,16 @@ class Actor:
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches, micro-batched; one optimizer step per mini-batch."""
         assert batch.advantages is not None
+        self.onload()
         self.model.train()
         a = self.cfg
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         packed = self.packed and can_pack(batch)
-        sums = dict.fromkeys(
-            ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip"),
-            0.0,
-        )
-        padded_cells, placed_cells, real_cells, pg_total, kl_total = 0, 0, 0.0, 0.0, 0.0
+        # Running sums stay on the device (no host sync per micro-batch); read once after the last step.
+        acc = torch.zeros(len(SUMS), dtype=torch.float64, device=self.device)
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        padded_cells, placed_cells, real_cells = 0, 0, 0.0
         grad_norms: list[float] = []
         for epoch in range(a.ppo_epochs):
             for mini in chunks(len(batch), self.mini_batch_samples):
@@ -142,28 +186,31 @@ class Actor:
                         kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
                         kl_term = agg_loss(kl_bt, mask, a.loss_agg_mode, scale)
                         loss = loss + a.kl_loss_coef * kl_term
-                        kl_total += kl_term.item() / self.dp_size
                     loss.backward()
-                    pg_total += pg.item() / self.dp_size
                     with torch.no_grad():
                         m = mask.double()
                         first = epoch == 0
-                        for key, value in (
-                            ("tokens", m.sum()),
-                            ("ratio", (out.ratio_bt * m).sum()),
-                            ("clipped", (out.clipped_bt * m).sum()),
-                            ("kl", (out.approx_kl_bt * m).sum()),
-                            ("entropy", (ent * m).sum()),
-                            ("diff", ((logp.detach() - rollout_lp).abs() * m).sum() if first else None),
-                            ("diff_tokens", m.sum() if first else None),
-                            ("dual_clipped", (out.dual_clipped_bt * m).sum()),
-                            ("is_w", (is_w * m).sum() if is_w is not None else None),
-                            ("is_clip", ((is_w >= self.is_cap) * m).sum() if is_w is not None else None),
-                        ):
-                            if value is not None:
-                                sums[key] += value.item()
+                        acc += torch.stack(
+                            [
+                                m.sum(),
+                                (out.ratio_bt * m).sum(),
+                                (out.clipped_bt * m).sum(),
+                                (out.dual_clipped_bt * m).sum(),
+                                (out.approx_kl_bt * m).sum(),
+                                (ent * m).sum(),
+                                ((logp.detach() - rollout_lp).abs() * m).sum() if first else zero,
+                                m.sum() if first else zero,
+                                (is_w * m).sum() if is_w is not None else zero,
+                                ((is_w >= self.is_cap) * m).sum() if is_w is not None else zero,
+                                pg.detach().double() / self.dp_size,
+                                kl_term.detach().double() / self.dp_size if a.use_kl_loss else zero,
+                            ]
+                        )
                 grad_norms.append(self._step())
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients are not needed until the next update
         self.scheduler.step()
+        sums = dict(zip(SUMS, acc.tolist(), strict=True))
+        pg_total, kl_total = sums.pop("pg"), sums.pop("kl_loss")
         return self._metrics(sums, pg_total, kl_total, grad_norms, (real_cells, placed_cells, padded_cells), batch)
 
     def _step(self) -> float:

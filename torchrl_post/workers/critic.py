@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
 
 from torchrl_post.algos.policy_loss import LossScale
 from torchrl_post.algos.value_loss import clipped_value_loss
-from torchrl_post.config.schema import CriticConfig, ModelConfig
+from torchrl_post.config.schema import CriticConfig, FSDPConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.multimodal.vision import VisionSpec, model_inputs
@@ -62,8 +62,10 @@ class Critic:
         mini_batch_samples: int,
         epochs: int,
         max_response_length: int,
+        fsdp: FSDPConfig | None = None,
     ) -> None:
-        """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs)."""
+        """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs);
+        `fsdp`: the plan's FSDP settings (default critic.fsdp)."""
         self.cfg, self.device = cfg, device
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
@@ -97,7 +99,7 @@ class Critic:
         head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
         # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
         # (a vision-language critic loads in full: fsdp_model never builds it empty)
-        self.model = fsdp_model(build, model_cfg, mesh, cfg.fsdp, device, role="critic", path=path, fresh=head)
+        self.model = fsdp_model(build, model_cfg, mesh, fsdp or cfg.fsdp, device, role="critic", path=path, fresh=head)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import FSDPConfig
 
 
@@ -39,7 +40,8 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, *, fro
     (a no-grad forward never reshards a module that keeps them).
     """
     mp = MixedPrecisionPolicy(
-        param_dtype=getattr(torch, cfg.param_dtype), reduce_dtype=getattr(torch, cfg.reduce_dtype)
+        param_dtype=getattr(torch, resolve_dtype(cfg.param_dtype, mesh.device_type)),
+        reduce_dtype=getattr(torch, cfg.reduce_dtype),
     )
     extra: dict[str, Any] = {}
     if cfg.offload_policy:

@@ -31,6 +31,20 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     return float(norm.item())
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Every state tensor of `optimizer` (AdamW's moments, DTensors or not) to `device`, in place in its state
+    dict; its step counters stay where they are (AdamW keeps them on CPU unless capturable)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
 def global_sum(t: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
     """Sum a tensor over the ranks of `group` (on the backend's device), returned on CPU."""
     t = t.to(device)

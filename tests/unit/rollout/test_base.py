@@ -163,3 +163,15 @@ def test_sampling_params_prompt_seed_depends_on_uid_only():
     assert p.prompt_seed(7) == q.prompt_seed(7) == (3 * 1_000_003 + 7) % (2**31 - 1)
     assert p.prompt_seed(7) != p.prompt_seed(8)
     assert 0 <= p.prompt_seed(10**12) < 2**31 - 1
+
+
+def test_engine_memory_fraction_leaves_the_trainer_its_optimizer_state() -> None:
+    from torchrl_post.config.errors import ConfigError
+    from torchrl_post.rollout.base import GiB, engine_memory_fraction
+
+    # an 80 GiB card, 60 GiB free after the trainer's shards, 12 GiB of AdamW moments still to come:
+    # 0.9 x (60 - 12) / 80 = 0.54 of the card
+    assert engine_memory_fraction(60 * GiB, 80 * GiB, 12 * GiB) == pytest.approx(0.54)
+    assert engine_memory_fraction(60 * GiB, 80 * GiB, 0) == pytest.approx(0.675)
+    with pytest.raises(ConfigError, match="actor.fsdp.optimizer_offload=true"):
+        engine_memory_fraction(10 * GiB, 80 * GiB, 8 * GiB)  # 2 GiB left: under 5% of the card
