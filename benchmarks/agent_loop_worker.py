@@ -172,7 +172,15 @@ def main() -> None:
     cfg = build_config(args)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     t0 = time.perf_counter()
-    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, tok.pad_token_id, [tok.eos_token_id])
+    engine = build_engine(
+        cfg.model,
+        cfg.rollout,
+        engine_spec(cfg, device=env.device.type),
+        env.device,
+        0,
+        tok.pad_token_id,
+        [tok.eos_token_id],
+    )
     engine_start_s = time.perf_counter() - t0
     # The guess-number task on the demo data's questions (sums; hints "higher"/"lower" after a wrong answer).
     rows = [json.loads(line) for line in args.data.read_text().splitlines()][: args.tasks]

@@ -86,7 +86,7 @@ def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
             sampling.ignore_eos = True
             return sampling
 
-    return FixedLengthVLLM(cfg.model, cfg.rollout, engine_spec(cfg), device, seed=0)
+    return FixedLengthVLLM(cfg.model, cfg.rollout, engine_spec(cfg, device=device.type), device, seed=0)
 
 
 def build_engines(cfg: Config, device: torch.device, pad_id: int) -> tuple[dict[str, RolloutEngine], dict[str, float]]:
@@ -99,7 +99,9 @@ def build_engines(cfg: Config, device: torch.device, pad_id: int) -> tuple[dict[
         if name == "vllm":
             engines[name] = fixed_length_vllm(cfg, device)
         else:
-            engines[name] = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), device, 0, pad_id, [])
+            engines[name] = build_engine(
+                cfg.model, cfg.rollout, engine_spec(cfg, device=device.type), device, 0, pad_id, []
+            )
             assert isinstance(engines[name], HFEngine)
         start_s[name] = time.perf_counter() - t0
     return engines, start_s

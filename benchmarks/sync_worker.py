@@ -91,7 +91,13 @@ def build_topology(args: argparse.Namespace, env: DistEnv) -> Topology:
 def build_engine_for(cfg: Config, env: DistEnv) -> RolloutEngine:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     return build_engine(
-        cfg.model, cfg.rollout, engine_spec(cfg), env.device, env.rank, tok.pad_token_id, [tok.eos_token_id]
+        cfg.model,
+        cfg.rollout,
+        engine_spec(cfg, device=env.device.type),
+        env.device,
+        env.rank,
+        tok.pad_token_id,
+        [tok.eos_token_id],
     )
 
 

@@ -10,7 +10,7 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 
     d log p(label) / dz = onehot(label) - p          d entropy / dz = -p * (log p + entropy)
 
-so peak memory is about three [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
+so peak memory is two to three [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
 vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
 copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding.
 """
@@ -79,7 +79,7 @@ class _ChunkedHead(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
-            logq = z - lse[s : s + chunk, None]
+            logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
             gl, ge = g_logp[s : s + chunk, None], g_ent[s : s + chunk, None]
             p = logq.exp()
             gz = p.mul_(logq.add_(ent[s : s + chunk, None]).mul_(ge).add_(gl)).neg_()  # -p (gl + ge (log p + H))
