@@ -10,7 +10,7 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 
     d log p(label) / dz = onehot(label) - p          d entropy / dz = -p * (log p + entropy)
 
-so peak memory is two to three [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
+so peak memory is two [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
 vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
 copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding.
 """
@@ -36,7 +36,7 @@ def _scaled_logits(
     if never:
         z[:, list(never)] += never_bias
     if temperature > 0:
-        z = z / temperature
+        z.div_(temperature)  # in place: z is this call's own tensor
     return z
 
 
@@ -61,8 +61,9 @@ class _ChunkedHead(torch.autograd.Function):
             z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
             lse_c = torch.logsumexp(z, dim=-1)
             logp[s : s + chunk] = z.gather(-1, labels[s : s + chunk, None]).squeeze(-1) - lse_c
-            ent[s : s + chunk] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+            ent[s : s + chunk] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(-1)
             lse[s : s + chunk] = lse_c
+            del z, lse_c  # before the next chunk's logits exist: one chunk's tensors at a time
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
         ctx.settings = (temperature, never, never_bias, chunk)
         return logp, ent
@@ -93,6 +94,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w += (gz.t() @ h).float()
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
+            del z, logq, p, gz  # before the next chunk's logits exist: one chunk's tensors at a time
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
