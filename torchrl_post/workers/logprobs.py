@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
 from torchrl_post.types import Batch
+from torchrl_post.workers.lm_head import chunked_log_probs
 from torchrl_post.workers.micro_batches import MicroBatch, plan_micro_batches, trim_span
 from torchrl_post.workers.packing import can_pack, packed_inputs
 
@@ -31,14 +36,80 @@ def logits_to_logprobs(
     return logp, entropy
 
 
+HEAD_CHUNK_TOKENS = 1024
+"""Positions per pass of the chunked LM head (`workers/lm_head.py`): its peak is about three [this x vocabulary]
+float32 tensors, whatever the micro-batch. 0 computes a micro-batch's logits at once (`logits_to_logprobs`), the
+path a head that is more than one linear layer takes (a soft cap or scale on the logits)."""
+
+
+def _linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The model's LM head when the logits are exactly `head(hidden)` (what the chunked pass recomputes)."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
+        return None  # an adapted head (PEFT's LoRA layer) or another kind: its forward is not a plain matmul
+    if getattr(text, "final_logit_softcapping", None) or getattr(text, "logit_scale", None):
+        return None
+    return head
+
+
+@contextmanager
+def _head_forward(head: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """The head's forward replaced for one model call: it runs inside the model's forward, where FSDP has
+    gathered the root's parameters (the head's weight among them) and mixed precision has cast them."""
+    head.forward = forward  # type: ignore[method-assign]  # an instance attribute shadows the class's method
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def head_log_probs(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    keep: torch.Tensor,
+    select: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward `model` once on `inputs`; log p(label) and entropy [N] of the N positions that `select` takes
+    ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`). The head runs chunked from the hidden
+    states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits."""
+    never = _never(model)
+    head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
+    if head is None:
+        out = model(**inputs, logits_to_keep=keep)
+        return logits_to_logprobs(select(out.logits), labels, temperature, never)
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        logp, ent = chunked_log_probs(
+            # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
+            select(hidden), head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS,
+            HEAD_CHUNK_TOKENS,
+        )  # fmt: skip
+        return torch.stack([logp, ent], dim=-1)
+
+    with _head_forward(head, forward):
+        both = model(**inputs, logits_to_keep=keep).logits
+    return both[..., 0], both[..., 1]
+
+
 def response_log_probs(
     model: torch.nn.Module, inputs: dict[str, torch.Tensor], response_width: int, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R]."""
-    out = model(**inputs, use_cache=False)
-    # The token at column P + t is predicted by the logits at column P + t - 1.
-    logits = out.logits[:, -response_width - 1 : -1]
-    return logits_to_logprobs(logits, inputs["input_ids"][:, -response_width:], temperature, _never(model))
+    """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R].
+    Only the R columns that predict response tokens go through the LM head."""
+    ids = inputs["input_ids"]
+    b, t = ids.shape
+    # The token at column P + t is predicted by the hidden state at column P + t - 1.
+    keep = torch.arange(t - response_width - 1, t - 1, device=ids.device)
+    labels = ids[:, -response_width:].reshape(-1)
+    logp, ent = head_log_probs(
+        model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature
+    )
+    return logp.view(b, response_width), ent.view(b, response_width)
 
 
 def _never(model: torch.nn.Module) -> tuple[int, ...]:
@@ -107,9 +178,8 @@ def packed_forward_log_probs(
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
     p, inputs = packed_inputs(model, batch, rows, device, shared)
-    out = model(**inputs, logits_to_keep=p.keep.to(device))
-    logp, ent = logits_to_logprobs(p.kept(out.logits), p.labels.to(device), temperature, _never(model))
-    return p.unpack(logp), p.unpack(ent).detach(), p.cells, p.tokens
+    logp, ent = head_log_probs(model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature)
+    return p.unpack(logp), p.unpack(ent), p.cells, p.tokens
 
 
 def forward_log_probs(

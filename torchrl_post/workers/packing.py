@@ -68,14 +68,31 @@ class Pack:
         )
 
     def inputs(self, device: torch.device, attn_implementation: str = "sdpa") -> dict[str, Any]:
-        """The forward's keyword arguments. Without shared prompts no attention mask: HF's models read the
-        restarts of the position ids as sample boundaries (a block-diagonal causal mask per row; varlen attention
-        with flash-attn). Not with a KV cache (HF then reads them as one sequence): `use_cache=False`."""
+        """The forward's keyword arguments. Without shared prompts no attention mask: sdpa and eager read the
+        restarts of the position ids as sample boundaries (a block-diagonal causal mask per row); an attention
+        that takes no mask (flash-attn, and any other implementation) gets the boundaries as varlen arguments
+        (`varlen`): transformers infers them from position ids only for a single row, so with k > 1 rows the
+        samples of a row would attend to each other. Not with a KV cache: `use_cache=False`."""
         out: dict[str, Any] = {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device)}
         if self.segment is not None:
             additive = None if attn_implementation == "sdpa" else torch.get_default_dtype()
             out["attention_mask"] = self.attention(device, additive)
+        elif attn_implementation not in MASKABLE:
+            out |= self.varlen(device)
         return {**out, "use_cache": False}
+
+    def varlen(self, device: torch.device) -> dict[str, Any]:
+        """The packed rows' sequences for a mask-less varlen attention (flash-attn's `cu_seqlens`, as
+        transformers passes them down: `cu_seq_lens_q/k`, `max_length_q/k`), over the k x T tokens flattened row
+        by row: a sequence starts at every row's first column and wherever the position ids do not go on by one
+        (a sample's first token, the end of a row's leading slack)."""
+        starts = torch.ones(self.pos.shape, dtype=torch.bool)
+        starts[:, 1:] = self.pos[:, 1:] != self.pos[:, :-1] + 1
+        first = starts.reshape(-1).nonzero().squeeze(-1)
+        cu = torch.cat([first, torch.tensor([self.pos.numel()])]).to(torch.int32)
+        longest = int(cu.diff().max())
+        cu = cu.to(device)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
     def kept(self, out: torch.Tensor) -> torch.Tensor:
         """[k, K, ...] outputs at `keep` (logits_to_keep) -> [N, ...], one per response token."""
@@ -93,10 +110,9 @@ class Pack:
         return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype).index_put(where, values)
 
 
-# Attention implementations that take a custom [b, 1, T, T] mask (shared prompts); flash-attn does not.
-
-
 MASKABLE = ("sdpa", "eager")
+"""Attention implementations that take a custom [b, 1, T, T] mask (shared prompts); the others (flash-attn) get
+the sequence boundaries (`Pack.varlen`) and pack the samples of a prompt apart."""
 
 
 def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: int) -> list[list[int]]:

@@ -86,3 +86,48 @@ def test_batched_log_probs_hold_no_graph(model: torch.nn.Module, packed: bool) -
     out = batched_log_probs(model, _batch(RAGGED), 1.0, 2, CPU, packed=packed)
     assert not out.requires_grad and out.grad_fn is None
     assert out.abs().sum() > 0
+
+
+def _maskless_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
+    """A CPU stand-in for flash-attn as transformers calls it: it takes no mask (transformers builds none for it),
+    attends causally within each row, or within each `cu_seq_lens_q` sequence of the flattened rows when given."""
+    b, heads, t, _ = query.shape
+    key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    seq = torch.zeros(b * t, dtype=torch.long)
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        seq[cu[1:-1].long()] = 1
+        seq = seq.cumsum(0)
+    else:
+        seq = torch.arange(b).repeat_interleave(t)
+    seq_bt = seq.view(b, t)
+    allowed = (seq_bt[:, :, None] == seq_bt[:, None, :]) & torch.ones(t, t, dtype=torch.bool).tril()
+    scores = (query @ key.transpose(-1, -2)) * scaling
+    scores = scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
+    return (scores.softmax(-1) @ value).transpose(1, 2).contiguous(), None
+
+
+def test_packed_rows_without_a_mask_keep_samples_apart(
+    model: torch.nn.Module, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k > 1 packed rows through an attention that takes no mask (flash-attn's case) equal the padded forward:
+    the rows carry their sequence boundaries. Without them, the samples of a row see each other."""
+    from transformers import AttentionInterface
+
+    from torchrl_post.workers.packing import Pack, pack
+
+    AttentionInterface.register("maskless_stand_in", _maskless_attention)
+    maskless = AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation="maskless_stand_in"
+    )
+    b = _groups([0, 3, 5], [[1, 0, 3, 4], [2, 2, 0, 1], [0, 4, 3, 1]])
+    rows, mask = slice(0, len(b)), b.loss_mask
+    p = pack(b, rows)
+    assert 1 < p.ids.shape[0] < len(p.varlen(CPU)["cu_seq_lens_q"]) - 1  # k > 1 rows, some holding several samples
+    padded = padded_forward_log_probs(model, b, rows, 1.0, CPU)[0].detach()  # sdpa with its mask: the truth
+    packed = packed_forward_log_probs(maskless, b, rows, 1.0, CPU, shared=True)[0].detach()
+    assert ((padded - packed) * mask).abs().max() < 2e-6
+    monkeypatch.setattr(Pack, "varlen", lambda self, device: {})  # the rows without their boundaries (before)
+    crossed = packed_forward_log_probs(maskless, b, rows, 1.0, CPU, shared=True)[0].detach()
+    assert ((padded - crossed) * mask).abs().max() > 1e-2

@@ -1,0 +1,68 @@
+"""Tests of torchrl_post/workers/lm_head.py and its use in workers/logprobs.py: the chunked head equals the
+full-logits log-softmax (values and every gradient), and a model's forward gives the same logprobs either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.unit.workers.helpers import CPU, RAGGED, _batch
+from torchrl_post.workers import logprobs
+from torchrl_post.workers.lm_head import chunked_log_probs
+from torchrl_post.workers.logprobs import logits_to_logprobs, packed_forward_log_probs, padded_forward_log_probs
+
+
+def _full(hidden, weight, bias, labels, temperature, never):  # type: ignore[no-untyped-def]
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return logits_to_logprobs(logits, labels, temperature, never)
+
+
+@pytest.mark.parametrize(("temperature", "never", "chunk"), [(1.0, (), 3), (0.7, (5, 9), 4), (0.0, (), 100)])
+def test_chunked_head_equals_full_logits(temperature: float, never: tuple[int, ...], chunk: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    n, h, v = 11, 8, 37
+    leaves = [torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen), torch.randn(v, generator=gen)]
+    labels = torch.randint(0, v, (n,), generator=gen)
+    g_logp, g_ent = torch.randn(n, generator=gen), torch.randn(n, generator=gen)  # a loss using both outputs
+    results = []
+    for chunked in (False, True):
+        xs = [t.clone().requires_grad_() for t in leaves]
+        if chunked:
+            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, temperature, never, -1e4, chunk)
+        else:
+            logp, ent = _full(*xs, labels, temperature, never)
+        ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+        results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
+    for name, a, b in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):
+        assert a is not None and b is not None
+        assert (a - b).abs().max() < 1e-5 * max(1.0, a.abs().max().item()), name
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+
+
+def test_model_forward_chunked_equals_full_logits(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Padded and packed forwards through the chunked head (3 positions per pass) equal the full logits' path:
+    logprobs, entropy, and the gradients of a loss that uses both (the head's weight included)."""
+    assert logprobs._linear_head(model) is model.lm_head  # the chunked pass applies to this model
+    b = _batch(RAGGED)
+    rows, mask = slice(0, len(b)), b.loss_mask
+    for forward in (padded_forward_log_probs, packed_forward_log_probs):
+        out = []
+        for chunk in (0, 3):
+            monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", chunk)
+            model.zero_grad()
+            logp, ent, *_ = forward(model, b, rows, 0.7, CPU)
+            ((logp - 0.1 * ent) * mask * torch.arange(1.0, 6.0)).sum().backward()
+            grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+            out.append((logp.detach() * mask, ent.detach() * mask, grads))
+        (la, ea, ga), (lb, eb, gb) = out
+        assert (la - lb).abs().max() < 2e-6 and (ea - eb).abs().max() < 5e-6
+        assert ga.keys() == gb.keys() and any("embed" in k or "lm_head" in k for k in ga)
+        scale = max(g.abs().max().item() for g in ga.values())
+        assert max((ga[k] - gb[k]).abs().max().item() for k in ga) < 1e-6 * max(scale, 1.0)

@@ -1,0 +1,119 @@
+"""Token log-probabilities and entropy straight from hidden states, chunked over positions: the LM head, the
+log-softmax and the gathered target in one pass (and its backward), never the [positions x vocabulary] float32
+logits of the whole micro-batch.
+
+    logp_n, ent_n = chunked_log_probs(hidden_nh, weight_vh, bias_v, labels_n, temperature, never, chunk)
+
+For each chunk of c positions: z = (h @ W^T + b).float() (+ a bias on `never` token ids) / temperature,
+lse = logsumexp(z), log p(label) = z[label] - lse, entropy = lse - sum(softmax(z) * z). The backward recomputes z
+chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
+
+    d log p(label) / dz = onehot(label) - p          d entropy / dz = -p * (log p + entropy)
+
+so peak memory is about three [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
+vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
+copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _scaled_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    never: tuple[int, ...],
+    never_bias: float,
+) -> torch.Tensor:
+    """[c, H] -> the float32 logits [c, V] the sampler sees: the head in the weight's dtype (as the model's own
+    forward computes it), then float32, the never-generated bias, the temperature (0: greedy, unscaled)."""
+    z = torch.nn.functional.linear(hidden, weight, bias).float()
+    if never:
+        z[:, list(never)] += never_bias
+    if temperature > 0:
+        z = z / temperature
+    return z
+
+
+class _ChunkedHead(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        temperature: float,
+        never: tuple[int, ...],
+        never_bias: float,
+        chunk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty_like(logp)
+        lse = torch.empty_like(logp)
+        for s in range(0, n, chunk):
+            z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
+            lse_c = torch.logsumexp(z, dim=-1)
+            logp[s : s + chunk] = z.gather(-1, labels[s : s + chunk, None]).squeeze(-1) - lse_c
+            ent[s : s + chunk] = lse_c - (torch.softmax(z, dim=-1) * z).sum(-1)
+            lse[s : s + chunk] = lse_c
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+        ctx.settings = (temperature, never, never_bias, chunk)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor) -> tuple[Any, ...]:
+        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        temperature, never, never_bias, chunk = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        g_logp, g_ent = g_logp.float(), g_ent.float()
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
+            logq = z - lse[s : s + chunk, None]
+            gl, ge = g_logp[s : s + chunk, None], g_ent[s : s + chunk, None]
+            p = logq.exp()
+            gz = p.mul_(logq.add_(ent[s : s + chunk, None]).mul_(ge).add_(gl)).neg_()  # -p (gl + ge (log p + H))
+            gz.scatter_add_(-1, labels[s : s + chunk, None], gl)
+            if temperature > 0:
+                gz /= temperature
+            gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
+            if grad_h is not None:
+                grad_h[s : s + chunk] = gz @ weight
+            if grad_w is not None:
+                grad_w += (gz.t() @ h).float()
+            if grad_b is not None:
+                grad_b += gz.float().sum(0)
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None, None, None, None, None,
+        )  # fmt: skip
+
+
+def chunked_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    temperature: float,
+    never: tuple[int, ...] = (),
+    never_bias: float = 0.0,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, H] (the final norm's output), the LM head's weight [V, H] (and bias [V]), labels [N] ->
+    (log p(label) [N], entropy [N]) in float32, at `temperature`; `never`: token ids whose logits get
+    `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass."""
+    assert chunk > 0, chunk
+    logp, ent = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, never, never_bias, chunk)
+    return logp, ent
