@@ -201,8 +201,10 @@ def train_vllm_colocated(ctx: Ctx) -> Result:
     numbers = step_numbers(rows, ctx)
     # dummy initial weights: the parity above holds only if every step's reload gave the engine the actor's.
     assert all(b > 0 for b in numbers["sync_bytes"]), f"a step without a weight sync: {numbers['sync_bytes']}"
-    numbers["sleep_in_log"] = log_says(ctx, "vllm", "fall asleep", "sleep mode")
-    numbers["cuda_graphs_in_log"] = log_says(ctx, "vllm", "graph capturing finished", "capturing cuda graph")
+    # vLLM 0.32's own lines (vllm/v1/executor/abstract.py, vllm/v1/worker/gpu_model_runner.py): reported, not
+    # asserted (a reworded log line must not fail the check; the parity above is the evidence)
+    numbers["sleep_in_log"] = log_says(ctx, "vllm", "seconds to fall asleep", "sleep mode freed")
+    numbers["cuda_graphs_in_log"] = log_says(ctx, "vllm", "graph capturing finished")
     return "passed", "", numbers
 
 
@@ -242,6 +244,8 @@ def leaky_log_probs(model: Any, batch: Any, device: torch.device) -> torch.Tenso
 
     p, inputs = packed_inputs(model, batch, slice(0, len(batch)), device, False)
     t = inputs["input_ids"].shape[1]
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):  # flash-attn's boundaries
+        inputs.pop(key, None)
     inputs["position_ids"] = torch.arange(t, device=device).expand_as(inputs["input_ids"])
     with torch.no_grad():
         out = model(**inputs, logits_to_keep=p.keep.to(device))
