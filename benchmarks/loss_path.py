@@ -1,0 +1,257 @@
+"""Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
+before (the full [tokens x vocabulary] float32 logits) and after (the chunked LM head, workers/lm_head.py).
+
+    python -m benchmarks --only loss_path [--quick | --tiny]     (or: python -m benchmarks.loss_path)
+
+A random Qwen2 of tiny depth with Qwen2.5's vocabulary (151,936 rows, tied embeddings, hidden 64, 2 layers): the
+LM head is the whole story of its loss path, as in a real model at long responses. benchmarks/loss_path_worker.py
+runs under torchrun once per path (`HEAD_CHUNK_TOKENS` = 0, the fallback, and the default 1024): one `Actor.update`
+(FSDP2, float32, PPO clip loss, AdamW) of 1 row with a 32-token prompt per response length, its peak tensor bytes
+measured exactly by torch's MemTracker (every storage alive through forward, backward and optimizer step; not RSS).
+
+The slope is a least-squares line through (tokens, peak): before over every length, after from 2 x HEAD_CHUNK_TOKENS
+tokens on. Below one chunk the chunk itself grows with the tokens; from one chunk to two the peak steps up once,
+because lm_head.py's chunk loops keep the previous chunk's [chunk x vocabulary] tensors (their loop variables) alive
+while the next chunk's are computed; from two chunks on the peak is that constant plus the per-token part. It is set beside
+hidden x 4 bytes and vocabulary x 4 bytes per token: the full-logits path grows by several vocabulary rows per
+token, the chunked one by a small multiple of the hidden size (the layers' activations), its chunk a constant.
+
+Lengths whose full-logits update would take more than half of the memory available (about 6 x tokens x vocabulary
+x 4 bytes) are not run on the full-logits path (the record says so); the fit uses the lengths run.
+
+    default   response lengths 256, 512, 1024, 2048, 4096
+    --quick   the same (minutes on 2 cores)
+    --tiny    a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (seconds; for tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+NAME = "loss_path"
+WORKER = Path(__file__).resolve().parent / "loss_path_worker.py"
+QWEN_VOCAB = 151936
+LENGTHS = (256, 512, 1024, 2048, 4096)
+CHUNK = 1024  # torchrl_post.workers.logprobs.HEAD_CHUNK_TOKENS's default, the "after" path
+FULL_LOGITS_COPIES = 6  # float32 [tokens x vocab] tensors alive at the full-logits path's peak (measured: ~5-6)
+TINY = {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the default lengths")
+    ap.add_argument("--tiny", action="store_true", help="vocabulary 4096, lengths 64-256 (tests)")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
+    """A random float32 Qwen2 with `vocab` rows (tied embeddings), head_dim 32; cached."""
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable); a large number when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 50
+
+
+def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> int:
+    """The longest length whose full-logits update fits in half of `available` (0: every length fits)."""
+    fits = [n for n in lengths if FULL_LOGITS_COPIES * n * vocab * 4 <= available // 2]
+    return 0 if len(fits) == len(lengths) else max(fits, default=min(lengths))
+
+
+def fit(points: list[tuple[int, int]]) -> dict[str, float] | None:
+    """Least-squares line peak = intercept + slope * tokens through (tokens, peak) points (None below 2)."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return {"slope_bytes_per_token": slope, "intercept_bytes": my - slope * mx, "points": n}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    if args.tiny:
+        vocab, hidden, layers, lengths, chunk = (TINY[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
+    else:
+        vocab, hidden, layers, lengths, chunk = QWEN_VOCAB, 64, 2, LENGTHS, CHUNK
+    model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
+    limit = full_logits_limit(vocab, lengths, mem_available())
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(os.cpu_count() or 1))
+    paths = []
+    for label, head_chunk in (("before", 0), ("after", chunk)):
+        skip = limit if head_chunk == 0 else 0
+        note = f", full logits only up to {skip} tokens (memory)" if skip else ""
+        print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}{note} ...", flush=True)
+        worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
+        rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
+        ran = [r for r in rec["results"] if not r.get("skipped")]
+        start = 2 * head_chunk  # the chunked path's steady state (module docstring); 0: every length
+        fitted = [(r["tokens"], r["peak_bytes"]) for r in ran if r["tokens"] >= start]
+        rec |= {"label": label, "fit": fit(fitted), "fit_from_tokens": start}
+        paths.append(rec)
+    before, after = paths
+    rows = []
+    for b, a in zip(before["results"], after["results"], strict=True):
+        row = {"response_len": b["response_len"], "after_mib": a["peak_bytes"] / 2**20}
+        if not b.get("skipped"):
+            row |= {"before_mib": b["peak_bytes"] / 2**20, "ratio": b["peak_bytes"] / a["peak_bytes"]}
+        rows.append(row)
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "chunk": chunk,
+        "rows": rows,
+        "paths": paths,
+        "hidden_bytes_per_token": hidden * 4,
+        "vocab_bytes_per_token": vocab * 4,
+        "full_logits_skipped_above": limit,
+        "loadavg_1m": common.load_1m(),
+    }
+
+
+# ---- reports -----------------------------------------------------------------------------------------------
+
+
+def _slope(rec: dict[str, Any], label: str) -> float | None:
+    path = next(p for p in rec["paths"] if p["label"] == label)
+    return path["fit"]["slope_bytes_per_token"] if path.get("fit") else None
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    h, v = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"]
+    before, after = _slope(rec, "before"), _slope(rec, "after")
+    after_path = next(p for p in rec["paths"] if p["label"] == "after")
+    slopes = [
+        {"what": "before: full logits (HEAD_CHUNK_TOKENS=0)", "bytes": before},
+        {
+            "what": f"after: chunked head (HEAD_CHUNK_TOKENS={rec['chunk']}), from {after_path['fit_from_tokens']} tokens",
+            "bytes": after,
+        },
+        {"what": f"hidden x 4 bytes (hidden {rec['hidden_size']})", "bytes": h},
+        {"what": f"vocabulary x 4 bytes (vocabulary {rec['vocab_size']})", "bytes": v},
+    ]
+    for s in slopes:
+        if s["bytes"] is not None:
+            s |= {"per_hidden": s["bytes"] / h, "per_vocab": s["bytes"] / v}
+    skipped = rec.get("full_logits_skipped_above") or 0
+    lines = [
+        "# Loss path: peak memory of one actor update against the response length",
+        "",
+        f"A random Qwen2 with Qwen2.5's vocabulary ({rec['vocab_size']} rows, tied), hidden {rec['hidden_size']}, "
+        f"{rec['num_layers']} layer(s); one `Actor.update` (FSDP2 on 1 rank, float32, AdamW) of 1 row, a 32-token "
+        "prompt, per response length; peak tensor bytes over forward, backward and optimizer step from torch's "
+        "MemTracker (exact on CPU; the parameters and AdamW state held between updates included). `before`: "
+        "`HEAD_CHUNK_TOKENS=0`, the full [tokens x vocabulary] float32 logits; `after`: the chunked LM head "
+        f"({rec['chunk']} positions per pass)."
+        + (
+            f" The full-logits path was not run above {skipped} tokens (more than half of this machine's free "
+            "memory); its slope is fitted on the lengths run."
+            if skipped
+            else ""
+        ),
+        "",
+        common.table(
+            rec["rows"],
+            [
+                ("response tokens", "response_len", "{}"),
+                ("before MiB", "before_mib", "{:.0f}"),
+                ("after MiB", "after_mib", "{:.0f}"),
+                ("before / after", "ratio", "{:.1f}x"),
+            ],
+        ),
+        "Per-token slope (least squares; after: from two chunks on. Below one chunk the chunk grows with the "
+        "tokens; from one chunk to two the peak steps up once, as the backward's loop keeps the previous chunk's "
+        "[chunk x vocabulary] tensors alive while it computes the next):",
+        "",
+        common.table(
+            slopes,
+            [
+                ("", "what", "{}"),
+                ("bytes / token", "bytes", "{:,.0f}"),
+                ("x hidden x 4 B", "per_hidden", "{:.1f}"),
+                ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
+            ],
+        ),
+    ]
+    if before and after and after_path.get("fit"):
+        intercept = after_path["fit"]["intercept_bytes"] / 2**20
+        lines.append(
+            f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, "
+            f"{after / h:.0f} x hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the "
+            f"hidden size, not the vocabulary. The chunk is a constant ({intercept:.0f} MiB intercept, parameters "
+            f"and AdamW state included). Load average {rec['loadavg_1m']:.1f} (memory counts are not timing: "
+            "load does not change them)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p, color in zip(rec["paths"], ("C3", "C0"), strict=True):
+        ran = [r for r in p["results"] if not r.get("skipped")]
+        xs = [r["tokens"] for r in ran]
+        ax.plot(xs, [r["peak_bytes"] / 2**20 for r in ran], "o-", color=color, label=f"{p['label']}")
+        if p.get("fit"):
+            f = p["fit"]
+            lo = p["fit_from_tokens"] or min(xs)
+            line = [x for x in xs if x >= lo]
+            ax.plot(
+                line,
+                [(f["intercept_bytes"] + f["slope_bytes_per_token"] * x) / 2**20 for x in line],
+                "--",
+                color=color,
+                alpha=0.6,
+                label=f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token",
+            )
+    ax.set(xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
+    ax.set_title(
+        f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}", fontsize=10
+    )
+    ax.legend(fontsize=8)
+    common.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    main()
