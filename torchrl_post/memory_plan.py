@@ -15,7 +15,9 @@ with actor.use_dynamic_bsz). Every estimate is an upper bound for the worst case
 Trained role (actor, critic), per rank:
     parameters  P m / S        gradients  P_t m / S        AdamW  2 P_t m / S   (torch keeps exp_avg and exp_avg_sq
         in the parameter's dtype; model.dtype float32 is itself the master copy, so there is no other)
-    with fsdp.offload_policy these three sit in host memory; gradients exist only during the update
+    optimizer step  P_t m / S  (foreach AdamW, the default on GPU, makes one temporary per parameter: counted with
+        the activations though it comes after them, an upper bound)
+    with fsdp.offload_policy these sit in host memory; gradients exist only during the update
     gathered units  (2 P_l + P_r) p + P_r p + P_l (p + r if r != p)
         one layer gathered and the next prefetched, the root kept gathered through backward, the root's gradient
         (the LM head's lives through backward) and one layer's before its reduce-scatter (LoRA: the adapter's);
@@ -33,8 +35,9 @@ Trained role (actor, critic), per rank:
     loss path: c (4 LOSS_PATH_COPIES + p) V, c = min(positions, loss_chunk_tokens); the positions are t, or with
         model.use_remove_padding the response share of t (only response positions reach the LM head); the critic's
         head has one output, so no vocabulary term
-Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, one layer's
-    activations and the loss path of one forward (an upper bound: a no-grad forward keeps nothing between layers).
+Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
+    no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
+    norm input, the mask; measured) plus the loss path.
 Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T and
     gets its share - weights - ENGINE_RESERVE (its own activations and graphs, a round guess). The share is
     rollout.gpu_memory_utilization x card, or colocated with it unset, as the engine sizes it at start:
@@ -165,6 +168,12 @@ def activation_bytes(s: ModelShape, p: int, tokens: int, row: int, checkpointing
     return tokens * (s.layers * layer + extra + p * s.hidden + 3 * p * s.intermediate)
 
 
+def forward_bytes(s: ModelShape, p: int, tokens: int, row: int) -> int:
+    """The peak of a no-grad forward (reference, old logprobs) through the decoder, less the loss path: nothing is
+    kept between layers, so one layer's widest moment."""
+    return tokens * (2 * p * s.hidden + 3 * p * s.intermediate + F32 * s.hidden + p * row)
+
+
 def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> int:
     """The peak of logprobs and entropy over `positions`, `chunk_tokens` at a time: the LM head's output chunk in
     `p`-byte floats and LOSS_PATH_COPIES float32 copies of it."""
@@ -264,13 +273,13 @@ class MemoryPlan:
                 for item in r.items:
                     where = " (host)" if item.on_host else ""
                     note = f"  {item.note}" if item.note else ""
-                    lines.append(f"    {r.role} {item.name:<16} {_gib(item.bytes):>8}{where}{note}")
+                    lines.append(f"    {r.role + ' ' + item.name:<26}{_gib(item.bytes):>7}{where}{note}")
                 if r.variants:
-                    table = ", ".join(f"{name} {_gib(b)}" for name, b in r.variants)
-                    lines.append(f"    {r.role} activations + loss path by setting: {table}")
+                    table = "; ".join(f"{name} {_gib(b)}" for name, b in r.variants)
+                    lines.append(f"    {r.role} activations + loss path, gradient checkpointing {table}")
             for item in g.engine:
                 note = f"  {item.note}" if item.note else ""
-                lines.append(f"    engine {item.name:<16} {_gib(item.bytes):>8}{note}")
+                lines.append(f"    {'engine ' + item.name:<26}{_gib(item.bytes):>7}{note}")
             if g.kv_needed > g.kv_available and self.device_type != "cpu":
                 share = max(g.kv_available, 0) / g.kv_needed
                 lines.append(
@@ -278,7 +287,7 @@ class MemoryPlan:
                 )
             host = sum(r.host() for r in g.roles)
             if host:
-                lines.append(f"    host memory per rank (offloaded)  {_gib(host):>8}")
+                lines.append(f"    {'host (offloaded)':<26}{_gib(host):>7}")
             phases = ", ".join(f"{k} {_gib(v)}" for k, v in g.phases().items())
             lines.append(f"    peak by phase: {phases} (of {_gib(self.card_bytes)})")
         return "\n".join(lines)
@@ -363,6 +372,7 @@ def _trained_role(
         Item("parameters", params * m // shards, not fsdp.param_offload, off, f"{_count(params)} x {cfg.model.dtype} / {shards} shards"),
         Item("gradients", trained * m // shards, False, off, f"{what}{_count(trained)} x {cfg.model.dtype} / {shards}"),
         Item("optimizer", 2 * trained * m // shards, not fsdp.optimizer_offload, off, "AdamW exp_avg + exp_avg_sq"),
+        Item("optimizer step", trained * m // shards, False, off, "foreach AdamW's temporary"),
         Item("gathered units", gathered_bytes(s, fsdp, True, lora), False, False, f"in {fsdp.param_dtype}"),
         Item(
             "activations", activation_bytes(s, p, tokens, row, ckpt), False, False,
@@ -371,7 +381,7 @@ def _trained_role(
         Item("loss path", loss(packed), False, False, f"chunks of {chunk} positions" if not value_head else "value head"),
     )  # fmt: skip
     variants = tuple(
-        (f"checkpointing {'on' if c else 'off'}{', packed' if pk else ''}", activation_bytes(s, p, tokens, row, c) + loss(pk))
+        (f"{'on' if c else 'off'}{', packed' if pk else ''}", activation_bytes(s, p, tokens, row, c) + loss(pk))
         for c in (False, True)
         for pk in (False, True)
     )  # fmt: skip
@@ -383,7 +393,7 @@ def _reference(cfg: Config, plan: RunPlan, s: ModelShape, chunk: int) -> RoleMem
     m, p = DTYPE_BYTES[cfg.model.dtype], DTYPE_BYTES[fsdp.param_dtype]
     row = cfg.data.max_prompt_length + cfg.data.max_response_length
     tokens = cfg.reference.log_prob_micro_batch_size_per_gpu * row
-    forward = tokens * (layer_activation_bytes(s, p) + p * s.hidden * 2) + loss_path_bytes(tokens, s.vocab, p, chunk)
+    forward = forward_bytes(s, p, tokens, row) + loss_path_bytes(tokens, s.vocab, p, chunk)
     return RoleMemory(
         "reference",
         (
