@@ -32,9 +32,11 @@ Trained role (actor, critic), per rank:
         no checkpointing:   t (L A + E + p h + 3 p i)   the last term: the first layer's backward (its output's
                                                          gradient and three MLP-wide gradients)
         checkpointing:      t (L p h + A + E + p h)     each layer's input kept, one layer recomputed at a time
-    loss path: c (4 LOSS_PATH_COPIES + p) V, c = min(positions, loss_chunk_tokens); the positions are t, or with
-        model.use_remove_padding the response share of t (only response positions reach the LM head); the critic's
-        head has one output, so no vocabulary term
+    loss path: c V (4 CHUNK_COPIES + p if p != 4), c = min(positions, HEAD_CHUNK_TOKENS) (the chunked head; with the
+        chunk 0, all positions' logits at once: positions V (4 FULL_COPIES + p)); the positions are the response share of t
+        (padded or packed, only the columns that predict response tokens reach the head); the critic's head has one
+        output, so no vocabulary term. Packing (model.use_remove_padding) drops padding but not the worst case: a
+        micro-batch of samples at full length holds t tokens either way
 Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
@@ -63,15 +65,17 @@ from torchrl_post.config.schema import Config, FSDPConfig, ModelConfig
 from torchrl_post.plan import RunPlan
 from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE
 from torchrl_post.workers.fsdp import decoder_layers
+from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS
 from torchrl_post.workers.models import VISION_TOWER, empty_model
 
 GiB = 1 << 30
 F32 = 4
-LOSS_PATH_COPIES = 5
-"""float32 copies of a chunk's logits at the peak of `logits_to_logprobs` forward and backward (the scaled logits,
-log_softmax, its exp and the product kept for entropy, the gradients): measured, not assumed."""
-LOSS_CHUNK_TOKENS = 1024
-"""Positions whose logits are computed at once (the chunked logprobs)."""
+CHUNK_COPIES = 4
+"""[chunk x vocabulary] float32 tensors at the peak of the chunked head's forward and backward
+(`workers/lm_head.py`): measured, not assumed."""
+FULL_COPIES = 5
+"""[positions x vocabulary] float32 tensors at the peak of `logits_to_logprobs` forward and backward (the scaled
+logits, log_softmax, its exp and the product kept for entropy, the gradients), besides the logits: measured."""
 ENGINE_RESERVE = 1 * GiB
 """What vLLM keeps besides weights and KV cache (profiling activations, sampler, graphs): not measured here."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -174,10 +178,13 @@ def forward_bytes(s: ModelShape, p: int, tokens: int, row: int) -> int:
     return tokens * (2 * p * s.hidden + 3 * p * s.intermediate + F32 * s.hidden + p * row)
 
 
-def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = LOSS_CHUNK_TOKENS) -> int:
-    """The peak of logprobs and entropy over `positions`, `chunk_tokens` at a time: the LM head's output chunk in
-    `p`-byte floats and LOSS_PATH_COPIES float32 copies of it."""
-    return min(positions, chunk_tokens) * vocab * (F32 * LOSS_PATH_COPIES + p)
+def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
+    """The peak of logprobs and entropy over `positions` from the hidden states, `chunk_tokens` at a time
+    (CHUNK_COPIES float32 copies of a chunk's logits, and the head's output in `p`-byte floats where that is not
+    float32 already), or with `chunk_tokens` 0 from the full logits (`p`-byte) and FULL_COPIES float32 copies."""
+    if chunk_tokens <= 0:
+        return positions * vocab * (F32 * FULL_COPIES + p)
+    return min(positions, chunk_tokens) * vocab * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
 
 
 def gathered_bytes(s: ModelShape, fsdp: FSDPConfig, trained: bool, lora: bool) -> int:
@@ -276,7 +283,10 @@ class MemoryPlan:
                     lines.append(f"    {r.role + ' ' + item.name:<26}{_gib(item.bytes):>7}{where}{note}")
                 if r.variants:
                     table = "; ".join(f"{name} {_gib(b)}" for name, b in r.variants)
-                    lines.append(f"    {r.role} activations + loss path, gradient checkpointing {table}")
+                    lines.append(
+                        f"    {r.role} activations + loss path with gradient checkpointing {table} (packing: the same "
+                        "at full length; it saves the padding)"
+                    )
             for item in g.engine:
                 note = f"  {item.note}" if item.note else ""
                 lines.append(f"    {'engine ' + item.name:<26}{_gib(item.bytes):>7}{note}")
@@ -358,13 +368,14 @@ def _trained_role(
     row = d.max_prompt_length + d.max_response_length
     budget = cfg.actor.ppo_max_token_len_per_gpu if cfg.actor.use_dynamic_bsz and role == "actor" else 0
     tokens = _micro_tokens(micro, row, budget)
-    ckpt, packed = cfg.model.enable_gradient_checkpointing, cfg.model.use_remove_padding
+    ckpt = cfg.model.enable_gradient_checkpointing
 
-    def loss(packing: bool) -> int:
-        if value_head:
-            return tokens * (p + F32) * 2  # the scalar head's output and the value loss: no vocabulary term
-        positions = tokens * d.max_response_length // row if packing else tokens
-        return loss_path_bytes(positions, s.vocab, p, chunk)
+    if value_head:
+        loss, what_loss = tokens * (p + F32) * 2, "value head"  # a scalar output and its loss: no vocabulary term
+    else:
+        # Padded and packed alike, only the columns that predict response tokens reach the head (logits_to_keep).
+        loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk)
+        what_loss = f"chunks of {chunk} positions" if chunk > 0 else "full logits"
 
     what = "adapter " if lora else ""
     how = f"{'budget ' + str(budget) if budget else str(micro) + ' x ' + str(row)} tokens"
@@ -378,13 +389,9 @@ def _trained_role(
             "activations", activation_bytes(s, p, tokens, row, ckpt), False, False,
             f"micro-batch {how}, checkpointing {'on' if ckpt else 'off'}",
         ),
-        Item("loss path", loss(packed), False, False, f"chunks of {chunk} positions" if not value_head else "value head"),
+        Item("loss path", loss, False, False, what_loss),
     )  # fmt: skip
-    variants = tuple(
-        (f"{'on' if c else 'off'}{', packed' if pk else ''}", activation_bytes(s, p, tokens, row, c) + loss(pk))
-        for c in (False, True)
-        for pk in (False, True)
-    )  # fmt: skip
+    variants = tuple((f"{'on' if c else 'off'}", activation_bytes(s, p, tokens, row, c) + loss) for c in (False, True))
     return RoleMemory(role, items, variants)
 
 
@@ -445,7 +452,7 @@ def plan_memory(
     shape: ModelShape,
     device_type: str,
     card_bytes: int,
-    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
+    loss_chunk_tokens: int = HEAD_CHUNK_TOKENS,
     critic_shape: ModelShape | None = None,
 ) -> MemoryPlan:
     """Every rank's memory for `cfg` under `plan` on `card_bytes` of device memory (pure: no file, no device)."""

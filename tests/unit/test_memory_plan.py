@@ -27,6 +27,7 @@ from torchrl_post.memory_plan import (
     plan_memory,
 )
 from torchrl_post.plan import plan_run
+from torchrl_post.workers.lm_head import chunked_log_probs
 from torchrl_post.workers.logprobs import logits_to_logprobs
 
 QWEN25_7B = {
@@ -54,10 +55,9 @@ SEVEN_B_RUN = [
     "actor.ppo_mini_batch_size=16",
     "actor.ppo_micro_batch_size_per_gpu=4",
     "model.enable_gradient_checkpointing=true",
-    "actor.fsdp.param_dtype=bfloat16",
-    "rollout.dtype=bfloat16",
 ]
-"""GRPO on 8 ranks with rollout.n=8: 4 samples of 2048 tokens per micro-batch, bfloat16 compute and engine."""
+"""GRPO on 8 ranks with rollout.n=8: 4 samples of 2048 tokens per micro-batch; CUDA's defaults (bfloat16 compute
+and engine over float32 master weights, the colocated engine sized from the memory the trainer leaves)."""
 
 TINY = {"hidden": 128, "intermediate": 352, "layers": 4, "heads": 4, "kv_heads": 2, "vocab": 2048}
 
@@ -174,8 +174,26 @@ def test_no_grad_forward_of_a_tiny_model(tiny_dir: Path, dtype: torch.dtype) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_loss_path(dtype: torch.dtype) -> None:
-    """logprobs and entropy of one chunk of positions, forward and backward, from the LM head's output."""
+def test_loss_path_chunked(dtype: torch.dtype) -> None:
+    """The chunked head's logprobs and entropy, forward and backward, from the hidden states: the peak less the
+    hidden states, the head's weight and their gradients."""
+    positions, hidden, vocab, chunk = 1024, 64, 4096, 256
+    h = torch.randn(positions, hidden, dtype=dtype, requires_grad=True)
+    w = torch.randn(vocab, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (positions,))
+
+    def step() -> None:
+        logp, ent = chunked_log_probs(h, w, None, labels, 0.7, chunk=chunk)
+        (logp.sum() + 0.01 * ent.sum()).backward()
+
+    measured = _peak(step, h, w)["Total"] - 2 * (h.nbytes + w.nbytes)
+    p = torch.finfo(dtype).bits // 8
+    _close(loss_path_bytes(positions, vocab, p, chunk_tokens=chunk), measured, f"chunked loss path {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_path_full_logits(dtype: torch.dtype) -> None:
+    """A head the chunked pass cannot take (HEAD_CHUNK_TOKENS 0): the full logits, then `logits_to_logprobs`."""
     positions, vocab = 256, 4096
     logits = torch.randn(1, positions, vocab, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, vocab, (1, positions))
@@ -186,8 +204,7 @@ def test_loss_path(dtype: torch.dtype) -> None:
 
     measured = _peak(step, logits)["Total"]
     p = torch.finfo(dtype).bits // 8
-    _close(loss_path_bytes(positions, vocab, p, chunk_tokens=positions), measured, f"loss path {dtype}")
-    assert loss_path_bytes(10 * positions, vocab, p, chunk_tokens=positions) == loss_path_bytes(positions, vocab, p)
+    _close(loss_path_bytes(positions, vocab, p, chunk_tokens=0), measured, f"full-logits loss path {dtype}")
 
 
 def test_parameters_gradients_and_adamw_on_one_rank(tiny_dir: Path) -> None:
@@ -223,7 +240,7 @@ def _actor(memory: Any) -> Any:
 
 def _seven_b(qwen7b_dir: Path, *overrides: str) -> tuple[Any, Any, ModelShape]:
     cfg = load_config([f"model.path={qwen7b_dir}", *SEVEN_B_RUN, *overrides])
-    return cfg, plan_run(cfg, 8), model_shape(cfg.model)
+    return cfg, plan_run(cfg, 8, "cuda"), model_shape(cfg.model)
 
 
 def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
@@ -234,9 +251,10 @@ def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
     assert items["parameters"].bytes == 7_615_616_512 * 4 // 8  # float32 master weights over 8 shards
     assert items["optimizer"].bytes == 2 * items["parameters"].bytes
     (group,) = memory.groups
-    assert group.ranks == tuple(range(8)) and group.phases()["generation"] == (
-        items["parameters"].bytes + items["optimizer"].bytes + 40 * GiB
-    )
+    resident = items["parameters"].bytes + items["optimizer"].bytes
+    # rollout.gpu_memory_utilization unset: the engine takes 0.9 of what the trainer leaves (vllm_engine sizes it so)
+    assert group.ranks == tuple(range(8)) and group.engine_share == int(0.9 * (80 * GiB - resident))
+    assert group.phases()["generation"] == resident + group.engine_share
     text = memory.describe()
     for needle in ("ranks 0-7: actor + rollout", "actor activations", "engine KV cache", "peak by phase"):
         assert needle in text, text
@@ -245,7 +263,8 @@ def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "card_gib", "needle"),
     [
-        ((), 8, "change one of: rollout.gpu_memory_utilization (now 0.5), actor.fsdp.offload_policy=true"),
+        ((), 8, "in the generation (actor parameters 3.55, actor optimizer 7.09, engine share 0.00)"),
+        (("rollout.gpu_memory_utilization=0.5",), 8, "change one of: rollout.gpu_memory_utilization (now 0.5)"),
         (
             ("model.enable_gradient_checkpointing=false", "actor.ppo_micro_batch_size_per_gpu=8"),
             80,

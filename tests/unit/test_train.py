@@ -47,4 +47,4 @@ def test_dry_run_memory_plan_for_7b_on_eight_cards(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "memory plan (cuda, 80.00 GiB per card" in proc.stdout, proc.stdout
     assert "ranks 0-7: actor + rollout" in proc.stdout and "peak by phase: generation" in proc.stdout
-    _one_error_line(_dry_run(*args, "trainer.gpu_memory_gb=8"), "change one of: rollout.gpu_memory_utilization")
+    _one_error_line(_dry_run(*args, "trainer.gpu_memory_gb=8"), "change one of: actor.fsdp.param_offload=true")
