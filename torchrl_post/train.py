@@ -13,9 +13,16 @@ import logging
 import sys
 import time
 
-from torchrl_post.config import UserError, load_config
-from torchrl_post.distributed.env import end_process, launch_rank, read_env, shutdown_distributed, under_torchrun
-from torchrl_post.plan import plan_run, planned_world
+from torchrl_post.config import Config, UserError, load_config
+from torchrl_post.distributed.env import (
+    DistEnv,
+    end_process,
+    launch_rank,
+    read_env,
+    shutdown_distributed,
+    under_torchrun,
+)
+from torchrl_post.plan import RunPlan, plan_run, planned_world
 
 # Read before a cell's process group rewrites RANK to the rank within the cell.
 _LAUNCH_RANK = launch_rank()
@@ -49,11 +56,25 @@ def _parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
     return name, path, overrides
 
 
+def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
+    """Print the run plan and the memory plan (from model.path's config.json; nothing loads); a config that cannot
+    fit the card raises a ConfigError naming the keys to change."""
+    from torchrl_post.memory_plan import memory_plan_for_run  # transformers, for config.json: only a dry run needs it
+
+    if env.is_main:
+        print(plan.describe(env.device.type, env.backend), flush=True)
+    memory = memory_plan_for_run(cfg, plan, env.device.type, env.local_rank)
+    if env.is_main:
+        print(memory.describe() if memory else f"memory plan: skipped (no config.json in {cfg.model.path})", flush=True)
+    if memory is not None:
+        memory.check()
+
+
 def main(argv: list[str] | None = None) -> None:
     name, path, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(overrides, name, path)
-        env = read_env(cfg.trainer.device)
+        env = read_env(cfg.trainer.device, need_device=not cfg.trainer.dry_run)
         world = planned_world(cfg.trainer.world_size, env.world_size, under_torchrun())
         plan = plan_run(cfg, world, env.device.type)
     except UserError as e:
@@ -63,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         for note in plan.notes:
             print(f"note: {note}", flush=True)
     if cfg.trainer.dry_run:
-        if env.is_main:
-            print(plan.describe(env.device.type, env.backend))
+        try:
+            _dry_run(cfg, plan, env)
+        except UserError as e:
+            _fail(str(e))
         return
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING,

@@ -437,7 +437,10 @@ class TrainerConfig:
     """Ranks to plan for: null takes torchrun's WORLD_SIZE; set it to check a placement with a dry run from
     plain python (under torchrun it must equal the launched world)."""
     dry_run: bool = False
-    """Print the placement plan and batch arithmetic, then exit without loading a model."""
+    """Print the placement plan, batch arithmetic and memory plan (docs/memory.md), then exit without loading a model."""
+    gpu_memory_gb: float | None = None
+    """Memory of one card in GiB for the dry run's memory plan; null: the visible card's (a cuda dry run on a machine
+    without a GPU needs it)."""
     save_on_sigterm: bool = True
     """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
     if the last one is older than that step, and exit with one line; a resume continues from there."""

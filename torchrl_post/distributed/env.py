@@ -37,11 +37,12 @@ class DistEnv:
         return self.rank == 0
 
 
-def resolve_device_type(preference: str) -> str:
-    """`auto` -> cuda when an accelerator is present, else cpu."""
+def resolve_device_type(preference: str, need_device: bool = True) -> str:
+    """`auto` -> cuda when an accelerator is present, else cpu. `need_device=False` (a dry run, which loads
+    nothing) takes cuda at its word without a visible GPU."""
     if preference == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if preference == "cuda" and not torch.cuda.is_available():
+    if preference == "cuda" and need_device and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
     return preference
 
@@ -56,16 +57,17 @@ def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def read_env(device_preference: str = "auto") -> DistEnv:
-    """Read torchrun's variables (a plain `python -m` run is a world of one)."""
+def read_env(device_preference: str = "auto", need_device: bool = True) -> DistEnv:
+    """Read torchrun's variables (a plain `python -m` run is a world of one); `need_device` as
+    `resolve_device_type`."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    device_type = resolve_device_type(device_preference)
+    device_type = resolve_device_type(device_preference, need_device)
     if device_type == "cuda":
         visible = torch.cuda.device_count()
-        if local_rank >= visible:
+        if need_device and local_rank >= visible:
             raise ConfigError(
                 f"trainer.device=cuda: LOCAL_RANK={local_rank} but only {visible} CUDA device(s) are visible; "
                 f"start at most {visible} processes per node (--nproc-per-node) or check CUDA_VISIBLE_DEVICES"

@@ -19,6 +19,9 @@ def test_cuda_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     msg = _one_line(info)
     assert "trainer.device=cuda" in msg and "no CUDA device is visible" in msg and "trainer.device=cpu" in msg
     assert read_env("auto").device.type == "cpu"
+    # A dry run loads nothing: it plans for cuda without one.
+    env = read_env("cuda", need_device=False)
+    assert env.device.type == "cuda" and env.backend == "cpu:gloo,cuda:nccl"
 
 
 def test_more_local_ranks_than_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,302 @@
+"""Tests of torchrl_post/memory_plan.py: the estimates against the memory a tiny model measurably takes on CPU
+(torch's MemTracker counts every live tensor storage; within 15%), the counts of a Qwen2.5-7B-shaped config, and
+the one-line refusal of a config that cannot fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import load_config
+from torchrl_post.config.schema import ModelConfig
+from torchrl_post.memory_plan import (
+    GiB,
+    ModelShape,
+    activation_bytes,
+    card_bytes,
+    forward_bytes,
+    loss_path_bytes,
+    model_shape,
+    plan_memory,
+)
+from torchrl_post.plan import plan_run
+from torchrl_post.workers.lm_head import chunked_log_probs
+from torchrl_post.workers.logprobs import logits_to_logprobs
+
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+"""Qwen2.5-7B's shape (its config.json's keys that size it); no weights, no tokenizer."""
+
+SEVEN_B_RUN = [
+    "data.max_prompt_length=1024",
+    "data.max_response_length=1024",
+    "data.train_batch_size=64",
+    "actor.ppo_mini_batch_size=16",
+    "actor.ppo_micro_batch_size_per_gpu=4",
+    "model.enable_gradient_checkpointing=true",
+]
+"""GRPO on 8 ranks with rollout.n=8: 4 samples of 2048 tokens per micro-batch; CUDA's defaults (bfloat16 compute
+and engine over float32 master weights, the colocated engine sized from the memory the trainer leaves)."""
+
+TINY = {"hidden": 128, "intermediate": 352, "layers": 4, "heads": 4, "kv_heads": 2, "vocab": 2048}
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen7b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_config(tmp_path_factory.mktemp("qwen25_7b"), QWEN25_7B)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_shape")
+    _tiny_config().save_pretrained(out)
+    return out
+
+
+def _tiny_config() -> Qwen2Config:
+    t = TINY
+    return Qwen2Config(
+        vocab_size=t["vocab"], hidden_size=t["hidden"], intermediate_size=t["intermediate"],
+        num_hidden_layers=t["layers"], num_attention_heads=t["heads"], num_key_value_heads=t["kv_heads"],
+        max_position_embeddings=256, tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+
+
+def _tiny_model(dtype: torch.dtype) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(_tiny_config()).to(dtype)
+
+
+def _peak(fn: Any, *external: Any, tracker: MemTracker | None = None) -> dict[str, int]:
+    """Bytes by category (Parameter, Gradient, Optstate, Activation, Temp, Other, Total) at the peak of `fn()`."""
+    tracker = tracker or MemTracker()
+    tracker.track_external(*external)
+    with tracker:
+        fn()
+    snap = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+
+
+def _close(estimate: int, measured: int, what: str) -> None:
+    assert abs(estimate - measured) <= 0.15 * measured, f"{what}: estimated {estimate}, measured {measured}"
+
+
+# ---- the model's shape ------------------------------------------------------------------------------------
+
+
+def test_shape_of_qwen25_7b_from_config_json_alone(qwen7b_dir: Path) -> None:
+    s = model_shape(ModelConfig(path=str(qwen7b_dir)))
+    assert s.params == 7_615_616_512  # Qwen2.5-7B's published count
+    # q, k, v (with biases), o, gate/up/down, two norms: by hand
+    assert s.layer_params == (3584 * 3584 + 3584) + 2 * (3584 * 512 + 512) + 3584 * 3584 + 3 * 3584 * 18944 + 2 * 3584
+    assert s.root_params == 2 * 152064 * 3584 + 3584 and s.head_params == 152064 * 3584
+    assert (s.heads, s.kv_heads, s.head_dim, s.layers, s.adapter_params) == (28, 4, 128, 28, 0)
+
+
+def test_adapter_count_matches_peft(tiny_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    s = model_shape(ModelConfig(path=str(tiny_dir), lora_rank=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+    peft = get_peft_model(_tiny_model(torch.float32), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"]))
+    assert s.adapter_params == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    everything = model_shape(ModelConfig(path=str(tiny_dir), lora_rank=4, target_modules="all-linear"))
+    assert everything.adapter_params == 4 * 4 * (128 + 128 + 128 + 64 + 128 + 64 + 128 + 128) + 4 * 4 * 3 * (128 + 352)
+
+
+# ---- estimates against measured peaks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activations_of_a_tiny_model(tiny_dir: Path, dtype: torch.dtype, checkpointing: bool) -> None:
+    """One micro-batch's forward and backward through the decoder (padded rows, as the trainer sends them)."""
+    shape = model_shape(ModelConfig(path=str(tiny_dir)))
+    model = _tiny_model(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    rows, row = 4, 64
+    ids = torch.randint(0, TINY["vocab"], (rows, row))
+    mask = torch.ones(rows, row, dtype=torch.long)
+    mask[0, :5] = 0  # left padding: the mask sdpa gets is real
+
+    def step() -> None:
+        hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        hidden.float().pow(2).mean().backward()
+
+    peak = _peak(step, model)
+    measured = peak["Total"] - peak["Parameter"] - peak["Gradient"] - peak["Buffer"]
+    p = torch.finfo(dtype).bits // 8
+    _close(activation_bytes(shape, p, rows * row, row, checkpointing), measured, f"{dtype} ckpt={checkpointing}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_grad_forward_of_a_tiny_model(tiny_dir: Path, dtype: torch.dtype) -> None:
+    """The reference's (and old logprobs') forward keeps nothing between layers."""
+    shape, model = model_shape(ModelConfig(path=str(tiny_dir))), _tiny_model(dtype)
+    ids, mask = torch.randint(0, TINY["vocab"], (4, 64)), torch.ones(4, 64, dtype=torch.long)
+    mask[0, :5] = 0
+
+    def forward() -> None:
+        with torch.no_grad():
+            model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+    peak = _peak(forward, model)
+    measured = peak["Total"] - peak["Parameter"] - peak["Buffer"]
+    _close(forward_bytes(shape, torch.finfo(dtype).bits // 8, 4 * 64, 64), measured, f"no-grad forward {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_path_chunked(dtype: torch.dtype) -> None:
+    """The chunked head's logprobs and entropy, forward and backward, from the hidden states: the peak less the
+    hidden states, the head's weight and their gradients."""
+    positions, hidden, vocab, chunk = 1024, 64, 4096, 256
+    h = torch.randn(positions, hidden, dtype=dtype, requires_grad=True)
+    w = torch.randn(vocab, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (positions,))
+
+    def step() -> None:
+        logp, ent = chunked_log_probs(h, w, None, labels, 0.7, chunk=chunk)
+        (logp.sum() + 0.01 * ent.sum()).backward()
+
+    measured = _peak(step, h, w)["Total"] - 2 * (h.nbytes + w.nbytes)
+    p = torch.finfo(dtype).bits // 8
+    _close(loss_path_bytes(positions, vocab, p, chunk_tokens=chunk), measured, f"chunked loss path {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_path_full_logits(dtype: torch.dtype) -> None:
+    """A head the chunked pass cannot take (HEAD_CHUNK_TOKENS 0): the full logits, then `logits_to_logprobs`."""
+    positions, vocab = 256, 4096
+    logits = torch.randn(1, positions, vocab, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, positions))
+
+    def step() -> None:
+        logp, ent = logits_to_logprobs(logits, labels, 0.7)
+        (logp.sum() + 0.01 * ent.sum()).backward()
+
+    measured = _peak(step, logits)["Total"]
+    p = torch.finfo(dtype).bits // 8
+    _close(loss_path_bytes(positions, vocab, p, chunk_tokens=0), measured, f"full-logits loss path {dtype}")
+
+
+def test_parameters_gradients_and_adamw_on_one_rank(tiny_dir: Path) -> None:
+    cfg = load_config([f"model.path={tiny_dir}", "data.train_batch_size=4", "rollout.n=2"])
+    plan = plan_run(cfg, 1)
+    items = {i.name: i.bytes for i in _actor(plan_memory(cfg, plan, model_shape(cfg.model), "cpu", 64 * GiB))}
+    model = _tiny_model(torch.float32)
+    # foreach: the default for GPU tensors (CPU tensors default to a loop over parameters, a smaller peak)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = torch.randint(0, TINY["vocab"], (2, 16))
+    after: dict[str, int] = {}
+
+    def step() -> None:
+        model(input_ids=ids).logits.float().mean().backward()
+        optimizer.step()
+        snap = tracker.get_tracker_snapshot("current")[torch.device("cpu")]
+        after.update({str(getattr(k, "value", k)): int(v) for k, v in snap.items()})
+
+    tracker = MemTracker()
+    peak = _peak(step, model, optimizer, tracker=tracker)
+    _close(items["parameters"], peak["Parameter"], "parameters")
+    _close(items["gradients"], peak["Gradient"], "gradients")
+    _close(items["optimizer"], after["Optstate"], "AdamW state")
+    _close(items["optimizer"] + items["optimizer step"], peak["Optstate"], "AdamW state at the step's peak")
+
+
+def _actor(memory: Any) -> Any:
+    return next(r for g in memory.groups for r in g.roles if r.role == "actor").items
+
+
+# ---- the plan for 7B on 8 x 80 GiB, and refusals ----------------------------------------------------------
+
+
+def _seven_b(qwen7b_dir: Path, *overrides: str) -> tuple[Any, Any, ModelShape]:
+    cfg = load_config([f"model.path={qwen7b_dir}", *SEVEN_B_RUN, *overrides])
+    return cfg, plan_run(cfg, 8, "cuda"), model_shape(cfg.model)
+
+
+def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
+    cfg, plan, shape = _seven_b(qwen7b_dir)
+    memory = plan_memory(cfg, plan, shape, "cuda", 80 * GiB)
+    memory.check()
+    items = {i.name: i for i in _actor(memory)}
+    assert items["parameters"].bytes == 7_615_616_512 * 4 // 8  # float32 master weights over 8 shards
+    assert items["optimizer"].bytes == 2 * items["parameters"].bytes
+    (group,) = memory.groups
+    resident = items["parameters"].bytes + items["optimizer"].bytes
+    # rollout.gpu_memory_utilization unset: the engine takes 0.9 of what the trainer leaves (vllm_engine sizes it so)
+    assert group.ranks == tuple(range(8)) and group.engine_share == int(0.9 * (80 * GiB - resident))
+    assert group.phases()["generation"] == resident + group.engine_share
+    text = memory.describe()
+    for needle in ("ranks 0-7: actor + rollout", "actor activations", "engine KV cache", "peak by phase"):
+        assert needle in text, text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "card_gib", "needle"),
+    [
+        ((), 8, "in the generation (actor parameters 3.55, actor optimizer 7.09, engine share 0.00)"),
+        (("rollout.gpu_memory_utilization=0.5",), 8, "change one of: rollout.gpu_memory_utilization (now 0.5)"),
+        (
+            ("model.enable_gradient_checkpointing=false", "actor.ppo_micro_batch_size_per_gpu=8"),
+            80,
+            "actor update",
+        ),
+        (("actor.fsdp.offload_policy=true", "rollout.gpu_memory_utilization=0.1"), 80, "engine's weights"),
+    ],
+)
+def test_impossible_configs_are_refused_in_one_line(
+    qwen7b_dir: Path, overrides: tuple[str, ...], card_gib: int, needle: str
+) -> None:
+    cfg, plan, shape = _seven_b(qwen7b_dir, *overrides)
+    with pytest.raises(ConfigError) as info:
+        plan_memory(cfg, plan, shape, "cuda", card_gib * GiB).check()
+    msg = str(info.value)
+    assert "\n" not in msg and needle in msg, msg
+    # The same config on CPU prints its plan and refuses nothing.
+    plan_memory(cfg, plan, shape, "cpu", card_gib * GiB).check()
+
+
+def test_checkpointing_off_names_it(qwen7b_dir: Path) -> None:
+    cfg, plan, shape = _seven_b(qwen7b_dir, "model.enable_gradient_checkpointing=false")
+    with pytest.raises(
+        ConfigError, match="model.enable_gradient_checkpointing=true, actor.ppo_micro_batch_size_per_gpu"
+    ):
+        plan_memory(cfg, plan, shape, "cuda", 40 * GiB).check()
+
+
+def test_card_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert card_bytes(80, "cuda") == 80 * GiB and card_bytes(None, "cpu") > 0
+    with pytest.raises(ConfigError, match="set trainer.gpu_memory_gb to the card's memory in GiB"):
+        card_bytes(None, "cuda")
+    with pytest.raises(ConfigError, match="trainer.gpu_memory_gb=0 must be > 0"):
+        card_bytes(0, "cuda")
