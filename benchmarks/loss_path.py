@@ -9,10 +9,9 @@ runs under torchrun once per path (`HEAD_CHUNK_TOKENS` = 0, the fallback, and th
 (FSDP2, float32, PPO clip loss, AdamW) of 1 row with a 32-token prompt per response length, its peak tensor bytes
 measured exactly by torch's MemTracker (every storage alive through forward, backward and optimizer step; not RSS).
 
-The slope is a least-squares line through (tokens, peak): before over every length, after from 2 x HEAD_CHUNK_TOKENS
-tokens on. Below one chunk the chunk itself grows with the tokens; from one chunk to two the peak steps up once,
-because lm_head.py's chunk loops keep the previous chunk's [chunk x vocabulary] tensors (their loop variables) alive
-while the next chunk's are computed; from two chunks on the peak is that constant plus the per-token part. It is set beside
+The slope is a least-squares line through (tokens, peak): before over every length, after from HEAD_CHUNK_TOKENS
+tokens on. Below one chunk the chunk itself grows with the tokens; from one chunk on the peak is that constant
+(one chunk's [chunk x vocabulary] tensors at a time) plus the per-token part. It is set beside
 hidden x 4 bytes and vocabulary x 4 bytes per token: the full-logits path grows by several vocabulary rows per
 token, the chunked one by a small multiple of the hidden size (the layers' activations), its chunk a constant.
 
@@ -121,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
         rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
         ran = [r for r in rec["results"] if not r.get("skipped")]
-        start = 2 * head_chunk  # the chunked path's steady state (module docstring); 0: every length
+        start = head_chunk  # the chunked path's steady state (module docstring); 0: every length
         fitted = [(r["tokens"], r["peak_bytes"]) for r in ran if r["tokens"] >= start]
         rec |= {"label": label, "fit": fit(fitted), "fit_from_tokens": start}
         paths.append(rec)
@@ -196,9 +195,8 @@ def markdown(rec: dict[str, Any]) -> str:
                 ("before / after", "ratio", "{:.1f}x"),
             ],
         ),
-        "Per-token slope (least squares; after: from two chunks on. Below one chunk the chunk grows with the "
-        "tokens; from one chunk to two the peak steps up once, as the backward's loop keeps the previous chunk's "
-        "[chunk x vocabulary] tensors alive while it computes the next):",
+        "Per-token slope (least squares; after: from one chunk on, below which the chunk itself grows with the "
+        "tokens):",
         "",
         common.table(
             slopes,

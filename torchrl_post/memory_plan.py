@@ -70,7 +70,7 @@ from torchrl_post.workers.models import VISION_TOWER, empty_model
 
 GiB = 1 << 30
 F32 = 4
-CHUNK_COPIES = 4
+CHUNK_COPIES = 2
 """[chunk x vocabulary] float32 tensors at the peak of the chunked head's forward and backward
 (`workers/lm_head.py`): measured, not assumed."""
 FULL_COPIES = 5

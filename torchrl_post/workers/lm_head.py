@@ -74,7 +74,7 @@ class _ChunkedHead(torch.autograd.Function):
         temperature, never, never_bias, chunk = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w: torch.Tensor | None = None  # in the weight's dtype, summed in place chunk after chunk (no [V, H] temp)
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.float(), g_ent.float()
         for s in range(0, hidden.shape[0], chunk):
@@ -90,14 +90,16 @@ class _ChunkedHead(torch.autograd.Function):
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
             if grad_h is not None:
                 grad_h[s : s + chunk] = gz @ weight
-            if grad_w is not None:
-                grad_w += (gz.t() @ h).float()
+            if need_w and grad_w is None:
+                grad_w = gz.t() @ h
+            elif grad_w is not None:
+                grad_w.addmm_(gz.t(), h)
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
             del z, logq, p, gz  # before the next chunk's logits exist: one chunk's tensors at a time
         return (
             grad_h,
-            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_w,
             grad_b.to(bias.dtype) if grad_b is not None else None,
             None, None, None, None, None,
         )  # fmt: skip
