@@ -90,6 +90,12 @@ CHECKS = (
         needs=("torchrl_post.memory_plan",),
     ),
     Check(
+        "actor_offload",
+        "actor.fsdp.param_offload + optimizer_offload: the GPU memory the actor holds while the engine generates, "
+        "with and without the offload, and the update after an onload equal to one that never offloaded",
+        90,
+    ),
+    Check(
         "split_placement",
         "2 ranks: vLLM engine on GPU 1, FSDP2 actor on GPU 0 (placement.rollout=[1] placement.actor=[0]), the NCCL "
         "weight broadcast, trainer.max_off_policy_steps=1: exit 0, staleness 1 after the first step, sync bytes",
