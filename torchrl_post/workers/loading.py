@@ -63,7 +63,8 @@ def checkpoint_names(model_cfg: ModelConfig, path: str | Path, keys: list[str]) 
     `visual.*`, which load as `model.language_model.layers.*` and `model.visual.*`). The same renaming is applied
     here, computed on the model class `from_pretrained` uses (`model_class`, built on the meta device); a role's
     own model shares those names (a critic's backbone is that model's `model`). Keys that transformers would
-    convert, not only rename (split or merged tensors), are left out: their rows are not the file's rows."""
+    convert, not only rename (split or merged tensors), are left out: their rows are not the file's rows. The
+    renaming functions are transformers 5's loading internals (pinned to 5.16-5.19 in pyproject.toml)."""
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
     model = empty_model(model_cfg, config)
     transforms = get_model_conversion_mapping(model)
