@@ -4,6 +4,7 @@ full load, on the ranks torchrun gives. Writes one JSON report per rank list (ra
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 
@@ -41,6 +42,17 @@ def _batch(vocab: int) -> Batch:
     )
 
 
+class _Notes(logging.Handler):
+    """The loading module's log lines (a role that loads in full says so in one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(iter_full_weights(model, 1 << 20))
 
@@ -55,15 +67,19 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
     plain = load_pretrained(cfg.model)
     expected = {**plain.state_dict()}
     expected_buffers = {k: v for k, v in plain.named_buffers()}
-    batch = _batch(plain.config.vocab_size)
+    batch = _batch(plain.config.get_text_config().vocab_size)
     models: dict[str, dict[str, object]] = {}
+    notes, loader_log = _Notes(), logging.getLogger("torchrl_post.workers.loading")
+    loader_log.setLevel(logging.INFO)
     for fmt in ("full", "sharded"):
         cfg.model.load_format = fmt
         torch.manual_seed(0)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        loader_log.addHandler(notes)
         actor = make_actor(cfg, mesh)
         ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, CPU, temperature=1.0)
         critic = Critic(cfg.model, cfg.critic, mesh, CPU, mini_batch_samples=4, epochs=1, max_response_length=4)
+        loader_log.removeHandler(notes)
         _KEEP.extend([actor, ref, critic])
         models[fmt] = {
             "actor": _weights(actor.model),
@@ -77,6 +93,7 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
         }
         out[f"dtensor_{fmt}"] = all(type(p).__name__ == "DTensor" for p in actor.model.parameters())
     s, f = models["sharded"], models["full"]
+    out["loaded_in_full"] = notes.lines  # with load_format=sharded, every role must have read its rows
     # The checkpoint's tensors; a tied model's state dict repeats the embedding as lm_head.weight.
     out["actor_equals_from_pretrained"] = all(torch.equal(s["actor"][k], expected[k]) for k in s["actor"])
     out["actor_names_covered"] = set(s["actor"]) <= set(expected)

@@ -5,7 +5,9 @@
 A vision-language model directory runs the same checks on prompts with images (the actor trains its vision
 tower too, so the engine's encoder cache must be reset on every sync).
 
-After every update and sync, greedy tokens from the engine must be the trainer's argmax tokens and the
+The engine starts as in training (rollout.load_format=dummy, then the first sync): update 0 checks that the
+first sync gives it the trainer's weights, and every tensor it needs that no sync sends (vLLM's Qwen-VL input
+normalisation buffers). After every update and sync, greedy tokens from the engine must be the trainer's argmax tokens and the
 engine's per-token logprobs must equal the trainer's (float32, CPU). Writes the measured differences. A text
 model without LoRA then syncs twice more, each time leaving one parameter out (`model.norm.weight`, then
 `lm_head.weight`), and writes what the engine's load_weights raised (the accounting: "" when nothing).
@@ -47,7 +49,11 @@ def main() -> None:
     mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     torch.manual_seed(0)
     actor = make_actor(cfg, mesh)
-    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, env.rank, 0, [3])
+    # As the training loop starts it: rollout.load_format=dummy (the default), then the first sync before any
+    # generation (an adapter-mode engine reads its base weights and gets the initial adapter).
+    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg, first_sync=True), env.device, env.rank, 0, [3])
+    keep = is_adapter if lora_sync(cfg) == "adapter" else None
+    sync_weights(actor.model, engine, bucket_bytes=1 << 20, keep=keep)
     gen = torch.Generator().manual_seed(100 + env.rank)
     pb, spec, pad = parity_prompts(model_dir, gen)  # a vision-language model's carry images
     images = pb.images or None
@@ -60,7 +66,6 @@ def main() -> None:
             rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample, images), 2, pad, spec)
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
-            keep = is_adapter if lora_sync(cfg) == "adapter" else None
             sync_weights(actor.model, engine, bucket_bytes=1 << 20, keep=keep)
         rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})

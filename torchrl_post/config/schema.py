@@ -22,8 +22,9 @@ class ModelConfig:
     load_format: str = "sharded"
     """How the trained and frozen roles get their weights: `sharded` builds the model with its parameters on the
     meta device, shards it, and each rank reads only its own rows from the safetensors files (host memory per
-    rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. LoRA models and
-    checkpoints whose tensor names differ from the model's load in full."""
+    rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. Tensor names are read
+    as transformers renames them (Qwen2-VL's); LoRA models, and checkpoints whose tensors it splits or merges, load
+    in full."""
     use_remove_padding: bool = False
     """Sequence packing (verl's key): each micro-batch's samples are packed into rows as long as its longest
     sample, attention kept within each sample by its position ids, and only response positions go through the LM

@@ -40,7 +40,7 @@ class HFEngine:
     ) -> None:
         dtype = getattr(torch, spec.dtype)
         config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
-        if spec.load_format == "dummy" and VisionSpec.of(config) is None:  # the first sync brings weights
+        if spec.load_format == "dummy":  # the first sync brings weights
             model = model_class(config).from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
         else:
             model = load_pretrained(m, dtype)

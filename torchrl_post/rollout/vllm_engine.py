@@ -9,6 +9,7 @@ parameters, or a parameter vLLM reports unloaded, is an error naming it, not a s
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -101,14 +102,12 @@ class VLLMEngine:
 
     def _load_format(self, load_format: str) -> str:
         """rollout.load_format, except that an engine serving adapters needs its base weights from disk (the
-        syncs send only adapters)."""
+        syncs send only adapters), and that `dummy` keeps the model's buffers (`dummy_keeping_buffers`)."""
         if load_format == "dummy" and self.adapter_mode:
             log.info("rollout.load_format=dummy: with rollout.lora_sync=adapter the engine reads its base weights")
             return "auto"
-        if load_format == "dummy" and self.vision is not None:
-            # Not verified for vision models: a VLM run with a dummy start stopped learning (val 0.25 -> 0.0).
-            log.info("rollout.load_format=dummy: a vision-language engine reads its weights")
-            return "auto"
+        if load_format == "dummy":
+            return dummy_keeping_buffers()
         return load_format
 
     def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:
@@ -262,6 +261,41 @@ def _memory_share(spec: EngineSpec, device: torch.device, reserve_bytes: int) ->
     return share
 
 
+DUMMY_KEEPING_BUFFERS = "torchrl_post_dummy"
+"""The load format a `rollout.load_format=dummy` engine starts with (`dummy_keeping_buffers`)."""
+
+
+@functools.cache
+def dummy_keeping_buffers() -> str:
+    """vLLM's dummy start, except that persistent buffers keep the values the model computed when it was built;
+    registered (once) as a load format of its own, whose name is returned.
+
+    vLLM's dummy loader randomises every persistent buffer along with the parameters. The weight sync can only
+    replace what the trainer has, its parameters, so a buffer that no HF model holds stays random for good. Qwen-VL
+    engines have one: the vision tower's input normalisation (`FusedMMInputNorm`: image mean and std from the
+    processor config as buffers, vLLM normalising pixels on the device), which HF does in its image processor.
+    With it random the engine saw other images than the trainer (logprobs off by 0.2 after the first sync) and a
+    VLM run stopped learning (val 0.25 -> 0.0). A reload leaves what it is not sent as it was (`reload_misses`),
+    so such a buffer must be right from the start: what the constructor computed, as when weights are read."""
+    from vllm.model_executor.model_loader import DummyModelLoader, register_model_loader
+
+    class DummyKeepingBuffers(DummyModelLoader):
+        def load_weights(self, model: torch.nn.Module, model_config: Any) -> None:
+            kept = [
+                (module, name, b.detach().clone())
+                for module in model.modules()
+                for name, b in module._buffers.items()
+                if b is not None and name not in module._non_persistent_buffers_set
+            ]
+            super().load_weights(model, model_config)
+            with torch.no_grad():
+                for module, name, value in kept:
+                    getattr(module, name).copy_(value)
+
+    register_model_loader(DUMMY_KEEPING_BUFFERS)(DummyKeepingBuffers)
+    return DUMMY_KEEPING_BUFFERS
+
+
 def _vision_ready() -> None:
     """Qwen-VL models without torchvision (the CPU stack): the processor stand-ins (`multimodal.compat`) must be
     in place where vLLM inspects the model class, so that inspection runs in this process, not a fresh one."""
@@ -341,9 +375,10 @@ def reload_misses(layers: list[str], params: list[str], param_layers: dict[str, 
 
     `layers`: classes of layers that got none of their tensors; `params`: parameter names vLLM reports unloaded;
     `param_layers`: `layers_with_parameters` of the engine's model. A layer without parameters is expected and
-    quiet: its tensors are buffers computed from the config (the rotary embeddings' cos/sin cache), never in a
-    checkpoint, and vLLM puts them back. A layer with parameters kept its old values: the engine would sample
-    with weights the trainer does not have.
+    quiet: its tensors are buffers computed from the config, which no sync sends (the rotary embeddings' cos/sin
+    cache, a Qwen-VL vision tower's image normalisation), and vLLM keeps their values, right from the start (a
+    dummy start keeps buffers: `dummy_keeping_buffers`). A layer with parameters kept its old values: the engine
+    would sample with weights the trainer does not have.
     """
     missed = []
     for cls in dict.fromkeys(layers):

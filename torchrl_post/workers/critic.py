@@ -25,23 +25,35 @@ from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.micro_batches import chunks
-from torchrl_post.workers.models import empty_model, model_dtype
+from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
 from torchrl_post.workers.packing import can_pack, packed_inputs
 
 
 class VisionValueModel(torch.nn.Module):
     """A vision-language model's backbone (vision tower and decoder) with a scalar head on each position:
-    transformers has no token-classification class for these models."""
+    transformers has no token-classification class for these models. Its parameter names are the causal LM's
+    (`model.visual.*`, `model.language_model.*`) but for the head (`score.weight`)."""
 
-    def __init__(self, path: str, trust_remote_code: bool, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, backbone: Any) -> None:
         super().__init__()
-        self.model = AutoModel.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True
-        )
-        self.config = self.model.config
-        self.score = torch.nn.Linear(self.config.text_config.hidden_size, 1, bias=False, dtype=dtype)
+        self.model = backbone
+        self.config = backbone.config
+        hidden, dtype = self.config.text_config.hidden_size, backbone.dtype
+        self.score = torch.nn.Linear(hidden, 1, bias=False, dtype=dtype)
         torch.nn.init.normal_(self.score.weight, std=self.config.text_config.initializer_range)
+
+    @classmethod
+    def load(cls, path: str, model_cfg: ModelConfig, config: Any, dtype: torch.dtype, empty: bool) -> VisionValueModel:
+        """From `path`, or with its parameters on the meta device (`empty`: `loading.fsdp_model` fills them)."""
+        if not empty:
+            backbone = AutoModel.from_pretrained(
+                path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code, use_safetensors=True
+            )
+            return cls(backbone)
+        with params_on_meta():
+            backbone = AutoModel.from_config(config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+            return cls(backbone)
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.model.gradient_checkpointing_enable(**kwargs)
@@ -78,7 +90,7 @@ class Critic:
         def build(empty: bool) -> torch.nn.Module:
             model: Any
             if VisionSpec.of(config) is not None:
-                model = VisionValueModel(path, model_cfg.trust_remote_code, dtype)
+                model = VisionValueModel.load(path, model_cfg, config, dtype, empty)
             elif empty:
                 model = empty_model(model_cfg, config, AutoModelForTokenClassification)
             else:
@@ -98,7 +110,6 @@ class Critic:
         # The value head is new: normal(0, initializer_range) weights, zero bias, the same on every rank.
         head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
         # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
-        # (a vision-language critic loads in full: fsdp_model never builds it empty)
         self.model = fsdp_model(build, model_cfg, mesh, fsdp or cfg.fsdp, device, role="critic", path=path, fresh=head)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
 

@@ -4,9 +4,11 @@ The model is built with its parameters on the meta device (buffers, such as rota
 small), sharded with `apply_fsdp`, given empty local shards, and each rank then reads only its own rows of each
 tensor from the safetensors files (positioned reads of its rows, no memory map): host memory per rank is about 1/ranks of the
 model plus one tensor's rows, instead of every rank holding the whole model before sharding. The values equal a
-plain `from_pretrained` (tested). A checkpoint whose tensor names do not cover the model's parameters (models
-whose loading renames keys, e.g. some vision-language checkpoints) and LoRA models (PEFT builds its adapter on
-loaded weights) load in full, with one log line saying so.
+plain `from_pretrained` (tested). Checkpoint names are read as transformers reads them (`checkpoint_names`: a
+Qwen2-VL checkpoint's `model.layers.*` and `visual.*` are the model's `model.language_model.*` and
+`model.visual.*`). A checkpoint whose tensors do not cover the model's parameters under those names, or that
+transformers would convert on load (split, merged), and LoRA models (PEFT builds its adapter on loaded weights)
+load in full, with one log line saying so.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig
+from transformers.conversion_mapping import get_model_conversion_mapping
+from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 from torchrl_post.workers.fsdp import apply_fsdp
+from torchrl_post.workers.models import empty_model
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,30 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
     return out
 
 
+def checkpoint_names(model_cfg: ModelConfig, path: str | Path, keys: list[str]) -> dict[str, str]:
+    """The model's parameter name -> the checkpoint tensor (of `keys`) that transformers loads into it.
+
+    transformers renames keys on load (its conversion mapping: Qwen2-VL and Qwen2.5-VL checkpoints keep the
+    names from before their models were split into a language model and a vision tower, `model.layers.*` and
+    `visual.*`, which load as `model.language_model.layers.*` and `model.visual.*`). The same renaming is applied
+    here, computed on the model class `from_pretrained` uses (`model_class`, built on the meta device); a role's
+    own model shares those names (a critic's backbone is that model's `model`). Keys that transformers would
+    convert, not only rename (split or merged tensors), are left out: their rows are not the file's rows. The
+    renaming functions are transformers 5's loading internals (pinned to 5.16-5.19 in pyproject.toml)."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    model = empty_model(model_cfg, config)
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    meta = model.state_dict()
+    out = {}
+    for key in keys:
+        name, converted = rename_source_key(key, renamings, converters, model.base_model_prefix, meta)
+        if converted is None:
+            out[name] = key
+    return out
+
+
 def fsdp_model(
     build: Build,
     model_cfg: ModelConfig,
@@ -67,20 +96,16 @@ def fsdp_model(
     `fresh`: parameters the checkpoint does not have (a critic's value head) -> the std of their normal init,
     drawn identically on every rank from a fixed seed."""
     fresh = fresh or {}
-    config = AutoConfig.from_pretrained(path or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
-    vision = getattr(config, "vision_config", None) is not None
-    if model_cfg.load_format == "sharded" and vision:
-        # Not verified for vision-language models (their checkpoints rename keys on load): in full.
-        log.info("model.load_format=sharded: a vision-language %s loads in full", role)
-    elif model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
+    if model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
         model = build(True)
         files = checkpoint_files(path or model_cfg.path)
-        params = dict(model.named_parameters())
-        missing = sorted(n for n in params if n not in files and n not in fresh)
+        names = checkpoint_names(model_cfg, path or model_cfg.path, list(files))
+        sources = {name: (files[key], key) for name, key in names.items()}
+        missing = sorted(n for n, _ in model.named_parameters() if n not in sources and n not in fresh)
         if not missing:
             apply_fsdp(model, mesh, fsdp, frozen=frozen)
             _materialize(model, torch.device("cpu") if fsdp.offload_policy else device)
-            _fill(model, files, fresh)
+            _fill(model, sources, fresh)
             return model
         log.info(
             "model.load_format=sharded: %s loads in full (the checkpoint names none of %s%s)",
@@ -153,8 +178,9 @@ class SafetensorsFile:
 
 
 @torch.no_grad()
-def _fill(model: torch.nn.Module, files: dict[str, Path], fresh: dict[str, float]) -> None:
-    """Each parameter's local rows from its file (only those bytes are read), or a fresh normal init."""
+def _fill(model: torch.nn.Module, sources: dict[str, tuple[Path, str]], fresh: dict[str, float]) -> None:
+    """Each parameter's local rows from its (file, tensor name) (only those bytes are read), or a fresh normal
+    init."""
     handles: dict[Path, SafetensorsFile] = {}
     try:
         for name, param in model.named_parameters():
@@ -173,11 +199,11 @@ def _fill(model: torch.nn.Module, files: dict[str, Path], fresh: dict[str, float
                 continue
             if any(n != full_n for n, full_n in zip(shape[1:], param.shape[1:], strict=True)):
                 raise NotImplementedError(f"{name}: shards of FSDP2 split dim 0 only, got {shape} of {param.shape}")
-            file = files[name]
+            file, key = sources[name]
             if file not in handles:
                 handles[file] = SafetensorsFile(file)
             rows = (offset[0], offset[0] + shape[0]) if param.dim() else (0, 1)
-            handles[file].read_rows(name, *rows, local)
+            handles[file].read_rows(key, *rows, local)
     finally:
         for h in handles.values():
             h.close()

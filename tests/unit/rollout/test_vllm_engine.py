@@ -1,4 +1,5 @@
-"""Tests of torchrl_post/rollout/vllm_engine.py: vLLM's reload reports accounted, and its hermes tool-call parser."""
+"""Tests of torchrl_post/rollout/vllm_engine.py: the dummy start keeps buffers, vLLM's reload reports accounted, and
+its hermes tool-call parser."""
 
 from __future__ import annotations
 
@@ -7,8 +8,49 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+import torch
 
-from torchrl_post.rollout.vllm_engine import RELOAD_LOGGERS, ReloadAccount, reload_misses, tool_parser_names
+from torchrl_post.rollout.vllm_engine import (
+    RELOAD_LOGGERS,
+    ReloadAccount,
+    dummy_keeping_buffers,
+    reload_misses,
+    tool_parser_names,
+)
+
+# --- the dummy start ---------------------------------------------------------------------------------------------
+
+
+class InputNorm(torch.nn.Module):
+    """Like vLLM's FusedMMInputNorm in a Qwen-VL vision tower: no parameters, the processor's image mean and std
+    as persistent buffers (no HF model holds them: the weight sync cannot bring them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.tensor([2.0, 3.0, 4.0]))
+        self.register_buffer("bias", torch.tensor([-1.0, -1.5, -2.0]))
+        self.register_buffer("cache", torch.ones(3), persistent=False)
+
+
+def _dummy_start(load_format: str) -> torch.nn.Module:
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+
+    model = torch.nn.Sequential(InputNorm(), torch.nn.Linear(3, 3))
+    torch.nn.init.zeros_(model[1].weight)
+    get_model_loader(LoadConfig(load_format=load_format)).load_weights(model, None)  # type: ignore[arg-type]
+    return model
+
+
+def test_dummy_start_keeps_buffers_and_randomises_parameters() -> None:
+    model = _dummy_start(dummy_keeping_buffers())
+    assert torch.equal(model[0].weight, torch.tensor([2.0, 3.0, 4.0]))
+    assert torch.equal(model[0].bias, torch.tensor([-1.0, -1.5, -2.0]))
+    assert model[1].weight.abs().sum() > 0, "the parameters are random until the first sync"
+    # vLLM's own dummy start randomises the persistent buffers: why the engine needs the one above
+    plain = _dummy_start("dummy")
+    assert not torch.equal(plain[0].weight, torch.tensor([2.0, 3.0, 4.0]))
+
 
 # --- the vLLM engine's accounting (vLLM's reload reports, as its loggers emit them) ------------------------------
 
