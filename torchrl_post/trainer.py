@@ -102,6 +102,7 @@ class Trainer:
     def train_step(self, step: int) -> tuple[dict[str, float], float]:
         """This step's metrics and its tokens over every actor rank."""
         timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
+        self.actor.offload()  # the engine generates: the actor's host offload, where configured
         batch = self._even(self.rollouts.next_batch(step))  # prompts -> engine -> reward, on this rank
         if self.plan.needs_old_log_probs:
             batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
@@ -115,7 +116,6 @@ class Trainer:
         metrics |= timed("wait_critic", critic_metrics)
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
-        self.actor.offload()  # the engine generates next: host offload where configured
         stats = batch_metrics(batch, self.plan.masked_reasons)
         return metrics | stats.metrics | self.rollouts.metrics(), stats.tokens
 
@@ -156,6 +156,7 @@ class Trainer:
 
     # ---- the loop's hooks ----------------------------------------------------------------------------
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        self.actor.offload()
         return self.rollouts.validation_totals(data, sources)
 
     def val_samples(self) -> list[dict[str, Any]]:
@@ -182,7 +183,6 @@ class Trainer:
 
     def after_resume(self) -> None:
         self.weights.push(self.actor.model)
-        self.actor.offload()
 
     def write_hf(self, ckpt_tmp: Path) -> None:
         """hf/: config and tokenizer always (for export); the gathered weights too with trainer.save_hf."""

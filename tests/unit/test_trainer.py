@@ -289,7 +289,7 @@ def test_train_step_calls_the_roles_the_plan_has_in_the_data_order(
     plan = run.trainer.plan
     assert (plan.needs_old_log_probs, plan.reference, plan.critic) == plan_says
     run.trainer.train_step(5)
-    assert run.calls == [c for call in order for c in ((PUSH, OFFLOAD) if call == PUSH else (call,))]
+    assert run.calls == [OFFLOAD, *order]  # the actor's host offload (where configured) before generating
     assert run.rollouts.steps == [5]
     seen = run.actor.seen  # what the update saw: every tensor an earlier stage put on the batch
     mask = _scored_batch().loss_mask

@@ -95,9 +95,12 @@ class Actor:
         return sum(2 * local_tensor(p).numel() * p.element_size() for p in trained)
 
     def offload(self) -> None:
-        """Hybrid engine: after the weight sync, the sharded parameters (actor.fsdp.param_offload) and the
-        optimizer state (optimizer_offload) go to host memory while the engine generates; `onload` brings them
-        back before the next forward. The gradients are already freed (`update`)."""
+        """Hybrid engine: before the engine generates (after the weight sync, a checkpoint), the sharded
+        parameters (actor.fsdp.param_offload) and the optimizer state (optimizer_offload) go to host memory;
+        `onload` brings them back before the next forward or checkpoint. The gradients are already freed
+        (`update`)."""
+        if self.offloaded:
+            return
         if self.param_offload:
             self.model.to("cpu")  # FSDP2 re-points its sharded parameters after a module move
         if self.optimizer_offload:
