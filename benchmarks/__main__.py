@@ -11,7 +11,7 @@ line, one that fails is reported and the others still run (the exit status is th
 
 After either, `<results>/LATEST.md` gets each benchmark's newest result (newest date; a result from this
 machine is preferred over another machine's) and, when the results are the repository's own
-(benchmarks/results), the same text goes into README.md between `<!-- benchmarks:begin -->` and
+(benchmarks/results), the same text goes into docs/benchmarks.md between `<!-- benchmarks:begin -->` and
 `<!-- benchmarks:end -->`.
 """
 
@@ -30,7 +30,7 @@ from types import ModuleType
 from benchmarks import common
 
 BENCHMARKS = ("sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop", "loss_path")
-README = common.ROOT / "README.md"
+PAGE = common.ROOT / "docs" / "benchmarks.md"  # the docs site's benchmark page
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 
 
@@ -116,8 +116,8 @@ def newest(results: Path, name: str, tag: str) -> Path | None:
     return max(found)[3] if found else None
 
 
-def demote(md: str, levels: int = 2) -> str:
-    """Headings `levels` deeper (a result's `# Title` becomes `### Title` under the README's `## Benchmarks`)."""
+def demote(md: str, levels: int = 1) -> str:
+    """Headings `levels` deeper (a result's `# Title` becomes `## Title` on docs/benchmarks.md)."""
     return "\n".join("#" * levels + line if line.startswith("#") else line for line in md.splitlines())
 
 
@@ -142,7 +142,7 @@ def latest(results: Path, link_prefix: str) -> str:
 
 
 def write_latest(results: Path) -> None:
-    """<results>/LATEST.md; README.md's benchmark section too when `results` is the repository's own."""
+    """<results>/LATEST.md; docs/benchmarks.md's generated section too when `results` is the repository's own."""
     body = latest(results, "")
     (results / "LATEST.md").write_text(
         "# Latest benchmark results\n\nWritten by `python -m benchmarks` (also with `--report-only`): each "
@@ -151,15 +151,15 @@ def write_latest(results: Path) -> None:
     print(f"wrote {results / 'LATEST.md'}", flush=True)
     if results.resolve() != common.RESULTS.resolve():
         return
-    readme = README.read_text()
+    readme = PAGE.read_text()
     if BEGIN not in readme or END not in readme:
-        print(f"README.md has no {BEGIN} ... {END} section; left as it is", flush=True)
+        print(f"docs/benchmarks.md has no {BEGIN} ... {END} section; left as it is", flush=True)
         return
     head, rest = readme.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    rel = common.RESULTS.relative_to(common.ROOT).as_posix() + "/"
-    README.write_text(f"{head}{BEGIN}\n{latest(results, rel).rstrip()}\n{END}{tail}")
-    print("updated README.md's benchmark section", flush=True)
+    rel = "results/"  # docs/results links to benchmarks/results
+    PAGE.write_text(f"{head}{BEGIN}\n{latest(results, rel).rstrip()}\n{END}{tail}")
+    print("updated docs/benchmarks.md's generated section", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@ and `--report-only` rebuilds the .md and .png from a JSON record alone.
 
     .venv/bin/pytest -q tests/e2e/test_benchmarks.py      (about 2 minutes on 2 CPU cores)
 
-Results go to a temporary directory: README.md and benchmarks/results/ are left alone (the models are cached
+Results go to a temporary directory: docs/benchmarks.md and benchmarks/results/ are left alone (the models are cached
 under outputs/bench_models, the workers' logs under outputs/bench_logs, as in a real run).
 """
 
@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 def readme_section() -> str:
-    """README.md's generated benchmark section (the rest of the file may be edited by anyone meanwhile)."""
-    text = (REPO / "README.md").read_text()
+    """docs/benchmarks.md's generated section (the rest of the file may be edited by anyone meanwhile)."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
     return text.split("<!-- benchmarks:begin -->", 1)[1].split("<!-- benchmarks:end -->", 1)[0]
 
 
