@@ -1,0 +1,126 @@
+"""Every metric a run writes to metrics.jsonl (and wandb, TensorBoard), with what it means: the one table
+`docs/metrics.md` is generated from (`python -m torchrl_post.logging.metric_names`; a test keeps it current and
+checks that every metric name in the package's source is listed here).
+
+Names follow verl's where verl has the metric. `<x>` stands for a part of the name a run fills in.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SECTIONS: dict[str, str] = {
+    "training": "Where the run is",
+    "actor": "The policy update (reduced over the actor's ranks; per optimizer step averaged over the update)",
+    "critic": "Scores, rewards, advantages and the value model",
+    "rollout": "Generation and the engine",
+    "rollout_corr": "The rollout-policy correction (truncated importance sampling)",
+    "response_length": "Lengths",
+    "prompt_length": "Lengths",
+    "reward": "The reward function",
+    "filter": "Filters (rejection sampling, compact filtering): fractions of the step's samples",
+    "agent": "Agent episodes (per trajectory)",
+    "val": "Validation (greedy unless rollout.val_kwargs.do_sample)",
+    "perf": "Throughput and efficiency",
+    "timing_s": "Seconds per stage of the step",
+}
+
+METRICS: dict[str, str] = {
+    "training/global_step": "The step (0: validation before training).",
+    "training/epoch": "The epoch over the training set.",
+    "actor/loss": "The policy loss plus the KL loss term (when actor.use_kl_loss).",
+    "actor/pg_loss": "The PPO clipped surrogate (or GSPO) loss, aggregated by actor.loss_agg_mode.",
+    "actor/ppo_ratio_mean": "Mean ratio pi / pi_old over the trained tokens (1 on-policy).",
+    "actor/pg_clipfrac": "Fraction of trained tokens whose ratio was clipped.",
+    "actor/pg_clipfrac_lower": "Fraction clipped by the dual clip (negative advantages, actor.clip_ratio_c).",
+    "actor/ppo_kl": "Approximate KL(pi_old || pi) over the trained tokens.",
+    "actor/entropy": "Mean entropy of the policy over the trained tokens.",
+    "actor/grad_norm": "Global gradient norm before clipping, averaged over the update's optimizer steps.",
+    "actor/lr": "The learning rate after the update's scheduler step.",
+    "actor/optimizer_steps": "Optimizer steps in the update (mini-batches x ppo_epochs).",
+    "actor/nonfinite_skips": "Updates skipped so far for a non-finite loss or gradient norm.",
+    "actor/kl_loss": "The KL(actor || reference) loss term (actor.use_kl_loss).",
+    "actor/kl_coef": "actor.kl_loss_coef.",
+    "actor/reward_kl_penalty": "Mean KL penalty subtracted from the rewards (algorithm.use_kl_in_reward).",
+    "actor/reward_kl_penalty_coeff": "The KL-in-reward coefficient used this step (adaptive or fixed).",
+    "critic/score/mean": "Mean sample score from the reward function (verl's name; the training reward).",
+    "critic/score/max": "Highest sample score.",
+    "critic/score/min": "Lowest sample score.",
+    "critic/rewards/mean": "Mean reward after the KL penalty (equal to the score without one).",
+    "critic/advantages/mean": "Mean advantage over the trained tokens.",
+    "critic/returns/mean": "Mean return (estimators with returns: gae, reinforce).",
+    "critic/values/mean": "Mean value of the critic (gae).",
+    "critic/loss": "The clipped value loss.",
+    "critic/vf_clipfrac": "Fraction of values clipped by critic.cliprange_value.",
+    "critic/grad_norm": "The critic's gradient norm before clipping.",
+    "critic/lr": "The critic's learning rate.",
+    "rollout/logprob_diff": "Mean |engine - trainer| logprob of the same tokens: the sync check "
+    "(trainer.max_logprob_diff).",
+    "rollout/staleness": "Weight versions between the generating policy and the trained one (0 on-policy).",
+    "rollout_corr/is_weight_mean": "Mean truncated importance weight min(pi_old / pi_rollout, cap).",
+    "rollout_corr/is_clipfrac": "Fraction of tokens whose importance weight hit the cap.",
+    "response_length/mean": "Mean response tokens per sample.",
+    "response_length/max": "Longest response.",
+    "response_length/clip_ratio": "Fraction of samples that hit data.max_response_length.",
+    "prompt_length/mean": "Mean prompt tokens per sample.",
+    "reward/errors": "Reward calls that raised, timed out or returned NaN (scored 0).",
+    "reward/<key>": "The mean of an extra value a reward function returned in its dict.",
+    "filter/<reason>": "Fraction of samples masked by compact filtering for this termination reason.",
+    "filter/rejection/<count>": "Rejection sampling: dropped_groups, extra_rounds, short_groups this step.",
+    "agent/num_turns/mean": "Turns per trajectory.",
+    "agent/tool_calls/mean": "Tool calls per trajectory.",
+    "agent/tool_errors": "Tool calls that failed (malformed, unknown tool, a raising tool).",
+    "val/test_score/<data_source>": "Validation score per data source (mean over its prompts).",
+    "val/test_score/<data_source>/mean@<n>": "With rollout.val_kwargs.n > 1: mean over the n samples.",
+    "val/test_score/<data_source>/pass@<n>": "With rollout.val_kwargs.n > 1: a prompt with any sample right.",
+    "perf/throughput": "Trained tokens per second per rank.",
+    "perf/sync_bytes": "Bytes the weight sync moved this step.",
+    "perf/padding_frac": "Share of the computed token cells that held no token (padding, a packed row's slack).",
+    "perf/shared_prompt_frac": "Share of tokens a shared prompt saved (packing with shared prompts).",
+    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, old_log_prob, ref, values, adv, "
+    "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step.",
+}
+
+
+def documented(name: str) -> bool:
+    """Whether a metric name (or a pattern with `{...}` / `<...>` parts) is in METRICS."""
+    import re
+
+    def pattern(key: str) -> re.Pattern[str]:
+        parts = re.split(r"<[^>]+>|\{[^}]*\}", key)
+        return re.compile("[^/]+(?:/[^/]+)*".join(re.escape(p) for p in parts) + "$")
+
+    probe = re.sub(r"\{[^}]*\}", "x", name)
+    return any(pattern(key).match(probe) for key in METRICS)
+
+
+def render() -> str:
+    lines = [
+        "# Metrics",
+        "",
+        "Every metric a run writes to `metrics.jsonl` (one JSON object per step; also wandb and TensorBoard when "
+        "`trainer.logger` names them). Generated from `torchrl_post/logging/metric_names.py` by "
+        "`python -m torchrl_post.logging.metric_names`; `<x>` is a part of the name the run fills in.",
+        "",
+    ]
+    for section, title in SECTIONS.items():
+        rows = [(k, v) for k, v in METRICS.items() if k.split("/", 1)[0] == section]
+        if not rows:
+            continue
+        lines += [f"## {section}/", "", title + ".", "", "| metric | meaning |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def main() -> None:
+    OUT.write_text(render())
+    print(f"wrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
