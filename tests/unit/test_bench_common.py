@@ -42,5 +42,6 @@ def test_newest_prefers_this_machine_then_the_latest_date(tmp_path: Path) -> Non
     assert newest(tmp_path, "rollout", "amd-epyc-2c") is None
 
 
-def test_demote_moves_headings_under_the_readme_section() -> None:
-    assert demote("# Title\n\ntext\n## Sub") == "### Title\n\ntext\n#### Sub"
+def test_demote_moves_headings_under_the_benchmark_page_title() -> None:
+    assert demote("# Title\n\ntext\n## Sub") == "## Title\n\ntext\n### Sub"
+    assert demote("# Title", 2) == "### Title"
