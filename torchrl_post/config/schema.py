@@ -60,7 +60,8 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Column holding the prompt: a string or a list of chat messages. A `messages` column is used if absent."""
     answer_key: str = "answer"
-    """Column holding the ground truth given to the reward function (dots reach into dicts: reward_model.ground_truth)."""
+    """Column holding the ground truth given to the reward function (dots reach into dicts); with the default,
+    rows without `answer` take verl's reward_model.ground_truth."""
     data_source_key: str = "data_source"
     """Column naming the task of each row; it picks the built-in reward and names val/test_score/<data_source>."""
     default_data_source: str = "arithmetic"
