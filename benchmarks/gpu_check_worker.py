@@ -383,6 +383,7 @@ def memory_plan(ctx: Ctx) -> Result:
         temperature=1.0,
         mini_batch_samples=rows,
         max_response_length=response_len,
+        total_steps=1,
     )
     batch = ragged_batch(vocab=128, groups=rows // 4, n=4, prompt=prompt_len, resp=response_len)
     if env.device.type != "cuda":
@@ -426,7 +427,7 @@ def actor_offload(ctx: Ctx) -> Result:
         cfg.model.path = str(path)
         cfg.actor.fsdp.param_offload = cfg.actor.fsdp.optimizer_offload = offload
         actor = Actor(cfg.model, cfg.actor, mesh, env.device, temperature=1.0, mini_batch_samples=16,
-                      max_response_length=64)  # fmt: skip
+                      max_response_length=64, total_steps=1)  # fmt: skip
         actor.update(batch)  # AdamW state exists from here on
         actor.offload()  # after the weight sync, while the engine generates
         torch.cuda.synchronize()

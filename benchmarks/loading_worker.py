@@ -46,7 +46,16 @@ def main() -> None:
     dist.barrier()
     before = rss_kb()
     t0 = time.perf_counter()
-    actor = Actor(cfg.model, cfg.actor, mesh, env.device, temperature=1.0, mini_batch_samples=1, max_response_length=8)
+    actor = Actor(
+        cfg.model,
+        cfg.actor,
+        mesh,
+        env.device,
+        temperature=1.0,
+        mini_batch_samples=1,
+        max_response_length=8,
+        total_steps=1,
+    )
     dist.barrier()
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

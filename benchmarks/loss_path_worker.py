@@ -96,6 +96,7 @@ def main() -> None:
         temperature=1.0,
         mini_batch_samples=args.rows,
         max_response_length=max(lengths),
+        total_steps=1,
     )
     vocab = int(actor.model.config.vocab_size)
     actor.update(make_batch(args.rows, args.prompt_len, min(lengths), vocab, seed=1))  # AdamW's state exists

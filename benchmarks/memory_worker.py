@@ -73,7 +73,7 @@ def main() -> None:
     model: Any = load_causal_lm(model_cfg)
     model.config.use_cache = False
     model = apply_fsdp(model, mesh, FSDPConfig())
-    optimizer, _ = build_optimizer(model, lr=1e-4, weight_decay=0.0, warmup_steps=0)
+    optimizer, _ = build_optimizer(model, lr=1e-4, weight_decay=0.0, schedule=lambda step: 1.0)
     params = list(model.parameters())
     counts: dict[str, Any] = {"params": count(params)}
 

@@ -248,6 +248,7 @@ def run(args: argparse.Namespace) -> None:
             temperature=cfg.rollout.temperature,
             mini_batch_samples=1,
             max_response_length=cfg.data.max_response_length,
+            total_steps=1,
         )
         if topo.has("actor")
         else None

@@ -258,6 +258,7 @@ def measure_mode(
         temperature=1.0,
         mini_batch_samples=len(local),
         max_response_length=local.response_width,
+        total_steps=1,
     )
     _KEEP.append(actor)
     group = dp_group(mesh)

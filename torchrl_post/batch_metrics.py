@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,10 +22,17 @@ class BatchStats:
 
 def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
     """Scores, lengths, advantages and filter fractions of the step's samples, reduced over every actor rank
-    (the cell's default group); `masked`: the termination reasons compact filtering masks."""
+    (the cell's default group); `masked`: the termination reasons compact filtering masks.
+
+    `critic/full-score/{mean,max,min}` (rLLM's name for the average trajectory reward) take each trajectory's
+    reward once: a single-turn sample's score, a step-wise trajectory's on its last step, not once per step; the
+    mean is `critic/score/mean`'s. rLLM logs it before rejection sampling drops uniform groups; here it covers the
+    step's batch (a filler group at weight 0 included), as every other batch metric.
+    """
     assert batch.scores is not None and batch.advantages is not None and batch.reward_errors is not None
     mask, scores = batch.response_mask, batch.scores
     scored = _trajectory_rows(batch)  # a step-wise trajectory's score counts once
+    full = scores[scored]  # one reward per trajectory (a rank may hold none: step-wise padding only)
     resp_len = mask.sum(-1)
     loss_tokens = max(batch.loss_mask.sum().item(), 1.0)
     # Compact filtering: the fraction of samples masked for each flagged termination reason.
@@ -47,6 +55,8 @@ def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
             "tokens": ("sum", float(batch.attention_mask.sum())),
             "critic/score/max": ("max", float(scores.max())),
             "critic/score/min": ("min", float(scores.min())),
+            "critic/full-score/max": ("max", float(full.max()) if len(full) else -math.inf),
+            "critic/full-score/min": ("min", float(full.min()) if len(full) else math.inf),
             "response_length/max": ("max", float(resp_len.max())),
         }
     )
@@ -55,7 +65,8 @@ def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
     if "trajectories" in out:
         trajectories = max(out.pop("trajectories"), 1.0)
         out |= {k: v / trajectories for k, v in out.items() if k.startswith("agent/") and k != "agent/tool_errors"}
-    out["critic/score/mean"] = out["critic/rewards/mean"] = out.pop("score") / max(out.pop("scored"), 1.0)
+    mean = out.pop("score") / max(out.pop("scored"), 1.0)
+    out["critic/score/mean"] = out["critic/rewards/mean"] = out["critic/full-score/mean"] = mean
     out["response_length/mean"] = out.pop("resp_len") / n
     out["response_length/clip_ratio"] = out.pop("length") / n
     out["prompt_length/mean"] = out.pop("prompt_len") / n

@@ -55,6 +55,7 @@ def build_trainer(run: Run) -> Trainer:
         temperature=cfg.rollout.temperature,
         mini_batch_samples=plan.roles["actor"].mini_batch_samples,
         max_response_length=cfg.data.max_response_length,
+        total_steps=run.total_steps,
         is_cap=plan.rollout_is_cap,
         fsdp=plan.roles["actor"].fsdp,
     )
@@ -181,6 +182,7 @@ def build_critic(run: Run) -> Critic:
         mini_batch_samples=role.mini_batch_samples,
         epochs=run.plan.ppo_epochs,
         max_response_length=cfg.data.max_response_length,
+        total_steps=run.total_steps,
         fsdp=role.fsdp,
     )
 

@@ -274,6 +274,10 @@ def ignored_keys(cfg: Config) -> list[str]:
             f"reward.function={cfg.reward.function!r} ignored: agent episodes are scored by their environment "
             "(agent.env)"
         )
+    for role, r in (("actor", cfg.actor), ("critic", cfg.critic)):
+        for key, default in (("min_lr_ratio", 0.0), ("num_cycles", 0.5)):
+            if r.lr_scheduler_type == "constant" and getattr(r, key) != default:
+                notes.append(f"{role}.{key}={getattr(r, key)} ignored: it shapes {role}.lr_scheduler_type=cosine")
     return notes
 
 

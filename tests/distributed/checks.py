@@ -42,6 +42,7 @@ def make_actor(cfg: Config, mesh: Any, mini_batch_samples: int = 1 << 30) -> Act
         temperature=1.0,
         mini_batch_samples=mini_batch_samples,
         max_response_length=cfg.data.max_response_length,
+        total_steps=1,
     )
 
 

@@ -87,7 +87,14 @@ def _critic(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> tuple[Cri
     """A critic after one update of two optimizer steps: (critic, its weights, seconds the update took)."""
     torch.manual_seed(0)
     critic = Critic(
-        cfg.model, cfg.critic, mesh, torch.device("cpu"), mini_batch_samples=mini, epochs=1, max_response_length=5
+        cfg.model,
+        cfg.critic,
+        mesh,
+        torch.device("cpu"),
+        mini_batch_samples=mini,
+        epochs=1,
+        max_response_length=5,
+        total_steps=1,
     )
     _KEEP.append(critic)
     start = time.perf_counter()

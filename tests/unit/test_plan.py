@@ -287,6 +287,12 @@ def test_keys_this_run_does_not_use_are_noted() -> None:
     assert notes == ("agent.tools=['calculator'] ignored: tools are called by agents, and agent.env is unset",)
     notes = plan_run(load_config([*AGENT, "reward.function=torchrl_post.reward.builtin:arithmetic"]), 1).notes
     assert len(notes) == 1 and notes[0].startswith("reward.function=") and "scored by their environment" in notes[0]
+    notes = plan_run(load_config(["actor.min_lr_ratio=0.1", "critic.num_cycles=1"]), 1).notes
+    assert notes == (
+        "actor.min_lr_ratio=0.1 ignored: it shapes actor.lr_scheduler_type=cosine",
+        "critic.num_cycles=1.0 ignored: it shapes critic.lr_scheduler_type=cosine",
+    )
+    assert plan_run(load_config(["actor.lr_scheduler_type=cosine", "actor.min_lr_ratio=0.1"]), 1).notes == ()
 
 
 # (device, overrides) -> engine dtype, trainer compute dtype, CUDA graphs, sleep level, gpu_memory_utilization

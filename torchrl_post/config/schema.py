@@ -60,7 +60,8 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Column holding the prompt: a string or a list of chat messages. A `messages` column is used if absent."""
     answer_key: str = "answer"
-    """Column holding the ground truth given to the reward function (dots reach into dicts: reward_model.ground_truth)."""
+    """Column holding the ground truth given to the reward function (dots reach into dicts); with the default,
+    rows without `answer` take verl's reward_model.ground_truth."""
     data_source_key: str = "data_source"
     """Column naming the task of each row; it picks the built-in reward and names val/test_score/<data_source>."""
     default_data_source: str = "arithmetic"
@@ -189,7 +190,17 @@ class ActorConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
     lr_warmup_steps: int = 0
-    """Linear warmup steps from 0 to lr, then constant."""
+    """Training steps of linear warmup to lr (the first step trains at lr / lr_warmup_steps; every mini-batch of a
+    step at the same lr); <= 0: lr_warmup_steps_ratio decides (verl's -1 too)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warmup as a fraction of the run's training steps (int(ratio x steps)), when lr_warmup_steps <= 0."""
+    lr_scheduler_type: str = "constant"
+    """After warmup: constant (lr) or cosine (down to min_lr_ratio x lr at the run's last step). verl's
+    lr_scheduler_type (formerly warmup_style), ROLL's training_args.lr_scheduler_type."""
+    min_lr_ratio: float = 0.0
+    """cosine: the floor as a fraction of lr, in [0, 1] (the warmup starts there too)."""
+    num_cycles: float = 0.5
+    """cosine: waves over the decay; 0.5 is one half wave from lr down to the floor."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (<= 0 disables clipping)."""
     clip_ratio: float = 0.2
@@ -325,7 +336,15 @@ class CriticConfig:
     weight_decay: float = 0.0
     """Critic AdamW weight decay."""
     lr_warmup_steps: int = 0
-    """Linear warmup steps for the critic."""
+    """Training steps of linear warmup for the critic; <= 0: lr_warmup_steps_ratio decides (as the actor's)."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Critic warmup as a fraction of the run's training steps, when lr_warmup_steps <= 0."""
+    lr_scheduler_type: str = "constant"
+    """The critic's schedule after warmup: constant or cosine (as actor.lr_scheduler_type)."""
+    min_lr_ratio: float = 0.0
+    """cosine: the critic's floor as a fraction of critic.lr, in [0, 1]."""
+    num_cycles: float = 0.5
+    """cosine: waves over the critic's decay (0.5: one half wave)."""
     grad_clip: float = 1.0
     """Clip the critic's gradient norm (<= 0 disables)."""
     cliprange_value: float = 0.5

@@ -10,11 +10,12 @@ from omegaconf import ListConfig
 
 from torchrl_post.algos.estimators import ADV_ESTIMATORS
 from torchrl_post.algos.kl import KL_KINDS
+from torchrl_post.algos.lr_schedule import LR_SCHEDULER_TYPES
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES
 from torchrl_post.algos.stepwise import STEPWISE_ESTIMATORS, STEPWISE_MODES
 from torchrl_post.checkpoint.dcp import RESUME_MODES
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import ActorConfig, Config, CriticConfig
 from torchrl_post.distributed.env import DEVICES
 from torchrl_post.logging.metrics import LOGGERS
 from torchrl_post.rollout.engines import ENGINES, ROLLOUT_MODES
@@ -56,6 +57,15 @@ def _finite(node: Any, prefix: str = "") -> None:
         items = value if isinstance(value, (list, tuple, ListConfig)) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in items):
             raise ConfigError(f"{key}={value} is not a finite number")
+
+
+def _schedule(role: str, cfg: ActorConfig | CriticConfig) -> None:
+    """A role's lr schedule keys (lr_warmup_steps may be any integer: <= 0 hands over to the ratio)."""
+    _one_of(f"{role}.lr_scheduler_type", cfg.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    for key, of in (("min_lr_ratio", f"{role}.lr"), ("lr_warmup_steps_ratio", "the run's training steps")):
+        if not 0 <= getattr(cfg, key) <= 1:
+            raise ConfigError(f"{role}.{key}={getattr(cfg, key)} must be in [0, 1] (a fraction of {of})")
+    _positive(f"{role}.num_cycles", cfg.num_cycles)
 
 
 def _named(key: str, value: Any) -> None:
@@ -104,7 +114,7 @@ def validate(cfg: Config) -> None:
     _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
     _positive("actor.ppo_micro_batch_size_per_gpu", cfg.actor.ppo_micro_batch_size_per_gpu)
     _positive("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size, allow_zero=True)
-    _positive("actor.lr_warmup_steps", cfg.actor.lr_warmup_steps, allow_zero=True)
+    _schedule("actor", cfg.actor)
     _positive("actor.clip_ratio", cfg.actor.clip_ratio)
     if len(cfg.actor.betas) != 2 or not all(0 <= b < 1 for b in cfg.actor.betas):
         raise ConfigError(f"actor.betas={cfg.actor.betas} must be two numbers in [0, 1) like [0.9,0.999]")
@@ -141,7 +151,7 @@ def validate(cfg: Config) -> None:
         )
     _positive("critic.lr", cfg.critic.lr)
     _positive("critic.weight_decay", cfg.critic.weight_decay, allow_zero=True)
-    _positive("critic.lr_warmup_steps", cfg.critic.lr_warmup_steps, allow_zero=True)
+    _schedule("critic", cfg.critic)
     _positive("critic.cliprange_value", cfg.critic.cliprange_value)
     _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
     _one_of("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)

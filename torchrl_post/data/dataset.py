@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 FORMATS = (".json", ".jsonl", ".csv", ".parquet")
 
 
+VERL_ANSWER_KEY = "reward_model.ground_truth"
+"""Where verl's example preprocessors put the ground truth (beside `prompt` chat messages, `data_source` and
+`extra_info`, which load as they are): read when the default answer column is absent."""
+
 ROLES = ("system", "user", "assistant", "tool")
 """Chat message roles a prompt may hold."""
 
@@ -147,6 +151,11 @@ def _read_rows(path: str | Path, bad: list[str] | None = None) -> tuple[list[dic
     except Exception as e:  # pandas/pyarrow raise many types for unreadable files
         raise DataError(f"{p}: cannot read as {suffix[1:]} ({' '.join(str(e).split())})") from e
     return [{k: _to_python(v) for k, v in row.items()} for row in frame.to_dict(orient="records")], None
+
+
+def _missing(value: Any) -> bool:
+    """No value: absent, or a null (parquet nulls come as NaN)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _dig(row: dict[str, Any], dotted: str) -> Any:
@@ -332,12 +341,17 @@ def _append(
     out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, ids: list[int], msgs: list[Any]
 ) -> None:
     """Add a tokenized row with its answer, data source, extra info and question."""
-    answer = _dig(row, cfg.answer_key)
-    if answer is None or (isinstance(answer, float) and math.isnan(answer)):  # parquet nulls come as NaN
-        raise DataError(f"{where}: no '{cfg.answer_key}' column for the reward; set data.answer_key")
+    keys = [cfg.answer_key] + ([VERL_ANSWER_KEY] if cfg.answer_key == DataConfig.answer_key else [])
+    for key in keys:
+        answer = _dig(row, key)
+        if not _missing(answer):
+            break
+    else:
+        named = " or ".join(f"'{k}'" for k in keys)
+        raise DataError(f"{where}: no {named} column for the reward; set data.answer_key")
     if isinstance(answer, str) and not answer.strip():
         raise DataError(
-            f"{where}: empty '{cfg.answer_key}' (the reward's ground truth); fill it in, or skip such rows with "
+            f"{where}: empty '{key}' (the reward's ground truth); fill it in, or skip such rows with "
             "data.skip_bad_rows=true"
         )
     source = row.get(cfg.data_source_key)

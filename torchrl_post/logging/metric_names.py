@@ -37,7 +37,7 @@ METRICS: dict[str, str] = {
     "actor/ppo_kl": "Approximate KL(pi_old || pi) over the trained tokens.",
     "actor/entropy": "Mean entropy of the policy over the trained tokens.",
     "actor/grad_norm": "Global gradient norm before clipping, averaged over the update's optimizer steps.",
-    "actor/lr": "The learning rate after the update's scheduler step.",
+    "actor/lr": "The learning rate this step trained at (actor.lr_scheduler_type; verl logs it so too).",
     "actor/optimizer_steps": "Optimizer steps in the update (mini-batches x ppo_epochs).",
     "actor/nonfinite_skips": "Updates skipped so far for a non-finite loss or gradient norm.",
     "actor/kl_loss": "The KL(actor || reference) loss term (actor.use_kl_loss).",
@@ -47,6 +47,10 @@ METRICS: dict[str, str] = {
     "critic/score/mean": "Mean sample score from the reward function (verl's name; the training reward).",
     "critic/score/max": "Highest sample score.",
     "critic/score/min": "Lowest sample score.",
+    "critic/full-score/mean": "Mean trajectory reward, each trajectory once (rLLM's name; a step-wise trajectory's "
+    "on its last step): critic/score/mean.",
+    "critic/full-score/max": "Highest trajectory reward.",
+    "critic/full-score/min": "Lowest trajectory reward.",
     "critic/rewards/mean": "Mean reward after the KL penalty (equal to the score without one).",
     "critic/advantages/mean": "Mean advantage over the trained tokens.",
     "critic/returns/mean": "Mean return (estimators with returns: gae, reinforce).",
@@ -54,7 +58,7 @@ METRICS: dict[str, str] = {
     "critic/loss": "The clipped value loss.",
     "critic/vf_clipfrac": "Fraction of values clipped by critic.cliprange_value.",
     "critic/grad_norm": "The critic's gradient norm before clipping.",
-    "critic/lr": "The critic's learning rate.",
+    "critic/lr": "The learning rate the critic's step trained at (critic.lr_scheduler_type).",
     "rollout/logprob_diff": "Mean |engine - trainer| logprob of the same tokens: the sync check "
     "(trainer.max_logprob_diff).",
     "rollout/staleness": "Weight versions between the generating policy and the trained one (0 on-policy).",

@@ -20,7 +20,15 @@ from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs, forward_log_probs
 from torchrl_post.workers.micro_batches import chunks, plan_micro_batches
 from torchrl_post.workers.models import load_causal_lm
-from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, local_tensor, move_optimizer_state
+from torchrl_post.workers.optim import (
+    build_optimizer,
+    clip_grad_norm,
+    global_sum,
+    load_scheduler,
+    local_tensor,
+    lr_schedule,
+    move_optimizer_state,
+)
 from torchrl_post.workers.packing import can_pack
 
 log = logging.getLogger(__name__)
@@ -43,10 +51,12 @@ class Actor:
         temperature: float,
         mini_batch_samples: int,
         max_response_length: int,
+        total_steps: int,
         is_cap: float = 0.0,
         fsdp: FSDPConfig | None = None,
     ) -> None:
-        """`mini_batch_samples`: samples per optimizer step on this rank; `is_cap` > 0 turns on truncated
+        """`mini_batch_samples`: samples per optimizer step on this rank; `total_steps`: the run's training steps
+        (one lr-schedule step each: the cosine decays over them); `is_cap` > 0 turns on truncated
         importance sampling against the rollout engine's logprobs with that cap; `fsdp`: the plan's FSDP
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
@@ -77,7 +87,7 @@ class Actor:
         # actor.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank reads its rows
         self.model = fsdp_model(build, model_cfg, mesh, fsdp, device, role="actor")
         self.optimizer, self.scheduler = build_optimizer(
-            self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps, (cfg.betas[0], cfg.betas[1])
+            self.model, cfg.lr, cfg.weight_decay, lr_schedule(cfg, total_steps), (cfg.betas[0], cfg.betas[1])
         )
         self.nonfinite_skips = 0
         self.consecutive_skips = 0
@@ -211,10 +221,12 @@ class Actor:
                         )
                 grad_norms.append(self._step())
         self.optimizer.zero_grad(set_to_none=True)  # the gradients are not needed until the next update
+        lr = float(self.optimizer.param_groups[0]["lr"])  # what this step trained at (verl logs it so too)
         self.scheduler.step()
         sums = dict(zip(SUMS, acc.tolist(), strict=True))
         pg_total, kl_total = sums.pop("pg"), sums.pop("kl_loss")
-        return self._metrics(sums, pg_total, kl_total, grad_norms, (real_cells, placed_cells, padded_cells), batch)
+        counts = (real_cells, placed_cells, padded_cells)
+        return self._metrics(sums, pg_total, kl_total, grad_norms, counts, batch) | {"actor/lr": lr}
 
     def _step(self) -> float:
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
@@ -256,7 +268,6 @@ class Actor:
             "actor/ppo_kl": tot["kl"] / tokens,
             "actor/entropy": tot["entropy"] / tokens,
             "actor/grad_norm": sum(grad_norms) / steps,
-            "actor/lr": float(self.scheduler.get_last_lr()[0]),
             "actor/optimizer_steps": float(steps),
             # cells computed that hold no token (padding, a packed row's slack), and tokens a shared prompt saved
             "perf/padding_frac": 1.0 - placed / max(computed, 1),
@@ -278,7 +289,7 @@ class Actor:
         return {"scheduler": self.scheduler.state_dict(), "nonfinite_skips": self.nonfinite_skips}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_scheduler(self.scheduler, state["scheduler"])
         self.nonfinite_skips = int(state["nonfinite_skips"])
 
 

@@ -26,7 +26,7 @@ from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.micro_batches import chunks
 from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta
-from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum
+from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, load_scheduler, lr_schedule
 from torchrl_post.workers.packing import can_pack, packed_inputs
 
 
@@ -74,9 +74,11 @@ class Critic:
         mini_batch_samples: int,
         epochs: int,
         max_response_length: int,
+        total_steps: int,
         fsdp: FSDPConfig | None = None,
     ) -> None:
         """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs);
+        `total_steps`: the run's training steps (the lr schedule's length);
         `fsdp`: the plan's FSDP settings (default critic.fsdp)."""
         self.cfg, self.device = cfg, device
         self.packed = model_cfg.use_remove_padding
@@ -111,7 +113,9 @@ class Critic:
         head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
         # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
         self.model = fsdp_model(build, model_cfg, mesh, fsdp or cfg.fsdp, device, role="critic", path=path, fresh=head)
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.lr_warmup_steps)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, cfg.lr, cfg.weight_decay, lr_schedule(cfg, total_steps)
+        )
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
@@ -168,6 +172,7 @@ class Critic:
                 else:
                     self.optimizer.zero_grad(set_to_none=True)
                 norms.append(grad_norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])  # what this step trained at
         self.scheduler.step()
         tot = reduce_metrics(
             {"tokens": ("sum", tokens), "clipped": ("sum", clipped), "loss": ("sum", loss_total)},
@@ -179,7 +184,7 @@ class Critic:
             "critic/loss": tot["loss"] / self.dp_size / steps,
             "critic/vf_clipfrac": tot["clipped"] / max(tot["tokens"], 1.0),
             "critic/grad_norm": sum(norms) / steps,
-            "critic/lr": float(self.scheduler.get_last_lr()[0]),
+            "critic/lr": lr,
         }
 
     def start_update(self, batch: Batch) -> Callable[[], dict[str, float]]:
@@ -195,4 +200,4 @@ class Critic:
         return {"scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_scheduler(self.scheduler, state["scheduler"])

@@ -1,21 +1,50 @@
-"""What every trained role shares: AdamW with linear warmup, gradient clipping over DTensors, global sums."""
+"""What every trained role shares: AdamW with its lr schedule, gradient clipping over DTensors, global sums."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from torchrl_post.algos.lr_schedule import lr_factor, warmup_updates
+from torchrl_post.config.schema import ActorConfig, CriticConfig
+
+
+def lr_schedule(cfg: ActorConfig | CriticConfig, total_steps: int) -> Callable[[int], float]:
+    """Update index -> factor on the role's lr (`algos/lr_schedule.py`), over the run's `total_steps` updates (one
+    scheduler step per training step)."""
+    warmup = warmup_updates(cfg.lr_warmup_steps, cfg.lr_warmup_steps_ratio, total_steps)
+    style, floor, cycles = cfg.lr_scheduler_type, cfg.min_lr_ratio, cfg.num_cycles
+    # A closure, not an object: LambdaLR's state_dict then keeps no schedule keys, only the update count.
+    return lambda step: lr_factor(step, warmup, total_steps, style, floor, cycles)
+
 
 def build_optimizer(
-    model: torch.nn.Module, lr: float, weight_decay: float, warmup_steps: int, betas: tuple[float, float] = (0.9, 0.999)
+    model: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    schedule: Callable[[int], float],
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trained parameters and its LambdaLR: update k trains at lr x schedule(k)."""
     trained = [p for p in model.parameters() if p.requires_grad]  # a LoRA model: its adapter only
     optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    )
-    return optimizer, scheduler
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def load_scheduler(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any]) -> None:
+    """Restore a checkpointed schedule position (its update count) and set the optimizer's lr to that update's,
+    computed from this run's lr and schedule keys: exact on an unchanged config, whatever lr the optimizer's own
+    checkpoint carried, and a resume with a new lr or total follows them."""
+    bases = list(scheduler.base_lrs)
+    scheduler.load_state_dict(state)
+    scheduler.base_lrs = bases
+    groups = scheduler.optimizer.param_groups
+    for group, base, factor in zip(groups, bases, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:

@@ -159,7 +159,13 @@ def test_override_that_is_a_sweep() -> None:
         ("critic.model.path=''", "critic.model.path"),
         ("actor.weight_decay=-0.1", "actor.weight_decay=-0.1 must be >= 0"),
         ("critic.weight_decay=-1", "critic.weight_decay"),
-        ("critic.lr_warmup_steps=-1", "critic.lr_warmup_steps"),
+        ("actor.lr_scheduler_type=linear", "actor.lr_scheduler_type='linear' is not one of constant, cosine"),
+        ("critic.lr_scheduler_type=wsd", "critic.lr_scheduler_type"),
+        ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5 must be in [0, 1] (a fraction of actor.lr)"),
+        ("critic.min_lr_ratio=-0.1", "critic.min_lr_ratio=-0.1"),
+        ("actor.lr_warmup_steps_ratio=2", "actor.lr_warmup_steps_ratio=2.0 must be in [0, 1]"),
+        ("critic.lr_warmup_steps_ratio=-0.5", "critic.lr_warmup_steps_ratio"),
+        ("actor.num_cycles=0", "actor.num_cycles=0.0 must be > 0"),
         ("actor.clip_ratio_low=-0.1", "actor.clip_ratio_low"),
         ("rollout.max_num_seqs=0", "rollout.max_num_seqs=0 must be > 0"),
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
@@ -169,6 +175,12 @@ def test_override_that_is_a_sweep() -> None:
 )
 def test_config_values_checked(override: str, needle: str) -> None:
     assert needle in _config_error([override])
+
+
+def test_lr_schedule_keys_take_verl_values() -> None:
+    cfg = load_config(["actor.lr_scheduler_type=cosine", "actor.lr_warmup_steps=-1", "actor.min_lr_ratio=0.1"])
+    assert (cfg.actor.lr_scheduler_type, cfg.actor.lr_warmup_steps, cfg.actor.min_lr_ratio) == ("cosine", -1, 0.1)
+    assert load_config(["critic.lr_warmup_steps_ratio=0.03"]).critic.lr_warmup_steps_ratio == 0.03
 
 
 def test_dependent_config_values_checked() -> None:

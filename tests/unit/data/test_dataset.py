@@ -472,7 +472,9 @@ def test_extra_info_that_is_not_an_object(tmp_path: Path, tok: Any) -> None:
 def test_jsonl_row_named_by_its_line_when_they_differ(tmp_path: Path, tok: Any) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n\n" + json.dumps({"prompt": "2+2"}) + "\n")
-    assert f"{path} row 2 (line 3): no 'answer' column" in _prompts_error([path], DataConfig(), tok)
+    assert f"{path} row 2 (line 3): no 'answer' or 'reward_model.ground_truth' column" in _prompts_error(
+        [path], DataConfig(), tok
+    )
 
 
 # --- rows with images ---------------------------------------------------------------------------------------
