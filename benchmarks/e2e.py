@@ -54,7 +54,8 @@ RUNS = common.LOGS / "e2e"
 LR = 1e-6
 MAX_PROMPT_LENGTH = 256  # GSM8K prompts are at most 192 tokens with either tokenizer's chat template
 WARMUP = 1  # steps left out of the medians (the first step holds allocator and engine warm-up)
-PACKED = ("model.use_remove_padding=true",)  # our variant with sequence packing (verl's key)
+PACKED = ("model.use_remove_padding=true",)  # our variant with sequence packing (verl's key; the default)
+PADDED = ("model.use_remove_padding=false",)  # our padded update, the reference the packed one is set against
 TARGET = 2.0
 # timing_s/<stage> keys that partition the step (gen_engine, reported with a remote rollout, sits inside gen)
 NESTED_STAGES = {"gen_engine"}
@@ -341,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for s in main:
         path = model_path(s.model)
         print(f"  {s.model}: {DESCRIPTIONS[s.model]}, {num_params(path) / 1e6:.1f}M parameters", flush=True)
-        ours = run_ours(s, data, args.reuse)
+        ours = run_ours(s if PACKED[0] in s.extra else replace(s, extra=s.extra + PADDED), data, args.reuse)
         packed = None
         if not args.tiny and PACKED[0] not in s.extra:
             packed = run_ours(replace(s, extra=s.extra + PACKED), data, args.reuse)
@@ -450,7 +451,7 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{st['response_length']} new tokens, temperature {st['temperature']}, no reference model (beta 0), lr "
         f"{st['lr']:g}, float32, one process, the same gsm8k reward; {st['steps']} steps each, medians over the "
         f"steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m torchrl_post.train` "
-        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the default config"
+        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the padded update (`model.use_remove_padding=false`)"
         + (
             f", and `ours, packed` with `{PACKED[0]}` (sequence packing with shared prompts: a prompt's samples "
             "share one copy of it, `model.use_shared_prefix`; logits only where response tokens are predicted)"

@@ -49,7 +49,10 @@ def _finite(rows: list[dict], keys: list[str]) -> None:
 
 
 def test_ppo_gae_with_critic(demo: tuple[Path, Path], tmp_path: Path) -> None:
-    rows, out = _train(demo, tmp_path / "run", "algorithm.adv_estimator=gae", "algorithm.lam=0.95")
+    # the padded forward end to end (packing is the default): actor and critic
+    rows, out = _train(
+        demo, tmp_path / "run", "algorithm.adv_estimator=gae", "algorithm.lam=0.95", "model.use_remove_padding=false"
+    )
     assert "placement.critic: colocated with the actor" in out
     _finite(
         rows, ["critic/loss", "critic/values/mean", "critic/returns/mean", "critic/vf_clipfrac", "critic/grad_norm"]

@@ -25,11 +25,12 @@ class ModelConfig:
     rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. Tensor names are read
     as transformers renames them (Qwen2-VL's); LoRA models, and checkpoints whose tensors it splits or merges, load
     in full."""
-    use_remove_padding: bool = False
-    """Sequence packing (verl's key): each micro-batch's samples are packed into rows as long as its longest
-    sample, attention kept within each sample by its position ids, and only response positions go through the LM
-    head; the same loss as the padded forward, less compute. Actor, reference and critic forwards;
-    vision-language batches stay padded."""
+    use_remove_padding: bool = True
+    """Sequence packing (verl's key; on by default): each micro-batch's samples are packed into rows as long as its
+    longest sample, attention kept within each sample by its position ids (or sequence boundaries for an attention
+    that takes no mask), with a prompt's samples sharing one copy of it (model.use_shared_prefix); the same loss as
+    the padded forward, less compute (1.4x faster per step on the demo, 1.7x to 3x on the measured models). Actor,
+    reference and critic forwards; vision-language batches stay padded. false: the padded forward."""
     use_shared_prefix: bool = True
     """With use_remove_padding: the samples of one prompt (GRPO's n) share one copy of it in the packed row, each
     response attending to the prompt and itself (a tree mask), so the prompt's tokens are computed once. Exact
