@@ -15,7 +15,6 @@ keys), and a value conversion sees the override's parsed value (Hydra's grammar)
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -120,7 +119,7 @@ def _combine(rows: dict[str, tuple[Alias, str, str]]) -> tuple[list[_Used], list
             )
         fn = f"{path}:{name or 'compute_score'}"
         arg = args.get("custom_reward_function.path", "")
-        used.append(_Used(arg, "reward.function", render_value(fn), ALIASES_BY_KEY["custom_reward_function.path"]))
+        used.append(_Used(arg, "reward.function", render_value(fn), _EXACT["custom_reward_function.path"]))
         notes.append(
             "verl's custom_reward_function.path + custom_reward_function.name are one key here: "
             f"reward.function={fn}" + ("" if name else " (verl's default name compute_score)")
@@ -133,7 +132,7 @@ def _combine(rows: dict[str, tuple[Alias, str, str]]) -> tuple[list[_Used], list
                 "is the launcher's here: torchrun --nnodes N --nproc-per-node M"
             )
         arg = args.get("trainer.n_gpus_per_node") or args["trainer.nnodes"]
-        used.append(_Used(arg, "trainer.world_size", str(gpus * nodes), ALIASES_BY_KEY["trainer.n_gpus_per_node"]))
+        used.append(_Used(arg, "trainer.world_size", str(gpus * nodes), _EXACT["trainer.n_gpus_per_node"]))
         notes.append(
             f"verl's trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} is trainer.world_size={gpus * nodes} "
             f"here: the ranks to plan for, which must equal the world torchrun launched (torchrun --nnodes {nodes} "
@@ -151,8 +150,8 @@ def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     combined: dict[str, tuple[Alias, str, str]] = {}
     for arg in overrides:
         head, eq, text = arg.partition("=")
-        prefix = re.match(r"^[+~]*", head).group(0)  # type: ignore[union-attr]
-        key = head[len(prefix) :]
+        key = head.lstrip("+~")
+        prefix = head[: len(head) - len(key)]
         row = find_alias(key) if eq and key not in _KEYS else None
         if row is None or row.kind == "same":
             used.append(_Used(arg, key, text, None))
@@ -246,7 +245,6 @@ def main() -> None:
 _KEYS = our_keys()
 _EXACT = {r.key: r for r in ALIASES if not r.subtree}
 _SUBTREES = [r for r in ALIASES if r.subtree]
-ALIASES_BY_KEY = _EXACT
 
 if __name__ == "__main__":
     main()
