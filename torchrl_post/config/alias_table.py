@@ -209,6 +209,11 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, "data.reward_fn_key", "data.data_source_key"),
     _noop(
         V,
+        "data.return_raw_chat",
+        "it only shapes verl's batch; here the prompts are templated once when the data loads and agents get the question",
+    ),
+    _noop(
+        V,
         "data.truncation",
         "a prompt over data.max_prompt_length is dropped (data.filter_overlong_prompts=true) or an error",
         _is("error"),
@@ -343,6 +348,7 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{RO}.load_format", "rollout.load_format", "dummy_dtensor/dummy_hf become dummy", convert=_load_format),
     _rename(V, f"{RO}.limit_images", "rollout.limit_images"),
     _noop(V, f"{RO}.log_prob_micro_batch_size_per_gpu", _LOGPROB_MB),
+    _noop(V, f"{RO}.enable_chunked_prefill", "vLLM's own default is used (a throughput setting)"),
     _noop(V, f"{RO}.log_prob_micro_batch_size", _LOGPROB_MB),
     _noop(V, f"{RO}.log_prob_use_dynamic_bsz", "the old-logprob forward follows actor.use_dynamic_bsz"),
     _noop(V, f"{RO}.log_prob_max_token_len_per_gpu", "the old-logprob forward follows actor.ppo_max_token_len_per_gpu"),
@@ -410,6 +416,11 @@ ALIASES: tuple[Alias, ...] = (
     _same(V, "trainer.experiment_name"),
     _same(V, "trainer.device"),
     _rename(V, "trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    _noop(
+        V,
+        "trainer.balance_batch",
+        "a throughput setting: micro-batches are formed per rank (actor.use_dynamic_bsz balances them by tokens)",
+    ),
     _rename(V, "trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
     _noop(
         V,
