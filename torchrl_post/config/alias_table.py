@@ -1,4 +1,4 @@
-"""The alias table: verl / rLLM / ROLL keys and what each is here (the single source of docs/aliases.md).
+"""The alias table: verl / rLLM / ROLL / TRL keys and what each is here (the single source of docs/aliases.md).
 
 A row is one of five kinds: `rename` (their key is our key, its value converted where the values differ), `same`
 (the same name here: documented, nothing to rewrite), `noop` (accepted where its value changes nothing here, else
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["rename", "same", "noop", "refused", "combined"]
-SOURCES = ("verl", "rLLM", "ROLL")
+SOURCES = ("verl", "rLLM", "ROLL", "TRL")
 
 
 class Refused(Exception):
@@ -149,6 +149,43 @@ def _no_warmup_ratio(v: Any) -> Any:
     return v
 
 
+def _trl_loss_type(v: Any) -> str:
+    modes = {
+        "grpo": "seq-mean-token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+        "bnpo": "token-mean",
+        "dapo": "token-mean",
+    }
+    if v not in modes:
+        raise Refused(
+            f"choose the aggregation itself: actor.loss_agg_mode (token-mean, seq-mean-token-mean, ...), not {v}"
+        )
+    return modes[v]
+
+
+def _trl_scale_rewards(v: Any) -> bool:
+    if v in (True, "group"):
+        return True
+    if v in (False, "none"):
+        return False
+    raise Refused("advantages are scaled by each group's std here: algorithm.norm_adv_by_std_in_grpo=true (or false)")
+
+
+def _trl_engine(v: Any) -> str:
+    if not isinstance(v, bool):
+        raise Refused("it takes true or false; the engine is rollout.engine (vllm or hf)")
+    return "vllm" if v else "hf"
+
+
+def _trl_top_k(v: Any) -> int:
+    return -1 if v in (None, 0) else int(v)
+
+
+def _trl_report_to(v: Any) -> list[str]:
+    names = v if isinstance(v, list) else [v]
+    return ["console", *(n for n in names if n not in ("none", None, "console"))]
+
+
 # ---- value tests of noop rows -----------------------------------------------------------------------------------
 
 
@@ -164,7 +201,7 @@ _FALSE = _is(None, False)
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
-V, L, R = "verl", "rLLM", "ROLL"
+V, L, R, T = "verl", "rLLM", "ROLL", "TRL"
 A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
 RO = "actor_rollout_ref.rollout"
@@ -243,7 +280,7 @@ ALIASES: tuple[Alias, ...] = (
         "-1 (or null) is no truncated importance sampling",
         _is(None, -1),
         "a cap turns on token-level truncated importance sampling: algorithm.rollout_is=token "
-        "algorithm.rollout_is_threshold=<the cap>",
+        "algorithm.rollout_is_threshold=(the cap)",
     ),
     _noop(
         V,
@@ -444,13 +481,13 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "num_return_sequences_in_group", "rollout.n"),
     _rename(R, "prompt_length", "data.max_prompt_length"),
     _rename(R, "response_length", "data.max_response_length"),
-    _rename(R, "max_steps", "trainer.total_training_steps"),
-    _rename(R, "save_steps", "trainer.save_freq"),
-    _rename(R, "eval_steps", "trainer.test_freq"),
-    _rename(R, "output_dir", "trainer.default_local_dir"),
+    _rename(R, "max_steps", "trainer.total_training_steps", "TRL's too"),
+    _rename(R, "save_steps", "trainer.save_freq", "TRL's too"),
+    _rename(R, "eval_steps", "trainer.test_freq", "TRL's too"),
+    _rename(R, "output_dir", "trainer.default_local_dir", "TRL's too"),
     _rename(R, "resume_from_checkpoint", "trainer.resume_from_path", also=(("trainer.resume_mode", "resume_path"),)),
     _rename(R, "track_with", "trainer.logger", "stdout becomes console", convert=_loggers),
-    _rename(R, "seed", "trainer.seed"),
+    _rename(R, "seed", "trainer.seed", "TRL's too"),
     _rename(R, "adv_estimator", "algorithm.adv_estimator"),
     _rename(R, "gamma", "algorithm.gamma"),
     _rename(R, "lambd", "algorithm.lam"),
@@ -581,6 +618,59 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "critic.training_args.weight_decay", "critic.weight_decay"),
     _rename(R, "critic.training_args.per_device_train_batch_size", "critic.ppo_micro_batch_size_per_gpu"),
     _refused(R, "critic.device_mapping", f"the critic's ranks are placement.critic; {_LAUNCHER}"),
+    # ---- TRL (GRPOConfig): max_steps, seed, save_steps, eval_steps and output_dir are in ROLL's rows --------------
+    _rename(T, "num_generations", "rollout.n"),
+    _rename(T, "learning_rate", "actor.lr"),
+    _rename(T, "weight_decay", "actor.weight_decay"),
+    _rename(T, "warmup_steps", "actor.lr_warmup_steps"),
+    _rename(T, "max_grad_norm", "actor.grad_clip"),
+    _rename(T, "max_prompt_length", "data.max_prompt_length"),
+    _rename(T, "max_completion_length", "data.max_response_length"),
+    _rename(T, "temperature", "rollout.temperature"),
+    _rename(T, "top_p", "rollout.top_p"),
+    _rename(T, "top_k", "rollout.top_k", "None/0 (off) becomes -1", convert=_trl_top_k),
+    _rename(T, "num_iterations", "actor.ppo_epochs"),
+    _rename(T, "epsilon", "actor.clip_ratio"),
+    _rename(T, "epsilon_high", "actor.clip_ratio_high"),
+    _rename(
+        T,
+        "loss_type",
+        "actor.loss_agg_mode",
+        "grpo: seq-mean-token-mean, dr_grpo: seq-mean-token-sum-norm, bnpo/dapo: token-mean",
+        convert=_trl_loss_type,
+    ),
+    _rename(
+        T, "scale_rewards", "algorithm.norm_adv_by_std_in_grpo", "group/true or none/false", convert=_trl_scale_rewards
+    ),
+    _noop(
+        T,
+        "beta",
+        "0 is no KL term, as here by default",
+        _is(None, 0, 0.0),
+        "the KL term is its own switch here: actor.use_kl_loss=true actor.kl_loss_coef=(beta) (k3: low_var_kl)",
+    ),
+    _rename(T, "per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
+    _refused(
+        T,
+        "gradient_accumulation_steps",
+        "it counts micro-batches; give the optimizer step in prompts: actor.ppo_mini_batch_size (0: one per step)",
+    ),
+    _rename(T, "num_train_epochs", "trainer.total_epochs"),
+    _rename(T, "gradient_checkpointing", "model.enable_gradient_checkpointing"),
+    _rename(T, "report_to", "trainer.logger", "none becomes console only", convert=_trl_report_to),
+    _rename(T, "use_vllm", "rollout.engine", "true: vllm, false: hf (transformers generate)", convert=_trl_engine),
+    _rename(T, "vllm_gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _rename(T, "vllm_tensor_parallel_size", "rollout.tensor_parallel_size"),
+    _noop(
+        T,
+        "vllm_mode",
+        "colocate is the default placement here",
+        _is("colocate"),
+        "an engine on ranks of its own is placement.rollout=[ranks] (in-process, no server)",
+    ),
+    _refused(
+        T, "reward_funcs", "reward.function=package.module:function (verl's signature) or a built-in by data_source"
+    ),
 )
 
 CONCEPTS: tuple[Concept, ...] = (

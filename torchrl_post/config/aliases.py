@@ -1,4 +1,4 @@
-"""The keys users bring from verl, rLLM and ROLL: one table, applied to the command line before Hydra composes it.
+"""The keys users bring from verl, rLLM, ROLL and TRL: one table, applied to command-line overrides before Hydra.
 
 Each row names their key (exact, or a subtree when `subtree` is set) and what it is here: our key (with a value
 conversion where the values differ), a key that changes nothing here (accepted with the reason; a value that
@@ -205,7 +205,7 @@ def _what(row: Alias) -> str:
 
 def render() -> str:
     lines = [
-        "# Keys from verl, rLLM and ROLL",
+        "# Keys from verl, rLLM, ROLL and TRL",
         "",
         "Generated from `torchrl_post/config/alias_table.py` by `python -m torchrl_post.config.aliases`; a test keeps",
         "it current. Their keys work on our command line: each is rewritten to ours before the config is composed, and",

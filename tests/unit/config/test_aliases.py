@@ -121,6 +121,12 @@ def test_every_refusal_is_one_line_naming_what_to_use() -> None:
         ),
         (["custom_reward_function.path=my_pkg.rewards"], ["reward.function='my_pkg.rewards:compute_score'"], "default"),
         (["trainer.nnodes=2", "trainer.n_gpus_per_node=8"], ["trainer.world_size=16"], "--nproc-per-node 8"),
+        (
+            ["num_generations=8", "loss_type=dr_grpo", "use_vllm=false"],
+            ["rollout.n=8", "actor.loss_agg_mode=seq-mean-token-sum-norm", "rollout.engine=hf"],
+            "TRL's num_generations=8 is rollout.n=8 here",
+        ),
+        (["beta=0.0"], [], "0 is no KL term"),
         (["actor.lr=1e-3", "data.train_files=x.parquet"], ["actor.lr=1e-3", "data.train_files=x.parquet"], None),
     ],
 )
@@ -155,6 +161,8 @@ def test_rewrite(given: list[str], expected: list[str], note: str | None) -> Non
         (["rllm.stepwise_advantage.no_such_key=1"], "algorithm.stepwise_advantage.no_such_key, which does not exist"),
         (["actor_rollout_ref.actor.optim.lr=1e-6", "actor.lr=1e-5"], "both set actor.lr"),
         (["rollout_batch_size=8", "data.train_batch_size=16"], "both set data.train_batch_size"),
+        (["beta=0.04"], "actor.use_kl_loss=true actor.kl_loss_coef=(beta)"),
+        (["scale_rewards=batch"], "algorithm.norm_adv_by_std_in_grpo"),
     ],
 )
 def test_refused_in_one_line(given: list[str], needle: str) -> None:
