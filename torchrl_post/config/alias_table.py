@@ -211,6 +211,10 @@ TSC = "actor_train.strategy_args.strategy_config"
 
 _MEGATRON = "the actor trains with FSDP2 only (no Megatron parallelism): shard it with actor.fsdp.fsdp_size"
 _LAUNCHER = "torchrun --nnodes / --nproc-per-node set the world; roles go on ranks with placement.*"
+_WORLD = (
+    "times {} (verl's defaults 8 and 1): the ranks to plan for; refused unless it equals the world torchrun "
+    "launched (--nnodes x --nproc-per-node)"
+)
 _LOGPROB_MB = "the actor's old-logprob forward uses actor.ppo_micro_batch_size_per_gpu micro-batches (memory only)"
 
 
@@ -466,8 +470,8 @@ ALIASES: tuple[Alias, ...] = (
         _ZERO,
         "no critic warm-up here (the actor and critic update every step); to start the actor gently use actor.lr_warmup_steps",
     ),
-    Alias(V, "trainer.n_gpus_per_node", "combined", "trainer.world_size", f"x trainer.nnodes; {_LAUNCHER}"),
-    Alias(V, "trainer.nnodes", "combined", "trainer.world_size", f"x trainer.n_gpus_per_node; {_LAUNCHER}"),
+    Alias(V, "trainer.n_gpus_per_node", "combined", "trainer.world_size", _WORLD.format("trainer.nnodes")),
+    Alias(V, "trainer.nnodes", "combined", "trainer.world_size", _WORLD.format("trainer.n_gpus_per_node")),
     # ---- rLLM -------------------------------------------------------------------------------------------------------
     _rename(L, "rllm.stepwise_advantage", "algorithm.stepwise_advantage", subtree=True),
     _rename(L, "rllm.rejection_sample.enable", "algorithm.rejection_sample.enable"),
