@@ -143,12 +143,6 @@ def _lora_target(v: Any) -> Any:
     return v
 
 
-def _no_warmup_ratio(v: Any) -> Any:
-    if isinstance(v, int) and v < 0:
-        raise Refused("verl's -1 defers to lr_warmup_steps_ratio; give the steps: actor.lr_warmup_steps=N")
-    return v
-
-
 def _trl_loss_type(v: Any) -> str:
     modes = {
         "grpo": "seq-mean-token-mean",
@@ -313,7 +307,12 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{A}.optim.lr", "actor.lr"),
     _rename(V, f"{A}.optim.weight_decay", "actor.weight_decay"),
     _rename(V, f"{A}.optim.betas", "actor.betas"),
-    _rename(V, f"{A}.optim.lr_warmup_steps", "actor.lr_warmup_steps", convert=_no_warmup_ratio),
+    _rename(V, f"{A}.optim.lr_warmup_steps", "actor.lr_warmup_steps", "<= 0 (verl's -1): the ratio decides"),
+    _rename(V, f"{A}.optim.lr_warmup_steps_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(V, f"{A}.optim.lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
+    _rename(V, f"{A}.optim.warmup_style", "actor.lr_scheduler_type", "verl's former name; constant or cosine"),
+    _rename(V, f"{A}.optim.min_lr_ratio", "actor.min_lr_ratio"),
+    _rename(V, f"{A}.optim.num_cycles", "actor.num_cycles"),
     _rename(V, f"{A}.grad_clip", "actor.grad_clip"),
     _rename(V, f"{A}.ppo_mini_batch_size", "actor.ppo_mini_batch_size", "prompts per optimizer step, as in verl"),
     _rename(V, f"{A}.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
@@ -413,7 +412,12 @@ ALIASES: tuple[Alias, ...] = (
     _same(V, "critic.model.path", "null: model.path"),
     _rename(V, "critic.optim.lr", "critic.lr"),
     _rename(V, "critic.optim.weight_decay", "critic.weight_decay"),
-    _rename(V, "critic.optim.lr_warmup_steps", "critic.lr_warmup_steps", convert=_no_warmup_ratio),
+    _rename(V, "critic.optim.lr_warmup_steps", "critic.lr_warmup_steps", "<= 0 (verl's -1): the ratio decides"),
+    _rename(V, "critic.optim.lr_warmup_steps_ratio", "critic.lr_warmup_steps_ratio"),
+    _rename(V, "critic.optim.lr_scheduler_type", "critic.lr_scheduler_type"),
+    _rename(V, "critic.optim.warmup_style", "critic.lr_scheduler_type", "verl's former name"),
+    _rename(V, "critic.optim.min_lr_ratio", "critic.min_lr_ratio"),
+    _rename(V, "critic.optim.num_cycles", "critic.num_cycles"),
     _same(V, "critic.grad_clip"),
     _same(V, "critic.cliprange_value"),
     _same(V, "critic.loss_agg_mode"),
@@ -554,6 +558,8 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "actor_train.training_args.learning_rate", "actor.lr"),
     _rename(R, "actor_train.training_args.weight_decay", "actor.weight_decay"),
     _rename(R, "actor_train.training_args.warmup_steps", "actor.lr_warmup_steps"),
+    _rename(R, "actor_train.training_args.warmup_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(R, "actor_train.training_args.lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
     _rename(R, "actor_train.training_args.max_grad_norm", "actor.grad_clip"),
     _rename(R, "actor_train.training_args.per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
     _refused(
@@ -627,6 +633,8 @@ ALIASES: tuple[Alias, ...] = (
     _rename(T, "learning_rate", "actor.lr"),
     _rename(T, "weight_decay", "actor.weight_decay"),
     _rename(T, "warmup_steps", "actor.lr_warmup_steps"),
+    _rename(T, "warmup_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(T, "lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
     _rename(T, "max_grad_norm", "actor.grad_clip"),
     _rename(T, "max_prompt_length", "data.max_prompt_length"),
     _rename(T, "max_completion_length", "data.max_response_length"),

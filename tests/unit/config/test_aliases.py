@@ -76,6 +76,11 @@ def test_every_refusal_is_one_line_naming_what_to_use() -> None:
         ),
         (["critic.optim.lr=2e-5"], ["critic.lr=2e-5"], "is critic.lr=2e-5 here"),
         (
+            ["actor_rollout_ref.actor.optim.warmup_style=cosine", "critic.optim.lr_warmup_steps_ratio=0.1"],
+            ["actor.lr_scheduler_type=cosine", "critic.lr_warmup_steps_ratio=0.1"],
+            "actor.lr_scheduler_type=cosine",
+        ),
+        (
             ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],
             ["actor.fsdp.param_offload=true"],
             "actor.fsdp.param_offload",
