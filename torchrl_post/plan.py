@@ -209,7 +209,9 @@ def planned_world(configured: int | None, launched: int, under_torchrun: bool) -
         raise ConfigError(f"trainer.world_size={configured} must be >= 1 (or null for torchrun's world)")
     if under_torchrun and configured != launched:
         raise ConfigError(
-            f"trainer.world_size={configured} but torchrun started {launched} processes; drop the key or match it"
+            f"trainer.world_size={configured} (verl: trainer.n_gpus_per_node x trainer.nnodes) but torchrun started "
+            f"{launched} processes; the launcher sets the world (torchrun --nnodes / --nproc-per-node): drop the keys "
+            "or match them"
         )
     return configured
 

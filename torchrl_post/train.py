@@ -72,8 +72,9 @@ def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     name, path, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
+    alias_notes: list[str] = []
     try:
-        cfg = load_config(overrides, name, path)
+        cfg = load_config(overrides, name, path, notes=alias_notes)
         env = read_env(cfg.trainer.device, need_device=not cfg.trainer.dry_run)
         world = planned_world(cfg.trainer.world_size, env.world_size, under_torchrun())
         plan = plan_run(cfg, world, env.device.type)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(e))
         return
     if env.is_main:
-        for note in plan.notes:
+        for note in (*alias_notes, *plan.notes):
             print(f"note: {note}", flush=True)
     if cfg.trainer.dry_run:
         try:

@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from torchrl_post.config.aliases import rewrite_overrides
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
@@ -94,13 +95,22 @@ def check_override_syntax(arg: str) -> None:
 
 
 def load_config(
-    overrides: list[str] | None = None, config_name: str = "config", config_path: str | None = None
+    overrides: list[str] | None = None,
+    config_name: str = "config",
+    config_path: str | None = None,
+    notes: list[str] | None = None,
 ) -> Config:
     """Compose `<config_name>.yaml` over the schema with `key=value` overrides; validate. The YAML is looked up
     in `config_path` (a user's directory, as Hydra's --config-path) first, then in the shipped configs
-    (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`)."""
+    (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`). Overrides with
+    verl / rLLM / ROLL keys are rewritten to ours first (config/aliases.py); one line per alias used is appended
+    to `notes` for the caller to print."""
     for arg in overrides or []:
         check_override_syntax(arg)
+    overrides, alias_notes = rewrite_overrides(list(overrides or []))
+    if notes is not None:
+        notes.extend(alias_notes)
+    for arg in overrides:
         # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
         key = arg.split("=", 1)[0].lstrip("+~")
         if arg.startswith(("+", "~")) and not _in_schema(key):

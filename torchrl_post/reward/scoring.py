@@ -8,6 +8,7 @@ returns NaN/inf gives that sample 0; the count goes to `reward/errors` and train
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import logging
 import math
@@ -47,14 +48,29 @@ def _raised_at(e: BaseException) -> str:
     return f" at {frame.filename}:{frame.lineno}"
 
 
+def _import(module_name: str) -> Any:
+    """A module by import path, or (verl's custom_reward_function.path) by the path of its .py file."""
+    if not module_name.endswith(".py"):
+        return importlib.import_module(module_name)
+    file = Path(module_name).expanduser()
+    if not file.is_file():
+        raise ImportError(f"no such file {file}")
+    spec = importlib.util.spec_from_file_location(f"_reward_{file.stem}", file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_function(path: str, key: str = "reward.function") -> RewardFn:
-    """Import `package.module:function`; whatever goes wrong (no module, a syntax error or an exception while
-    importing it, no such attribute) is one ConfigError naming the key, the module and where."""
-    module_name, _, attr = path.partition(":")
+    """Import `package.module:function` (or `path/to/file.py:function`, as verl's custom_reward_function); whatever
+    goes wrong (no module, a syntax error or an exception while importing it, no such attribute) is one
+    ConfigError naming the key, the module and where."""
+    module_name, _, attr = path.rpartition(":")
     if not module_name or not attr:
         raise ConfigError(f"{key}={path!r} must look like package.module:function")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except SyntaxError as e:  # the module's own (or one it imports): file and line
         raise ConfigError(
             f"{key}={path!r}: module {module_name!r} does not compile: {e.msg} at {e.filename}:{e.lineno}"

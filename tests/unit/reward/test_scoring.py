@@ -224,3 +224,11 @@ def test_reward_signatures_that_fit(module_dir: Path, source: str) -> None:
 @pytest.mark.parametrize("function", [":score", "tests.unit.reward_helpers:"])
 def test_reward_path_with_an_empty_side(function: str) -> None:
     assert "must look like package.module:function" in _reward_error(function)
+
+
+def test_reward_function_from_a_file_path(tmp_path: Path) -> None:
+    """verl's custom_reward_function.path is a .py file: `reward.function=path/to/file.py:name` loads it."""
+    (tmp_path / "my_reward.py").write_text("def compute_score(a, b, c, d=None):\n    return float(b == c)\n")
+    fn = resolve_reward_fn(f"{tmp_path / 'my_reward.py'}:compute_score", {"arithmetic"})("arithmetic")
+    assert fn("arithmetic", "4", "4", {}) == 1.0
+    assert "no such file" in _reward_error(f"{tmp_path / 'missing.py'}:compute_score")

@@ -1,0 +1,282 @@
+"""Tests of torchrl_post/config/aliases.py and alias_table.py: the table against the schema, the rewriting of
+verl / rLLM / ROLL overrides with one note each, refusals as one line, and verl's GSM8K command as a dry run."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_cmd
+from torchrl_post.config.alias_table import ALIASES, CONCEPTS, SOURCES
+from torchrl_post.config.aliases import OUT, find_alias, our_keys, render, rewrite_overrides
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.load import load_config
+from torchrl_post.plan import planned_world
+
+KEYS = our_keys()
+
+
+def _refused(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        rewrite_overrides(overrides)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.strip(), msg
+    return msg
+
+
+# --- the table -------------------------------------------------------------------------------------------------
+
+
+def test_aliases_doc_is_current() -> None:
+    assert OUT.read_text() == render(), "docs/aliases.md is out of date: run python -m torchrl_post.config.aliases"
+
+
+def test_every_alias_maps_to_a_key_of_the_schema() -> None:
+    for row in ALIASES:
+        assert row.source in SOURCES, row
+        if row.kind in ("rename", "same", "combined"):
+            assert row.ours in KEYS, f"{row.source}'s {row.key} maps to {row.ours}, which is not in schema.py"
+        if row.kind == "same":
+            assert row.key == row.ours
+        else:
+            assert row.key not in KEYS, f"{row.key} is our own key; an alias would shadow it"
+    for concept in CONCEPTS:
+        assert concept.ours in KEYS, concept
+
+
+def test_each_of_their_keys_has_one_row() -> None:
+    keys = [(row.key, row.subtree) for row in ALIASES]
+    assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1]
+
+
+def test_every_refusal_is_one_line_naming_what_to_use() -> None:
+    dotted = re.compile(r"[a-z_]+(?:\.[a-z_]+)+")
+    for row in ALIASES:
+        if row.kind == "refused" or (row.kind == "noop" and row.accepts is not None):
+            text = row.refuse
+            assert text and "\n" not in text, row
+            named = [k for k in dotted.findall(text) if k in KEYS or k.split(".")[0] == "placement"]
+            assert named, f"{row.source}'s {row.key}: the refusal names no key to use instead: {text!r}"
+
+
+# --- rewriting -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected", "note"),
+    [
+        (
+            ["actor_rollout_ref.actor.optim.lr=1e-6"],
+            ["actor.lr=1e-6"],
+            "verl's actor_rollout_ref.actor.optim.lr=1e-6 is",
+        ),
+        (["critic.optim.lr=2e-5"], ["critic.lr=2e-5"], "is critic.lr=2e-5 here"),
+        (
+            ["actor_rollout_ref.actor.optim.warmup_style=cosine", "critic.optim.lr_warmup_steps_ratio=0.1"],
+            ["actor.lr_scheduler_type=cosine", "critic.lr_warmup_steps_ratio=0.1"],
+            "actor.lr_scheduler_type=cosine",
+        ),
+        (
+            ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],
+            ["actor.fsdp.param_offload=true"],
+            "actor.fsdp.param_offload",
+        ),
+        (["+actor_rollout_ref.rollout.tensor_model_parallel_size=2"], ["rollout.tensor_parallel_size=2"], "rollout."),
+        (["actor_rollout_ref.rollout.name=vllm"], ["rollout.engine=vllm"], "rollout.engine=vllm"),
+        (["actor_rollout_ref.rollout.load_format=dummy_dtensor"], ["rollout.load_format=dummy"], "dummy"),
+        (["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"], ["model.dtype=bfloat16"], "model.dtype=bfloat16"),
+        (["actor_rollout_ref.rollout.val_kwargs.n=4"], ["rollout.val_kwargs.n=4"], "rollout.val_kwargs.n=4"),
+        (["rllm.stepwise_advantage.mode=per_step"], ["algorithm.stepwise_advantage.mode=per_step"], "rLLM's"),
+        (["rllm.compact_filtering.enable=true"], ["algorithm.compact_filtering.enable=true"], "rLLM's"),
+        (["rollout_batch_size=64"], ["data.train_batch_size=64"], "ROLL's rollout_batch_size=64"),
+        (["num_return_sequences_in_group=8"], ["rollout.n=8"], "rollout.n=8"),
+        (
+            ["prompt_length=2048", "response_length=4096"],
+            ["data.max_prompt_length=2048", "data.max_response_length=4096"],
+            "",
+        ),
+        (
+            ["actor_train.model_args.disable_gradient_checkpointing=False"],
+            ["model.enable_gradient_checkpointing=true"],
+            "(inverted)",
+        ),
+        (["actor_train.training_args.learning_rate=1.0e-6"], ["actor.lr=1.0e-6"], "actor.lr"),
+        (["actor_infer.generating_args.max_new_tokens=512"], ["data.max_response_length=512"], ""),
+        (["actor_infer.strategy_args.strategy_name=hf_infer"], ["rollout.engine=hf"], "rollout.engine=hf"),
+        (["actor_train.model_args.lora_target='q_proj,v_proj'"], ["model.target_modules=[q_proj,v_proj]"], ""),
+        (["track_with=stdout"], ["trainer.logger=[console]"], ""),
+        (["dual_clip_loss=false"], ["actor.clip_ratio_c=null"], ""),
+        (
+            ["resume_from_checkpoint=/ckpt/global_step_5"],
+            ["trainer.resume_from_path=/ckpt/global_step_5", "trainer.resume_mode=resume_path"],
+            "trainer.resume_mode=resume_path",
+        ),
+        (["actor_rollout_ref.hybrid_engine=true"], [], "accepted, it changes nothing here"),
+        (["trainer.critic_warmup=0"], [], "accepted"),
+        (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40"], [], "actor.ppo_micro_batch_size_per_gpu"),
+        (["actor_train.strategy_args.strategy_config.tensor_model_parallel_size=1"], [], "1 is what FSDP2 does"),
+        (
+            ["custom_reward_function.path=/r/my_reward.py", "custom_reward_function.name=score"],
+            ["reward.function='/r/my_reward.py:score'"],
+            "are one key here",
+        ),
+        (["custom_reward_function.path=my_pkg.rewards"], ["reward.function='my_pkg.rewards:compute_score'"], "default"),
+        (["trainer.nnodes=2", "trainer.n_gpus_per_node=8"], ["trainer.world_size=16"], "--nproc-per-node 8"),
+        (
+            ["num_generations=8", "loss_type=dr_grpo", "use_vllm=false"],
+            ["rollout.n=8", "actor.loss_agg_mode=seq-mean-token-sum-norm", "rollout.engine=hf"],
+            "TRL's num_generations=8 is rollout.n=8 here",
+        ),
+        (["beta=0.0"], [], "0 is no KL term"),
+        (["actor.lr=1e-3", "data.train_files=x.parquet"], ["actor.lr=1e-3", "data.train_files=x.parquet"], None),
+    ],
+)
+def test_rewrite(given: list[str], expected: list[str], note: str | None) -> None:
+    rewritten, notes = rewrite_overrides(given)
+    assert rewritten == expected
+    # One note per alias; the keys that combine into one of ours share one.
+    rows = [r for r in (find_alias(g.lstrip("+").split("=")[0]) for g in given) if r is not None]
+    singles = [r for r in rows if r.kind not in ("combined", "same")]
+    assert len(notes) == len(singles) + len({r.ours for r in rows if r.kind == "combined"}), notes
+    if note is not None:
+        assert any(note in n for n in notes), notes
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
+        (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=4"], "FSDP2 only"),
+        (["actor_train.strategy_args.strategy_config.pipeline_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
+        (["actor_train.strategy_args.strategy_name=megatron_train"], "FSDP2 only"),
+        (["actor_rollout_ref.rollout.name=sglang"], "rollout.engine=vllm"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size=128"], "actor.ppo_micro_batch_size_per_gpu"),
+        (["actor_train.training_args.gradient_accumulation_steps=32"], "actor.ppo_mini_batch_size"),
+        (["data.truncation=left"], "data.filter_overlong_prompts=true"),
+        (["trainer.critic_warmup=5"], "update every step"),
+        (["actor_rollout_ref.hybrid_engine=false"], "placement.rollout"),
+        (["actor_infer.device_mapping=list(range(0,8))"], "placement.rollout"),
+        (["async_generation_ratio=1"], "trainer.max_off_policy_steps"),
+        (["algorithm.rollout_correction.rollout_is=sequence"], "algorithm.rollout_is=token"),
+        (["custom_reward_function.name=score"], "reward.function="),
+        (["rllm.stepwise_advantage.no_such_key=1"], "algorithm.stepwise_advantage.no_such_key, which does not exist"),
+        (["actor_rollout_ref.actor.optim.lr=1e-6", "actor.lr=1e-5"], "both set actor.lr"),
+        (["rollout_batch_size=8", "data.train_batch_size=16"], "both set data.train_batch_size"),
+        (["beta=0.04"], "actor.use_kl_loss=true actor.kl_loss_coef=(beta)"),
+        (["scale_rewards=batch"], "algorithm.norm_adv_by_std_in_grpo"),
+    ],
+)
+def test_refused_in_one_line(given: list[str], needle: str) -> None:
+    msg = _refused(given)
+    assert needle in msg, msg
+
+
+def test_an_alias_agreeing_with_our_key_is_fine_and_unknown_keys_keep_todays_error() -> None:
+    assert rewrite_overrides(["rollout.n=5", "actor_rollout_ref.rollout.n=5"])[0] == ["rollout.n=5", "rollout.n=5"]
+    with pytest.raises(ConfigError, match="unknown config key 'actor_rollout_ref'"):
+        load_config(["actor_rollout_ref.no_such.key=1"])
+
+
+def test_load_config_applies_aliases_and_returns_their_notes() -> None:
+    notes: list[str] = []
+    cfg = load_config(
+        ["actor_rollout_ref.actor.optim.lr=1e-6", "critic.optim.lr=2e-5", "rollout_batch_size=4"], notes=notes
+    )
+    assert (cfg.actor.lr, cfg.critic.lr, cfg.data.train_batch_size) == (1e-6, 2e-5, 4)
+    assert len(notes) == 3
+
+
+# --- trainer.n_gpus_per_node x trainer.nnodes against the launched world -------------------------------------
+
+
+def test_gpus_per_node_agreeing_with_the_launched_world() -> None:
+    notes: list[str] = []
+    cfg = load_config(["trainer.n_gpus_per_node=2", "trainer.nnodes=1"], notes=notes)
+    assert cfg.trainer.world_size == 2
+    assert planned_world(cfg.trainer.world_size, 2, under_torchrun=True) == 2
+    assert len(notes) == 1 and "torchrun --nnodes 1 --nproc-per-node 2" in notes[0]
+
+
+def test_gpus_per_node_disagreeing_with_the_launched_world() -> None:
+    cfg = load_config(["trainer.n_gpus_per_node=8", "trainer.nnodes=1"])
+    with pytest.raises(ConfigError) as info:
+        planned_world(cfg.trainer.world_size, 2, under_torchrun=True)
+    msg = str(info.value)
+    assert "trainer.n_gpus_per_node x trainer.nnodes" in msg and "torchrun started 2 processes" in msg, msg
+    assert "--nproc-per-node" in msg
+    assert "both set trainer.world_size" in _refused(["trainer.world_size=4", "trainer.n_gpus_per_node=2"])
+
+
+# --- the acceptance: verl's examples/grpo_trainer/run_qwen2-7b.sh, a dry run -------------------------------
+
+
+def verl_gsm8k(train: str, val: str, model: str) -> list[str]:
+    """verl's GSM8K GRPO example with their keys and values; the paths ours, and the sizes a 7B run on 8 GPUs
+    uses cut to 2 CPU ranks: data.train_batch_size 1024 -> 4, ppo_mini_batch_size 256 -> 2,
+    data.max_response_length 1024 -> 64, trainer.n_gpus_per_node 8 -> 2."""
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=512",
+        "data.max_response_length=64",
+        "data.filter_overlong_prompts=True",
+        "data.truncation='error'",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        "trainer.logger=['console','wandb']",
+        "trainer.project_name='verl_grpo_example_gsm8k'",
+        "trainer.experiment_name='qwen2_7b_function_rm'",
+        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+    ]
+
+
+def test_verl_gsm8k_command_dry_run_prints_one_note_per_alias(tmp_path: Path) -> None:
+    row = {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": 'Natalia sold 48 clips. Output the final answer after "####".'}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "48"},
+        "extra_info": {"split": "train", "index": 0},
+    }
+    for name in ("train", "test"):
+        pd.DataFrame([row]).to_parquet(tmp_path / f"{name}.parquet")
+    args = verl_gsm8k(str(tmp_path / "train.parquet"), str(tmp_path / "test.parquet"), str(tmp_path / "no_model"))
+    proc = run_cmd([sys.executable, "-m", "torchrl_post.train", *args, "trainer.dry_run=true"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note: verl's ")]
+    aliased = [a.split("=")[0] for a in args if a.split("=")[0] not in KEYS]
+    assert len(aliased) == 23
+    for key in aliased:
+        assert sum(f"{key}=" in n for n in notes) == 1, (key, notes)
+    assert len(notes) == len(aliased) - 1  # n_gpus_per_node and nnodes share one note
+    assert "rollout engines (vllm, tensor_parallel_size=2): [[0, 1]]" in proc.stdout
+    assert "samples_per_step: 20" in proc.stdout

@@ -1,0 +1,693 @@
+"""The alias table: verl / rLLM / ROLL / TRL keys and what each is here (the single source of docs/aliases.md).
+
+A row is one of five kinds: `rename` (their key is our key, its value converted where the values differ), `same`
+(the same name here: documented, nothing to rewrite), `noop` (accepted where its value changes nothing here, else
+refused), `refused` (no equivalent: the text names what to use instead) and `combined` (two of their keys make one
+of ours; `aliases.py` joins them). `subtree` rows map every key under theirs to the same key under ours.
+The rewriting is in `config/aliases.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["rename", "same", "noop", "refused", "combined"]
+SOURCES = ("verl", "rLLM", "ROLL", "TRL")
+
+
+class Refused(Exception):
+    """A value with no equivalent here; the message names what to use instead."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    source: str
+    """verl, rLLM or ROLL."""
+    key: str
+    """Their dotted key (the root of a subtree when `subtree`)."""
+    kind: Kind
+    ours: str = ""
+    """Our key (the root of our subtree when `subtree`); empty for noop and refused rows."""
+    note: str = ""
+    """What differs, for the docs (and the run's note when a value is converted)."""
+    convert: Callable[[Any], Any] | None = None
+    """Their value -> ours; raises Refused for a value with no equivalent."""
+    accepts: Callable[[Any], bool] | None = None
+    """noop rows: the values that change nothing here (None: every value)."""
+    noop: str = ""
+    """noop rows: why nothing changes."""
+    refuse: str = ""
+    """refused rows, and noop rows' other values: what to use instead (one line)."""
+    subtree: bool = False
+    also: tuple[tuple[str, str], ...] = ()
+    """Overrides this alias implies besides its own (our key, value text)."""
+
+
+@dataclass(frozen=True)
+class Concept:
+    """A row of the docs for something of theirs that has no key (or no one key)."""
+
+    theirs: str
+    ours: str
+    note: str = ""
+
+
+def render_value(v: Any) -> str:
+    """A Python value as override text Hydra reads back as the same value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(render_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{render_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    plain = re.fullmatch(r"[A-Za-z_/.][A-Za-z0-9_./\-]*", s) and s.lower() not in (
+        "true",
+        "false",
+        "null",
+        "nan",
+        "inf",
+    )
+    return s if plain else "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# ---- value conversions ----------------------------------------------------------------------------------------
+
+_DTYPES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def _dtype(v: Any) -> Any:
+    """fp32 / bf16 / fp16 (verl's and ROLL's short names) -> float32 / bfloat16 / float16; others as they are."""
+    return _DTYPES.get(v, v) if isinstance(v, str) else v
+
+
+def _inverted(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise Refused("it takes true or false")
+    return not v
+
+
+def _engine(v: Any) -> str:
+    engines = {"vllm": "vllm", "hf": "hf", "hf_infer": "hf"}
+    if v not in engines:
+        raise Refused(f"the engines here are vllm and hf: use rollout.engine=vllm (or hf) instead of {v}")
+    return engines[v]
+
+
+def _load_format(v: Any) -> str:
+    if isinstance(v, str) and v.startswith("dummy"):
+        return "dummy"
+    if v in ("auto", "hf", "safetensors"):
+        return "auto"
+    raise Refused("use rollout.load_format=dummy (the first weight sync fills the engine) or auto")
+
+
+def _rollout_is(v: Any) -> str:
+    if v is None or v is False:
+        return "none"
+    if v == "token":
+        return "token"
+    raise Refused(f"only token-level truncated importance sampling exists here: algorithm.rollout_is=token, not {v}")
+
+
+def _pg_variant(v: Any) -> str:
+    if v in ("vanilla", "ppo"):
+        return "vanilla"
+    if v == "gspo":
+        return "gspo"
+    raise Refused(f"the policy losses here are vanilla (PPO clip) and gspo: use actor.policy_loss=vanilla, not {v}")
+
+
+def _dual_clip(v: Any) -> float | None:
+    if not isinstance(v, bool):
+        raise Refused("it takes true or false; the bound itself is actor.clip_ratio_c")
+    return 3.0 if v else None
+
+
+def _loggers(v: Any) -> list[str]:
+    names = v if isinstance(v, list) else [v]
+    return ["console" if n == "stdout" else n for n in names]
+
+
+def _lora_target(v: Any) -> Any:
+    """ROLL's comma-separated module names -> a list; all-linear as it is."""
+    if isinstance(v, str) and v != "all-linear":
+        return [m.strip() for m in v.split(",") if m.strip()]
+    return v
+
+
+def _trl_loss_type(v: Any) -> str:
+    modes = {
+        "grpo": "seq-mean-token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+        "bnpo": "token-mean",
+        "dapo": "token-mean",
+    }
+    if v not in modes:
+        raise Refused(
+            f"choose the aggregation itself: actor.loss_agg_mode (token-mean, seq-mean-token-mean, ...), not {v}"
+        )
+    return modes[v]
+
+
+def _trl_scale_rewards(v: Any) -> bool:
+    if v in (True, "group"):
+        return True
+    if v in (False, "none"):
+        return False
+    raise Refused("advantages are scaled by each group's std here: algorithm.norm_adv_by_std_in_grpo=true (or false)")
+
+
+def _trl_engine(v: Any) -> str:
+    if not isinstance(v, bool):
+        raise Refused("it takes true or false; the engine is rollout.engine (vllm or hf)")
+    return "vllm" if v else "hf"
+
+
+def _trl_top_k(v: Any) -> int:
+    return -1 if v in (None, 0) else int(v)
+
+
+def _trl_report_to(v: Any) -> list[str]:
+    names = v if isinstance(v, list) else [v]
+    return ["console", *(n for n in names if n not in ("none", None, "console"))]
+
+
+# ---- value tests of noop rows -----------------------------------------------------------------------------------
+
+
+def _is(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: v in values
+
+
+_ONE = _is(None, 1)
+_ZERO = _is(None, 0, False)
+_TRUE = _is(True)
+_FALSE = _is(None, False)
+
+
+# ---- the table ----------------------------------------------------------------------------------------------------
+
+V, L, R, T = "verl", "rLLM", "ROLL", "TRL"
+A = "actor_rollout_ref.actor"
+M = "actor_rollout_ref.model"
+RO = "actor_rollout_ref.rollout"
+RF = "actor_rollout_ref.ref"
+RSC = "actor_infer.strategy_args.strategy_config"
+TSC = "actor_train.strategy_args.strategy_config"
+
+_MEGATRON = "the actor trains with FSDP2 only (no Megatron parallelism): shard it with actor.fsdp.fsdp_size"
+_LAUNCHER = "torchrun --nnodes / --nproc-per-node set the world; roles go on ranks with placement.*"
+_WORLD = (
+    "times {} (verl's defaults 8 and 1): the ranks to plan for; refused unless it equals the world torchrun "
+    "launched (--nnodes x --nproc-per-node)"
+)
+_LOGPROB_MB = "the actor's old-logprob forward uses actor.ppo_micro_batch_size_per_gpu micro-batches (memory only)"
+
+
+def _rename(source: str, key: str, ours: str, note: str = "", **kw: Any) -> Alias:
+    return Alias(source, key, "rename", ours, note, **kw)
+
+
+def _same(source: str, key: str, note: str = "") -> Alias:
+    return Alias(source, key, "same", key, note)
+
+
+def _noop(source: str, key: str, why: str, accepts: Callable[[Any], bool] | None = None, refuse: str = "") -> Alias:
+    return Alias(source, key, "noop", noop=why, accepts=accepts, refuse=refuse)
+
+
+def _refused(source: str, key: str, instead: str, subtree: bool = False) -> Alias:
+    return Alias(source, key, "refused", refuse=instead, subtree=subtree)
+
+
+ALIASES: tuple[Alias, ...] = (
+    # ---- verl: data and algorithm keys have our names -------------------------------------------------------------
+    _same(V, "data.train_files", "a path or a list: .json, .jsonl, .csv, .parquet"),
+    _same(V, "data.val_files"),
+    _same(V, "data.prompt_key", "a `messages` column is used if absent"),
+    _same(V, "data.train_batch_size", "prompts per step"),
+    _same(V, "data.val_batch_size"),
+    _same(V, "data.max_prompt_length"),
+    _same(V, "data.max_response_length"),
+    _same(V, "data.filter_overlong_prompts"),
+    _same(V, "data.shuffle"),
+    _same(V, "data.image_key"),
+    _same(V, "data.return_multi_modal_inputs"),
+    _rename(V, "data.reward_fn_key", "data.data_source_key"),
+    _noop(
+        V,
+        "data.return_raw_chat",
+        "it only shapes verl's batch; here the prompts are templated once when the data loads and agents get the question",
+    ),
+    _noop(
+        V,
+        "data.truncation",
+        "a prompt over data.max_prompt_length is dropped (data.filter_overlong_prompts=true) or an error",
+        _is("error"),
+        "prompts are never truncated here: drop them with data.filter_overlong_prompts=true",
+    ),
+    _same(V, "algorithm.adv_estimator", "grpo, gae, reinforce, reinforce_plus_plus, rloo"),
+    _same(V, "algorithm.norm_adv_by_std_in_grpo"),
+    _same(V, "algorithm.gamma"),
+    _same(V, "algorithm.lam"),
+    _same(V, "algorithm.use_kl_in_reward"),
+    _same(V, "algorithm.kl_penalty"),
+    _same(V, "algorithm.kl_ctrl.type"),
+    _same(V, "algorithm.kl_ctrl.kl_coef"),
+    _same(V, "algorithm.kl_ctrl.target_kl"),
+    _same(V, "algorithm.kl_ctrl.horizon"),
+    _rename(
+        V,
+        "algorithm.rollout_correction.rollout_is",
+        "algorithm.rollout_is",
+        "token stays token, null is none; sequence-level weights do not exist here",
+        convert=_rollout_is,
+    ),
+    _rename(V, "algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_is_threshold"),
+    _noop(
+        V,
+        f"{A}.tis_imp_ratio_cap",
+        "-1 (or null) is no truncated importance sampling",
+        _is(None, -1),
+        "a cap turns on token-level truncated importance sampling: algorithm.rollout_is=token "
+        "algorithm.rollout_is_threshold=(the cap)",
+    ),
+    _noop(
+        V,
+        "async_training.staleness_threshold",
+        "0 is on-policy, as here by default",
+        _ZERO,
+        "the look-ahead is counted in whole steps here: trainer.max_off_policy_steps=k (rollout on ranks of its own)",
+    ),
+    # ---- verl: the model --------------------------------------------------------------------------------------------
+    _rename(V, f"{M}.path", "model.path", "a local HF directory: nothing is downloaded"),
+    _rename(V, f"{M}.trust_remote_code", "model.trust_remote_code"),
+    _rename(V, f"{M}.enable_gradient_checkpointing", "model.enable_gradient_checkpointing"),
+    _rename(V, f"{M}.use_remove_padding", "model.use_remove_padding", "sequence packing: actor, reference, critic"),
+    _rename(V, f"{M}.lora_rank", "model.lora_rank"),
+    _rename(V, f"{M}.lora_alpha", "model.lora_alpha"),
+    _rename(V, f"{M}.target_modules", "model.target_modules"),
+    _noop(
+        V,
+        "actor_rollout_ref.hybrid_engine",
+        "the engine is colocated with the actor by default (placement.rollout=actor)",
+        _TRUE,
+        "give the rollout ranks of its own with placement.rollout=[ranks]",
+    ),
+    # ---- verl: the actor --------------------------------------------------------------------------------------------
+    _noop(V, f"{A}.strategy", "the actor trains with FSDP2", _is("fsdp", "fsdp2"), _MEGATRON),
+    _rename(V, f"{A}.optim.lr", "actor.lr"),
+    _rename(V, f"{A}.optim.weight_decay", "actor.weight_decay"),
+    _rename(V, f"{A}.optim.betas", "actor.betas"),
+    _rename(V, f"{A}.optim.lr_warmup_steps", "actor.lr_warmup_steps", "<= 0 (verl's -1): the ratio decides"),
+    _rename(V, f"{A}.optim.lr_warmup_steps_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(V, f"{A}.optim.lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
+    _rename(V, f"{A}.optim.warmup_style", "actor.lr_scheduler_type", "verl's former name; constant or cosine"),
+    _rename(V, f"{A}.optim.min_lr_ratio", "actor.min_lr_ratio"),
+    _rename(V, f"{A}.optim.num_cycles", "actor.num_cycles"),
+    _rename(V, f"{A}.grad_clip", "actor.grad_clip"),
+    _rename(V, f"{A}.ppo_mini_batch_size", "actor.ppo_mini_batch_size", "prompts per optimizer step, as in verl"),
+    _rename(V, f"{A}.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
+    _noop(
+        V,
+        f"{A}.ppo_micro_batch_size",
+        "null: the per-GPU key decides",
+        _is(None),
+        "it counts samples over all GPUs; give actor.ppo_micro_batch_size_per_gpu (its value / the actor's ranks)",
+    ),
+    _rename(V, f"{A}.use_dynamic_bsz", "actor.use_dynamic_bsz"),
+    _rename(V, f"{A}.ppo_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
+    _rename(V, f"{A}.ppo_epochs", "actor.ppo_epochs"),
+    _rename(V, f"{A}.clip_ratio", "actor.clip_ratio"),
+    _rename(V, f"{A}.clip_ratio_low", "actor.clip_ratio_low"),
+    _rename(V, f"{A}.clip_ratio_high", "actor.clip_ratio_high"),
+    _rename(V, f"{A}.clip_ratio_c", "actor.clip_ratio_c", "dual clip; null turns it off"),
+    _rename(V, f"{A}.loss_agg_mode", "actor.loss_agg_mode"),
+    _rename(V, f"{A}.policy_loss.loss_mode", "actor.policy_loss", "vanilla or gspo"),
+    _rename(V, f"{A}.entropy_coeff", "actor.entropy_coeff"),
+    _rename(V, f"{A}.use_kl_loss", "actor.use_kl_loss"),
+    _rename(V, f"{A}.kl_loss_coef", "actor.kl_loss_coef"),
+    _rename(V, f"{A}.kl_loss_type", "actor.kl_loss_type"),
+    _noop(
+        V,
+        f"{A}.ulysses_sequence_parallel_size",
+        "1 is no sequence parallelism, as here",
+        _ONE,
+        "no sequence parallelism here: use model.use_remove_padding=true and actor.use_dynamic_bsz=true for long rows",
+    ),
+    _rename(
+        V, f"{A}.fsdp_config.param_offload", "actor.fsdp.param_offload", "hybrid engine: off the GPU while it generates"
+    ),
+    _rename(V, f"{A}.fsdp_config.optimizer_offload", "actor.fsdp.optimizer_offload"),
+    _noop(
+        V,
+        f"{A}.fsdp_config.grad_offload",
+        "false is the default",
+        _FALSE,
+        "gradients leave the GPU with the parameters here: actor.fsdp.param_offload=true",
+    ),
+    _rename(
+        V, f"{A}.fsdp_config.offload_policy", "actor.fsdp.offload_policy", "FSDP2 CPUOffloadPolicy; optimizer on CPU"
+    ),
+    _rename(V, f"{A}.fsdp_config.reshard_after_forward", "actor.fsdp.reshard_after_forward"),
+    _rename(V, f"{A}.fsdp_config.fsdp_size", "actor.fsdp.fsdp_size", "HSDP when smaller than the group"),
+    _rename(
+        V,
+        f"{A}.fsdp_config.model_dtype",
+        "model.dtype",
+        "actor, reference and critic; fp32/bf16/fp16 become float32/bfloat16/float16",
+        convert=_dtype,
+    ),
+    _rename(V, f"{A}.fsdp_config.mixed_precision.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
+    _rename(V, f"{A}.fsdp_config.mixed_precision.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),
+    _noop(V, f"{A}.megatron.tensor_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _noop(V, f"{A}.megatron.pipeline_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _refused(V, f"{A}.megatron", _MEGATRON, subtree=True),
+    # ---- verl: the rollout ------------------------------------------------------------------------------------------
+    _rename(V, f"{RO}.name", "rollout.engine", "vllm or hf", convert=_engine),
+    _rename(V, f"{RO}.mode", "rollout.mode", "sync or async; async accepted in every placement"),
+    _rename(V, f"{RO}.n", "rollout.n"),
+    _rename(V, f"{RO}.temperature", "rollout.temperature"),
+    _rename(V, f"{RO}.top_p", "rollout.top_p"),
+    _rename(V, f"{RO}.top_k", "rollout.top_k"),
+    _rename(V, f"{RO}.val_kwargs", "rollout.val_kwargs", subtree=True),
+    _rename(V, f"{RO}.tensor_model_parallel_size", "rollout.tensor_parallel_size"),
+    _rename(V, f"{RO}.gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _rename(V, f"{RO}.max_num_seqs", "rollout.max_num_seqs"),
+    _rename(V, f"{RO}.enforce_eager", "rollout.enforce_eager"),
+    _rename(V, f"{RO}.free_cache_engine", "rollout.free_cache_engine"),
+    _rename(V, f"{RO}.dtype", "rollout.dtype", convert=_dtype),
+    _rename(V, f"{RO}.load_format", "rollout.load_format", "dummy_dtensor/dummy_hf become dummy", convert=_load_format),
+    _rename(V, f"{RO}.limit_images", "rollout.limit_images"),
+    _noop(V, f"{RO}.log_prob_micro_batch_size_per_gpu", _LOGPROB_MB),
+    _noop(V, f"{RO}.enable_chunked_prefill", "vLLM's own default is used (a throughput setting)"),
+    _noop(V, f"{RO}.log_prob_micro_batch_size", _LOGPROB_MB),
+    _noop(V, f"{RO}.log_prob_use_dynamic_bsz", "the old-logprob forward follows actor.use_dynamic_bsz"),
+    _noop(V, f"{RO}.log_prob_max_token_len_per_gpu", "the old-logprob forward follows actor.ppo_max_token_len_per_gpu"),
+    _rename(V, f"{RO}.multi_turn.max_assistant_turns", "agent.max_turns"),
+    _rename(V, f"{RO}.multi_turn.format", "agent.tool_parser", "vLLM's tool parsers; hermes by default"),
+    _refused(
+        V,
+        f"{RO}.multi_turn.tool_config_path",
+        "list the tools in agent.tools (built-in names or package.module:function)",
+    ),
+    # ---- verl: the reference and the critic -------------------------------------------------------------------------
+    _rename(V, f"{RF}.log_prob_micro_batch_size_per_gpu", "reference.log_prob_micro_batch_size_per_gpu"),
+    _noop(
+        V,
+        f"{RF}.log_prob_micro_batch_size",
+        "null: the per-GPU key decides",
+        _is(None),
+        "it counts samples over all GPUs; give reference.log_prob_micro_batch_size_per_gpu (its value / the ranks)",
+    ),
+    _rename(V, f"{RF}.fsdp_config.param_offload", "reference.param_offload", "the reference always reshards"),
+    _same(V, "critic.model.path", "null: model.path"),
+    _rename(V, "critic.optim.lr", "critic.lr"),
+    _rename(V, "critic.optim.weight_decay", "critic.weight_decay"),
+    _rename(V, "critic.optim.lr_warmup_steps", "critic.lr_warmup_steps", "<= 0 (verl's -1): the ratio decides"),
+    _rename(V, "critic.optim.lr_warmup_steps_ratio", "critic.lr_warmup_steps_ratio"),
+    _rename(V, "critic.optim.lr_scheduler_type", "critic.lr_scheduler_type"),
+    _rename(V, "critic.optim.warmup_style", "critic.lr_scheduler_type", "verl's former name"),
+    _rename(V, "critic.optim.min_lr_ratio", "critic.min_lr_ratio"),
+    _rename(V, "critic.optim.num_cycles", "critic.num_cycles"),
+    _same(V, "critic.grad_clip"),
+    _same(V, "critic.cliprange_value"),
+    _same(V, "critic.loss_agg_mode"),
+    _same(V, "critic.ppo_micro_batch_size_per_gpu"),
+    _noop(V, "critic.strategy", "the critic trains with FSDP2", _is("fsdp", "fsdp2"), _MEGATRON),
+    _rename(V, "critic.model.fsdp_config.param_offload", "critic.fsdp.param_offload"),
+    _rename(V, "critic.model.fsdp_config.optimizer_offload", "critic.fsdp.optimizer_offload"),
+    _rename(V, "critic.model.fsdp_config.offload_policy", "critic.fsdp.offload_policy"),
+    _rename(V, "critic.model.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward"),
+    _rename(V, "critic.model.fsdp_config.fsdp_size", "critic.fsdp.fsdp_size"),
+    # ---- verl: reward -----------------------------------------------------------------------------------------------
+    Alias(V, "custom_reward_function.path", "combined", "reward.function", "with .name: reward.function=path:name"),
+    Alias(V, "custom_reward_function.name", "combined", "reward.function", "compute_score if only .path is given"),
+    _noop(
+        V,
+        "reward_model.enable",
+        "false: rewards come from reward.function (or the built-in for the data source)",
+        _FALSE,
+        "no reward model here: write a reward function and set reward.function=package.module:function",
+    ),
+    _noop(
+        V,
+        "reward_model.reward_manager",
+        "naive scores each sample with the reward function, as here",
+        _is("naive"),
+        "rewards are scored per sample by reward.function (verl's naive manager)",
+    ),
+    # ---- verl: trainer ----------------------------------------------------------------------------------------------
+    _same(V, "trainer.total_epochs"),
+    _same(V, "trainer.total_training_steps"),
+    _same(V, "trainer.save_freq", "<= 0 turns saving off"),
+    _same(V, "trainer.test_freq", "<= 0 turns validation off"),
+    _same(V, "trainer.val_before_train"),
+    _same(V, "trainer.val_only"),
+    _same(V, "trainer.log_val_generations"),
+    _same(V, "trainer.default_local_dir"),
+    _same(V, "trainer.resume_mode"),
+    _same(V, "trainer.resume_from_path"),
+    _same(V, "trainer.logger", "console, wandb, tensorboard; metrics.jsonl always"),
+    _same(V, "trainer.project_name"),
+    _same(V, "trainer.experiment_name"),
+    _same(V, "trainer.device"),
+    _rename(V, "trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    _noop(
+        V,
+        "trainer.balance_batch",
+        "a throughput setting: micro-batches are formed per rank (actor.use_dynamic_bsz balances them by tokens)",
+    ),
+    _rename(V, "trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    _noop(
+        V,
+        "trainer.critic_warmup",
+        "0 updates the actor from the first step, as here",
+        _ZERO,
+        "no critic warm-up here (the actor and critic update every step); to start the actor gently use actor.lr_warmup_steps",
+    ),
+    Alias(V, "trainer.n_gpus_per_node", "combined", "trainer.world_size", _WORLD.format("trainer.nnodes")),
+    Alias(V, "trainer.nnodes", "combined", "trainer.world_size", _WORLD.format("trainer.n_gpus_per_node")),
+    # ---- rLLM -------------------------------------------------------------------------------------------------------
+    _rename(L, "rllm.stepwise_advantage", "algorithm.stepwise_advantage", subtree=True),
+    _rename(L, "rllm.rejection_sample.enable", "algorithm.rejection_sample.enable"),
+    _rename(L, "rllm.compact_filtering", "algorithm.compact_filtering", subtree=True),
+    _rename(L, "agent.max_steps", "agent.max_turns"),
+    _refused(L, "agent.name", "agent.agent takes the agent class's import path: agent.agent=package.module:Class"),
+    _refused(L, "env.name", "agent.env takes the environment class's import path: agent.env=package.module:Class"),
+    # ---- ROLL: the pipeline ---------------------------------------------------------------------------------------
+    _rename(R, "pretrain", "model.path"),
+    _rename(R, "rollout_batch_size", "data.train_batch_size", "prompts per step"),
+    _rename(R, "num_return_sequences_in_group", "rollout.n"),
+    _rename(R, "prompt_length", "data.max_prompt_length"),
+    _rename(R, "response_length", "data.max_response_length"),
+    _rename(R, "max_steps", "trainer.total_training_steps", "TRL's too"),
+    _rename(R, "save_steps", "trainer.save_freq", "TRL's too"),
+    _rename(R, "eval_steps", "trainer.test_freq", "TRL's too"),
+    _rename(R, "output_dir", "trainer.default_local_dir", "TRL's too"),
+    _rename(R, "resume_from_checkpoint", "trainer.resume_from_path", also=(("trainer.resume_mode", "resume_path"),)),
+    _rename(R, "track_with", "trainer.logger", "stdout becomes console", convert=_loggers),
+    _rename(R, "seed", "trainer.seed", "TRL's too"),
+    _rename(R, "adv_estimator", "algorithm.adv_estimator"),
+    _rename(R, "gamma", "algorithm.gamma"),
+    _rename(R, "lambd", "algorithm.lam"),
+    _rename(R, "add_token_level_kl", "algorithm.use_kl_in_reward"),
+    _rename(R, "init_kl_coef", "algorithm.kl_ctrl.kl_coef"),
+    _rename(R, "kl_penalty", "algorithm.kl_penalty"),
+    _rename(R, "target_kl", "algorithm.kl_ctrl.target_kl"),
+    _rename(R, "kl_horizon", "algorithm.kl_ctrl.horizon"),
+    _rename(R, "use_kl_loss", "actor.use_kl_loss"),
+    _rename(R, "kl_loss_coef", "actor.kl_loss_coef"),
+    _rename(R, "pg_clip", "actor.clip_ratio"),
+    _rename(R, "pg_clip_low", "actor.clip_ratio_low"),
+    _rename(R, "pg_clip_high", "actor.clip_ratio_high"),
+    _rename(R, "dual_clip_loss", "actor.clip_ratio_c", "true is the bound 3.0, false null", convert=_dual_clip),
+    _rename(R, "pg_variant", "actor.policy_loss", "vanilla/ppo become vanilla; gspo", convert=_pg_variant),
+    _rename(R, "entropy_loss_coef", "actor.entropy_coeff"),
+    _rename(R, "ppo_epochs", "actor.ppo_epochs"),
+    _rename(R, "use_dynamic_batching_in_train", "actor.use_dynamic_bsz"),
+    _rename(R, "max_tokens_per_microbatch_in_train", "actor.ppo_max_token_len_per_gpu"),
+    _rename(R, "use_sequence_packing", "model.use_remove_padding"),
+    _noop(
+        R,
+        "async_generation_ratio",
+        "0 is on-policy, as here by default",
+        _ZERO,
+        "the look-ahead is counted in whole steps here: trainer.max_off_policy_steps=k (rollout on ranks of its own)",
+    ),
+    _refused(R, "rewards", "write a reward function and set reward.function=package.module:function", subtree=True),
+    # ---- ROLL: actor_train ------------------------------------------------------------------------------------------
+    _rename(
+        R,
+        "actor_train.model_args.dtype",
+        "model.dtype",
+        "actor, reference and critic; bf16 becomes bfloat16",
+        convert=_dtype,
+    ),
+    _rename(
+        R,
+        "actor_train.model_args.disable_gradient_checkpointing",
+        "model.enable_gradient_checkpointing",
+        "inverted",
+        convert=_inverted,
+    ),
+    _rename(R, "actor_train.model_args.lora_rank", "model.lora_rank"),
+    _rename(R, "actor_train.model_args.lora_alpha", "model.lora_alpha"),
+    _rename(
+        R,
+        "actor_train.model_args.lora_target",
+        "model.target_modules",
+        "a comma list becomes a list",
+        convert=_lora_target,
+    ),
+    _noop(
+        R,
+        "actor_train.model_args.ulysses_size",
+        "1 is no sequence parallelism, as here",
+        _ONE,
+        "no sequence parallelism here: use model.use_remove_padding=true and actor.use_dynamic_bsz=true for long rows",
+    ),
+    _rename(R, "actor_train.training_args.learning_rate", "actor.lr"),
+    _rename(R, "actor_train.training_args.weight_decay", "actor.weight_decay"),
+    _rename(R, "actor_train.training_args.warmup_steps", "actor.lr_warmup_steps"),
+    _rename(R, "actor_train.training_args.warmup_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(R, "actor_train.training_args.lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
+    _rename(R, "actor_train.training_args.max_grad_norm", "actor.grad_clip"),
+    _rename(R, "actor_train.training_args.per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
+    _refused(
+        R,
+        "actor_train.training_args.gradient_accumulation_steps",
+        "it counts micro-batches; give the optimizer step in prompts: actor.ppo_mini_batch_size (0: one per step)",
+    ),
+    _rename(R, "actor_train.data_args.file_name", "data.train_files"),
+    _rename(R, "actor_train.data_args.prompt", "data.prompt_key"),
+    _rename(R, "actor_train.data_args.messages", "data.prompt_key", "a column of chat messages"),
+    _noop(
+        R,
+        "actor_train.data_args.template",
+        "native is the tokenizer's chat template, as here",
+        _is("native"),
+        "prompts use the tokenizer's chat template: edit its chat_template, or data.apply_chat_template=false",
+    ),
+    _noop(R, "actor_train.strategy_args.strategy_name", "the actor trains with FSDP2", _is("fsdp2_train"), _MEGATRON),
+    _rename(R, f"{TSC}.fsdp_size", "actor.fsdp.fsdp_size"),
+    _rename(R, f"{TSC}.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
+    _rename(R, f"{TSC}.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),
+    _rename(R, f"{TSC}.reshard_after_forward", "actor.fsdp.reshard_after_forward"),
+    _rename(R, f"{TSC}.offload_policy", "actor.fsdp.offload_policy"),
+    _noop(R, f"{TSC}.tensor_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _noop(R, f"{TSC}.pipeline_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _noop(R, f"{TSC}.expert_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _noop(R, f"{TSC}.context_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
+    _noop(R, "actor_train.infer_batch_size", _LOGPROB_MB),
+    _refused(R, "actor_train.device_mapping", f"the actor's ranks are placement.actor (a rank list); {_LAUNCHER}"),
+    # ---- ROLL: actor_infer ------------------------------------------------------------------------------------------
+    _rename(R, "actor_infer.generating_args.max_new_tokens", "data.max_response_length"),
+    _rename(R, "actor_infer.generating_args.temperature", "rollout.temperature"),
+    _rename(R, "actor_infer.generating_args.top_p", "rollout.top_p"),
+    _rename(R, "actor_infer.generating_args.top_k", "rollout.top_k"),
+    _rename(R, "actor_infer.generating_args.num_return_sequences", "rollout.n"),
+    _rename(R, "actor_infer.model_args.dtype", "rollout.dtype", convert=_dtype),
+    _rename(R, "actor_infer.strategy_args.strategy_name", "rollout.engine", "vllm, hf_infer -> hf", convert=_engine),
+    _rename(R, f"{RSC}.gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _rename(R, f"{RSC}.tensor_parallel_size", "rollout.tensor_parallel_size"),
+    _rename(R, f"{RSC}.max_num_seqs", "rollout.max_num_seqs"),
+    _rename(R, f"{RSC}.enforce_eager", "rollout.enforce_eager"),
+    _rename(R, f"{RSC}.load_format", "rollout.load_format", "dummy or auto", convert=_load_format),
+    _noop(R, f"{RSC}.block_size", "vLLM's own block size is used"),
+    _noop(R, f"{RSC}.max_model_len", "the engine's length is data.max_prompt_length + data.max_response_length"),
+    _rename(R, "actor_infer.num_gpus_per_worker", "rollout.tensor_parallel_size", "ranks per engine"),
+    _refused(
+        R,
+        "actor_infer.device_mapping",
+        f"the engine's ranks are placement.rollout (`actor` colocates, or a rank list); {_LAUNCHER}",
+    ),
+    # ---- ROLL: reference and critic -------------------------------------------------------------------------------
+    _rename(R, "reference.strategy_args.strategy_config.offload_policy", "reference.param_offload"),
+    _noop(
+        R, "reference.strategy_args.strategy_name", "the reference runs FSDP2; a frozen forward gives the same logprobs"
+    ),
+    _noop(
+        R,
+        "reference.strategy_args.strategy_config.tensor_model_parallel_size",
+        "1 is what FSDP2 does",
+        _ONE,
+        "the reference runs FSDP2 only: it shards over its ranks (placement.reference)",
+    ),
+    _rename(R, "reference.infer_batch_size", "reference.log_prob_micro_batch_size_per_gpu"),
+    _refused(R, "reference.device_mapping", f"the reference's ranks are placement.reference; {_LAUNCHER}"),
+    _rename(R, "critic.training_args.learning_rate", "critic.lr"),
+    _rename(R, "critic.training_args.weight_decay", "critic.weight_decay"),
+    _rename(R, "critic.training_args.per_device_train_batch_size", "critic.ppo_micro_batch_size_per_gpu"),
+    _refused(R, "critic.device_mapping", f"the critic's ranks are placement.critic; {_LAUNCHER}"),
+    # ---- TRL (GRPOConfig): max_steps, seed, save_steps, eval_steps and output_dir are in ROLL's rows --------------
+    _rename(T, "num_generations", "rollout.n"),
+    _rename(T, "learning_rate", "actor.lr"),
+    _rename(T, "weight_decay", "actor.weight_decay"),
+    _rename(T, "warmup_steps", "actor.lr_warmup_steps"),
+    _rename(T, "warmup_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(T, "lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
+    _rename(T, "max_grad_norm", "actor.grad_clip"),
+    _rename(T, "max_prompt_length", "data.max_prompt_length"),
+    _rename(T, "max_completion_length", "data.max_response_length"),
+    _rename(T, "temperature", "rollout.temperature"),
+    _rename(T, "top_p", "rollout.top_p"),
+    _rename(T, "top_k", "rollout.top_k", "None/0 (off) becomes -1", convert=_trl_top_k),
+    _rename(T, "num_iterations", "actor.ppo_epochs"),
+    _rename(T, "epsilon", "actor.clip_ratio"),
+    _rename(T, "epsilon_high", "actor.clip_ratio_high"),
+    _rename(
+        T,
+        "loss_type",
+        "actor.loss_agg_mode",
+        "grpo: seq-mean-token-mean, dr_grpo: seq-mean-token-sum-norm, bnpo/dapo: token-mean",
+        convert=_trl_loss_type,
+    ),
+    _rename(
+        T, "scale_rewards", "algorithm.norm_adv_by_std_in_grpo", "group/true or none/false", convert=_trl_scale_rewards
+    ),
+    _noop(
+        T,
+        "beta",
+        "0 is no KL term, as here by default",
+        _is(None, 0, 0.0),
+        "the KL term is its own switch here: actor.use_kl_loss=true actor.kl_loss_coef=(beta) (k3: low_var_kl)",
+    ),
+    _rename(T, "per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
+    _refused(
+        T,
+        "gradient_accumulation_steps",
+        "it counts micro-batches; give the optimizer step in prompts: actor.ppo_mini_batch_size (0: one per step)",
+    ),
+    _rename(T, "num_train_epochs", "trainer.total_epochs"),
+    _rename(T, "gradient_checkpointing", "model.enable_gradient_checkpointing"),
+    _rename(T, "report_to", "trainer.logger", "none becomes console only", convert=_trl_report_to),
+    _rename(T, "use_vllm", "rollout.engine", "true: vllm, false: hf (transformers generate)", convert=_trl_engine),
+    _rename(T, "vllm_gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _rename(T, "vllm_tensor_parallel_size", "rollout.tensor_parallel_size"),
+    _noop(
+        T,
+        "vllm_mode",
+        "colocate is the default placement here",
+        _is("colocate"),
+        "an engine on ranks of its own is placement.rollout=[ranks] (in-process, no server)",
+    ),
+    _refused(
+        T, "reward_funcs", "reward.function=package.module:function (verl's signature) or a built-in by data_source"
+    ),
+)
+
+CONCEPTS: tuple[Concept, ...] = (
+    Concept("verl resource pool / ROLL device_mapping", "placement.actor", "and placement.{rollout,critic,reference}"),
+    Concept("FSDP meta-device init", "model.load_format", "sharded (default): each rank reads only its shards; full"),
+    Concept("verl one-step off-policy", "trainer.max_off_policy_steps", "0 = on-policy"),
+    Concept("vLLM --tool-call-parser", "agent.tool_parser", "hermes by default"),
+)

@@ -1,0 +1,250 @@
+"""The keys users bring from verl, rLLM, ROLL and TRL: one table, applied to command-line overrides before Hydra.
+
+Each row names their key (exact, or a subtree when `subtree` is set) and what it is here: our key (with a value
+conversion where the values differ), a key that changes nothing here (accepted with the reason; a value that
+would change behaviour we lack is refused), or a refusal that names what to use instead. `rewrite_overrides`
+turns `their.key=value` into `our.key=value` and returns one note per alias used; the caller prints them.
+
+    python -m torchrl_post.config.aliases            # rewrite docs/aliases.md from the table
+    python -m torchrl_post.config.aliases --check    # exit 1 when docs/aliases.md is out of date
+
+Deliberately simple: only command-line overrides are rewritten (a YAML file under --config-path must use our
+keys), and a value conversion sees the override's parsed value (Hydra's grammar), not interpolations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from torchrl_post.config.alias_table import ALIASES, CONCEPTS, SOURCES, Alias, Refused, render_value
+from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import Config
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "aliases.md"
+
+__all__ = ["ALIASES", "Alias", "find_alias", "our_keys", "render", "rewrite_overrides"]
+
+
+def our_keys(cls: type = Config, prefix: str = "") -> set[str]:
+    """Every dotted key of the schema, sections included (`actor.fsdp` and `actor.fsdp.param_offload`)."""
+    keys: set[str] = set()
+    for f in fields(cls):  # type: ignore[arg-type]
+        key = f"{prefix}{f.name}"
+        keys.add(key)
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        if is_dataclass(default):
+            keys |= our_keys(type(default), f"{key}.")
+    return keys
+
+
+def find_alias(key: str) -> Alias | None:
+    """The row for `key`: its exact row, else the longest subtree row above it."""
+    exact = _EXACT.get(key)
+    if exact is not None:
+        return exact
+    best: Alias | None = None
+    for row in _SUBTREES:
+        if key.startswith(row.key + ".") and (best is None or len(row.key) > len(best.key)):
+            best = row
+    return best
+
+
+def _parse_value(text: str) -> Any:
+    """An override's value as Hydra reads it (`True` -> True, `'error'` -> 'error', `[1,2]` -> [1, 2])."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(f"k={text}").value()
+
+
+@dataclass
+class _Used:
+    """One override as rewritten: where it came from (their key and value, or None for our own key)."""
+
+    arg: str
+    key: str
+    value: str
+    alias: Alias | None
+
+
+def _who(row: Alias, key: str) -> str:
+    return f"{row.source}'s {key}"
+
+
+def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used], str]:
+    """The overrides and the note for one aliased `key=text`; a refusal raises one ConfigError line."""
+    who = f"{_who(row, key)}={text}"
+    if row.kind == "refused":
+        raise ConfigError(f"{who} has no equivalent here: {row.refuse}")
+    value = _parse_value(text)
+    if row.kind == "noop":
+        if row.accepts is not None and not row.accepts(value):
+            raise ConfigError(f"{who} has no equivalent here: {row.refuse}")
+        return [], f"{who} accepted, it changes nothing here: {row.noop}"
+    ours = row.ours + key[len(row.key) :] if row.subtree else row.ours
+    if row.subtree and ours not in _KEYS:
+        raise ConfigError(
+            f"{_who(row, key)} would be {ours}, which does not exist; the keys under {row.ours} are in docs/config.md"
+        )
+    if row.convert is not None:
+        try:
+            converted = row.convert(value)
+        except Refused as e:
+            raise ConfigError(f"{who} has no equivalent here: {e}") from None
+        new_text = render_value(converted)
+    else:
+        new_text = text
+    used = [_Used(f"{prefix}{key}={text}", ours, new_text, row)]
+    used += [_Used(f"{prefix}{key}={text}", k, v, row) for k, v in row.also]
+    said = ", ".join(f"{u.key}={u.value}" for u in used)
+    return used, f"{who} is {said} here" + (f" ({row.note})" if row.note and row.convert else "")
+
+
+def _combine(rows: dict[str, tuple[Alias, str, str]]) -> tuple[list[_Used], list[str]]:
+    """Keys that together make one of ours: verl's custom_reward_function.path + .name and trainer.n_gpus_per_node
+    x trainer.nnodes."""
+    used: list[_Used] = []
+    notes: list[str] = []
+    values = {key: _parse_value(text) for key, (_, text, _) in rows.items()}
+    args = {key: arg for key, (_, _, arg) in rows.items()}
+    if "custom_reward_function.path" in rows or "custom_reward_function.name" in rows:
+        path, name = values.get("custom_reward_function.path"), values.get("custom_reward_function.name")
+        if path is None:
+            raise ConfigError(
+                "verl's custom_reward_function.name needs custom_reward_function.path (the file or module defining "
+                "it); here both are one key: reward.function=path/to/file.py:function or package.module:function"
+            )
+        fn = f"{path}:{name or 'compute_score'}"
+        arg = args.get("custom_reward_function.path", "")
+        used.append(_Used(arg, "reward.function", render_value(fn), _EXACT["custom_reward_function.path"]))
+        notes.append(
+            "verl's custom_reward_function.path + custom_reward_function.name are one key here: "
+            f"reward.function={fn}" + ("" if name else " (verl's default name compute_score)")
+        )
+    if "trainer.n_gpus_per_node" in rows or "trainer.nnodes" in rows:
+        gpus, nodes = values.get("trainer.n_gpus_per_node", 8), values.get("trainer.nnodes", 1)
+        if not (isinstance(gpus, int) and isinstance(nodes, int) and gpus >= 1 and nodes >= 1):
+            raise ConfigError(
+                f"verl's trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} must be whole numbers >= 1; the world "
+                "is the launcher's here: torchrun --nnodes N --nproc-per-node M"
+            )
+        arg = args.get("trainer.n_gpus_per_node") or args["trainer.nnodes"]
+        used.append(_Used(arg, "trainer.world_size", str(gpus * nodes), _EXACT["trainer.n_gpus_per_node"]))
+        notes.append(
+            f"verl's trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} is trainer.world_size={gpus * nodes} "
+            f"here: the ranks to plan for, which must equal the world torchrun launched (torchrun --nnodes {nodes} "
+            f"--nproc-per-node {gpus}); the launcher, not the config, sets it"
+        )
+    return used, notes
+
+
+def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the overrides with every alias replaced by our keys, one note per alias used). Keys that are ours pass
+    through untouched; an unknown key that is no alias too (Hydra names it). A refused alias, or two keys that
+    set one of ours to different values, raises one ConfigError line."""
+    used: list[_Used] = []
+    notes: list[str] = []
+    combined: dict[str, tuple[Alias, str, str]] = {}
+    for arg in overrides:
+        head, eq, text = arg.partition("=")
+        key = head.lstrip("+~")
+        prefix = head[: len(head) - len(key)]
+        row = find_alias(key) if eq and key not in _KEYS else None
+        if row is None or row.kind == "same":
+            used.append(_Used(arg, key, text, None))
+            continue
+        if row.kind == "combined":
+            combined[key] = (row, text, arg)
+            continue
+        out, note = _apply_row(row, key, text, prefix.replace("+", ""))
+        used += out
+        notes.append(note)
+    if combined:
+        out, more = _combine(combined)
+        used += out
+        notes += more
+    _check_conflicts(used)
+    rewritten = [u.arg if u.alias is None else f"{u.key}={u.value}" for u in used]
+    return rewritten, notes
+
+
+def _check_conflicts(used: list[_Used]) -> None:
+    """An alias and another key (ours or an alias) that set one key to different values: one line naming both."""
+    seen: dict[str, _Used] = {}
+    for u in used:
+        first = seen.setdefault(u.key, u)
+        if first is u or (first.alias is None and u.alias is None):
+            continue
+        if first.value != u.value:
+            raise ConfigError(
+                f"{first.arg} and {u.arg} both set {u.key} ({first.value} and {u.value}); keep one of them"
+            )
+
+
+# ---- the generated reference: docs/aliases.md ------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _what(row: Alias) -> str:
+    if row.kind == "refused":
+        return f"refused: {row.refuse}"
+    if row.kind == "noop":
+        what = f"accepted, changes nothing: {row.noop}"
+        return what + (f"; other values refused: {row.refuse}" if row.refuse else "")
+    if row.kind == "combined":
+        return f"`{row.ours}`"
+    star = ".*" if row.subtree else ""
+    return f"`{row.ours}{star}`" + (" (same name)" if row.kind == "same" else "")
+
+
+def render() -> str:
+    lines = [
+        "# Keys from verl, rLLM, ROLL and TRL",
+        "",
+        "Generated from `torchrl_post/config/alias_table.py` by `python -m torchrl_post.config.aliases`; a test keeps",
+        "it current. Their keys work on our command line: each is rewritten to ours before the config is composed, and",
+        "the run prints one `note:` line per key it rewrote. A key with no equivalent stops the run with one line",
+        "naming what to use instead. `.*` maps a whole subtree. Rows marked *same name* need no rewriting.",
+        "",
+    ]
+    for source in SOURCES:
+        rows = [r for r in ALIASES if r.source == source]
+        lines += [f"## {source} ({len(rows)} keys)", "", "| their key | here | note |", "|---|---|---|"]
+        for r in rows:
+            star = ".*" if r.subtree else ""
+            lines.append(f"| `{r.key}{star}` | {_cell(_what(r))} | {_cell(r.note)} |")
+        lines.append("")
+    lines += ["## Concepts without a key", "", "| theirs | here | note |", "|---|---|---|"]
+    lines += [f"| {_cell(c.theirs)} | `{c.ours}` | {_cell(c.note)} |" for c in CONCEPTS]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    ap.add_argument("--check", action="store_true", help="exit 1 when docs/aliases.md is out of date")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    text = render()
+    if args.check:
+        if (args.out.read_text() if args.out.exists() else "") != text:
+            print(f"error: {args.out} is out of date; run python -m torchrl_post.config.aliases", file=sys.stderr)
+            sys.exit(1)
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+
+
+_KEYS = our_keys()
+_EXACT = {r.key: r for r in ALIASES if not r.subtree}
+_SUBTREES = [r for r in ALIASES if r.subtree]
+
+if __name__ == "__main__":
+    main()
