@@ -82,6 +82,7 @@ def config(
 
     A Config built from the dataclasses themselves (`Config(model=ModelConfig(path=...))`) may be passed to
     `train` as it is: it is validated there."""
+    _EXIT.hook()
     pre = [o for key, value in sections.items() for o in section_overrides(key, value)]
     return load_config([*pre, *(overrides or [])], name, path)
 
@@ -253,7 +254,7 @@ def _override_value(value: Any) -> str:
 
 # ---- how a script's process ends ------------------------------------------------------------------------------
 class _ProcessEnd:
-    """A script that called `train` or `validate` ends as the command line does: an uncaught user error as one
+    """A script that called `config`, `train` or `validate` ends as the command line does: an uncaught user error as one
     line and exit code 2; once training has started, without interpreter finalization (`end_process`)."""
 
     def __init__(self) -> None:
