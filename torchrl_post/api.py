@@ -278,7 +278,9 @@ class _ProcessEnd:
         sys.excepthook = excepthook
 
     def start(self) -> None:
-        if not self.started:
+        """Training starts: from here a script ends through `end_process` (the command line calls it itself, and
+        an uncaught exception there must keep its exit code 1: only a script's hook is armed)."""
+        if self.hooked and not self.started:
             self.started = True
             atexit.register(end_process, 0)
 

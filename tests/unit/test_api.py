@@ -84,3 +84,16 @@ def test_the_examples_end_as_the_command_line() -> None:
         "error: unknown config key 'actor.lrr': Key 'lrr' not in 'ActorConfig'; the keys are in "
         "torchrl_post/config/schema.py"
     ]
+
+
+def test_only_a_scripts_hook_ends_the_process_at_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line ends its process itself; an uncaught crash there keeps exit code 1 (no atexit end)."""
+    registered: list[Any] = []
+    monkeypatch.setattr(api.atexit, "register", lambda *args: registered.append(args))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    end = api._ProcessEnd()
+    end.start()
+    assert not end.started and registered == []
+    end.hook()
+    end.start()
+    assert end.started and registered == [(api.end_process, 0)] and sys.excepthook is not sys.__excepthook__
