@@ -1,6 +1,6 @@
 """The set-up every rank program is built from (`Run`): config, plan, ranks, tokenizer, data, reward, agent
-parts, run directory. Made once at the top (`train.py`); the builders below it (`build.py`) hand each part only what it
-uses, and nothing below them imports this module.
+parts, run directory. Made once at the top (`api.py`); the builders below it (`build.py`) hand each part only
+what it uses, and nothing below them imports this module.
 """
 
 from __future__ import annotations
