@@ -147,15 +147,16 @@ def run(cfg: Config, given: Given | None = None, *, val_only: bool = False, note
         raise
 
 
-def report_error(e: UserError, wait: bool = False) -> None:
-    """One line on stderr from the first rank, once per error. `wait`: the other ranks give that line time to be
-    written before they go on (a rank that exits first makes torchrun stop the others)."""
+def report_error(e: UserError) -> None:
+    """One line on stderr from the first rank, once per error. Every rank usually meets the same error; the
+    other ranks give that line time to be written before they go on: a rank that exits first makes torchrun
+    stop the others (and the first rank may be a moment behind on a busy machine)."""
     if getattr(e, "reported", False):
         return
     setattr(e, "reported", True)  # noqa: B010  # the same error passes through run() and the caller's handler
     if _LAUNCH_RANK == 0:
         print(f"error: {e}", file=sys.stderr, flush=True)
-    elif wait:
+    else:
         time.sleep(REPORT_GRACE_S)
 
 
@@ -196,8 +197,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str]) -> RunResu
         result = fit(prepared, program)
         return RunResult(run_dir, result.step, result.validation)
     except UserError as e:
-        # Every rank usually meets the same error; the first rank reports it (now: before the engines shut down).
-        report_error(e, wait=True)
+        report_error(e)  # now, before the engines shut down
         raise
     except Stopped as e:
         if _LAUNCH_RANK == 0:
