@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 NPROC ?= 2
 ARGS ?=
-LINT_PATHS := $(wildcard torchrl_post tests benchmarks)
+LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
 .PHONY: docs setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick gpu-check clean
 

@@ -134,3 +134,12 @@ def run_config(
     proc = torchrun(nproc, ["-m", "torchrl_post.train", "--config-name", config, *args, *extra])
     assert_ok(proc)
     return read_jsonl(run / "metrics.jsonl"), proc.stdout + proc.stderr
+
+
+def run_example(script: str, model: Path, run: Path, steps: int, *extra: str, nproc: int = 2) -> tuple[list[dict], str]:
+    """examples/<script> (the Python API; the script builds its own datasets) under torchrun on a built model,
+    validating at step 0 and at `steps`; returns the metrics rows and the output."""
+    args = [f"model.path={model}", f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}"]
+    proc = torchrun(nproc, [str(REPO / "examples" / script), *args, f"trainer.default_local_dir={run}", *extra])
+    assert_ok(proc)
+    return read_jsonl(run / "metrics.jsonl"), proc.stdout + proc.stderr

@@ -141,10 +141,11 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
     seed = cfg.trainer.seed + index // tp
     engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos, reserve_bytes)
     episodes = None
-    if cfg.agent.env is not None:
+    if run.components.agent is not None:
         d = cfg.data
         episodes = build_agent_loop(
             cfg.agent,
+            run.components.agent,
             d.max_prompt_length,
             d.max_response_length,
             engine,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,17 @@ from torchrl_post.run import Run, package_versions
 log = logging.getLogger("torchrl_post")
 
 
-def fit(run: Run, program: RankProgram) -> None:
+@dataclass(frozen=True)
+class FitResult:
+    """Where `fit` ended, the same on every rank."""
+
+    step: int
+    """The last global step (with trainer.val_only: the step of the model validated)."""
+    validation: dict[str, float] = field(default_factory=dict)
+    """The last validation's scores (val/test_score/<data_source>, ...); empty when none ran."""
+
+
+def fit(run: Run, program: RankProgram) -> FitResult:
     cfg, t = run.cfg, run.cfg.trainer
     total = run.total_steps
     metrics = MetricsLogger(
@@ -52,9 +63,9 @@ def fit(run: Run, program: RankProgram) -> None:
     if step == 0:
         program.after_resume()  # the first sync: engines may have started with dummy weights
     if t.val_only:
-        validate_only(run, program, step)
+        result = FitResult(step, validate_only(run, program, step))
         metrics.close()
-        return
+        return result
     if run.is_main:
         checkpointer.set_aside(after=step)  # another timeline's checkpoints: out of this run's way, kept
     run.topo.barrier_all()
@@ -65,8 +76,10 @@ def fit(run: Run, program: RankProgram) -> None:
     stop = StopSignal() if t.save_on_sigterm else None
     saved = step
     validating = run.val_data is not None and t.test_freq > 0
+    scores: dict[str, float] = {}
     if step == 0 and validating and t.val_before_train:
-        metrics.log({"training/global_step": 0, **validate(run, program, 0)})
+        scores = validate(run, program, 0)
+        metrics.log({"training/global_step": 0, **scores})
     while step < total:
         step += 1
         maybe_raise("raise_in_step", step, run.env.rank)
@@ -76,7 +89,8 @@ def fit(run: Run, program: RankProgram) -> None:
         if validating and (step % t.test_freq == 0 or last):
             timer = Timer()
             with timer("testing"):
-                out |= validate(run, program, step)
+                scores = validate(run, program, step)
+            out |= scores
             out |= timer.metrics()
         metrics.log(out)
         stopping = stop is not None and stop.agreed(run.topo)
@@ -92,12 +106,14 @@ def fit(run: Run, program: RankProgram) -> None:
     if run.is_main:
         log.info("run finished at step %d; plots: %s", step, plot_run(run.run_dir))
     metrics.close()
+    return FitResult(step, scores)
 
 
 class Stopped(Exception):
     """The run stopped early on a signal, at a step boundary, with its checkpoint saved."""
 
     def __init__(self, step: int, checkpoint: Path | None) -> None:
+        self.step = step
         where = f"checkpoint {checkpoint} saved" if checkpoint is not None else "no checkpoint (step 0)"
         super().__init__(f"stopped on SIGTERM after step {step}: {where}; run the same command to resume from it")
 
@@ -160,18 +176,19 @@ def validate(run: Run, program: RankProgram, step: int) -> dict[str, float]:
     return out
 
 
-def validate_only(run: Run, program: RankProgram, step: int) -> None:
-    """trainer.val_only: score the model (or the resumed checkpoint), print it, append it to val_only.jsonl."""
+def validate_only(run: Run, program: RankProgram, step: int) -> dict[str, float]:
+    """trainer.val_only: score the model (or the resumed checkpoint), print it, append it to val_only.jsonl;
+    returns the scores."""
     if run.val_data is None:
-        raise ConfigError("trainer.val_only=true needs data.val_files")
-    out = {"training/global_step": float(step), **validate(run, program, step)}
+        raise ConfigError("trainer.val_only=true needs data.val_files (in Python: val_data)")
+    scores = validate(run, program, step)
+    out = {"training/global_step": float(step), **scores}
     if run.is_main:
         with (run.run_dir / "val_only.jsonl").open("a") as f:
             f.write(json.dumps(out) + "\n")
-        scores = " | ".join(
-            f"{k.removeprefix('val/test_score/')} {v:.3f}" for k, v in out.items() if k.startswith("val/")
-        )
-        print(f"validation at step {step}: {scores}", flush=True)
+        line = " | ".join(f"{k.removeprefix('val/test_score/')} {v:.3f}" for k, v in scores.items())
+        print(f"validation at step {step}: {line}", flush=True)
+    return scores
 
 
 def write_val_generations(run: Run, samples: list[dict[str, Any]], step: int) -> None:

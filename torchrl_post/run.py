@@ -1,6 +1,6 @@
-"""The set-up every rank program is built from (`Run`): config, plan, ranks, tokenizer, data, reward, run
-directory. Made once at the top (`train.py`); the builders below it (`build.py`) hand each part only what it
-uses, and nothing below them imports this module.
+"""The set-up every rank program is built from (`Run`): config, plan, ranks, tokenizer, data, reward, agent
+parts, run directory. Made once at the top (`api.py`); the builders below it (`build.py`) hand each part only
+what it uses, and nothing below them imports this module.
 """
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ import torch
 from transformers import AutoTokenizer
 
 from torchrl_post.checkpoint.run_dir import lock_run_dir
+from torchrl_post.components import Components
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.preflight import check_critic, check_run_dir, check_tokenizer, preflight
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
-from torchrl_post.data.dataset import PromptDataset, load_prompts
+from torchrl_post.data.dataset import PromptDataset, load_prompts, prompts_from_rows
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology
 from torchrl_post.multimodal.vision import VisionSpec, load_processor
 from torchrl_post.plan import RunPlan
-from torchrl_post.reward import resolve_reward_fn
-from torchrl_post.reward.scoring import load_function
-from torchrl_post.tools import ToolBox
+from torchrl_post.reward import reward_for_sources
 
 
 def package_versions() -> dict[str, str]:
@@ -59,7 +58,7 @@ def claim_run_dir(cfg: Config, env: DistEnv, topo: Topology) -> None:
 
 @dataclass
 class Run:
-    """What every rank program is built from: config, ranks, tokenizer, data, reward, run directory."""
+    """What every rank program is built from: config, ranks, tokenizer, data, reward, agent parts, run directory."""
 
     cfg: Config
     plan: RunPlan
@@ -74,9 +73,13 @@ class Run:
     processor: Any = None
     """A vision-language model's processor (image processor + tokenizer); None for a text-only model."""
     vision: VisionSpec | None = None
+    components: Components = Components()
+    """The user's objects (`components.resolve_components`); the builders read the agent's parts here."""
 
     @staticmethod
-    def prepare(cfg: Config, plan: RunPlan, env: DistEnv, topo: Topology) -> Run:
+    def prepare(cfg: Config, plan: RunPlan, env: DistEnv, topo: Topology, parts: Components) -> Run:
+        """`parts`: the reward function, agent parts and in-memory rows, resolved (`components.py`); rows
+        held there are parsed instead of data.train_files / data.val_files."""
         model_config = preflight(cfg)  # model dir, weights' headers, length budget, run dir, resume path
         m = cfg.model
         vision = VisionSpec.of(model_config)
@@ -97,21 +100,18 @@ class Run:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"
         train_files = file_list("data.train_files", cfg.data.train_files)
-        train = load_prompts(train_files, cfg.data, tokenizer, "train", processor, limit, label)
+        train = _prompts(parts.train_data, train_files, "train", cfg, tokenizer, processor, limit, label)
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
-        val = load_prompts(val_files, cfg.data, tokenizer, "val", processor, limit, label) if val_files else None
+        val = None
+        if parts.val_data is not None or val_files:
+            val = _prompts(parts.val_data, val_files, "val", cfg, tokenizer, processor, limit, label)
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         # Agent episodes are scored by their environment's rewards: no reward function is looked up.
-        reward_fn_for = resolve_reward_fn(cfg.reward.function, sources) if cfg.agent.env is None else None
-        for key in ("env", "agent"):  # import errors now, before any model loads
-            if getattr(cfg.agent, key) is not None:
-                load_function(str(getattr(cfg.agent, key)), f"agent.{key}")
-        if cfg.agent.env is not None and cfg.agent.tools:
-            ToolBox.from_specs(list(cfg.agent.tools))
+        reward_fn_for = reward_for_sources(parts.reward_fn, sources) if parts.agent is None else None
         total = plan.total_steps(len(train))
         torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
         run_dir = Path(cfg.trainer.default_local_dir)
-        return Run(cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision)
+        return Run(cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision, parts)
 
     @property
     def pad_id(self) -> int:
@@ -126,3 +126,12 @@ class Run:
         """Draws share `share` of `shares` of every step's global batch."""
         d, t = self.cfg.data, self.cfg.trainer
         return ShardedBatchSampler(len(self.train_data), d.train_batch_size, share, shares, t.seed, d.shuffle)
+
+
+def _prompts(
+    rows: Any, files: list[str], split: str, cfg: Config, tokenizer: Any, processor: Any, limit: int, label: str
+) -> PromptDataset:
+    """A split from the rows held in memory (the Python API's train_data / val_data), else from its files."""
+    if rows is not None:
+        return prompts_from_rows(rows, f"{split}_data", cfg.data, tokenizer, split, processor, limit, label)
+    return load_prompts(files, cfg.data, tokenizer, split, processor, limit, label)

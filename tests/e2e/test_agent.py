@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, read_jsonl, run_config, torchrun, train_overrides
+from tests.conftest import assert_ok, read_jsonl, run_config, run_example, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 AGENT = [
@@ -83,10 +83,11 @@ def math_agent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_math_agent_example_learns_to_use_its_calculator(math_agent: tuple[Path, Path], tmp_path: Path) -> None:
-    """configs/math_agent.yaml through the entrypoint: the calculator is called in hermes format, parsed by
-    vLLM's parser, and the greedy validation score rises by more than 0.25 (0.25 -> 0.77 / 0.89 / 0.91 in 10 steps over
-    seeds 0 / 1 / 2: half the smallest rise)."""
-    rows, _ = run_config("math_agent", math_agent, tmp_path, 10, "trainer.save_freq=0")
+    """examples/train_math_agent.py (configs/math_agent.yaml; the environment, agent, calculator and datasets
+    passed as Python objects): the calculator is called in hermes format, parsed by vLLM's parser, and the
+    greedy validation score rises by more than 0.25 (0.25 -> 0.77 / 0.89 / 0.91 in 10 steps over seeds 0 / 1 / 2
+    through the entrypoint: half the smallest rise)."""
+    rows, _ = run_example("train_math_agent.py", math_agent[0], tmp_path, 10, "trainer.save_freq=0")
     val = [r["val/test_score/math_agent"] for r in rows if "val/test_score/math_agent" in r]
     assert len(val) == 2 and val[1] >= val[0] + 0.25, val
     last = [r for r in rows if "agent/tool_calls/mean" in r][-1]

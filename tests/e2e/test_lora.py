@@ -12,13 +12,14 @@ import torch.distributed.checkpoint as dcp
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import BIN, assert_ok, read_jsonl, run_cmd, run_config, torchrun, train_overrides
+from tests.conftest import BIN, assert_ok, read_jsonl, run_cmd, run_config, run_example, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 def test_lora_learns_with_the_adapter_in_the_engine(demo: tuple[Path, Path], tmp_path: Path) -> None:
-    rows, _ = run_config("lora", demo, tmp_path, 20, "trainer.save_freq=20")
+    """examples/train_with_lora.py (configs/lora.yaml; the reward and the datasets passed as Python objects)."""
+    rows, _ = run_example("train_with_lora.py", demo[0], tmp_path, 20, "trainer.save_freq=20")
     val = [r["val/test_score/arithmetic"] for r in rows if "val/test_score/arithmetic" in r]
     # configs/lora.yaml over 6 seeds: +0.24 to +0.33 at step 20 from 0.22 (seed 1, the default: +0.33); the
     # margin is half the smallest rise.

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from tests.conftest import BIN, assert_ok, run_cmd, run_config
+from tests.conftest import BIN, assert_ok, run_cmd, run_config, run_example
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -31,7 +31,9 @@ def _diffs(rows: list[dict]) -> list[float]:
 
 
 def test_vlm_learns_to_look_at_the_image(vlm_demo: tuple[Path, Path], tmp_path: Path) -> None:
-    rows, _ = run_config("vlm", vlm_demo, tmp_path, 60, "trainer.save_freq=60")
+    """examples/train_vlm.py (configs/vlm.yaml; the reward and the rows with their images in memory passed as
+    Python objects)."""
+    rows, _ = run_example("train_vlm.py", vlm_demo[0], tmp_path, 60, "trainer.save_freq=60")
     val = [r["val/test_score/vlm_colour"] for r in rows if "val/test_score/vlm_colour" in r]
     # 0.25 (a random colour word: blind) -> 0.48 / 0.69 / 0.50 at step 60 over seeds 0 / 1 / 2 (1, the default);
     # the margin is half the smallest rise

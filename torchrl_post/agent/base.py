@@ -6,9 +6,10 @@ An agent turns the conversation into chat messages and parses a response into an
     initial_messages(task, observation) -> messages;  parse(response_text) -> action
     observation_message(observation) -> the message that carries the next observation
 Both are loaded by import path (`agent.env=pkg.module:Class`, `agent.agent=pkg.module:Class`), like reward
-functions. A trajectory keeps token ids exactly as the engine produced them (token in, token out): each step's
-response ids and logprobs, then the observation ids appended as a delta (with any template tokens the model
-does not emit), never re-rendered and re-tokenised.
+functions, or passed as classes to the Python API (`api.train(env_cls=..., agent_cls=...)`). A trajectory
+keeps token ids exactly as the engine produced them (token in, token out): each step's response ids and
+logprobs, then the observation ids appended as a delta (with any template tokens the model does not emit),
+never re-rendered and re-tokenised.
 """
 
 from __future__ import annotations

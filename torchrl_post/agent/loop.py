@@ -359,8 +359,21 @@ class AgentLoop:
         done[rid] = s.traj
 
 
+@dataclass(frozen=True)
+class AgentParts:
+    """What agent episodes are made of, as objects: the classes of `agent.env` / `agent.agent` and the tools of
+    `agent.tools` (imported by `components.resolve_components`), or what the Python API was given."""
+
+    make_env: Callable[[], Env]
+    """A new environment for each trajectory (the class, with any constructor arguments bound)."""
+    make_agent: Callable[[], Agent]
+    """The agent (one per loop: it only formats messages and parses actions)."""
+    tools: ToolBox | None = None
+
+
 def build_agent_loop(
     a: AgentConfig,
+    parts: AgentParts,
     max_prompt_length: int,
     max_response_length: int,
     engine: Any,
@@ -368,25 +381,21 @@ def build_agent_loop(
     group: dist.ProcessGroup | None = None,
     turn_batches: bool = False,
 ) -> AgentLoop:
-    """The agent loop over `engine`: the env and agent classes of `agent.env` / `agent.agent`, the tools of
-    `agent.tools` read with vLLM's `agent.tool_parser`; `group`: a tensor-parallel engine's ranks;
-    `turn_batches`: one batch per turn (the hf engine's generate runs a batch to its end)."""
-    from torchrl_post.reward.scoring import load_function
+    """The agent loop over `engine`: `parts`' environments, agent and tools, tool calls read with vLLM's
+    `agent.tool_parser`; `group`: a tensor-parallel engine's ranks; `turn_batches`: one batch per turn (the hf
+    engine's generate runs a batch to its end)."""
     from torchrl_post.rollout.vllm_engine import tool_call_parser
 
-    env_cls = load_function(str(a.env), "agent.env")
-    agent = load_function(str(a.agent), "agent.agent")()
     max_len = max_prompt_length + max_response_length
     limits = LoopLimits(a.max_turns, max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
-    tools = ToolBox.from_specs(list(a.tools)) if a.tools else None
-    parse = tool_call_parser(a.tool_parser, tokenizer) if tools is not None else None
+    parse = tool_call_parser(a.tool_parser, tokenizer) if parts.tools is not None else None
     return AgentLoop(
         engine,
         tokenizer,
-        env_cls,
-        agent,
+        parts.make_env,
+        parts.make_agent(),
         limits,
-        tools=tools,
+        tools=parts.tools,
         parse_calls=parse,
         env_workers=a.env_workers,
         group=group,

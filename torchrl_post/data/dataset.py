@@ -1,4 +1,5 @@
-"""Prompt datasets: JSON, JSONL, CSV and parquet rows -> tokenized prompts with answers and data sources.
+"""Prompt datasets: JSON, JSONL, CSV and parquet rows, or rows passed in Python (a list of dicts, a
+`datasets.Dataset`) -> tokenized prompts with answers and data sources.
 
 A row has a prompt column (`data.prompt_key`: a string, or a list of chat messages) or a `messages`
 column, an answer column (`data.answer_key`, dots reach into nested dicts as in verl's
@@ -12,6 +13,7 @@ import csv
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,48 +245,120 @@ def load_prompts(
     count their image tokens; without one (a text-only model) a row with images is a ConfigError, never
     skipped (its images would be dropped silently). `model`: how that error names the model, e.g.
     "model.path='/models/x' (qwen2)"; by default the tokenizer's name_or_path."""
-    out = PromptDataset([], [], [], [], [], files=list(files))
-    too_long: list[str] = []
-    bad: list[str] | None = [] if cfg.skip_bad_rows else None
+    parse = _Parse(cfg, tokenizer, processor, max_images, model, PromptDataset([], [], [], [], [], files=list(files)))
     for path in files:
-        rows, lines = _read_rows(path, bad)
+        rows, lines = _read_rows(path, parse.bad)
         for i, row in enumerate(rows):
-            where = _where(path, i, lines[i] if lines is not None else None)
-            if processor is None and _has_images(row.get(cfg.image_key)):
-                name = getattr(tokenizer, "name_or_path", None)
-                label = model or (f"model.path={name!r}" if name else "the model")
-                raise ConfigError(
-                    f"{where} has images (data.image_key={cfg.image_key!r}) but {label} is a text-only model; "
-                    "use a vision-language model or drop the column / set data.image_key to a column that does "
-                    "not exist"
-                )
-            try:
-                if processor is not None:
-                    _add_image_row(out, row, i, where, cfg, processor, too_long, Path(path).parent, max_images)
-                else:
-                    _add_row(out, row, i, where, cfg, tokenizer, too_long)
-            except DataError as e:
-                if bad is None:
-                    raise
-                bad.append(str(e))
-    out.num_filtered = len(too_long)
-    out.num_bad = len(bad or [])
-    if bad:
-        log.warning("%s: skipped %d bad rows (data.skip_bad_rows=true); first: %s", split, len(bad), bad[0])
-    if too_long:
-        log.warning(
-            "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
-            split,
-            len(too_long),
-            cfg.max_prompt_length,
-            too_long[0],
-        )
-    if not out.prompt_ids:
+            parse.add(row, i, _where(path, i, lines[i] if lines is not None else None), Path(path).parent)
+    return parse.finish(split, str(files))
+
+
+def prompts_from_rows(
+    data: Any,
+    name: str,
+    cfg: DataConfig,
+    tokenizer: Any,
+    split: str,
+    processor: Any = None,
+    max_images: int = 1,
+    model: str | None = None,
+) -> PromptDataset:
+    """`load_prompts` for rows passed in Python (`as_rows`: a list of dicts, a `datasets.Dataset`), parsed and
+    checked as file rows are; a row's errors name it by `name` and its index (`train_data[3]: ...`). Images may
+    be PIL images, bytes or paths (relative ones from the working directory)."""
+    parse = _Parse(cfg, tokenizer, processor, max_images, model, PromptDataset([], [], [], [], []))
+    for i, row in as_rows(data, name, parse.bad):
+        parse.add(row, i, f"{name}[{i}]", Path.cwd())
+    return parse.finish(split, name)
+
+
+def as_rows(data: Any, name: str, bad: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(index, row) of rows passed in Python: a list (or any iterable) of dicts, a `datasets.Dataset` (its rows
+    as iterating gives them: images decoded to PIL) or a pandas DataFrame; numpy values become Python values.
+    A row that is not a dict raises DataError naming `name[index]`, or is recorded in `bad` when that is a list."""
+    if isinstance(data, (str, bytes, Path)):
         raise DataError(
-            f"{split} data {files} is empty after filtering ({len(too_long)} prompts over "
-            f"data.max_prompt_length={cfg.max_prompt_length}, {out.num_bad} bad rows skipped)"
+            f"{name} is a path ({str(data)[:80]!r}); pass rows (a list of dicts or a datasets.Dataset), or name "
+            "data files in data.train_files / data.val_files"
         )
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame iterates its column names
+        data = data.to_dict(orient="records")
+    try:
+        items = iter(data)
+    except TypeError:
+        raise DataError(f"{name} must be a list of dicts or a datasets.Dataset, got {type(data).__name__}") from None
+    out = []
+    for i, row in enumerate(items):
+        if not isinstance(row, Mapping):
+            err = DataError(f"{name}[{i}]: a row must be a dict of columns, got {type(row).__name__}")
+            if bad is None:
+                raise err
+            bad.append(str(err))
+            continue
+        out.append((i, {str(k): _to_python(v) for k, v in row.items()}))
     return out
+
+
+@dataclass
+class _Parse:
+    """One split's rows being templated, tokenized and checked into `out`; what was filtered or skipped."""
+
+    cfg: DataConfig
+    tokenizer: Any
+    processor: Any
+    max_images: int
+    model: str | None
+    out: PromptDataset
+    too_long: list[str] = field(default_factory=list)
+    bad: list[str] | None = field(init=False, default=None)
+    """Bad rows' errors with data.skip_bad_rows; None: a bad row raises."""
+
+    def __post_init__(self) -> None:
+        self.bad = [] if self.cfg.skip_bad_rows else None
+
+    def add(self, row: dict[str, Any], i: int, where: str, base: Path) -> None:
+        """One row (`i`: its index in its file or list; `where`: how errors name it; `base`: the folder relative
+        image paths are read from)."""
+        cfg, tokenizer = self.cfg, self.tokenizer
+        if self.processor is None and _has_images(row.get(cfg.image_key)):
+            name = getattr(tokenizer, "name_or_path", None)
+            label = self.model or (f"model.path={name!r}" if name else "the model")
+            raise ConfigError(
+                f"{where} has images (data.image_key={cfg.image_key!r}) but {label} is a text-only model; "
+                "use a vision-language model or drop the column / set data.image_key to a column that does "
+                "not exist"
+            )
+        try:
+            if self.processor is not None:
+                _add_image_row(self.out, row, i, where, cfg, self.processor, self.too_long, base, self.max_images)
+            else:
+                _add_row(self.out, row, i, where, cfg, tokenizer, self.too_long)
+        except DataError as e:
+            if self.bad is None:
+                raise
+            self.bad.append(str(e))
+
+    def finish(self, split: str, source: str) -> PromptDataset:
+        """The dataset, with the counts logged; DataError when no row is left (`source`: what the rows came from)."""
+        out, too_long, bad, cfg = self.out, self.too_long, self.bad, self.cfg
+        out.num_filtered = len(too_long)
+        out.num_bad = len(bad or [])
+        if bad:
+            log.warning("%s: skipped %d bad rows (data.skip_bad_rows=true); first: %s", split, len(bad), bad[0])
+        if too_long:
+            log.warning(
+                "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
+                split,
+                len(too_long),
+                cfg.max_prompt_length,
+                too_long[0],
+            )
+        if not out.prompt_ids:
+            raise DataError(
+                f"{split} data {source} is empty after filtering ({len(too_long)} prompts over "
+                f"data.max_prompt_length={cfg.max_prompt_length}, {out.num_bad} bad rows skipped)"
+            )
+        return out
 
 
 def _has_images(value: Any) -> bool:

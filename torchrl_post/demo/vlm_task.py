@@ -1,6 +1,7 @@
 """The vision-language demo's task: an image of a shape (or a solid fill) in one of 4 colours, the question
 "<image>What colour is it?", and `colour_reward` (exact match on the colour word; a model blind to the image
-scores at most 0.25). `write_vlm_task` draws the images and writes the rows; `read_rows` reads them back.
+scores at most 0.25). `make_vlm_rows` draws the images and makes the rows in memory (the Python API's
+examples/train_vlm.py), `write_vlm_task` writes them as files; `read_rows` reads them back.
 """
 
 from __future__ import annotations
@@ -44,23 +45,36 @@ def _draw(rng: random.Random, colour: str, size: int) -> Image.Image:
     return img
 
 
+def make_vlm_rows(
+    seed: int = 0, n_train: int = 512, n_val: int = 64, size: int = 56
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train and validation rows with their images in memory (`"images": [PIL image]`). Colours are balanced in
+    each split (a constant answer scores 0.25). The same seed draws the same images as `write_vlm_task`."""
+    rng = random.Random(seed)
+    splits = []
+    for n in (n_train, n_val):
+        colours = [list(COLOURS)[i % len(COLOURS)] for i in range(n)]
+        rng.shuffle(colours)
+        rows = [
+            {"prompt": PROMPT, "images": [_draw(rng, colour, size)], "answer": colour, "data_source": DATA_SOURCE}
+            for colour in colours
+        ]
+        splits.append(rows)
+    return splits[0], splits[1]
+
+
 def write_vlm_task(
     data_dir: Path, seed: int = 0, n_train: int = 512, n_val: int = 64, size: int = 56
 ) -> tuple[Path, Path]:
-    """train.jsonl and val.jsonl under data_dir, with their PNGs under data_dir/images; returns the two paths.
-
-    Colours are balanced in each split (a constant answer scores 0.25)."""
-    rng = random.Random(seed)
+    """`make_vlm_rows` as train.jsonl and val.jsonl under data_dir, with their PNGs under data_dir/images;
+    returns the two paths."""
     (data_dir / "images").mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        colours = [list(COLOURS)[i % len(COLOURS)] for i in range(n)]
-        rng.shuffle(colours)
-        rows = []
-        for i, colour in enumerate(colours):
+    for split, rows in zip(("train", "val"), make_vlm_rows(seed, n_train, n_val, size), strict=True):
+        for i, row in enumerate(rows):
             rel = f"images/{split}_{i:05d}.png"
-            _draw(rng, colour, size).save(data_dir / rel)
-            rows.append({"prompt": PROMPT, "images": [rel], "answer": colour, "data_source": DATA_SOURCE})
+            row["images"][0].save(data_dir / rel)
+            row["images"] = [rel]
         path = data_dir / f"{split}.jsonl"
         write_jsonl(rows, path)  # type: ignore[arg-type]
         paths.append(path)

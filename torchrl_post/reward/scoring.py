@@ -108,9 +108,17 @@ def check_reward_signature(fn: RewardFn, path: str, key: str = "reward.function"
 
 def resolve_reward_fn(function: str | None, data_sources: set[str]) -> Callable[[str], RewardFn]:
     """data_source -> reward function; imported and its signature checked up front, for every data source."""
+    fn = None
     if function is not None:
         fn = load_function(function)
         check_reward_signature(fn, function)
+    return reward_for_sources(fn, data_sources)
+
+
+def reward_for_sources(fn: RewardFn | None, data_sources: set[str]) -> Callable[[str], RewardFn]:
+    """data_source -> reward function: `fn` for every source, or (None) each source's built-in, which every
+    source in `data_sources` must have."""
+    if fn is not None:
         return lambda source: fn
     missing = sorted(s for s in data_sources if s not in BUILTIN_BY_SOURCE)
     if missing:

@@ -1,5 +1,6 @@
 """Tools an agent may call: plain functions of keyword arguments returning text. Built-ins by name
-(`calculator`, `python`), others by import path (`package.module:function`), as reward functions.
+(`calculator`, `python`), others by import path (`package.module:function`), as reward functions, or the
+functions themselves (the Python API: `train(tools=[calculator, search])`).
 
     box = ToolBox.from_specs(["calculator", "mypkg.tools:search"])
     box.schemas()                                  # OpenAI-style function schemas for the chat template
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchrl_post.reward.scoring import load_function
@@ -57,11 +58,20 @@ class ToolBox:
         self.tools = tools
 
     @classmethod
-    def from_specs(cls, specs: list[str], key: str = "agent.tools") -> ToolBox:
+    def from_specs(cls, specs: Sequence[str | Tool], key: str = "agent.tools") -> ToolBox:
+        """Tools by built-in name, by `package.module:function`, or as functions (named by their __name__)."""
         tools: dict[str, Tool] = {}
         for i, spec in enumerate(specs):
-            fn = resolve_tool(str(spec), f"{key}[{i}]")
-            tools[spec if spec in BUILTIN_TOOLS else fn.__name__] = fn
+            if callable(spec):
+                name, fn = getattr(spec, "__name__", type(spec).__name__), spec
+            else:
+                fn = resolve_tool(str(spec), f"{key}[{i}]")
+                name = str(spec) if spec in BUILTIN_TOOLS else fn.__name__
+            if name in tools:
+                from torchrl_post.config.errors import ConfigError
+
+                raise ConfigError(f"{key}[{i}]: a second tool named {name!r}; the model calls tools by name")
+            tools[name] = fn
         return cls(tools)
 
     def schemas(self) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -16,7 +17,7 @@ from tests.unit.error_helpers import _one_line
 from tests.unit.vision_helpers import BLUE, RED
 from torchrl_post.config.errors import DataError
 from torchrl_post.config.schema import DataConfig
-from torchrl_post.data.dataset import load_prompts, read_rows
+from torchrl_post.data.dataset import as_rows, load_prompts, prompts_from_rows, read_rows
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.multimodal.vision import image_inputs, load_processor
 
@@ -584,3 +585,73 @@ def test_bad_image_rows_name_the_row(
         processor,
     )
     assert (len(skipped), skipped.num_bad) == (1, 1)
+
+
+# --- rows passed in Python (the API's train_data / val_data) --------------------------------------------------
+
+
+class _HubStyleDataset:
+    """What the code relies on of a `datasets.Dataset` (not installed here): iterating gives one dict per row,
+    with numpy values under a numpy format."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.column_names = list(rows[0])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Any:
+        for r in self.rows:
+            yield {k: np.array(v) if isinstance(v, list) else v for k, v in r.items()}
+
+
+def _same(a: Any, b: Any) -> None:
+    for name in ("prompt_ids", "answers", "data_sources", "extra_infos", "questions"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def test_rows_in_memory_parse_like_file_rows(tmp_path: Path, tok: Any) -> None:
+    rows = [*ROWS, {"messages": [{"role": "user", "content": "2+2=?"}], "answer": [4], "extra_info": {"id": 9}}]
+    from_file = load_prompts([str(_write_jsonl(tmp_path / "d.jsonl", rows))], DataConfig(), tok, "train")
+    from_list = prompts_from_rows(rows, "train_data", DataConfig(), tok, "train")
+    from_hub = prompts_from_rows(_HubStyleDataset(rows), "train_data", DataConfig(), tok, "train")
+    for ds in (from_list, from_hub):
+        _same(ds, from_file)
+    three = load_prompts([str(_write_jsonl(tmp_path / "e.jsonl", ROWS))], DataConfig(), tok, "train")
+    _same(prompts_from_rows(pd.DataFrame(ROWS), "train_data", DataConfig(), tok, "train"), three)
+    assert from_hub.answers[3] == [4] and not isinstance(from_hub.answers[3], np.ndarray)  # numpy -> Python
+
+
+def test_a_bad_row_in_memory_names_its_index(tok: Any) -> None:
+    rows = [ROWS[0], {"prompt": "1+1=?"}, ROWS[1]]
+    msg = _data_error(prompts_from_rows, rows, "train_data", DataConfig(), tok, "train")
+    assert msg == "train_data[1]: no 'answer' or 'reward_model.ground_truth' column for the reward; set data.answer_key"
+    msg = _data_error(prompts_from_rows, [ROWS[0], "1+1=?"], "val_data", DataConfig(), tok, "val")
+    assert msg == "val_data[1]: a row must be a dict of columns, got str"
+    ds = prompts_from_rows([ROWS[0], "1+1=?", *rows], "train_data", DataConfig(skip_bad_rows=True), tok, "train")
+    assert len(ds) == 3 and ds.num_bad == 2 and ds.extra_infos[-1] == {"index": 4}  # indices in the list
+    msg = _data_error(prompts_from_rows, "d.jsonl", "train_data", DataConfig(), tok, "train")
+    assert msg.startswith("train_data is a path ('d.jsonl'); pass rows")
+    msg = _data_error(prompts_from_rows, [], "train_data", DataConfig(), tok, "train")
+    assert msg.startswith("train data train_data is empty after filtering")
+    assert as_rows(iter([{"a": np.int64(3)}]), "rows") == [(0, {"a": 3})]
+
+
+def test_images_in_memory_as_pil(qwen2_vl: tuple[Path, Any], tmp_path: Path) -> None:
+    """PIL images in memory give the same tokens and pixels as the same image read from a file."""
+    _, processor = qwen2_vl
+    (tmp_path / "red.png").write_bytes(_png(RED))
+    row = {"prompt": "<image>Colour?", "answer": "red"}
+    cfg = DataConfig(max_prompt_length=64)
+    from_file = load_prompts(
+        [_jsonl(tmp_path / "rows.jsonl", [{**row, "images": ["red.png"]}])],
+        cfg,
+        processor.tokenizer,
+        "train",
+        processor,
+    )
+    pil = Image.open(io.BytesIO(_png(RED)))
+    from_list = prompts_from_rows([{**row, "images": [pil]}], "train_data", cfg, processor.tokenizer, "t", processor)
+    _same(from_list, from_file)
+    assert torch.equal(from_list.mm_inputs[0]["pixel_values"], from_file.mm_inputs[0]["pixel_values"])
