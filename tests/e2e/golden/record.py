@@ -3,8 +3,9 @@
     .venv/bin/python -m tests.e2e.golden.record            # writes tests/e2e/golden/demo_20_steps.jsonl
 
 `tests/e2e/test_demo_golden.py` runs the same command with the code under test and compares every key
-present in both files (timings and throughput excepted) to 1e-6. The fixture was recorded with the code of
-the commit before the step redesign (issue 9); the file beside it says on which machine: floating-point
+present in both files (timings and throughput excepted) to 1e-6. The fixture was re-recorded when packing with
+shared prompts became the default (issue 22; before: the code of the commit before the step redesign, issue 9);
+the file beside it says on which machine: floating-point
 results depend on the CPU's kernels and thread count, so the test only compares on the same kind of machine.
 """
 
