@@ -15,6 +15,7 @@ for the speed check `qwen2.5-0.5b-shape` (random weights, Qwen's vocabulary).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -45,7 +46,7 @@ class Ctx:
         self.dtype = "bfloat16" if device == "cuda" else "float32"
         self.work = work
 
-    @property
+    @functools.cached_property
     def limit(self) -> float:
         """rollout/logprob_diff (mean |engine - trainer| per response token) allowed: the run plan's mismatch
         threshold for this device and dtype (trainer.max_logprob_diff unset), the one the trainer warns above."""

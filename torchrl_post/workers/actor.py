@@ -63,6 +63,7 @@ class Actor:
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
         # does not keep the shards on the host already).
+        self.host_shards = fsdp.offload_policy  # FSDP's own CPU offload: shards and optimizer state live on the host
         on_gpu = device.type != "cpu" and not fsdp.offload_policy
         self.param_offload, self.optimizer_offload = on_gpu and fsdp.param_offload, on_gpu and fsdp.optimizer_offload
         self.offloaded = False
@@ -99,7 +100,7 @@ class Actor:
     def pending_state_bytes(self) -> int:
         """Accelerator bytes this rank's optimizer state will take at the first step (AdamW's two moments in the
         parameters' dtype), 0 where it lives on the host: what a colocated engine must leave free."""
-        if self.device.type == "cpu" or self.optimizer_offload or self.cfg.fsdp.offload_policy:
+        if self.device.type == "cpu" or self.optimizer_offload or self.host_shards:
             return 0
         trained = (p for p in self.model.parameters() if p.requires_grad)
         return sum(2 * local_tensor(p).numel() * p.element_size() for p in trained)
