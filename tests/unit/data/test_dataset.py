@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import pandas as pd
 import pytest
@@ -590,22 +591,6 @@ def test_bad_image_rows_name_the_row(
 # --- rows passed in Python (the API's train_data / val_data) --------------------------------------------------
 
 
-class _HubStyleDataset:
-    """What the code relies on of a `datasets.Dataset` (not installed here): iterating gives one dict per row,
-    with numpy values under a numpy format."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-        self.column_names = list(rows[0])
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __iter__(self) -> Any:
-        for r in self.rows:
-            yield {k: np.array(v) if isinstance(v, list) else v for k, v in r.items()}
-
-
 def _same(a: Any, b: Any) -> None:
     for name in ("prompt_ids", "answers", "data_sources", "extra_infos", "questions"):
         assert getattr(a, name) == getattr(b, name), name
@@ -615,12 +600,19 @@ def test_rows_in_memory_parse_like_file_rows(tmp_path: Path, tok: Any) -> None:
     rows = [*ROWS, {"messages": [{"role": "user", "content": "2+2=?"}], "answer": [4], "extra_info": {"id": 9}}]
     from_file = load_prompts([str(_write_jsonl(tmp_path / "d.jsonl", rows))], DataConfig(), tok, "train")
     from_list = prompts_from_rows(rows, "train_data", DataConfig(), tok, "train")
-    from_hub = prompts_from_rows(_HubStyleDataset(rows), "train_data", DataConfig(), tok, "train")
-    for ds in (from_list, from_hub):
-        _same(ds, from_file)
+    _same(from_list, from_file)
+    # A real datasets.Dataset, loaded as users load one (one type per column): its schema gives every row every
+    # column (None where a row had none), and the numpy format gives numpy values.
+    typed_path = _write_jsonl(tmp_path / "t.jsonl", [*ROWS, {**rows[-1], "answer": "4"}])
+    typed_file = load_prompts([str(typed_path)], DataConfig(), tok, "train")
+    hub = datasets.load_dataset("json", data_files=str(typed_path), split="train", cache_dir=str(tmp_path / "hf"))
+    from_hub = prompts_from_rows(hub.with_format("numpy"), "train_data", DataConfig(), tok, "train")
+    for ds in (prompts_from_rows(hub, "train_data", DataConfig(), tok, "train"), from_hub):
+        _same(ds, typed_file)
     three = load_prompts([str(_write_jsonl(tmp_path / "e.jsonl", ROWS))], DataConfig(), tok, "train")
     _same(prompts_from_rows(pd.DataFrame(ROWS), "train_data", DataConfig(), tok, "train"), three)
-    assert from_hub.answers[3] == [4] and not isinstance(from_hub.answers[3], np.ndarray)  # numpy -> Python
+    assert from_list.answers[3] == [4] and from_hub.extra_infos[3] == {"id": 9}  # numpy -> Python
+    assert not isinstance(from_hub.extra_infos[3]["id"], np.ndarray)
 
 
 def test_a_bad_row_in_memory_names_its_index(tok: Any) -> None:
@@ -653,5 +645,12 @@ def test_images_in_memory_as_pil(qwen2_vl: tuple[Path, Any], tmp_path: Path) -> 
     )
     pil = Image.open(io.BytesIO(_png(RED)))
     from_list = prompts_from_rows([{**row, "images": [pil]}], "train_data", cfg, processor.tokenizer, "t", processor)
-    _same(from_list, from_file)
-    assert torch.equal(from_list.mm_inputs[0]["pixel_values"], from_file.mm_inputs[0]["pixel_values"])
+    # a datasets.Dataset with an Image feature: its rows come decoded to PIL
+    features = datasets.Features(
+        {"prompt": datasets.Value("string"), "answer": datasets.Value("string"), "images": [datasets.Image()]}
+    )
+    hub = datasets.Dataset.from_list([{**row, "images": [{"bytes": _png(RED)}]}], features=features)
+    from_hub = prompts_from_rows(hub, "train_data", cfg, processor.tokenizer, "t", processor)
+    for ds in (from_list, from_hub):
+        _same(ds, from_file)
+        assert torch.equal(ds.mm_inputs[0]["pixel_values"], from_file.mm_inputs[0]["pixel_values"])
