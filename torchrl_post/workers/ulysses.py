@@ -77,6 +77,8 @@ class SequenceShard:
 
     def local(self, t: torch.Tensor, dim: int, value: float = 0) -> torch.Tensor:
         """`t` padded along `dim` with `value` to a multiple of size, and this rank's contiguous slice of it."""
+        if self.size == 1:
+            return t
         n = t.shape[dim]
         start, end = self.span(n)
         if self.pad_to(n) > n:
