@@ -38,11 +38,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return out
 
 
-@pytest.mark.parametrize(("sp", "kvs"), [(2, (2, 1)), (4, (2,))])
+@pytest.mark.parametrize(("sp", "kvs"), [(2, (2, 1)), (4, (2, 1))])
 def test_sharded_model_equals_whole_model(
     sp: int, kvs: tuple[int, ...], models: dict[int, Path], tmp_path: Path
 ) -> None:
-    # sp=2: 2 kv heads split one per rank, 1 kv head is repeated to 2; sp=4: 2 kv heads are repeated to 4
+    # sp=2: 2 kv heads split one per rank, 1 kv head is repeated to 2; sp=4: 2 and 1 kv heads are repeated to 4
     out = tmp_path / "report.json"
     assert_ok(torchrun(sp, ["tests/distributed/ulysses_worker.py", str(out), *(str(models[kv]) for kv in kvs)]))
     report = json.loads(out.read_text())
@@ -51,6 +51,8 @@ def test_sharded_model_equals_whole_model(
         for check in ("seq_to_heads_exact", "heads_to_seq_exact", "backward_exact"):
             assert report[f"{check}_{dtype}"], f"{check} {dtype}"
     for kv in kvs:
+        # with gradient checkpointing the backward belongs inside the block; outside it fails, loudly
+        assert "GlobalAttention" in report[f"kv{kv}_backward_after_block"]
         for case in CASES:
             r = report[f"kv{kv}_{case}"]
             where = f"kv{kv} {case} sp={sp}"
@@ -59,9 +61,10 @@ def test_sharded_model_equals_whole_model(
             assert sum(n > 0 for n in r["targets_per_rank"]) >= 2, where
             assert r["logp_finite"] and r["restored"], where
             assert r["masks_built"] == [1, 0], f"{where}: transformers built a mask for the shard"
-            # measured on 2 and 4 ranks (float32, 2 CPU cores): log p and entropy within 2e-6 (log p ~ -5,
-            # entropy ~ 4.8), the loss within 2e-7 relative; the summed gradients within 2e-6 of each tensor's
-            # largest entry (their sum runs in another order).
+            # measured on 2 and 4 ranks (float32, 2 CPU cores; sp=2 is bitwise equal in the forward): log p
+            # within 5e-7 (log p ~ -5), entropy within 2e-6 (~4.8), the loss within 1.1e-7 relative; the mean
+            # gradient over the ranks within 1.8e-6 of each tensor's largest entry (3.8e-6 absolute, gradient
+            # norms 99-210): the same sums in another order.
             assert r["logp_abs"] < 2e-6, where
             assert r["entropy_abs"] < 5e-6, where
             assert r["loss_rel"] < 1e-6, where

@@ -171,6 +171,24 @@ def _exchange_checks(group: dist.ProcessGroup, rank: int, sp: int) -> dict[str, 
     return out
 
 
+def _backward_after_block(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any]) -> str:
+    """A checkpointed model's backward outside the block: the recomputed attention is the model's own again and
+    meets the plan in place of a mask; the error it raises (never a silently local attention)."""
+    model.set_attn_implementation("sdpa")
+    model.gradient_checkpointing_enable()
+    model.train()
+    with sequence_parallel(model, shard, inputs) as local:
+        loss = sum_over(model(**local).logits.float().logsumexp(-1).sum(), shard.group)
+    try:
+        loss.backward()
+    except TypeError as e:
+        return str(e)
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+    return "no error"
+
+
 def main() -> None:
     out_path, *model_dirs = sys.argv[1:]
     init_world(read_env("cpu"))
@@ -199,6 +217,7 @@ def main() -> None:
             report[f"kv{kv}_{label}"] = result
             model.gradient_checkpointing_disable()
             model.eval()
+        report[f"kv{kv}_backward_after_block"] = _backward_after_block(model, shard, cases["padded"][0])
     report["seconds"] = time.perf_counter() - started
     if shard.rank == 0:
         with open(out_path, "w") as f:

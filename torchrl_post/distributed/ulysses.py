@@ -10,9 +10,10 @@ exchange is one `all_to_all_single` (NCCL on GPU, gloo on CPU: the backend of th
 its backward is the inverse exchange.
 
 What it costs: per attention layer and forward, three all-to-alls in (q, k, v; k and v at the kv head count,
-or repeated up to a multiple of sp) and one out, each moving (sp-1)/sp of the tensor a rank holds; the backward
-runs the same four in reverse on the gradients (and a checkpointed layer's recomputation runs the forward's
-again). Everything outside attention runs on the rank's shard alone.
+or repeated up to a multiple of sp) and one out, each sending (sp-1)/sp of the tensor a rank holds: per rank
+(2 H + 2 Hkv) * b * (S/sp) * d * bytes * (sp-1)/sp per layer. The backward runs the same four in reverse on the
+gradients, and a checkpointed layer's recomputation runs the forward's again. Everything outside attention runs
+on the rank's shard alone.
 
 With `group` None or of one rank every function here is the identity.
 """

@@ -29,7 +29,8 @@ Simplified on purpose: sdpa and eager only (flash-attn would take the global seq
 refused with an error); full attention layers only (no sliding window); text-only causal LMs (no M-RoPE
 position ids or images). Gradient checkpointing recomputes a layer's attention in the backward, through the
 model's implementation at that time: run the backward inside the block, or the recomputation meets sdpa with
-this module's mask object and fails (loudly) rather than computing a local attention.
+this module's plan for a mask and fails (a TypeError naming GlobalAttention) rather than computing a local
+attention. Without checkpointing the backward may run after the block.
 """
 
 from __future__ import annotations
