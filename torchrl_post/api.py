@@ -195,7 +195,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str]) -> RunResu
     _EXIT.start()
     program = None
     try:
-        topo = Topology(plan.placement, env, plan.fsdp_sizes, plan.tensor_parallel_size)
+        topo = Topology(plan.placement, env, plan.fsdp_sizes, plan.tensor_parallel_size, sp=plan.sequence_parallel)
         claim_run_dir(cfg, env, topo)
         prepared = Run.prepare(cfg, plan, env, topo, parts)
         program = build_program(prepared)

@@ -58,6 +58,7 @@ def build_trainer(run: Run) -> Trainer:
         total_steps=run.total_steps,
         is_cap=plan.rollout_is_cap,
         fsdp=plan.roles["actor"].fsdp,
+        sequence=run.topo.sequence("actor"),
     )
     critic: CriticRole | None = None
     if plan.critic == "colocated":
@@ -185,6 +186,7 @@ def build_critic(run: Run) -> Critic:
         max_response_length=cfg.data.max_response_length,
         total_steps=run.total_steps,
         fsdp=role.fsdp,
+        sequence=run.topo.sequence("critic"),
     )
 
 
@@ -197,6 +199,7 @@ def build_reference(run: Run) -> Reference:
         run.topo.mesh("reference"),
         run.env.device,
         temperature=cfg.rollout.temperature,
+        sequence=run.topo.sequence("reference"),
     )
 
 

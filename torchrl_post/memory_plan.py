@@ -367,7 +367,8 @@ def _trained_role(
     d, off = cfg.data, fsdp.offload_policy
     row = d.max_prompt_length + d.max_response_length
     budget = cfg.actor.ppo_max_token_len_per_gpu if cfg.actor.use_dynamic_bsz and role == "actor" else 0
-    tokens = _micro_tokens(micro, row, budget)
+    sp = plan.roles[role].sequence_parallel  # a rank holds 1/sp of each row's tokens (the budget is per rank)
+    tokens = _micro_tokens(micro, row, budget * sp) // sp
     ckpt = cfg.model.enable_gradient_checkpointing
 
     if value_head:
@@ -378,7 +379,9 @@ def _trained_role(
         what_loss = f"chunks of {chunk} positions" if chunk > 0 else "full logits"
 
     what = "adapter " if lora else ""
-    how = f"{'budget ' + str(budget) if budget else str(micro) + ' x ' + str(row)} tokens"
+    how = f"{'budget ' + str(budget) if budget else str(micro) + ' x ' + str(row)} tokens" + (
+        f" / sp {sp}" if sp > 1 else ""
+    )
     items = (
         Item("parameters", params * m // shards, not fsdp.param_offload, off, f"{_count(params)} x {cfg.model.dtype} / {shards} shards"),
         Item("gradients", trained * m // shards, False, off, f"{what}{_count(trained)} x {cfg.model.dtype} / {shards}"),
@@ -399,7 +402,7 @@ def _reference(cfg: Config, plan: RunPlan, s: ModelShape, chunk: int) -> RoleMem
     fsdp, shards = plan.roles["reference"].fsdp, plan.roles["reference"].mesh_shape[-1]
     m, p = DTYPE_BYTES[cfg.model.dtype], DTYPE_BYTES[fsdp.param_dtype]
     row = cfg.data.max_prompt_length + cfg.data.max_response_length
-    tokens = cfg.reference.log_prob_micro_batch_size_per_gpu * row
+    tokens = cfg.reference.log_prob_micro_batch_size_per_gpu * row // plan.roles["reference"].sequence_parallel
     forward = forward_bytes(s, p, tokens, row) + loss_path_bytes(tokens, s.vocab, p, chunk)
     return RoleMemory(
         "reference",

@@ -48,7 +48,10 @@ class RolePlan:
     mesh_dims: tuple[str, ...]
     mesh_shape: tuple[int, ...]
     mini_batch_samples: int
-    """Samples per optimizer step (trained roles) on each of its ranks."""
+    """Samples per optimizer step (trained roles) drawn by each of its ranks (with sequence parallelism, the
+    ranks of an sp group train the union of theirs)."""
+    sequence_parallel: int = 1
+    """Ulysses sp group size (model.ulysses_sequence_parallel_size): the (dp, sp) layout over its FSDP ranks."""
 
     @property
     def where(self) -> Where:
@@ -112,6 +115,11 @@ class RunPlan:
         return self.sync == "broadcast"
 
     @property
+    def sequence_parallel(self) -> int:
+        """Ulysses sp group size of the actor, critic and reference (model.ulysses_sequence_parallel_size)."""
+        return self.roles["actor"].sequence_parallel
+
+    @property
     def fsdp_sizes(self) -> dict[str, int]:
         return {role: r.fsdp.fsdp_size for role, r in self.roles.items()}
 
@@ -143,7 +151,13 @@ class RunPlan:
         lines = [self.placement.describe(), f"  device {device}, backend {backend}"]
         for role, r in self.roles.items():
             how = "HSDP" if len(r.mesh_dims) == 2 else "FSDP"
-            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how})")
+            sp = r.sequence_parallel
+            seq = (
+                f"; Ulysses (dp, sp) = ({len(r.ranks) // sp}, {sp}): each row's tokens over {sp} ranks"
+                if sp > 1
+                else ""
+            )
+            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}")
         tp, roll = self.tensor_parallel_size, self.rollout_ranks
         engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
         lines.append(f"  rollout engines ({self.rollout_engine}, tensor_parallel_size={tp}): {engines}")
@@ -312,7 +326,10 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
             continue
         ranks = placement.ranks[role]
         dims, shape = mesh_shape(len(ranks), fsdp[role].fsdp_size)
-        roles[role] = RolePlan(tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, mini * n // len(ranks))
+        roles[role] = RolePlan(
+            tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, mini * n // len(ranks),
+            cfg.model.ulysses_sequence_parallel_size,
+        )  # fmt: skip
     lora = cfg.model.lora_rank > 0
     if "reference" in roles:
         reference: ReferenceSource = roles["reference"].where

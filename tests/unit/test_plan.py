@@ -203,6 +203,28 @@ def test_total_steps_from_data_size() -> None:
         (4, ["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size=3 does not divide the 4 actor ranks"),
         (2, ["rollout.engine=hf", "placement.actor=[0]", "placement.rollout=[1]"], "rollout.engine=hf runs on"),
         (4, ["actor.ppo_mini_batch_size=2"], "actor.ppo_mini_batch_size=2 is not divisible by the 4 actor ranks"),
+        (
+            4,
+            ["model.ulysses_sequence_parallel_size=3"],
+            "model.ulysses_sequence_parallel_size=3 does not divide the 4 actor ranks [0, 1, 2, 3]",
+        ),
+        (
+            4,
+            ["model.ulysses_sequence_parallel_size=2", "actor.fsdp.fsdp_size=1"],
+            "model.ulysses_sequence_parallel_size=2 does not divide actor.fsdp.fsdp_size=1",
+        ),
+        (
+            6,
+            [
+                "model.ulysses_sequence_parallel_size=2",
+                "algorithm.adv_estimator=gae",
+                "placement.actor=[0,1,2,3]",
+                "placement.rollout=[5]",
+                "placement.critic=[4]",
+            ],  # fmt: skip
+            "model.ulysses_sequence_parallel_size=2 does not divide the 1 critic ranks [4]",
+        ),
+        (4, ["model.ulysses_sequence_parallel_size=0"], "model.ulysses_sequence_parallel_size=0 must be > 0"),
     ],
 )
 def test_plan_errors_are_one_line(world: int, overrides: list[str], needle: str) -> None:
@@ -324,3 +346,15 @@ def test_defaults_by_device(device: str, overrides: list[str], expected: tuple[A
     text = plan.describe(device, "gloo")
     assert f"engine {e.dtype}, trainer compute {expected[1]} over float32 weights" in text
     assert f"cuda graphs {'on' if expected[2] else 'off'}; engine sleep level {expected[3]}" in text
+
+
+def test_sequence_parallel_in_the_plan() -> None:
+    cfg = load_config(["model.ulysses_sequence_parallel_size=2", "algorithm.adv_estimator=gae"])
+    plan = plan_run(cfg, 4)
+    assert plan.sequence_parallel == 2
+    assert {role: r.sequence_parallel for role, r in plan.roles.items()} == {"actor": 2, "critic": 2}
+    # the FSDP mesh still shards over all four ranks; each rank still draws its own share of the step
+    assert (plan.roles["actor"].mesh_shape, plan.roles["actor"].mini_batch_samples) == ((4,), 32)
+    text = plan.describe("cpu", "gloo")
+    assert "actor mesh ('dp',) = (4,) (FSDP); Ulysses (dp, sp) = (2, 2): each row's tokens over 2 ranks" in text
+    assert plan_run(load_config([]), 4).sequence_parallel == 1

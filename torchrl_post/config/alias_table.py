@@ -209,6 +209,7 @@ _WORLD = (
     "times {} (verl's defaults 8 and 1): the ranks to plan for; refused unless it equals the world torchrun "
     "launched (--nnodes x --nproc-per-node)"
 )
+_SP = "one value for the actor, critic and reference"
 _LOGPROB_MB = "the actor's old-logprob forward uses actor.ppo_micro_batch_size_per_gpu micro-batches (memory only)"
 
 
@@ -336,13 +337,10 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{A}.use_kl_loss", "actor.use_kl_loss"),
     _rename(V, f"{A}.kl_loss_coef", "actor.kl_loss_coef"),
     _rename(V, f"{A}.kl_loss_type", "actor.kl_loss_type"),
-    _noop(
-        V,
-        f"{A}.ulysses_sequence_parallel_size",
-        "1 is no sequence parallelism, as here",
-        _ONE,
-        "no sequence parallelism here: use model.use_remove_padding=true and actor.use_dynamic_bsz=true for long rows",
-    ),
+    _rename(V, f"{A}.ulysses_sequence_parallel_size", "model.ulysses_sequence_parallel_size", _SP),
+    _rename(V, f"{M}.ulysses_sequence_parallel_size", "model.ulysses_sequence_parallel_size", _SP),
+    _rename(V, f"{RF}.ulysses_sequence_parallel_size", "model.ulysses_sequence_parallel_size", _SP),
+    _rename(V, "critic.ulysses_sequence_parallel_size", "model.ulysses_sequence_parallel_size", _SP),
     _rename(
         V, f"{A}.fsdp_config.param_offload", "actor.fsdp.param_offload", "hybrid engine: off the GPU while it generates"
     ),
@@ -548,13 +546,7 @@ ALIASES: tuple[Alias, ...] = (
         "a comma list becomes a list",
         convert=_lora_target,
     ),
-    _noop(
-        R,
-        "actor_train.model_args.ulysses_size",
-        "1 is no sequence parallelism, as here",
-        _ONE,
-        "no sequence parallelism here: use model.use_remove_padding=true and actor.use_dynamic_bsz=true for long rows",
-    ),
+    _rename(R, "actor_train.model_args.ulysses_size", "model.ulysses_sequence_parallel_size", _SP),
     _rename(R, "actor_train.training_args.learning_rate", "actor.lr"),
     _rename(R, "actor_train.training_args.weight_decay", "actor.weight_decay"),
     _rename(R, "actor_train.training_args.warmup_steps", "actor.lr_warmup_steps"),

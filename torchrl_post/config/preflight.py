@@ -6,6 +6,7 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
 
     model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
     check_length_budget(cfg, model_config)
+    check_sequence_parallel(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     check_lora_targets(cfg, model_config)       # model.lora_rank > 0
@@ -14,7 +15,7 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_tokenizer(tokenizer, model_config, cfg.model.path)
     check_critic(cfg, tokenizer)
 
-(`preflight(cfg)` runs the first six.) None of them loads a tensor; a safetensors file is checked by its
+(`preflight(cfg)` runs the first seven.) None of them loads a tensor; a safetensors file is checked by its
 header alone: 8 bytes of header length, the JSON header, then the data its offsets describe, and LoRA's
 target modules against the architecture built on the meta device from config.json.
 """
@@ -193,6 +194,28 @@ def check_length_budget(cfg: Config, model_config: Any, key: str = "model.path")
         )
 
 
+def check_sequence_parallel(cfg: Config, model_config: Any, key: str = "model.path") -> None:
+    """model.ulysses_sequence_parallel_size against the model: a text model whose attention heads it divides."""
+    sp = cfg.model.ulysses_sequence_parallel_size
+    if sp == 1:
+        return
+    name = f"model.ulysses_sequence_parallel_size={sp}"
+    path = cfg.model.path if key == "model.path" else cfg.critic.model.path
+    if getattr(model_config, "vision_config", None) is not None:
+        raise ConfigError(
+            f"{name}: {key}={path!r} is a vision-language model, whose image features are not split by sequence "
+            "here; set it to 1"
+        )
+    heads = _text_attr(model_config, "num_attention_heads")
+    if isinstance(heads, int) and heads % sp:
+        raise ConfigError(
+            f"{name} does not divide the {heads} attention heads of {key}={path!r}; use a divisor of {heads}"
+        )
+    impl = getattr(model_config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        raise ConfigError(f"{name} runs sdpa or eager attention; {key}={path!r} asks for {impl}")
+
+
 def check_tokenizer(tokenizer: Any, model_config: Any, path: str, key: str = "model.path") -> None:
     """Tokenizer files present, the vocabulary within the model's embedding, and a test text that encodes to
     several distinct tokens (a directory without tokenizer files gives a one-token tokenizer and empty prompts)."""
@@ -239,6 +262,7 @@ def check_critic(cfg: Config, tokenizer: Any = None, used: bool = True) -> Any:
     key = "critic.model.path"
     critic_config = check_model_dir(path, key, cfg.model.trust_remote_code)
     check_length_budget(cfg, critic_config, key)
+    check_sequence_parallel(cfg, critic_config, key)
     vocab = _text_attr(critic_config, "vocab_size")
     if tokenizer is not None and isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ConfigError(
@@ -309,6 +333,7 @@ def preflight(cfg: Config) -> Any:
     """The checks that need neither tokenizer nor model weights, in order; returns model.path's config."""
     model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
     check_length_budget(cfg, model_config)
+    check_sequence_parallel(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     if cfg.model.lora_rank > 0:

@@ -40,6 +40,13 @@ class ModelConfig:
     dtype: str = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""
+    ulysses_sequence_parallel_size: int = 1
+    """Sequence parallelism (DeepSpeed-Ulysses; verl's key, ROLL's model_args.ulysses_size): each row's tokens are
+    split over this many ranks of the actor, critic and reference, so one rank holds 1/sp of a long sample's
+    activations. Attention swaps sequence shards for head shards (two all-to-alls per layer), so every rank attends
+    over the whole sequence for its heads. It divides every trained or forward role's ranks and the attention
+    heads (key/value heads are repeated where fewer); the sp ranks of a group train the union of their rows.
+    Text models with sdpa or eager attention; 1: off."""
     lora_rank: int = 0
     """LoRA adapter rank (PEFT); 0 trains the full model. With an adapter only its parameters train and sit in
     the optimizer, the reference policy is the base model (the adapter disabled), and the engine gets merged

@@ -101,6 +101,7 @@ def validate(cfg: Config) -> None:
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p} must be in (0, 1]")
     _positive("rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size)
+    _positive("model.ulysses_sequence_parallel_size", cfg.model.ulysses_sequence_parallel_size)
     _positive(
         "algorithm.rejection_sample.max_extra_rounds", cfg.algorithm.rejection_sample.max_extra_rounds, allow_zero=True
     )
@@ -239,6 +240,31 @@ def validate_placement(cfg: Config, ranks: dict[str, list[int]], colocated: dict
             raise ConfigError(
                 f"{role}.fsdp.fsdp_size={fsdp.fsdp_size} does not divide the {n} {role} ranks; "
                 f"use a divisor of {n} (or -1 to shard over all of them)"
+            )
+    _sequence_parallel(cfg, ranks)
+
+
+def _sequence_parallel(cfg: Config, ranks: dict[str, list[int]]) -> None:
+    """model.ulysses_sequence_parallel_size against every role it splits rows for: it divides their ranks and
+    each HSDP replica (an sp group never straddles two replicas)."""
+    sp = cfg.model.ulysses_sequence_parallel_size
+    if sp == 1:
+        return
+    key = f"model.ulysses_sequence_parallel_size={sp}"
+    fsdp = {"actor": cfg.actor.fsdp, "critic": cfg.critic.fsdp, "reference": cfg.actor.fsdp}
+    for role in ("actor", "critic", "reference"):
+        n = len(ranks.get(role, []))
+        if n and n % sp:
+            raise ConfigError(
+                f"{key} does not divide the {n} {role} ranks {ranks[role]}; use a divisor of {n} "
+                f"or place a multiple of {sp} ranks in placement.{role}"
+            )
+        size = fsdp[role].fsdp_size
+        if n and 0 < size < n and size % sp:
+            what = "actor.fsdp" if role == "reference" else f"{role}.fsdp"
+            raise ConfigError(
+                f"{key} does not divide {what}.fsdp_size={size} (ranks per HSDP replica, sp groups included); "
+                f"use a multiple of {sp}"
             )
 
 

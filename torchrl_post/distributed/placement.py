@@ -142,7 +142,13 @@ class Topology:
     """
 
     def __init__(
-        self, placement: Placement, env: DistEnv, fsdp_sizes: dict[str, int], tp: int = 1, timeout_s: int = 1800
+        self,
+        placement: Placement,
+        env: DistEnv,
+        fsdp_sizes: dict[str, int],
+        tp: int = 1,
+        timeout_s: int = 1800,
+        sp: int = 1,
     ):
         self.placement, self.env, self.rank = placement, env, env.rank
         self.cell_name = placement.cell_of(env.rank)
@@ -172,10 +178,13 @@ class Topology:
             engines = [list(range(i, i + tp)) for i in range(0, len(self.cell), tp)]  # ranks of the cell's world
             self.engine_group, _ = dist.new_subgroups_by_enumeration(engines)
         self._meshes: dict[str, DeviceMesh] = {}
+        self._sequence: dict[str, DeviceMesh] = {}
         for role in placement.roles_of(env.rank):
             if role == "rollout":
                 continue  # vLLM builds its own groups over the cell
             self._meshes[role] = fsdp_mesh(env.device.type, len(self.cell), fsdp_sizes.get(role, -1))
+            if sp > 1:
+                self._sequence[role] = sequence_mesh(env.device.type, len(self.cell), sp)
 
     def sum_all(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every rank (all cells), in place; returns it."""
@@ -192,7 +201,12 @@ class Topology:
             self.world.barrier().wait()
 
     def mesh(self, role: str) -> DeviceMesh:
+        """The role's FSDP mesh (over all its ranks, sp groups included)."""
         return self._meshes[role]
+
+    def sequence(self, role: str) -> DeviceMesh | None:
+        """The role's (dp, sp) mesh with sequence parallelism (`sequence_mesh`), else None."""
+        return self._sequence.get(role)
 
     def has(self, role: str) -> bool:
         return self.rank in self.placement.ranks.get(role, [])
@@ -212,6 +226,14 @@ def fsdp_mesh(device_type: str, n: int, fsdp_size: int) -> DeviceMesh:
     return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(*shape), mesh_dim_names=dims)
 
 
+def sequence_mesh(device_type: str, n: int, sp: int) -> DeviceMesh:
+    """Ulysses' (dp, sp) layout of a role's n ranks: sp groups of consecutive ranks (`get_group("sp")`, one row's
+    tokens; within a node first), and the dp groups of ranks that hold distinct rows (`get_group("dp")`, where
+    sums over the batch run). The FSDP mesh shards over all n ranks regardless (`fsdp_mesh`): with HSDP each
+    replica's shard group is whole sp groups."""
+    return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(n // sp, sp), mesh_dim_names=("dp", "sp"))
+
+
 def all_reduce_max(value: float, group: dist.ProcessGroup | None) -> float:
     """The largest `value` over `group`'s ranks (the value itself without a process group)."""
     t = torch.tensor([value], dtype=torch.float64)
@@ -228,3 +250,10 @@ def dp_group(mesh: DeviceMesh) -> dist.ProcessGroup:
     group = dist.group.WORLD
     assert group is not None and dist.get_world_size() == mesh.size()
     return group
+
+
+def all_gather_objects(obj: Any, group: dist.ProcessGroup) -> list[Any]:
+    """Every rank's `obj` (pickled; small things such as a rank's share of a batch), in group rank order."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out

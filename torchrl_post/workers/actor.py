@@ -30,6 +30,7 @@ from torchrl_post.workers.optim import (
     move_optimizer_state,
 )
 from torchrl_post.workers.packing import can_pack
+from torchrl_post.workers.sequence import SequenceGroup
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,13 @@ class Actor:
         total_steps: int,
         is_cap: float = 0.0,
         fsdp: FSDPConfig | None = None,
+        sequence: DeviceMesh | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `total_steps`: the run's training steps
         (one lr-schedule step each: the cosine decays over them); `is_cap` > 0 turns on truncated
         importance sampling against the rollout engine's logprobs with that cap; `fsdp`: the plan's FSDP
-        settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device)."""
+        settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
+        with Ulysses sequence parallelism (`workers/sequence.py`)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -67,8 +70,12 @@ class Actor:
         on_gpu = device.type != "cpu" and not fsdp.offload_policy
         self.param_offload, self.optimizer_offload = on_gpu and fsdp.param_offload, on_gpu and fsdp.optimizer_offload
         self.offloaded = False
-        self.group = dp_group(mesh)
-        self.dp_size = mesh.size()
+        self.seq = SequenceGroup.of(sequence)
+        self.shard = self.seq.shard if self.seq else None
+        # sums over the batch: over the ranks with distinct rows (one per sp group)
+        self.group = self.seq.dp if self.seq else dp_group(mesh)
+        self.dp_size = self.seq.dp_size if self.seq else mesh.size()
+        self.sp = self.seq.size if self.seq else 1
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
         self.max_response_length, self.is_cap = max_response_length, is_cap
         self.packed = model_cfg.use_remove_padding
@@ -95,7 +102,8 @@ class Actor:
 
     @property
     def token_budget(self) -> int:
-        return self.cfg.ppo_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
+        """Tokens per micro-batch of rows (a rank holds 1/sp of them)."""
+        return self.cfg.ppo_max_token_len_per_gpu * self.sp if self.cfg.use_dynamic_bsz else 0
 
     def pending_state_bytes(self) -> int:
         """Accelerator bytes this rank's optimizer state will take at the first step (AdamW's two moments in the
@@ -133,12 +141,13 @@ class Actor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
         self.onload()
         micro = self.cfg.ppo_micro_batch_size_per_gpu
+        rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
-            self.model, batch, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
-            self.shared,
+            self.model, rows, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
+            self.shared, self.shard,
         )  # fmt: skip
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
-        return out
+        return out if mine is None else out[mine]
 
     def base_log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs under the base model: a LoRA actor with its adapter disabled (the reference policy)."""
@@ -157,6 +166,9 @@ class Actor:
         self.onload()
         self.model.train()
         a = self.cfg
+        mini_samples = self.mini_batch_samples * self.sp
+        if self.seq:  # the sp group trains the union of its ranks' rows, mini-batch by mini-batch
+            batch = self.seq.union(batch, self.mini_batch_samples)[0]
         low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
         high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         packed = self.packed and can_pack(batch)
@@ -166,7 +178,7 @@ class Actor:
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
         grad_norms: list[float] = []
         for epoch in range(a.ppo_epochs):
-            for mini in chunks(len(batch), self.mini_batch_samples):
+            for mini in chunks(len(batch), mini_samples):
                 mb = batch.select(mini)
                 mask_all = mb.train_mask
                 scale = self._scale(mask_all)
@@ -178,7 +190,7 @@ class Actor:
                 for step in plan:
                     micro = step.rows
                     logp, ent, cells, placed = forward_log_probs(
-                        self.model, mb, step, self.temperature, self.device, packed, self.shared
+                        self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard
                     )
                     padded_cells += cells
                     placed_cells += placed if step.live else 0  # a stand-in's cells are all padding

@@ -28,6 +28,7 @@ from torchrl_post.workers.micro_batches import chunks
 from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, load_scheduler, lr_schedule
 from torchrl_post.workers.packing import can_pack, packed_inputs
+from torchrl_post.workers.sequence import SequenceGroup, sequence_outputs
 
 
 class VisionValueModel(torch.nn.Module):
@@ -76,14 +77,21 @@ class Critic:
         max_response_length: int,
         total_steps: int,
         fsdp: FSDPConfig | None = None,
+        sequence: DeviceMesh | None = None,
     ) -> None:
         """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs);
         `total_steps`: the run's training steps (the lr schedule's length);
-        `fsdp`: the plan's FSDP settings (default critic.fsdp)."""
+        `fsdp`: the plan's FSDP settings (default critic.fsdp); `sequence`: the (dp, sp) mesh with Ulysses
+        sequence parallelism (`workers/sequence.py`)."""
         self.cfg, self.device = cfg, device
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
-        self.group, self.dp_size = dp_group(mesh), mesh.size()
+        self.seq = SequenceGroup.of(sequence)
+        self.shard = self.seq.shard if self.seq else None
+        self.sp = self.seq.size if self.seq else 1
+        # sums over the batch: over the ranks with distinct rows (one per sp group)
+        self.group = self.seq.dp if self.seq else dp_group(mesh)
+        self.dp_size = self.seq.dp_size if self.seq else mesh.size()
         self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
         path = cfg.model.path or model_cfg.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
@@ -121,27 +129,32 @@ class Critic:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
         if self.packed and can_pack(b):  # model.use_remove_padding: rows without padding (`pack`)
             p, inputs = packed_inputs(self.model, b, sl, self.device, self.shared)
-            return p.unpack(p.full(self.model(**inputs).logits)[:, 0].float())
-        out = self.model(**model_inputs(b, sl, 0, b.input_ids.shape[1], self.device))
-        return out.logits[:, -b.response_width - 1 : -1, 0].float()
+            return p.unpack(p.full(sequence_outputs(self.model, inputs, self.shard))[:, 0].float())
+        out = sequence_outputs(self.model, model_inputs(b, sl, 0, b.input_ids.shape[1], self.device), self.shard)
+        return out[:, -b.response_width - 1 : -1, 0].float()
 
     @torch.no_grad()
     def values(self, batch: Batch) -> torch.Tensor:
         """V(s_t) for every response token, [B, R], zero outside the loss mask, on CPU."""
         self.model.eval()
-        vals = [self._values(batch, sl).cpu() for sl in chunks(len(batch), self.cfg.ppo_micro_batch_size_per_gpu)]
+        rows, mine = self.seq.union(batch) if self.seq else (batch, None)
+        vals = [self._values(rows, sl).cpu() for sl in chunks(len(rows), self.cfg.ppo_micro_batch_size_per_gpu)]
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
-        return torch.cat(vals) * batch.loss_mask
+        out = torch.cat(vals) * rows.loss_mask
+        return out if mine is None else out[mine]
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value regression of the values onto `batch.returns`; one optimizer step per mini-batch."""
         assert batch.values is not None and batch.returns is not None
         self.model.train()
         c = self.cfg
+        if self.seq:  # the sp group trains the union of its ranks' rows, mini-batch by mini-batch
+            batch = self.seq.union(batch, self.mini_batch_samples)[0]
+        assert batch.values is not None and batch.returns is not None
         tokens, clipped, loss_total = 0.0, 0.0, 0.0
         norms: list[float] = []
         for _ in range(self.epochs):
-            for mini in chunks(len(batch), self.mini_batch_samples):
+            for mini in chunks(len(batch), self.mini_batch_samples * self.sp):
                 mask_all = batch.train_mask[mini]
                 local = torch.stack([mask_all.sum().double(), (mask_all.sum(-1) > 0).sum().double()])
                 g_tokens, g_seqs = global_sum(local, self.group, self.device).tolist()

@@ -9,11 +9,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrl_post.distributed.ulysses import sum_over
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
 from torchrl_post.types import Batch
 from torchrl_post.workers.lm_head import chunked_log_probs
 from torchrl_post.workers.micro_batches import MicroBatch, plan_micro_batches, trim_span
 from torchrl_post.workers.packing import can_pack, packed_inputs
+from torchrl_post.workers.ulysses import SequenceShard, sequence_parallel
 
 
 def logits_to_logprobs(
@@ -73,10 +75,14 @@ def head_log_probs(
     select: Callable[[torch.Tensor], torch.Tensor],
     labels: torch.Tensor,
     temperature: float,
+    shard: SequenceShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward `model` once on `inputs`; log p(label) and entropy [N] of the N positions that `select` takes
     ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`). The head runs chunked from the hidden
-    states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits."""
+    states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits. With a
+    sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N results."""
+    if shard is not None and shard.size > 1:
+        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
     if head is None:
@@ -96,8 +102,66 @@ def head_log_probs(
     return both[..., 0], both[..., 1]
 
 
+def _sharded_head_log_probs(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    keep: torch.Tensor,
+    select: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    temperature: float,
+    shard: SequenceShard,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head_log_probs` over this rank's contiguous columns of every row: the head runs on the N positions whose
+    predicting column is this rank's only (none twice in the group), the results of the others are zero here,
+    and `sum_over` the sp group gives every rank all N (and, backward, each rank's gradient of the whole)."""
+    b, k = inputs["input_ids"].shape[0], keep.numel()
+    device = keep.device
+    flat = select(torch.arange(b * k, device=device).view(b, k))  # [N]: each output's (row, kept column)
+    row, col = flat // k, keep[flat % k]
+    start, end = shard.span(shard.pad_to(inputs["input_ids"].shape[1]))
+    local_keep = keep[(keep >= start) & (keep < end)] - start
+    owned = ((col >= start) & (col < end)).nonzero().squeeze(-1)
+    slot = torch.zeros(end - start, dtype=torch.long, device=device)
+    slot[local_keep] = torch.arange(len(local_keep), device=device)
+    at_row, at_slot, at_label = row[owned], slot[col[owned] - start], labels[owned]
+    empty = not len(owned)
+    if empty:  # nothing of this rank's is scored: one position keeps its graph (and FSDP's backward) together
+        local_keep = at_row = at_slot = at_label = torch.zeros(1, dtype=torch.long, device=device)
+    never = _never(model)
+    head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
+    with sequence_parallel(model, shard, inputs) as local:
+        if head is None:
+            logits = model(**local, logits_to_keep=local_keep).logits
+            logp, ent = logits_to_logprobs(logits[at_row, at_slot], at_label, temperature, never)
+        else:
+
+            def forward(hidden: torch.Tensor) -> torch.Tensor:
+                lp, en = chunked_log_probs(
+                    hidden[at_row, at_slot], head.weight, head.bias, at_label, temperature, never,
+                    NEVER_GENERATED_BIAS, HEAD_CHUNK_TOKENS,
+                )  # fmt: skip
+                return torch.stack([lp, en], dim=-1)
+
+            with _head_forward(head, forward):
+                both = model(**local, logits_to_keep=local_keep).logits
+            logp, ent = both[..., 0], both[..., 1]
+    n = labels.shape[0]
+    anchor = 0.0 * (logp.sum() + ent.sum()) if empty else None  # the stand-in position: a zero term only
+    if empty:
+        logp, ent = logp[:0], ent[:0]
+    full_logp = torch.zeros(n, dtype=logp.dtype, device=device).index_put((owned,), logp)
+    full_ent = torch.zeros(n, dtype=ent.dtype, device=device).index_put((owned,), ent)
+    if anchor is not None:
+        full_logp, full_ent = full_logp + anchor, full_ent + anchor
+    return sum_over(full_logp, shard.group), sum_over(full_ent, shard.group)
+
+
 def response_log_probs(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], response_width: int, temperature: float
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    response_width: int,
+    temperature: float,
+    shard: SequenceShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R].
     Only the R columns that predict response tokens go through the LM head."""
@@ -107,7 +171,7 @@ def response_log_probs(
     keep = torch.arange(t - response_width - 1, t - 1, device=ids.device)
     labels = ids[:, -response_width:].reshape(-1)
     logp, ent = head_log_probs(
-        model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature
+        model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature, shard
     )
     return logp.view(b, response_width), ent.view(b, response_width)
 
@@ -129,6 +193,7 @@ def batched_log_probs(
     packed: bool = False,
     group: dist.ProcessGroup | None = None,
     shared: bool = False,
+    shard: SequenceShard | None = None,
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
     `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards)."""
@@ -140,14 +205,19 @@ def batched_log_probs(
         prompts=batch.input_ids if shared else None,
     )  # fmt: skip
     for mb in plan:
-        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared)[0]
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard)[0]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
     return out
 
 
 def padded_forward_log_probs(
-    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, temperature: float, device: torch.device
+    model: torch.nn.Module,
+    batch: Batch,
+    rows: slice | torch.Tensor,
+    temperature: float,
+    device: torch.device,
+    shard: SequenceShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed and the
     real tokens among them."""
@@ -155,7 +225,7 @@ def padded_forward_log_probs(
     mask = batch.attention_mask[rows]
     first, kept = trim_span(mask, width)
     end = mask.shape[1] - width + kept
-    logp, ent = response_log_probs(model, model_inputs(batch, rows, first, end, device), kept, temperature)
+    logp, ent = response_log_probs(model, model_inputs(batch, rows, first, end, device), kept, temperature, shard)
     pad = width - kept
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))
@@ -173,12 +243,13 @@ def packed_forward_log_probs(
     temperature: float,
     device: torch.device,
     shared: bool = False,
+    shard: SequenceShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
     p, inputs = packed_inputs(model, batch, rows, device, shared)
-    logp, ent = head_log_probs(model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature)
+    logp, ent = head_log_probs(model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard)
     return p.unpack(logp), p.unpack(ent), p.cells, p.tokens
 
 
@@ -190,10 +261,11 @@ def forward_log_probs(
     device: torch.device,
     packed: bool,
     shared: bool = False,
+    shard: SequenceShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The micro-batch's response logprobs and entropy [b, R], the token cells computed and the real tokens
     among them; `packed` only where `can_pack(batch)`, `shared`: packed with each prompt once for the samples
-    that share it."""
+    that share it; `shard`: this rank's part of each row (Ulysses), every rank of its group getting the whole."""
     if packed:
-        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared)
-    return padded_forward_log_probs(model, batch, micro.rows, temperature, device)
+        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard)
+    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard)

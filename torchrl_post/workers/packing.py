@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from torchrl_post.types import Batch
+from torchrl_post.workers.ulysses import own_attention
 
 
 def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> list[tuple[int, ...]]:
@@ -209,7 +210,7 @@ def packed_inputs(
 ) -> tuple[Pack, dict[str, Any]]:
     """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs."""
     config = getattr(model, "config", None)
-    impl = str(getattr(config, "_attn_implementation", None) or "sdpa")
+    impl = own_attention(model) if config is not None else "sdpa"  # under Ulysses: the one it runs inside
     p = pack(batch, rows, shared and impl in MASKABLE)
     return p, p.inputs(device, impl)
 

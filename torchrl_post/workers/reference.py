@@ -12,6 +12,7 @@ from torchrl_post.types import Batch
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import batched_log_probs
 from torchrl_post.workers.models import load_causal_lm
+from torchrl_post.workers.sequence import SequenceGroup
 
 
 class Reference:
@@ -24,11 +25,14 @@ class Reference:
         device: torch.device,
         *,
         temperature: float,
+        sequence: DeviceMesh | None = None,
     ) -> None:
         """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
-        a forward-only model has no backward to keep gathered parameters for."""
+        a forward-only model has no backward to keep gathered parameters for. `sequence`: the (dp, sp) mesh with
+        Ulysses sequence parallelism (`workers/sequence.py`)."""
         self.cfg, self.device, self.temperature = cfg, device, temperature
+        self.seq = SequenceGroup.of(sequence)
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
@@ -45,6 +49,9 @@ class Reference:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Reference logprobs of every response token, [B, R], on CPU."""
         micro = self.cfg.log_prob_micro_batch_size_per_gpu
-        return batched_log_probs(
-            self.model, batch, self.temperature, micro, self.device, packed=self.packed, shared=self.shared
-        )
+        rows, mine = self.seq.union(batch) if self.seq else (batch, None)
+        out = batched_log_probs(
+            self.model, rows, self.temperature, micro, self.device, packed=self.packed, shared=self.shared,
+            shard=self.seq.shard if self.seq else None,
+        )  # fmt: skip
+        return out if mine is None else out[mine]

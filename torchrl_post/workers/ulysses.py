@@ -5,7 +5,7 @@ shard of every row's columns; attention alone sees the whole sequence, its heads
     with sequence_parallel(model, shard, inputs) as local_inputs:   # inputs: the forward's full keyword arguments
         hidden = model(**local_inputs, ...)                          # this rank's columns shard.span(T) only
         loss = sum_over(local_loss, shard.group)
-        loss.backward()                          # inside the block when gradient checkpointing is on (see below)
+    loss.backward()                              # after the block too, gradient checkpointing included
 
 `inputs` is what the project builds for a forward: padded rows (`multimodal.vision.model_inputs`: input_ids,
 a 2-D attention_mask, position_ids) or packed rows (`workers.packing.Pack.inputs`: input_ids, position_ids, and for
@@ -27,15 +27,17 @@ every rank (S^2 bytes per row), as sdpa over the unsharded rows does.
 
 Simplified on purpose: sdpa and eager only (flash-attn would take the global sequence's cu_seqlens: not written,
 refused with an error); full attention layers only (no sliding window); text-only causal LMs (no M-RoPE
-position ids or images). Gradient checkpointing recomputes a layer's attention in the backward, through the
-model's implementation at that time: run the backward inside the block, or the recomputation meets sdpa with
-this module's plan for a mask and fails (a TypeError naming GlobalAttention) rather than computing a local
-attention. Without checkpointing the backward may run after the block.
+position ids or images). The model keeps the `ulysses` implementation after the block (`_INNER` remembers its
+own): every later forward of it must come through `sequence_parallel` (the attention refuses a call without
+the plan), and a gradient-checkpointed layer's recomputation in a backward after the block finds the plan in
+its saved inputs. Setting another implementation on the model (`set_attn_implementation`) makes that the one
+the next block runs inside.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -198,7 +200,7 @@ def ulysses_attention_forward(
 def _check(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any]) -> str:
     """The model's own attention implementation, after the checks that sequence parallelism can run it."""
     config: Any = model.config  # a transformers config (the model may be FSDP- or PEFT-wrapped)
-    inner = str(config._attn_implementation)
+    inner = own_attention(model)
     if inner not in INNER:
         raise ValueError(
             f"sequence parallelism runs the model's attention as {' or '.join(INNER)}, not {inner!r}: load the "
@@ -222,6 +224,18 @@ def _check(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any])
     if pos is not None and pos.dim() != 2:
         raise ValueError(f"sequence parallelism takes [b, T] position ids, not {list(pos.shape)} (M-RoPE)")
     return inner
+
+
+_INNER: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+"""A model switched to the `ulysses` implementation -> its own (sdpa or eager). The switch stays for the model's
+life: a sequence-parallel model runs every forward through `sequence_parallel`, and a checkpointed layer's
+recomputation in a backward after the block still finds `ulysses` and the call's plan in its saved inputs."""
+
+
+def own_attention(model: torch.nn.Module) -> str:
+    """The model's own attention implementation (the one `ulysses` runs inside, once switched)."""
+    impl = str(getattr(model.config, "_attn_implementation", None) or "sdpa")
+    return _INNER[model] if impl == ATTENTION else impl
 
 
 @contextmanager
@@ -250,13 +264,12 @@ def sequence_parallel(model: torch.nn.Module, shard: SequenceShard, inputs: dict
         "attention_mask": {"full_attention": plan},
         "use_cache": False,
     }
-    AttentionInterface.register(ATTENTION, ulysses_attention_forward)
-    model.set_attn_implementation(ATTENTION)  # type: ignore[operator]
     if model.config._attn_implementation != ATTENTION:  # type: ignore[union-attr]
-        raise ValueError(
-            f"{type(model).__name__} does not route its attention through transformers' AttentionInterface"
-        )
-    try:
-        yield local
-    finally:
-        model.set_attn_implementation(inner)  # type: ignore[operator]
+        AttentionInterface.register(ATTENTION, ulysses_attention_forward)
+        model.set_attn_implementation(ATTENTION)  # type: ignore[operator]
+        if model.config._attn_implementation != ATTENTION:  # type: ignore[union-attr]
+            raise ValueError(
+                f"{type(model).__name__} does not route its attention through transformers' AttentionInterface"
+            )
+        _INNER[model] = inner
+    yield local

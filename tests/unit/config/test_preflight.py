@@ -22,6 +22,7 @@ from torchrl_post.config.preflight import (
     check_model_dir,
     check_resume_path,
     check_run_dir,
+    check_sequence_parallel,
     check_tokenizer,
     preflight,
 )
@@ -220,6 +221,21 @@ def test_length_budget_counts_rope_scaling(model_copy: Path) -> None:
     config = AutoConfig.from_pretrained(model_copy)
     config.rope_scaling = {"rope_type": "linear", "factor": 4.0}
     check_length_budget(load_config(["data.max_prompt_length=1000", "data.max_response_length=24"]), config)
+
+
+def test_sequence_parallel_against_the_model(model_copy: Path) -> None:
+    config = AutoConfig.from_pretrained(model_copy)  # 2 attention heads
+    check_sequence_parallel(load_config(["model.ulysses_sequence_parallel_size=2"]), config)
+    msg = _error(check_sequence_parallel, load_config(["model.ulysses_sequence_parallel_size=4"]), config)
+    assert msg.startswith("model.ulysses_sequence_parallel_size=4 does not divide the 2 attention heads of model.path=")
+    vlm = Qwen2VLConfig(text_config={"num_attention_heads": 4})
+    msg = _error(check_sequence_parallel, load_config(["model.ulysses_sequence_parallel_size=2"]), vlm)
+    assert "is a vision-language model" in msg and msg.endswith("set it to 1")
+    config._attn_implementation = "flash_attention_2"
+    msg = _error(check_sequence_parallel, load_config(["model.ulysses_sequence_parallel_size=2"]), config)
+    assert msg.endswith(
+        "runs sdpa or eager attention; model.path=" + repr(load_config([]).model.path) + " asks for flash_attention_2"
+    )
 
 
 # --- check_critic -------------------------------------------------------------------------------------------

@@ -1,0 +1,160 @@
+"""Run under torchrun by test_sequence_parallel.py: the actor, critic and reference with Ulysses sequence
+parallelism against the same ranks without it (FSDP over all of them, each rank its own rows).
+
+Every rank draws its own rows, as it does in a run. Without sp each rank trains its rows and FSDP averages;
+with sp the ranks of a group train the union of their rows, each on 1/sp of every row's tokens. Both must give
+the same logprobs of each rank's rows, the same metrics (entropy, policy loss, gradient norm) and the same
+weights after an update of two optimizer steps.
+
+torchrun --nproc-per-node N tests/distributed/sp_worker.py <model_dir> <out.json>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed.checks import make_actor
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.placement import fsdp_mesh, sequence_mesh
+from torchrl_post.sync.weights import iter_full_weights
+from torchrl_post.types import Batch
+from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.critic import Critic
+from torchrl_post.workers.reference import Reference
+
+_KEEP: list[Any] = []  # freed at exit, not while another rank still runs collectives
+METRICS = ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac")
+
+
+def _batch(rank: int, rows: int = 4, width: int = 19, resp: int = 7) -> Batch:
+    """This rank's rows: varied prompt and response lengths (odd widths, so shards need padding), a prompt shared
+    by two samples (packing shares it), a filtered sample."""
+    gen = torch.Generator().manual_seed(100 + rank)
+    ids = torch.randint(5, 100, (rows, width), generator=gen)
+    ids[1, : width - resp] = ids[0, : width - resp]  # rows 0 and 1: one prompt, two samples
+    attn = torch.ones_like(ids)
+    attn[2, :4] = 0  # a left-padded prompt
+    attn[1, -3:] = 0  # short responses
+    attn[3, -5:] = 0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    mask = attn[:, -resp:].float()
+    mask[3, :] = 0 if rank == 0 else mask[3, :]  # a filtered sample on rank 0
+    adv = torch.randn(rows, 1, generator=gen) * mask
+    old = -torch.rand(rows, resp, generator=gen) * mask
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=pos,
+        loss_mask=mask,
+        rollout_log_probs=old.clone(),
+        group_ids=torch.tensor([0, 0, 1, 2]) + 10 * rank,
+        termination=torch.zeros(rows, dtype=torch.long),
+        weights=torch.ones(rows),
+        advantages=adv,
+        old_log_probs=old,
+    )
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(iter_full_weights(model, 1 << 20))
+
+
+def _real_diff(a: torch.Tensor, b: torch.Tensor, batch: Batch) -> float:
+    """The largest difference at real response tokens (a padded forward leaves garbage after a short response)."""
+    return ((a - b).abs() * batch.response_mask).max().item()
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> dict[str, Any]:
+    torch.manual_seed(0)
+    actor = Actor(
+        cfg.model, cfg.actor, fsdp, torch.device("cpu"), temperature=1.0, mini_batch_samples=2,
+        max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
+    )  # fmt: skip
+    _KEEP.append(actor)
+    logp = actor.log_probs(batch)
+    metrics = actor.update(batch)
+    return {"logp": logp, "metrics": {k: metrics[k] for k in METRICS}, "weights": _weights(actor.model)}
+
+
+def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> dict[str, Any]:
+    torch.manual_seed(0)
+    critic = Critic(
+        cfg.model, cfg.critic, fsdp, torch.device("cpu"), mini_batch_samples=2, epochs=1,
+        max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
+    )  # fmt: skip
+    _KEEP.append(critic)
+    values = critic.values(batch)
+    returns = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(7)) * batch.loss_mask
+    metrics = critic.update(dataclasses.replace(batch, values=values, returns=returns))
+    return {"values": values, "grad_norm": metrics["critic/grad_norm"], "weights": _weights(critic.model)}
+
+
+def _reference_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> torch.Tensor:
+    ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, torch.device("cpu"), temperature=1.0, sequence=seq)
+    _KEEP.append(ref)
+    return ref.log_probs(batch)
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], sys.argv[2]
+    env = read_env("cpu")
+    init_world(env)
+    world, rank = env.world_size, env.rank
+    batch = _batch(rank)
+    report: dict[str, Any] = {}
+    layouts = [sp for sp in (2, 4) if world % sp == 0]
+    for name, packed, shared, ckpt in (
+        ("padded", False, False, False),
+        ("packed", True, False, False),
+        ("shared", True, True, False),
+        ("checkpointing", True, True, True),
+    ):
+        cfg = Config()
+        cfg.model.path = model_dir
+        cfg.model.use_remove_padding, cfg.model.use_shared_prefix = packed, shared
+        cfg.model.enable_gradient_checkpointing = ckpt
+        cfg.data.max_response_length = batch.response_width
+        cfg.actor.ppo_micro_batch_size_per_gpu = 2 if name != "checkpointing" else 4
+        cfg.actor.clip_ratio = 0.1  # ratios off 1 (old logprobs are random): clipping counts
+        cfg.actor.lr = cfg.critic.lr = 1e-3
+        fsdp = fsdp_mesh("cpu", world, -1)
+        base = _actor_run(cfg, fsdp, None, batch)
+        for sp in layouts:
+            got = _actor_run(cfg, fsdp, sequence_mesh("cpu", world, sp), batch)
+            key = f"{name}_sp{sp}"
+            report[f"{key}_logp_diff"] = _real_diff(got["logp"], base["logp"], batch)
+            report[f"{key}_metrics"] = [got["metrics"], base["metrics"]]
+            report[f"{key}_weights_diff"] = _max_diff(got["weights"], base["weights"])
+        if name in ("padded", "shared"):
+            crit = _critic_run(cfg, fsdp, None, batch)
+            ref = _reference_run(cfg, fsdp, None, batch)
+            for sp in layouts:
+                mesh = sequence_mesh("cpu", world, sp)
+                got_c = _critic_run(cfg, fsdp, mesh, batch)
+                key = f"{name}_sp{sp}"
+                report[f"{key}_values_diff"] = (got_c["values"] - crit["values"]).abs().max().item()
+                report[f"{key}_critic_grad_norm"] = [got_c["grad_norm"], crit["grad_norm"]]
+                report[f"{key}_critic_weights_diff"] = _max_diff(got_c["weights"], crit["weights"])
+                report[f"{key}_reference_diff"] = _real_diff(_reference_run(cfg, fsdp, mesh, batch), ref, batch)
+        report[f"{name}_moved"] = _max_diff(base["weights"], _weights(make_actor(cfg, fsdp).model))
+    reports: list[Any] = [None] * world
+    dist.all_gather_object(reports, report)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(reports, f)
+    end_process(0)
+
+
+if __name__ == "__main__":
+    main()
