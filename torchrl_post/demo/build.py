@@ -6,16 +6,19 @@ The warm start is a brief supervised pass on prompt -> answer that stops as soon
 accuracy on training prompts reaches `--target-acc` (0.3). Half of its targets are written "=<answer>", a
 format the exact-match reward rejects, so the warm-started model is unsure of both the format and the sums:
 RL has signal from the first step and room to improve on both.
-Deterministic (seeded) and cached: nothing is rebuilt when the model directory is already complete.
+The same model, bit for bit, on every machine (`deterministic`: float64 and gradients on a grid; its
+`fingerprint` is printed), and cached: nothing is rebuilt when the model directory is already complete.
 Tests call `build_tiny_model` directly for untrained models of any size.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +130,31 @@ def warm_start(
         acc = greedy_accuracy(model, tok, probe)
         return acc >= target_acc, f"greedy acc {acc:.2f}"
 
-    sft(model, tok, seqs, masks, evaluate, gen, max_steps=max_steps, lr=lr, batch_size=batch_size)
+    with deterministic(model):
+        sft(model, tok, seqs, masks, evaluate, gen, max_steps=max_steps, lr=lr, batch_size=batch_size, grad_grid=GRID)
     return acc
+
+
+GRID = 2.0**-24
+"""The warm start's gradient grid (~6e-8): far below the gradients that train (1e-4 and up), far above the float64
+differences between machines (~1e-16 relative)."""
+
+
+@contextmanager
+def deterministic(model: torch.nn.Module) -> Iterator[None]:
+    """The same model on every machine. Matrix products and reductions sum in an order that depends on the CPU
+    (AVX2 or AVX-512 kernels, thread count), and AdamW, which divides each gradient by its own running scale,
+    turns a last-bit difference in a near-zero gradient into a whole step: two machines' float32 warm starts
+    end 0.3 apart in some weight. Inside this block the model computes in float64 and `sft` rounds the
+    gradients to `GRID` before each step, so the machines' differences (~1e-16 relative) vanish in the rounding
+    (a gradient within 1e-16 of a grid midpoint rounds apart: about one chance in 1e8 per value and step), and
+    the optimizer's element-wise arithmetic, exact in IEEE floats, gives the same weights bit for bit. The model
+    is float32 again after the block."""
+    model.double()
+    try:
+        yield
+    finally:
+        model.float()
 
 
 def sft(
@@ -145,11 +171,13 @@ def sft(
     trim: bool = False,
     label: str = "warm start",
     lr_scale: Callable[[int], float] | None = None,
+    grad_grid: float = 0.0,
 ) -> int:
     """Supervised steps on token rows (`masks`: 1 where a token is a target) until `evaluate` says done
     (it runs before the first step and every `eval_every` steps, and returns (done, progress text)).
     Batches are drawn with `gen`; `trim` cuts a batch's padding columns (right padding: the loss is the
-    same); `lr_scale(step)` multiplies the learning rate (a schedule). Returns the number of steps taken."""
+    same); `lr_scale(step)` multiplies the learning rate (a schedule); `grad_grid` > 0 (a power of two) rounds
+    every gradient to multiples of it before the step (`deterministic`). Returns the number of steps taken."""
     width = max(map(len, seqs))
     ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
     loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
@@ -172,6 +200,10 @@ def sft(
         loss = (nll * m).sum() / m.sum()
         opt.zero_grad()
         loss.backward()
+        if grad_grid > 0:
+            for p in model.parameters():
+                if p.grad is not None:  # exact in binary floating point: a power-of-two scale and an integer
+                    p.grad.div_(grad_grid).round_().mul_(grad_grid)
         opt.step()
         if sched is not None:
             sched.step()
@@ -184,26 +216,43 @@ def sft(
     return steps
 
 
+RECIPE = 2
+"""The warm start's version: a cached model built by another recipe is rebuilt (2: the deterministic warm start)."""
+
+
+def fingerprint(model_dir: Path) -> str:
+    """The first 12 hex digits of the weights file's SHA-256: the same on every machine for the same recipe."""
+    return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()[:12]
+
+
 def build_demo(
     model_dir: Path, data_dir: Path, target_acc: float = 0.3, seed: int = 0, wordy_frac: float = 0.5
 ) -> None:
-    """Write the demo data and the warm-started model, unless both are already there."""
+    """Write the demo data and the warm-started model, unless both are already there (a model of an older
+    recipe is rebuilt)."""
     train_path, _ = (data_dir / "train.jsonl", data_dir / "val.jsonl")
     if not train_path.exists() or not (data_dir / "val.jsonl").exists():
         train_path, _ = write_task(data_dir, seed)
     marker = model_dir / "demo_build.json"
-    if marker.exists():
-        print(f"demo model ready at {model_dir}")
+    if marker.exists() and json.loads(marker.read_text()).get("recipe") == RECIPE:
+        print(f"demo model ready at {model_dir} (fingerprint {fingerprint(model_dir)})")
         return
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if marker.exists():
+        print(f"rebuilding the demo model at {model_dir}: built by an older recipe")
+        marker.unlink()
     model, _ = build_tiny_model(model_dir, seed=seed)
     tok = AutoTokenizer.from_pretrained(model_dir)  # exactly the tokenizer the trainer and vLLM will load
     rows = [json.loads(line) for line in train_path.read_text().splitlines()]
     acc = warm_start(model, tok, rows, target_acc, seed=seed, wordy_frac=wordy_frac)
     save_model(model, tok, model_dir)
-    info = {"greedy_train_accuracy": acc, "target_acc": target_acc, "seed": seed, "wordy_frac": wordy_frac}
+    info = {
+        "recipe": RECIPE, "greedy_train_accuracy": acc, "target_acc": target_acc, "seed": seed,
+        "wordy_frac": wordy_frac, "fingerprint": fingerprint(model_dir),
+    }  # fmt: skip
     marker.write_text(json.dumps(info) + "\n")
-    print(f"demo model written to {model_dir} (warm-start greedy accuracy {acc:.2f})")
+    print(
+        f"demo model written to {model_dir} (warm-start greedy accuracy {acc:.2f}, fingerprint {info['fingerprint']})"
+    )
 
 
 def main() -> None:
