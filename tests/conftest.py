@@ -95,6 +95,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def demo_20_steps(demo: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """metrics.jsonl of the default demo, 20 steps on 2 processes (`tests.e2e.golden.record.run_demo`): the
+    golden fixture's run, and the baseline other layouts of the same run are compared with."""
+    from tests.e2e.golden.record import run_demo
+
+    return run_demo(tmp_path_factory.mktemp("demo_20_steps"), demo)
+
+
+@pytest.fixture(scope="session")
 def task_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from torchrl_post.demo.task import write_task
 

@@ -136,6 +136,7 @@ class RunPlan:
     def batch_numbers(self) -> dict[str, int]:
         """The per-rank batch arithmetic the dry run shows."""
         actor, n = self.roles["actor"], self.group_size
+        sp = {"samples_per_mini_batch_per_sp_group": actor.mini_batch_samples * actor.sequence_parallel}
         return {
             "prompts_per_step": self.prompts_per_step,
             "samples_per_step": self.prompts_per_step * n,
@@ -143,7 +144,7 @@ class RunPlan:
             "samples_per_actor_rank": self.prompts_per_step * n // len(actor.ranks),
             "mini_batches_per_epoch": self.prompts_per_step // self.mini_batch_prompts,
             "samples_per_mini_batch_per_rank": actor.mini_batch_samples,
-        }
+        } | (sp if actor.sequence_parallel > 1 else {})
 
     def describe(self, device: str, backend: str) -> str:
         """The dry-run plan: roles -> ranks, meshes, engines, the sync, where each role comes from, batch

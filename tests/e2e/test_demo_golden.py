@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.golden.record import FINGERPRINT, FIXTURE, STEPS, compared_keys, machine, rows_by_step, run_demo
+from tests.e2e.golden.record import FINGERPRINT, FIXTURE, STEPS, compared_keys, machine, rows_by_step
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-def test_demo_metrics_equal_the_recorded_run(tmp_path: Path) -> None:
+def test_demo_metrics_equal_the_recorded_run(demo_20_steps: Path) -> None:
     recorded_on = json.loads(FINGERPRINT.read_text())
     if machine() != recorded_on:
         pytest.skip(f"fixture recorded on {recorded_on}, this machine is {machine()}: float results differ by CPU")
     want = rows_by_step(FIXTURE)
-    got = rows_by_step(run_demo(tmp_path))
+    got = rows_by_step(demo_20_steps)
     assert sorted(got) == sorted(want) == list(range(STEPS + 1))
     for step in sorted(want):
         keys = compared_keys(want[step], got[step])

@@ -42,11 +42,12 @@ def machine() -> dict[str, object]:
     return {"cpu": cpu, "cpus": os.cpu_count(), "torch": torch.__version__}
 
 
-def run_demo(root: Path) -> Path:
-    """Build the demo under `root` and train it for STEPS steps on 2 processes; returns metrics.jsonl."""
+def run_demo(root: Path, built: tuple[Path, Path] | None = None, *extra: str) -> Path:
+    """Train the demo for STEPS steps on 2 processes under `root` (the demo `built` as (model, data), else built
+    there), with `extra` overrides; returns metrics.jsonl."""
     from torchrl_post.demo.build import build_demo
 
-    model, data = root / "model", root / "data"
+    model, data = built or (root / "model", root / "data")
     build_demo(model, data)
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
@@ -61,6 +62,7 @@ def run_demo(root: Path) -> Path:
         f"data.val_files={data / 'val.jsonl'}",
         f"trainer.total_training_steps={STEPS}",
         f"trainer.default_local_dir={run}",
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
