@@ -8,17 +8,27 @@ max_position_embeddings above the longest row). benchmarks/sequence_parallel_wor
 sp gloo processes (sp = the world, dp = 1): one `Actor.update` (FSDP2, PPO clip loss, AdamW) of one row, a
 32-token prompt and a response of each length, every rank holding 1/sp of the row's tokens. Memory is torch's
 MemTracker (exact tensor bytes on CPU, not RSS): `activations` is the peak less the parameters, gradients and
-AdamW state held at that moment, which FSDP shards already; the largest rank's. Time is one more update,
-untracked, with the time inside `distributed.ulysses._exchange` (the all-to-alls and their copies, forward,
-backward and checkpointed recomputation) taken by a hook in the worker; `share` = that / the update's wall time.
+AdamW state held at that moment, which FSDP shards already; the largest rank's. Time is the fastest of 3 more
+updates (1 with --tiny), untracked, with the time inside `distributed.ulysses._exchange` (the all-to-alls and
+their copies, forward, backward and checkpointed recomputation) taken by a hook in the worker; `share` = that /
+the update's wall time.
 
-The per-token slope and the constant are a least-squares line through (tokens, activations) per sp: the slope is
-what sequence parallelism divides; the constant (FSDP's gathered parameters, the chunked head's first chunk,
-buffers) is not. On 2 shared CPU cores sp processes take turns on the cores, so the step time does not fall
-with sp, and an exchange also waits for the rank the scheduler ran last: the share is an upper bound of what the
-exchange costs on sp devices. CPU only (gloo): memory per rank does not depend on the device.
+The per-token slope and the constant are a least-squares line through (tokens, activations) per sp. Measured
+(2026-11-26): about 1.1 x 1/sp at every length, in the slope; the constant (FSDP's gathered parameters, buffers)
+is under 1 MiB. Counted with saved-tensor hooks at 2k tokens, per decoder layer and local token the Ulysses
+attention saves two hidden-sized tensors that sp=1 does not: k and v repeated to the rank's query heads before
+sdpa (`workers/ulysses.py: _attend`; transformers' sdpa at sp=1 passes `enable_gqa` and keeps k and v at the kv
+heads; sdpa with enable_gqa there measured 23.0 against 24.0 MiB at sp=2), and the exchanged output's copy to
+[b, s, H, d] that o_proj saves beside sdpa's saved output (at sp=1 the CPU kernel's output already has that
+layout: one storage for both); 43.3 hidden sizes per local token against sp=1's 38.2. (Before its fix, found by
+this benchmark, the global mask built a [S, S] causal square for plain rows and dropped it: 516 MiB per rank at
+16k, above sp=1's 327.)
 
-    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on (~10 minutes)
+On 2 shared CPU cores sp processes take turns on the cores, so the step time is no speed-up measure, and an
+exchange also waits for the rank the scheduler ran last: the share is an upper bound of what the exchange costs
+on sp devices. CPU only (gloo): memory per rank does not depend on the device.
+
+    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on (~5 minutes)
     --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
     --tiny    response lengths 256, 512; sp 1, 2; checkpointing off (seconds; for tests)
 """
@@ -200,11 +210,11 @@ def markdown(rec: dict[str, Any]) -> str:
         "`model.ulysses_sequence_parallel_size` = sp = the gloo ranks (dp 1): each rank runs 1/sp of the row's "
         "tokens. `activations`: torch's MemTracker peak less the parameters, gradients and AdamW state held at that "
         "moment (FSDP shards those already), the largest rank's; `ratio` = that / sp=1's at the same length "
-        "(ideal 1/sp); `peak`: everything, the sharded model state included. `step`: one more update, untracked, "
-        "the slowest rank; `all-to-all`: the time inside the Ulysses exchanges (q, k, v in, the output back; "
-        "forward, backward and a checkpointed layer's recomputation), mean over the ranks; `share` = that / "
-        "the step; `MiB into all-to-alls`: the bytes each rank hands to them per update ((sp-1)/sp of it leaves "
-        "the rank).",
+        "(ideal 1/sp); `peak`: everything, the sharded model state included. "
+        f"`step`: the fastest of {rec['timed']} more updates, untracked, the slowest rank; `all-to-all`: the time "
+        "inside the Ulysses exchanges (q, k, v in, the output back; forward, backward and a checkpointed layer's "
+        "recomputation), mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes each "
+        "rank hands to them per update ((sp-1)/sp of it leaves the rank).",
         "",
         common.table(rows, COLUMNS),
         "Activations per rank = constant + slope x tokens (least squares over the lengths; tokens = prompt + "
@@ -213,26 +223,34 @@ def markdown(rec: dict[str, Any]) -> str:
         common.table(fits, FIT_COLUMNS),
     ]
     if at_longest:
-        worst = max(at_longest, key=lambda r: r["ratio"] * r["sp"])
         held = ", ".join(f"sp {r['sp']} {r['ratio']:.3f}" for r in at_longest if not r["checkpointing"])
         held_ckpt = ", ".join(f"sp {r['sp']} {r['ratio']:.3f}" for r in at_longest if r["checkpointing"])
+        above = [r["ratio"] * r["sp"] for r in at_longest]
+        slopes = [f["slope_ratio"] * f["sp"] for f in rec["fits"] if f["sp"] > 1]
+        constant = max(abs(f["intercept_bytes"]) for f in rec["fits"]) / 2**20
         lines.append(
             f"At {longest} response tokens a rank holds this fraction of sp=1's activations: {held}"
             + (f"; with checkpointing {held_ckpt}" if held_ckpt else "")
-            + f". The furthest from 1/sp is sp "
-            f"{worst['sp']} with checkpointing {_on(worst['checkpointing'])}, {worst['ratio'] * worst['sp']:.2f} x "
-            f"1/sp. The slope divides by sp; the constant does not (FSDP's gathered parameters and their "
-            f"gradients, the chunked head's chunk, the row's ids and per-token loss terms, which every rank holds "
-            f"whole): it weighs most at short rows and with checkpointing, where the per-token part is small. The "
-            f"all-to-all's share of the step: {min(shares):.0%} to {max(shares):.0%} (sp processes on "
-            f"{rec['machine']['cpu_count']} shared cores: an exchange also waits for the rank the scheduler ran "
-            f"last). Load average {rec['loadavg_1m']:.1f}; {rec['seconds']:.0f} s in all."
+            + f": {min(above):.2f}-{max(above):.2f} x the ideal 1/sp. The per-token slope carries the excess "
+            f"({min(slopes):.2f}-{max(slopes):.2f} x sp=1's / sp; the constant is under {constant:.1f} MiB): "
+            "per layer and local token the Ulysses attention keeps two hidden-sized tensors that sp=1 does not, "
+            "k and v repeated to the rank's query heads for sdpa (transformers' sdpa at sp=1 passes `enable_gqa` "
+            "and keeps them at the kv heads) and the exchanged output, copied to [b, s, H, d] for o_proj beside "
+            "sdpa's own saved output (at sp=1 the CPU kernel's output is that layout already: one storage); "
+            "about 5 hidden sizes per token against sp=1's 38 (module docstring). The all-to-all's share of the "
+            f"step: {min(shares):.0%} to {max(shares):.0%}, falling with the length (the exchange grows with S, "
+            "the attention with S^2); sp processes share "
+            f"{rec['machine']['cpu_count']} busy cores, so an exchange also waits for the rank the scheduler ran "
+            f"last, and `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
+            f"{rec['seconds']:.0f} s in all."
         )
     return "\n".join(lines) + "\n"
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     settings = sorted({r["checkpointing"] for r in rec["rows"]})
     fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 4.5), squeeze=False)
     for ax, ckpt in zip(axes[0], settings, strict=True):
@@ -247,6 +265,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         xs = sorted(one)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in xs])
         ax.minorticks_off()
         ax.set(xlabel="response tokens (one row)", ylabel="peak activation MiB per rank")
