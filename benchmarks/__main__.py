@@ -29,7 +29,9 @@ from types import ModuleType
 
 from benchmarks import common
 
-BENCHMARKS = ("sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop", "loss_path")
+BENCHMARKS = (
+    "sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop", "loss_path", "sequence_parallel",
+)  # fmt: skip
 PAGE = common.ROOT / "docs" / "benchmarks.md"  # the docs site's benchmark page
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 

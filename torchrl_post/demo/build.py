@@ -39,9 +39,11 @@ def build_tiny_model(
     vocab_size: int = 128,
     seed: int = 0,
     extra_special: list[str] | None = None,
+    max_position_embeddings: int = 256,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerBase]:
     """Save a randomly initialised Qwen2 model (head_dim = hidden/heads, keep it 32 or 64) and tokenizer
-    (`extra_special`: special tokens added after the character vocabulary, see `build_char_tokenizer`)."""
+    (`extra_special`: special tokens added after the character vocabulary, see `build_char_tokenizer`;
+    `max_position_embeddings`: the longest row the config declares)."""
     tok = build_char_tokenizer(vocab_size, extra_special)
     cfg = Qwen2Config(
         vocab_size=vocab_size,
@@ -50,7 +52,7 @@ def build_tiny_model(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
-        max_position_embeddings=256,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,

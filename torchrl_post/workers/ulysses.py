@@ -99,6 +99,11 @@ def pad_positions(position_ids: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([position_ids, position_ids[..., -1:] + steps], dim=-1)
 
 
+def _causal(length: int, device: torch.device) -> torch.Tensor:
+    """[length, length] boolean, True on and below the diagonal."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+
+
 def global_attention_mask(inputs: dict[str, Any], length: int) -> torch.Tensor | None:
     """The [b, 1, length, length] boolean mask (True: attend) of the full rows of `inputs`, padded at the end
     to `length` columns; None where plain causal attention is exact (no padding inside the rows, no packing).
@@ -113,12 +118,13 @@ def global_attention_mask(inputs: dict[str, Any], length: int) -> torch.Tensor |
         allowed = mask if mask.dtype == torch.bool else mask == 0  # additive (eager): 0 where attended
         allowed = torch.nn.functional.pad(allowed, (0, length - t, 0, length - t), value=False)
     else:
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        # the [length, length] causal mask only past the returns: on a plain causal row it would be a transient
+        # S^2 bytes on every rank, more than the activations that sp divides (benchmarks/sequence_parallel.py)
         if mask is not None:
             if bool(mask.all()):
                 return None  # the end padding is causally after every real token
             keys = torch.nn.functional.pad(mask.bool(), (0, length - t), value=False)
-            allowed = causal & keys[:, None, None, :]
+            allowed = _causal(length, device) & keys[:, None, None, :]
         else:
             pos = inputs.get("position_ids")
             if pos is None:
@@ -129,7 +135,7 @@ def global_attention_mask(inputs: dict[str, Any], length: int) -> torch.Tensor |
             sample = starts.cumsum(-1)
             if bool((sample[:, -1] == 1).all()):
                 return None  # one sample per row
-            allowed = causal & (sample[:, None, :, None] == sample[:, None, None, :])
+            allowed = _causal(length, device) & (sample[:, None, :, None] == sample[:, None, None, :])
     return allowed | torch.eye(length, dtype=torch.bool, device=device)
 
 

@@ -76,6 +76,22 @@ def test_plain_causal_rows_take_no_mask() -> None:
     assert global_attention_mask({"input_ids": ids, "attention_mask": torch.ones(2, 5), "position_ids": ids}, 6) is None
 
 
+def test_plain_causal_rows_build_no_square() -> None:
+    """Deciding that a long plain row needs no mask allocates nothing of [length, length] (it once built the causal
+    square first: a transient S^2 bytes per rank, more than the activations sp divides at 16k tokens)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    n = 2048
+    ids = torch.zeros(1, n, dtype=torch.long)
+    padded = {"input_ids": ids, "attention_mask": torch.ones(1, n)}
+    packed = {"input_ids": ids, "position_ids": torch.arange(n)[None]}
+    for inputs in (padded, packed):
+        tracker = MemTracker()
+        with tracker:
+            assert global_attention_mask(inputs, n) is None
+        assert tracker.get_tracker_snapshot("peak")[CPU]["Total"] < n * n // 16
+
+
 def test_shared_prompt_mask_padded_bool_or_additive() -> None:
     b = _batch([(2, 0), (2, 2), (0, 1)])
     b.input_ids[1, :7] = b.input_ids[0, :7]  # two samples of one prompt share it
