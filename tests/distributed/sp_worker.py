@@ -120,12 +120,15 @@ def main() -> None:
         ("shared", True, True, False),
         ("checkpointing", True, True, True),
         ("lora", True, True, False),
+        ("dynamic", True, True, False),
     ):
         cfg = Config()
         cfg.model.path = model_dir
         cfg.model.use_remove_padding, cfg.model.use_shared_prefix = packed, shared
         cfg.model.enable_gradient_checkpointing = ckpt
         cfg.model.lora_rank = 4 if name == "lora" else 0  # PEFT wraps the model: its attention switches alike
+        # token-budget micro-batches: the budget is per rank, so an sp group's micro-batch holds sp times the rows
+        cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = name == "dynamic", 30
         cfg.data.max_response_length = batch.response_width
         cfg.actor.ppo_micro_batch_size_per_gpu = 2 if name != "checkpointing" else 4
         cfg.actor.clip_ratio = 0.1  # ratios off 1 (old logprobs are random): clipping counts

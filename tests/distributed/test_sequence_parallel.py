@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism in the trained roles (gloo): the actor's logprobs, entropy, policy loss,
 gradient norm and updated weights, the critic's values and update, and the reference's logprobs with sp = 2
 and 4 equal those of the same ranks without sp, padded, packed and with shared prompts, with grouped-query
-attention (4 query heads over 2 key/value heads: sp = 4 repeats the key/value heads), and with a LoRA adapter."""
+attention (4 query heads over 2 key/value heads: sp = 4 repeats the key/value heads), with a LoRA adapter and with token-budget micro-batches."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.conftest import assert_ok, torchrun
 
 pytestmark = pytest.mark.distributed
 
-CASES = ("padded", "packed", "shared", "checkpointing", "lora")
+CASES = ("padded", "packed", "shared", "checkpointing", "lora", "dynamic")
 
 
 @pytest.fixture(scope="module")
