@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from benchmarks.loss_path_worker import make_batch
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed import ulysses
 from torchrl_post.distributed.env import end_process, init_world, read_env
@@ -74,28 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def make_batch(prompt: int, response: int, vocab: int, rows: int = 1, seed: int = 0) -> Batch:
-    """`rows` rows of random tokens, no padding, random advantages, on-policy (no old logprobs)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (rows, prompt + response), generator=gen)
-    attn = torch.ones_like(ids)
-    loss_mask = torch.ones(rows, response)
-    return Batch(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-        loss_mask=loss_mask,
-        rollout_log_probs=torch.zeros(rows, response),
-        group_ids=torch.zeros(rows, dtype=torch.long),
-        termination=torch.zeros(rows, dtype=torch.long),
-        weights=torch.ones(rows),
-        advantages=torch.randn(rows, 1, generator=gen) * loss_mask,
-    )
-
-
 def group_row(prompt: int, response: int, vocab: int, rank: int, seed: int = 0) -> Batch:
     """This rank's share of the sp group's rows: one row on rank 0, none elsewhere (the union is that row)."""
-    batch = make_batch(prompt, response, vocab, seed=seed)
+    batch = make_batch(1, prompt, response, vocab, seed=seed)
     return batch if rank == 0 else batch.select(slice(0, 0))
 
 
