@@ -46,6 +46,7 @@ from torchrl_post.distributed.env import (
     shutdown_distributed,
     under_torchrun,
 )
+from torchrl_post.logging.metrics import check_loggers
 from torchrl_post.plan import RunPlan, plan_run, planned_world
 from torchrl_post.reward import RewardFn
 
@@ -181,6 +182,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str]) -> RunResu
     if cfg.trainer.dry_run:
         _dry_run(cfg, plan, env)
         return RunResult(run_dir, 0, dry_run=True)
+    check_loggers(list(cfg.trainer.logger))  # a missing package or W&B key: one line before anything loads
     parts = resolve_components(cfg, given)  # import errors now, on every rank, before anything loads
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING,

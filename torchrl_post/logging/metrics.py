@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import math
+import netrc
 import os
 import sys
 from pathlib import Path
@@ -39,6 +40,24 @@ def check_loggers(loggers: list[str]) -> None:
             raise ConfigError(
                 f"trainer.logger lists {name} but the {package} package is not installed (pip install {package})"
             )
+    if "wandb" in loggers and not _wandb_credentials():
+        raise ConfigError(
+            "trainer.logger lists wandb (WANDB_MODE=online) but W&B has no API key; run `wandb login` or set "
+            "WANDB_API_KEY, or set WANDB_MODE=offline to keep the run in the run directory (`wandb sync` uploads "
+            "it later)"
+        )
+
+
+def _wandb_credentials() -> bool:
+    """Whether W&B can start without asking: a mode that needs no key, WANDB_API_KEY, or `wandb login`'s netrc
+    entry (checked before any model loads; `wandb.init` would fail only after they have)."""
+    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def _init_wandb(run_dir: Path, project: str, experiment: str, config: dict[str, Any]) -> Any:

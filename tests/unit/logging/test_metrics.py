@@ -338,3 +338,25 @@ def test_truncate_history_missing_file(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert truncate_history(path, 3) == 0
     assert not path.exists()
+
+
+def test_wandb_without_a_key_is_refused_before_anything_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same refusal from the credentials alone (api.run checks them before the engine and the models load);
+    a key, a netrc login or an offline mode passes."""
+    from torchrl_post.logging.metrics import check_loggers
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("NETRC", raising=False)
+    with pytest.raises(ConfigError, match=r"trainer\.logger lists wandb .*no API key.*WANDB_MODE=offline"):
+        check_loggers(["console", "wandb"])
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    check_loggers(["wandb"])
+    (tmp_path / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_loggers(["wandb"])
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    check_loggers(["wandb"])
