@@ -33,9 +33,10 @@ _KEEP: list[Any] = []  # freed at exit, not while another rank still runs collec
 METRICS = ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac")
 
 
-def _batch(rank: int, rows: int = 4, width: int = 19, resp: int = 7) -> Batch:
-    """This rank's rows: varied prompt and response lengths (odd widths, so shards need padding), a prompt shared
-    by two samples (packing shares it), a filtered sample."""
+def _batch(rank: int, rows: int = 4) -> Batch:
+    """This rank's rows: varied prompt and response lengths (odd widths, so shards need padding; the ranks' widths
+    differ, as trimmed batches do), a prompt shared by two samples (packing shares it), a filtered sample."""
+    width, resp = 19 + rank % 2, 7 + rank % 2
     gen = torch.Generator().manual_seed(100 + rank)
     ids = torch.randint(5, 100, (rows, width), generator=gen)
     ids[1, : width - resp] = ids[0, : width - resp]  # rows 0 and 1: one prompt, two samples
@@ -129,7 +130,7 @@ def main() -> None:
         cfg.model.lora_rank = 4 if name == "lora" else 0  # PEFT wraps the model: its attention switches alike
         # token-budget micro-batches: the budget is per rank, so an sp group's micro-batch holds sp times the rows
         cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = name == "dynamic", 30
-        cfg.data.max_response_length = batch.response_width
+        cfg.data.max_response_length = 8
         cfg.actor.ppo_micro_batch_size_per_gpu = 2 if name != "checkpointing" else 4
         cfg.actor.clip_ratio = 0.1  # ratios off 1 (old logprobs are random): clipping counts
         cfg.actor.lr = cfg.critic.lr = 1e-3

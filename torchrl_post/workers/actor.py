@@ -147,7 +147,7 @@ class Actor:
             self.shared, self.shard,
         )  # fmt: skip
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
-        return out if mine is None else out[mine]
+        return out if mine is None else SequenceGroup.mine(out, mine, batch)
 
     def base_log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs under the base model: a LoRA actor with its adapter disabled (the reference policy)."""

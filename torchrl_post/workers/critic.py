@@ -141,7 +141,7 @@ class Critic:
         vals = [self._values(rows, sl).cpu() for sl in chunks(len(rows), self.cfg.ppo_micro_batch_size_per_gpu)]
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         out = torch.cat(vals) * rows.loss_mask
-        return out if mine is None else out[mine]
+        return out if mine is None else SequenceGroup.mine(out, mine, batch)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value regression of the values onto `batch.returns`; one optimizer step per mini-batch."""

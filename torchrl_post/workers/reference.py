@@ -54,4 +54,4 @@ class Reference:
             self.model, rows, self.temperature, micro, self.device, packed=self.packed, shared=self.shared,
             shard=self.seq.shard if self.seq else None,
         )  # fmt: skip
-        return out if mine is None else out[mine]
+        return out if mine is None else SequenceGroup.mine(out, mine, batch)

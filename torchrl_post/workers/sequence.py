@@ -48,6 +48,12 @@ class SequenceGroup:
     def size(self) -> int:
         return self.shard.size
 
+    @staticmethod
+    def mine(out: torch.Tensor, rows: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """This rank's rows of a per-token result of the union [B_union, R_union] -> [B, R] of its own `batch`
+        (the union's responses are right-padded to the group's widest: the first R columns are this rank's)."""
+        return out[rows, : batch.response_width]
+
     def union(self, batch: Batch, mini: int = 0) -> tuple[Batch, torch.Tensor]:
         """The rows of every rank of the sp group, and the indices of this rank's rows in it. With `mini` > 0 the
         union's mini-batch j (of `mini` x sp rows) is the ranks' mini-batches j in rank order, so each optimizer
