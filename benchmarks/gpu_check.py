@@ -96,6 +96,13 @@ CHECKS = (
         90,
     ),
     Check(
+        "sequence_parallel",
+        "Ulysses sp = 2 on 2 ranks sharing the GPU (gloo, TF32 off): the exchanges exact, a tiny Qwen2 sharded equal "
+        "to whole (padded, packed, shared rows, GQA), the actor, critic and reference with sp equal to without, "
+        "float32 and bf16",
+        90,
+    ),
+    Check(
         "split_placement",
         "2 ranks: vLLM engine on GPU 1, FSDP2 actor on GPU 0 (placement.rollout=[1] placement.actor=[0]), the NCCL "
         "weight broadcast, trainer.max_off_policy_steps=1: exit 0, staleness 1 after the first step, sync bytes",

@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -460,6 +461,179 @@ def split_placement(ctx: Ctx) -> Result:
     return "passed", "", numbers
 
 
+# ---- Ulysses sequence parallelism --------------------------------------------------------------------------------
+
+SP_RANKS = 2  # one GPU hosts both ranks: gloo (NCCL cannot put two ranks on one device), sp = 2
+# the models tests/distributed/test_ulysses.py and test_sequence_parallel.py build
+SP_MODELS: dict[str, dict[str, Any]] = {
+    "sp_kv2": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256),
+    "sp_kv1": dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=1, intermediate_size=256),
+    "sp_gqa": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96, seed=3),
+}
+ULYSSES_CASES = ("padded", "causal", "packed", "shared", "padded_checkpointed", "packed_checkpointed",
+                 "padded_eager", "shared_eager")  # fmt: skip
+ROLE_CASES = ("padded", "packed", "shared", "checkpointing", "lora", "dynamic")
+# Tolerances by (device, dtype); keys: ulysses_worker's (logp_abs, entropy_abs, loss_rel, grad_rel), sp_worker's
+# (logp, metrics_rel, weights, values, reference). CPU float32: the tests' own (tests/distributed/test_ulysses.py,
+# test_sequence_parallel.py). CUDA float32 (TF32 off): an sp = 2 rank multiplies half the tokens per matmul and
+# cuBLAS picks its kernels (so their summation order) by shape: float32 rounding (about 1e-7 relative) adds up
+# differently; 50x the CPU bounds. bfloat16 (about 4e-3 relative per rounding; on CPU, measured: log-probs within
+# 1.1e-3, metrics 1e-4 relative, Ulysses gradients 1.3e-2 of their largest entry): a logit of 4 to 8 has a
+# rounding step of 0.03, so log-probs get 0.1 as the packed-rows check gives bf16; a wrong shard or leak moves
+# them by about 1. Weights in bf16: None, reported and not asserted. AdamW steps each entry by about lr whatever
+# its gradient's size, so an entry whose bf16 gradient is near zero steps either way: after two steps of lr 1e-3
+# the layouts differ by up to 4e-3 (3.1e-3 measured on CPU), which a bound would only restate.
+SP_TOL: dict[tuple[str, str], dict[str, float | None]] = {
+    ("cpu", "float32"): {"logp_abs": 2e-6, "entropy_abs": 5e-6, "loss_rel": 1e-6, "grad_rel": 1e-5,
+                         "logp": 2e-6, "metrics_rel": 1e-5, "weights": 1e-5, "values": 2e-6, "reference": 2e-6},
+    ("cuda", "float32"): {"logp_abs": 1e-4, "entropy_abs": 2.5e-4, "loss_rel": 5e-5, "grad_rel": 5e-4,
+                          "logp": 1e-4, "metrics_rel": 5e-4, "weights": 5e-4, "values": 1e-4, "reference": 1e-4},
+    ("cuda", "bfloat16"): {"logp_abs": 0.1, "entropy_abs": 0.1, "loss_rel": 1e-2, "grad_rel": 5e-2,
+                           "logp": 0.1, "metrics_rel": 5e-2, "weights": None, "values": 0.1, "reference": 0.1},
+}  # fmt: skip
+METRICS_ABS = 1e-7  # metrics near 0 (a clip fraction, a KL) compare absolutely below METRICS_ABS / metrics_rel
+
+
+def sp_model(ctx: Ctx, name: str) -> Path:
+    out = ctx.work / name
+    if not (out / "config.json").exists():
+        from torchrl_post.demo.build import build_tiny_model
+
+        build_tiny_model(out, **SP_MODELS[name])
+    return out
+
+
+def run_together(runs: dict[str, list[str]], ctx: Ctx, env: dict[str, str]) -> dict[str, float]:
+    """The commands at once (each logged to logs/<tag>.log), waited for; seconds each. A failure raises as
+    common.run_logged does: the command, then its log's tail."""
+    procs, seconds, files = {}, {}, []
+    t0 = time.perf_counter()
+    for tag, cmd in runs.items():
+        log = ctx.work / "logs" / f"{tag}.log"
+        files.append(f := log.open("w"))
+        procs[tag] = (cmd, log, subprocess.Popen(cmd, cwd=common.ROOT, stdout=f, stderr=subprocess.STDOUT, env=env))
+    failed = []
+    while len(seconds) < len(procs):
+        for tag, (cmd, log, proc) in procs.items():
+            if tag not in seconds and (rc := proc.poll()) is not None:
+                seconds[tag] = time.perf_counter() - t0
+                if rc != 0:
+                    failed.append((cmd, log, rc))
+        time.sleep(0.2)
+    for f in files:
+        f.close()
+    if failed:
+        cmd, log, rc = failed[0]
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {rc}); log {log}:\n{tail}")
+    return seconds
+
+
+def _ulysses_numbers(report: dict[str, Any], dtype: str, tol: dict[str, float | None]) -> dict[str, float]:
+    """What test_ulysses.py asserts, for every kv layout and case of one dtype; the largest differences."""
+    from tests.distributed.device import key_prefix
+
+    worst = {k: 0.0 for k in ("logp_abs", "entropy_abs", "loss_rel", "grad_rel")}
+    for kv in (2, 1):
+        pre = f"{key_prefix(dtype)}kv{kv}"
+        assert report[f"{pre}_backward_after_block"] == "no error", f"{pre}: {report[f'{pre}_backward_after_block']}"
+        for case in ULYSSES_CASES:
+            r, where = report[f"{pre}_{case}"], f"ulysses {pre} {case} sp={SP_RANKS}"
+            assert sum(r["targets_per_rank"]) == r["targets"] > 10, f"{where}: targets {r['targets_per_rank']}"
+            assert sum(n > 0 for n in r["targets_per_rank"]) >= 2, f"{where}: targets {r['targets_per_rank']}"
+            assert r["logp_finite"] and r["restored"], f"{where}: finite {r['logp_finite']}, restored {r['restored']}"
+            assert r["masks_built"] == [1, 0], f"{where}: transformers built a mask for the shard"
+            assert r["grad_norm"] > 1.0, f"{where}: gradient norm {r['grad_norm']:.3g}"
+            for key in worst:
+                _within(where, key, r[key], tol[key])
+                worst[key] = max(worst[key], r[key])
+    return worst
+
+
+def _within(where: str, key: str, value: float, limit: float | None) -> None:
+    assert limit is None or value < limit, f"{where}: {key} {value:.3g} >= {limit:g}"
+
+
+def _roles_numbers(reports: list[dict[str, Any]], dtype: str, tol: dict[str, float | None]) -> dict[str, float]:
+    """What test_sequence_parallel.py asserts (each rank's report, sp = 2), for one dtype; the largest
+    differences and the smallest update (the comparison means something only if the weights moved)."""
+    from tests.distributed.device import key_prefix
+
+    rel_tol = tol["metrics_rel"]
+    assert rel_tol is not None
+    worst = {k: 0.0 for k in ("logp", "metrics_rel", "weights", "values", "critic_grad_norm_rel", "reference")}
+    moved = math.inf
+    for rank, rep in enumerate(reports):
+        for case in ROLE_CASES:
+            name = f"{key_prefix(dtype)}{case}"
+            key, where = f"{name}_sp{SP_RANKS}", f"roles rank {rank} {name} sp={SP_RANKS}"
+            moved = min(moved, rep[f"{name}_moved"])
+            assert rep[f"{name}_moved"] > 1e-4, f"{where}: the update moved the weights by {rep[f'{name}_moved']:.3g}"
+            got, base = rep[f"{key}_metrics"]  # pytest.approx(rel, abs=METRICS_ABS), as the test compares them
+            rel = max(abs(got[m] - base[m]) / max(abs(base[m]), METRICS_ABS / rel_tol) for m in base)
+            diffs = {"logp": rep[f"{key}_logp_diff"], "metrics_rel": rel, "weights": rep[f"{key}_weights_diff"]}
+            if case in ("padded", "shared"):
+                grad_sp, grad_base = rep[f"{key}_critic_grad_norm"]
+                diffs |= {
+                    "values": rep[f"{key}_values_diff"],
+                    "critic_grad_norm_rel": abs(grad_sp - grad_base) / abs(grad_base),
+                    "reference": rep[f"{key}_reference_diff"],
+                }
+                diffs["weights"] = max(diffs["weights"], rep[f"{key}_critic_weights_diff"])
+            for k, v in diffs.items():
+                _within(f"{where} (metrics {got} vs {base})", k, v, rel_tol if k == "critic_grad_norm_rel" else tol[k])
+                worst[k] = max(worst[k], v)
+    return worst | {"moved_min": moved}
+
+
+def sequence_parallel(ctx: Ctx) -> Result:
+    """Ulysses sp = 2 over 2 ranks sharing the device (gloo; on CUDA both ranks on the GPU, TF32 off): the
+    distributed tests' parity workers, on CUDA in float32 and bfloat16. tests/distributed/ulysses_worker.py: the
+    exchanges exact, and a tiny Qwen2 (4 heads over 2 and over 1 kv heads) sharded equal to whole for padded,
+    causal, packed and shared-prompt rows, checkpointed and eager. tests/distributed/sp_worker.py: the actor,
+    critic and reference with sp against the same 2 ranks without it (FSDP2 over both). Both run at once."""
+    dtypes = ["float32", "bfloat16"] if ctx.device.type == "cuda" else ["float32"]
+    models = {name: sp_model(ctx, name) for name in SP_MODELS}
+    outs = {"ulysses": ctx.work / "runs" / "sp_ulysses.json", "roles": ctx.work / "runs" / "sp_roles.json"}
+    for out in outs.values():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)
+    launch = [*common.torchrun(), "--standalone", "--nproc-per-node", str(SP_RANKS)]
+    runs = {
+        "sp_ulysses": [*launch, "tests/distributed/ulysses_worker.py", str(outs["ulysses"]),
+                       str(models["sp_kv2"]), str(models["sp_kv1"])],
+        "sp_roles": [*launch, "tests/distributed/sp_worker.py", str(models["sp_gqa"]), str(outs["roles"])],
+    }  # fmt: skip
+    from tests.distributed.device import DEVICE_VAR, DTYPES_VAR
+
+    env = dict(os.environ, **{DEVICE_VAR: ctx.device.type, DTYPES_VAR: ",".join(dtypes)})
+    seconds = run_together(runs, ctx, env)
+    ulysses = json.loads(outs["ulysses"].read_text())
+    roles = json.loads(outs["roles"].read_text())
+    assert ulysses["sp"] == SP_RANKS, f"ulysses ran sp={ulysses['sp']}"
+    for dtype in ("float32", "bfloat16"):
+        for check in ("seq_to_heads_exact", "heads_to_seq_exact", "backward_exact"):
+            assert ulysses[f"{check}_{dtype}"], f"{check} {dtype}: the exchange is not exact"
+    numbers: dict[str, Any] = {}
+    for dtype in dtypes:
+        tol = SP_TOL[(ctx.device.type, dtype)]
+        short = "f32" if dtype == "float32" else "bf16"
+        u, r = _ulysses_numbers(ulysses, dtype, tol), _roles_numbers(roles, dtype, tol)
+        numbers |= {f"{short}_ulysses_logp_abs": u["logp_abs"], f"{short}_roles_logp_diff": r["logp"]}
+        numbers[f"{short}_detail"] = {"ulysses": u, "roles": r, "tolerances": tol}
+    numbers |= {
+        "ulysses_s": seconds["sp_ulysses"],
+        "roles_s": seconds["sp_roles"],
+        "ulysses_work_s": ulysses["seconds"],
+        "ranks": SP_RANKS,
+        "exchanges_exact": True,
+        "device": ulysses["device"],
+        "backend": ulysses["backend"],
+        "roles_device": [r["device"] for r in roles],
+    }
+    return "passed", "", numbers
+
+
 # ---- speed against TRL -----------------------------------------------------------------------------------------
 
 QWEN05B = {
@@ -606,6 +780,7 @@ CHECKS = {
         packed_rows_flash,
         memory_plan,
         actor_offload,
+        sequence_parallel,
         split_placement,
         speed_vs_trl,
     )

@@ -32,13 +32,14 @@ def actor_rollout_topology(env: DistEnv) -> Topology:
     return topo
 
 
-def make_actor(cfg: Config, mesh: Any, mini_batch_samples: int = 1 << 30) -> Actor:
-    """The actor at temperature 1 with `mini_batch_samples` per optimizer step (default: the whole batch)."""
+def make_actor(cfg: Config, mesh: Any, mini_batch_samples: int = 1 << 30, device: torch.device | None = None) -> Actor:
+    """The actor at temperature 1 with `mini_batch_samples` per optimizer step (default: the whole batch), on
+    `device` (default the CPU)."""
     return Actor(
         cfg.model,
         cfg.actor,
         mesh,
-        torch.device("cpu"),
+        device or torch.device("cpu"),
         temperature=1.0,
         mini_batch_samples=mini_batch_samples,
         max_response_length=cfg.data.max_response_length,

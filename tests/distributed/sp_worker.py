@@ -7,6 +7,11 @@ the same logprobs of each rank's rows, the same metrics (entropy, policy loss, g
 weights after an update of two optimizer steps.
 
 torchrun --nproc-per-node N tests/distributed/sp_worker.py <model_dir> <out.json>
+
+On CPU in float32 by default; TORCHRL_POST_TEST_DEVICE=cuda runs the ranks on the GPU (gloo still: one GPU can
+host both ranks), TORCHRL_POST_TEST_DTYPES=float32,bfloat16 runs every case with the roles' FSDP compute in each
+dtype (actor.fsdp.param_dtype and critic.fsdp.param_dtype; float32 master weights; tests/distributed/device.py;
+a bfloat16 run's keys start with `bf16_`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed.checks import make_actor
+from tests.distributed.device import key_prefix, worker_dtypes, worker_env
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.env import end_process, init_world
 from torchrl_post.distributed.placement import fsdp_mesh, sequence_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
@@ -76,84 +82,87 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> dict[str, Any]:
+def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(0)
     actor = Actor(
-        cfg.model, cfg.actor, fsdp, torch.device("cpu"), temperature=1.0, mini_batch_samples=2,
+        cfg.model, cfg.actor, fsdp, device, temperature=1.0, mini_batch_samples=2,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
     )  # fmt: skip
     _KEEP.append(actor)
-    logp = actor.log_probs(batch)
+    logp = actor.log_probs(batch).cpu()
     metrics = actor.update(batch)
     return {"logp": logp, "metrics": {k: metrics[k] for k in METRICS}, "weights": _weights(actor.model)}
 
 
-def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> dict[str, Any]:
+def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(0)
     critic = Critic(
-        cfg.model, cfg.critic, fsdp, torch.device("cpu"), mini_batch_samples=2, epochs=1,
+        cfg.model, cfg.critic, fsdp, device, mini_batch_samples=2, epochs=1,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
     )  # fmt: skip
     _KEEP.append(critic)
-    values = critic.values(batch)
+    values = critic.values(batch).cpu()
     returns = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(7)) * batch.loss_mask
     metrics = critic.update(dataclasses.replace(batch, values=values, returns=returns))
     return {"values": values, "grad_norm": metrics["critic/grad_norm"], "weights": _weights(critic.model)}
 
 
-def _reference_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch) -> torch.Tensor:
-    ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, torch.device("cpu"), temperature=1.0, sequence=seq)
+def _reference_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+    ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, device, temperature=1.0, sequence=seq)
     _KEEP.append(ref)
-    return ref.log_probs(batch)
+    return ref.log_probs(batch).cpu()
 
 
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
-    env = read_env("cpu")
+    env = worker_env()
     init_world(env)
-    world, rank = env.world_size, env.rank
+    world, rank, device = env.world_size, env.rank, env.device
     batch = _batch(rank)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"device": str(device), "backend": env.backend, "dtypes": worker_dtypes()}
     layouts = [sp for sp in (2, 4) if world % sp == 0]
-    for name, packed, shared, ckpt in (
+    cases = (
         ("padded", False, False, False),
         ("packed", True, False, False),
         ("shared", True, True, False),
         ("checkpointing", True, True, True),
         ("lora", True, True, False),
         ("dynamic", True, True, False),
-    ):
+    )
+    for dtype, (case, packed, shared, ckpt) in ((d, c) for d in worker_dtypes() for c in cases):
+        name = f"{key_prefix(dtype)}{case}"
         cfg = Config()
+        cfg.actor.fsdp.param_dtype = cfg.critic.fsdp.param_dtype = dtype
         cfg.model.path = model_dir
         cfg.model.use_remove_padding, cfg.model.use_shared_prefix = packed, shared
         cfg.model.enable_gradient_checkpointing = ckpt
-        cfg.model.lora_rank = 4 if name == "lora" else 0  # PEFT wraps the model: its attention switches alike
+        cfg.model.lora_rank = 4 if case == "lora" else 0  # PEFT wraps the model: its attention switches alike
         # token-budget micro-batches: the budget is per rank, so an sp group's micro-batch holds sp times the rows
-        cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = name == "dynamic", 30
+        cfg.actor.use_dynamic_bsz, cfg.actor.ppo_max_token_len_per_gpu = case == "dynamic", 30
         cfg.data.max_response_length = 8
-        cfg.actor.ppo_micro_batch_size_per_gpu = 2 if name != "checkpointing" else 4
+        cfg.actor.ppo_micro_batch_size_per_gpu = 2 if case != "checkpointing" else 4
         cfg.actor.clip_ratio = 0.1  # ratios off 1 (old logprobs are random): clipping counts
         cfg.actor.lr = cfg.critic.lr = 1e-3
-        fsdp = fsdp_mesh("cpu", world, -1)
-        base = _actor_run(cfg, fsdp, None, batch)
+        fsdp = fsdp_mesh(device.type, world, -1)
+        base = _actor_run(cfg, fsdp, None, batch, device)
         for sp in layouts:
-            got = _actor_run(cfg, fsdp, sequence_mesh("cpu", world, sp), batch)
+            got = _actor_run(cfg, fsdp, sequence_mesh(device.type, world, sp), batch, device)
             key = f"{name}_sp{sp}"
             report[f"{key}_logp_diff"] = _real_diff(got["logp"], base["logp"], batch)
             report[f"{key}_metrics"] = [got["metrics"], base["metrics"]]
             report[f"{key}_weights_diff"] = _max_diff(got["weights"], base["weights"])
-        if name in ("padded", "shared"):
-            crit = _critic_run(cfg, fsdp, None, batch)
-            ref = _reference_run(cfg, fsdp, None, batch)
+        if case in ("padded", "shared"):
+            crit = _critic_run(cfg, fsdp, None, batch, device)
+            ref = _reference_run(cfg, fsdp, None, batch, device)
             for sp in layouts:
-                mesh = sequence_mesh("cpu", world, sp)
-                got_c = _critic_run(cfg, fsdp, mesh, batch)
+                mesh = sequence_mesh(device.type, world, sp)
+                got_c = _critic_run(cfg, fsdp, mesh, batch, device)
                 key = f"{name}_sp{sp}"
                 report[f"{key}_values_diff"] = (got_c["values"] - crit["values"]).abs().max().item()
                 report[f"{key}_critic_grad_norm"] = [got_c["grad_norm"], crit["grad_norm"]]
                 report[f"{key}_critic_weights_diff"] = _max_diff(got_c["weights"], crit["weights"])
-                report[f"{key}_reference_diff"] = _real_diff(_reference_run(cfg, fsdp, mesh, batch), ref, batch)
-        report[f"{name}_moved"] = _max_diff(base["weights"], _weights(make_actor(cfg, fsdp).model))
+                report[f"{key}_reference_diff"] = _real_diff(_reference_run(cfg, fsdp, mesh, batch, device), ref, batch)
+        report[f"{name}_moved"] = _max_diff(base["weights"], _weights(make_actor(cfg, fsdp, device=device).model))
     reports: list[Any] = [None] * world
     dist.all_gather_object(reports, report)
     if rank == 0:

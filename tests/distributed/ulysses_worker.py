@@ -3,6 +3,10 @@ the same model run whole on each rank (sp=1), for padded, causal, packed and sha
 checkpointing and with eager attention; and the exchanges themselves, exact in float32 and bfloat16.
 
 torchrun --nproc-per-node 4 tests/distributed/ulysses_worker.py <out.json> <model_dir> [<model_dir> ...]
+
+On CPU in float32 by default; TORCHRL_POST_TEST_DEVICE=cuda runs the ranks on the GPU (gloo still: one GPU can
+host both ranks), TORCHRL_POST_TEST_DTYPES=float32,bfloat16 runs the models in each dtype (tests/distributed/
+device.py; a bfloat16 run's keys start with `bf16_`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from tests.distributed.device import key_prefix, worker_dtypes, worker_env
+from torchrl_post.distributed.env import end_process, init_world
 from torchrl_post.distributed.ulysses import heads_to_seq, seq_to_heads, sum_over
 from torchrl_post.multimodal.vision import model_inputs
 from torchrl_post.types import Batch
@@ -65,25 +70,31 @@ def _next_tokens(ids: torch.Tensor, valid: torch.Tensor) -> Targets:
     return rows, cols, ids[rows, cols + 1]
 
 
-def _cases() -> dict[str, tuple[dict[str, Any], Targets]]:
-    cpu = torch.device("cpu")
+def _cases(device: torch.device) -> dict[str, tuple[dict[str, Any], Targets]]:
     batch = _batch()
     t = batch.input_ids.shape[1]
-    padded = model_inputs(batch, slice(None), 0, t, cpu)
+    padded = model_inputs(batch, slice(None), 0, t, device)
     ids = batch.input_ids
     causal = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(t).expand(4, -1)}
+    causal = {k: v.to(device) for k, v in causal.items()}
     packed = pack(batch, slice(None), shared=False)
     shared = pack(batch, slice(None), shared=True)
     assert packed.segment is None and shared.segment is not None and packed.ids.shape[1] == t
     assert packed.ids.shape[0] < ids.shape[0], "some packed row holds two samples"
-    return {
+    cases = {
         "padded": (padded, _next_tokens(ids, batch.attention_mask.bool())),
         "causal": (causal, _next_tokens(ids, torch.ones_like(ids, dtype=torch.bool))),
-        "packed": (packed.inputs(cpu), (packed.out_row, packed.out_col, packed.labels)),
-        "shared": (shared.inputs(cpu), (shared.out_row, shared.out_col, shared.labels)),
+        "packed": (packed.inputs(device), (packed.out_row, packed.out_col, packed.labels)),
+        "shared": (shared.inputs(device), (shared.out_row, shared.out_col, shared.labels)),
         # what eager is given: the same mask, additive
-        "shared_additive": (shared.inputs(cpu, "eager"), (shared.out_row, shared.out_col, shared.labels)),
+        "shared_additive": (shared.inputs(device, "eager"), (shared.out_row, shared.out_col, shared.labels)),
     }
+    return {name: (inputs, _on(targets, device)) for name, (inputs, targets) in cases.items()}
+
+
+def _on(targets: Targets, device: torch.device) -> Targets:
+    rows, cols, labels = targets
+    return rows.to(device), cols.to(device), labels.to(device)
 
 
 MASKS_BUILT = [0]
@@ -110,7 +121,7 @@ def _run(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any], t
         start, end = shard.span(inputs["input_ids"].shape[1])
         mine = ((cols >= start) & (cols < end)).nonzero().squeeze(-1)
         lp, ent = logits_to_logprobs(logits[rows[mine], cols[mine] - start], labels[mine], 1.0)
-        zeros = torch.zeros(rows.shape[0])
+        zeros = torch.zeros(rows.shape[0], device=rows.device)
         logp = sum_over(zeros.index_put((mine,), lp), shard.group)
         entropy = sum_over(zeros.index_put((mine,), ent.detach()), shard.group)
         loss = logp.sum()
@@ -123,11 +134,13 @@ def _run(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any], t
 def _compare(whole: dict[str, Any], split: dict[str, Any], group: dist.ProcessGroup, sp: int) -> dict[str, Any]:
     """Differences of the sp run from the whole run. Gradients: each rank's loss share gets gradient sp from
     sum_over's backward (every rank seeds 1 on the same summed loss), so the ranks' gradients sum to sp times the
-    whole model's: their mean over the group is compared (FSDP's mean over dp x sp ranks divides it out alike)."""
+    whole model's: their mean over the group is compared (FSDP's mean over dp x sp ranks divides it out alike).
+    A bfloat16 model's gradients are summed and compared in float32."""
     grad_abs, grad_rel = 0.0, 0.0
     assert whole["grads"].keys() == split["grads"].keys() and len(whole["grads"]) > 0
     for name, g1 in whole["grads"].items():
-        g = split["grads"][name].clone()
+        g1 = g1.float()
+        g = split["grads"][name].float().clone()
         dist.all_reduce(g, group=group)
         diff = (g / sp - g1).abs().max().item()
         grad_abs = max(grad_abs, diff)
@@ -141,7 +154,7 @@ def _compare(whole: dict[str, Any], split: dict[str, Any], group: dist.ProcessGr
         "loss_rel": abs(split["loss"].item() / whole["loss"].item() - 1),
         "grad_abs": grad_abs,
         "grad_rel": grad_rel,
-        "grad_norm": sum(g.square().sum() for g in whole["grads"].values()).sqrt().item(),
+        "grad_norm": sum(g.float().square().sum() for g in whole["grads"].values()).sqrt().item(),
         "targets": int(whole["logp"].numel()),
         "targets_per_rank": [int(c) for c in counts],
         "logp_finite": bool(torch.isfinite(split["logp"]).all()),
@@ -149,14 +162,14 @@ def _compare(whole: dict[str, Any], split: dict[str, Any], group: dist.ProcessGr
     }
 
 
-def _exchange_checks(group: dist.ProcessGroup, rank: int, sp: int) -> dict[str, bool]:
+def _exchange_checks(group: dist.ProcessGroup, rank: int, sp: int, device: torch.device) -> dict[str, bool]:
     """seq_to_heads / heads_to_seq of a shard of a known [b, H, S, d] tensor: exactly the head block over the whole
     sequence and back, in float32 and bfloat16; the backward of each is the other (gradients exact too)."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(1)
-        full = torch.randn(2, 4 * sp, 3 * sp, 5, generator=gen).to(dtype)
-        weight = torch.randn(full.shape, generator=gen).to(dtype)
+        full = torch.randn(2, 4 * sp, 3 * sp, 5, generator=gen).to(device=device, dtype=dtype)
+        weight = torch.randn(full.shape, generator=gen).to(device=device, dtype=dtype)
         seq = slice(rank * 3, (rank + 1) * 3)
         heads = slice(rank * 4, (rank + 1) * 4)
         x = full[:, :, seq].clone().requires_grad_(True)
@@ -191,17 +204,22 @@ def _backward_after_block(model: torch.nn.Module, shard: SequenceShard, inputs: 
 
 def main() -> None:
     out_path, *model_dirs = sys.argv[1:]
-    init_world(read_env("cpu"))
+    env = worker_env()
+    init_world(env)
+    device = env.device
     group = dist.group.WORLD
     assert group is not None
     shard, whole = SequenceShard.of(group), SequenceShard.of(None)
-    report: dict[str, Any] = {"sp": shard.size, **_exchange_checks(group, shard.rank, shard.size)}
-    cases = _cases()
+    report: dict[str, Any] = {"sp": shard.size, **_exchange_checks(group, shard.rank, shard.size, device)}
+    report |= {"device": str(device), "backend": env.backend, "dtypes": worker_dtypes()}
+    cases = _cases(device)
     modeling_qwen2.create_causal_mask = _counting(modeling_qwen2.create_causal_mask)
     started = time.perf_counter()
-    for model_dir in model_dirs:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32)
-        kv = model.config.num_key_value_heads
+    for dtype, model_dir in ((d, m) for d in worker_dtypes() for m in model_dirs):
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation="sdpa", dtype=getattr(torch, dtype)
+        ).to(device)
+        kv, pre = model.config.num_key_value_heads, key_prefix(dtype)
         runs = [(name, name, "sdpa", False) for name in ("padded", "causal", "packed", "shared")]
         runs += [("padded_checkpointed", "padded", "sdpa", True), ("packed_checkpointed", "packed", "sdpa", True)]
         runs += [("padded_eager", "padded", "eager", False), ("shared_eager", "shared_additive", "eager", False)]
@@ -215,10 +233,10 @@ def main() -> None:
             result = _compare(whole_run, split_run, group, shard.size)
             # the switch stays (a checkpointed backward after the block recomputes through it), the model's own kept
             result["restored"] = model.config._attn_implementation == ATTENTION and own_attention(model) == impl
-            report[f"kv{kv}_{label}"] = result
+            report[f"{pre}kv{kv}_{label}"] = result
             model.gradient_checkpointing_disable()
             model.eval()
-        report[f"kv{kv}_backward_after_block"] = _backward_after_block(model, shard, cases["padded"][0])
+        report[f"{pre}kv{kv}_backward_after_block"] = _backward_after_block(model, shard, cases["padded"][0])
     report["seconds"] = time.perf_counter() - started
     if shard.rank == 0:
         with open(out_path, "w") as f:
