@@ -281,6 +281,7 @@ def markdown(rec: dict[str, Any]) -> str:
         "the package is missing or too few GPUs are visible, never a failure. Each check ran in a process of its "
         "own (benchmarks/gpu_check_worker.py); its log is under outputs/gpu_check/logs.",
         "",
+        *([rec["note"], ""] if rec.get("note") else []),
         "| check | status | s | reason | numbers |",
         "|---|---|---|---|---|",
     ]
