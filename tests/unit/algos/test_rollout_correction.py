@@ -38,7 +38,9 @@ def _totals(out: Corrected) -> dict[str, float]:
 
 def _valid(x: torch.Tensor) -> list[list[float]]:
     """The values on MASK's tokens, row by row."""
-    return [[v for v, m in zip(row, mrow, strict=True) if m] for row, mrow in zip(x.tolist(), MASK.tolist(), strict=True)]
+    return [
+        [v for v, m in zip(row, mrow, strict=True) if m] for row, mrow in zip(x.tolist(), MASK.tolist(), strict=True)
+    ]
 
 
 # --- importance weights -------------------------------------------------------------------------------------------
