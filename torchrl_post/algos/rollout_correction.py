@@ -142,7 +142,8 @@ def correct(
     sums["tokens"], sums["seqs"] = m_bt.sum(), seq_b.double().sum()
     none = torch.full((2,), -math.inf, dtype=torch.float64, device=d_bt.device)
     is_ext, rs_ext = none, none
-    weights_bt = keep_bt = None
+    weights_bt = None
+    keep_bt = torch.ones_like(valid_bt)
     if c.rollout_is is not None:
         ratio_bt = _exp(_level(c.rollout_is, d_bt, valid_bt))
         weights_bt = ratio_bt.clamp(max=c.rollout_is_threshold)
@@ -151,13 +152,11 @@ def correct(
         sums["is_ratio"] = (ratio_bt * m_bt).sum()
         sums["is_ratio_sq"] = (ratio_bt.double().square() * m_bt).sum()
         is_ext = _extremes(ratio_bt, valid_bt)
-    if c.rejects:
-        keep_bt = torch.ones_like(valid_bt)
     if c.rollout_rs is not None:
         log_bt = _level(c.rollout_rs, d_bt, valid_bt)
         low, high = math.log(c.rollout_rs_threshold_lower), math.log(c.rollout_rs_threshold)
         inside_bt = (log_bt >= low) & (log_bt <= high)
-        keep_bt = inside_bt
+        keep_bt = keep_bt & inside_bt
         ratio_bt = _exp(log_bt)
         sums["rs_ratio"] = (ratio_bt * m_bt).sum()
         sums["rs_ratio_sq"] = (ratio_bt.double().square() * m_bt).sum()
@@ -170,7 +169,7 @@ def correct(
         keep_bt = keep_bt & ~vetoed_b.unsqueeze(-1)
     return Corrected(
         weights_bt=weights_bt,
-        keep_bt=keep_bt.to(mask_bt.dtype) if keep_bt is not None else None,
+        keep_bt=keep_bt.to(mask_bt.dtype) if c.rejects else None,
         sums=torch.stack([sums[k] for k in STAT_SUMS]),
         maxes=torch.cat([is_ext, rs_ext]),
     )
