@@ -123,9 +123,8 @@ def _level(level: str, d_bt: torch.Tensor, valid_bt: torch.Tensor) -> torch.Tens
 
 def _extremes(x_bt: torch.Tensor, valid_bt: torch.Tensor) -> torch.Tensor:
     """(max, -min) of x over the valid tokens; -inf each without one."""
-    neg_inf = torch.tensor(-math.inf, dtype=torch.float64, device=x_bt.device)
     x = x_bt.double()
-    return torch.stack([torch.where(valid_bt, x, neg_inf).max(), torch.where(valid_bt, -x, neg_inf).max()])
+    return torch.stack([x.masked_fill(~valid_bt, -math.inf).max(), (-x).masked_fill(~valid_bt, -math.inf).max()])
 
 
 def correct(
