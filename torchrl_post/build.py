@@ -56,7 +56,7 @@ def build_trainer(run: Run) -> Trainer:
         mini_batch_samples=plan.roles["actor"].mini_batch_samples,
         max_response_length=cfg.data.max_response_length,
         total_steps=run.total_steps,
-        is_cap=plan.rollout_is_cap,
+        correction=plan.rollout_correction,
         fsdp=plan.roles["actor"].fsdp,
         sequence=run.topo.sequence("actor"),
     )

@@ -7,8 +7,8 @@ The plan answers what the rest of the program would otherwise decide again in se
 exist and on which ranks (with their FSDP meshes), the group size, samples per mini-batch per rank of each
 trained role, whether the step needs old logprobs, where the reference comes from (its own model, here or on
 its own ranks, or the actor with its LoRA adapter off), whether a critic exists, how LoRA weights reach the
-engine, which weight sync runs and its bucket size (bytes, the only unit below the config), the truncated
-importance-sampling cap, and the total number of steps once the data's size is known.
+engine, which weight sync runs and its bucket size (bytes, the only unit below the config), the rollout
+correction (importance weights and rejection), and the total number of steps once the data's size is known.
 
 Every error is one `ConfigError` line naming the key and the fix. The config is never changed: a role the
 algorithm needs but the user did not place is placed in the plan (with a note), one placed but unused is left
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
+from torchrl_post.algos.rollout_correction import RolloutCorrection, rs_band
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
@@ -74,15 +75,16 @@ class RunPlan:
     engines: int
     """Rollout engines (one per tensor_parallel_size rollout ranks)."""
     needs_old_log_probs: bool
-    """An extra forward for the old policy's logprobs: several updates per batch, or a KL in the reward."""
+    """An extra forward for the old policy's logprobs: several updates per batch, a KL in the reward, or a
+    rollout correction that rejects (its mask sets the loss denominators before the update)."""
     reference: ReferenceSource
     critic: Where
     lora_sync: LoraSync
     sync: SyncKind
     """reload: every colocated actor rank pushes into its engine; broadcast: to rollout ranks."""
     sync_bucket_bytes: int
-    rollout_is_cap: float
-    """Truncated importance-weight cap against the rollout logprobs; 0.0: off."""
+    rollout_correction: RolloutCorrection
+    """Importance weights and rejection against the rollout logprobs (algorithm.rollout_correction.*)."""
     masked_reasons: tuple[str, ...]
     """Termination reasons whose samples compact filtering masks (none unless it is on)."""
     max_off_policy_steps: int
@@ -182,7 +184,7 @@ class RunPlan:
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
             f"  reference: {self.reference}; critic: {self.critic}; lora sync: {self.lora_sync}",
             f"  weight sync: {self.sync}, buckets of {self.sync_bucket_bytes / MB:g} MiB",
-            f"  rollout importance cap: {self.rollout_is_cap if self.rollout_is_cap else 'off'}",
+            f"  rollout correction: {self.rollout_correction.describe()}",
         ]
         numbers = self.batch_numbers() | {"micro_batch_per_rank": self.micro_batch_samples}
         lines += [f"  {k}: {v}" for k, v in numbers.items()]
@@ -295,13 +297,25 @@ def ignored_keys(cfg: Config) -> list[str]:
         for key, default in (("min_lr_ratio", 0.0), ("num_cycles", 0.5)):
             if r.lr_scheduler_type == "constant" and getattr(r, key) != default:
                 notes.append(f"{role}.{key}={getattr(r, key)} ignored: it shapes {role}.lr_scheduler_type=cosine")
+    rc = cfg.algorithm.rollout_correction
+    for key in ("rollout_rs_threshold", "rollout_rs_threshold_lower"):
+        if rc.rollout_rs is None and getattr(rc, key) is not None:
+            notes.append(
+                f"algorithm.rollout_correction.{key}={getattr(rc, key)} ignored: it bounds the rejection, and "
+                "algorithm.rollout_correction.rollout_rs is null"
+            )
     return notes
 
 
-def uses_rollout_is(cfg: Config) -> bool:
-    """Whether the policy loss carries the truncated importance weight against the rollout logprobs."""
-    auto = cfg.algorithm.rollout_is == "auto" and cfg.trainer.max_off_policy_steps > 0
-    return cfg.algorithm.rollout_is == "token" or auto
+def rollout_correction(cfg: Config) -> RolloutCorrection:
+    """algorithm.rollout_correction.* resolved: rollout_is=auto is token with an off-policy look-ahead
+    (trainer.max_off_policy_steps > 0) and null otherwise; the rejection band's null ends as verl reads them."""
+    rc = cfg.algorithm.rollout_correction
+    level = rc.rollout_is
+    if level == "auto":
+        level = "token" if cfg.trainer.max_off_policy_steps > 0 else None
+    low, high = rs_band(rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower, rc.rollout_is_threshold)
+    return RolloutCorrection(level, rc.rollout_is_threshold, rc.rollout_rs, high, low, rc.rollout_token_veto_threshold)
 
 
 def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
@@ -337,6 +351,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     else:
         reference = "adapter_off" if lora and needs_kl(cfg) else "none"
     on_policy = cfg.actor.ppo_epochs == 1 and mini == bsz
+    correction = rollout_correction(cfg)
     engine = engine_spec(cfg, first_sync=True, device=device, colocated=placement.colocated["rollout"])
     return RunPlan(
         placement=placement,
@@ -348,13 +363,13 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         tensor_parallel_size=tp,
         rollout_engine=cfg.rollout.engine,
         engines=engines,
-        needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward,
+        needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward or correction.rejects,
         reference=reference,
         critic=roles["critic"].where if "critic" in roles else "none",
         lora_sync=lora_sync(cfg),
         sync="reload" if placement.colocated["rollout"] else "broadcast",
         sync_bucket_bytes=cfg.rollout.sync_bucket_mb * MB,
-        rollout_is_cap=cfg.algorithm.rollout_is_threshold if uses_rollout_is(cfg) else 0.0,
+        rollout_correction=correction,
         masked_reasons=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
         max_off_policy_steps=cfg.trainer.max_off_policy_steps,
         total_epochs=cfg.trainer.total_epochs,

@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 
+from torchrl_post.algos.rollout_correction import RolloutCorrection
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
-from torchrl_post.plan import RunPlan, engine_spec, plan_run, planned_world, uses_rollout_is
+from torchrl_post.plan import RunPlan, engine_spec, plan_run, planned_world, rollout_correction
 
 AGENT = ["agent.env=torchrl_post.agent.math_agent:MathEnv", "agent.agent=torchrl_post.agent.math_agent:ToolAgent"]
 
 # (name, world, overrides, expected answers). Demo defaults: 16 prompts x n=8, ppo_mini_batch_size 0 (= the
-# batch), micro 32, ppo_epochs 1, sync_bucket_mb 64, rollout_is auto with threshold 2.0.
+# batch), micro 32, ppo_epochs 1, sync_bucket_mb 64, rollout_correction.rollout_is auto with threshold 2.0.
 TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
     (
         "colocated on 2 ranks",
@@ -29,7 +30,7 @@ TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
             "critic": "none",
             "lora_sync": "none",
             "needs_old_log_probs": False,
-            "rollout_is_cap": 0.0,
+            "rollout_correction": RolloutCorrection(),
             "group_size": 8,
             "micro_batch_samples": 32,
         },
@@ -44,7 +45,7 @@ TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
             "engines": 2,
             "sync": "broadcast",
             "needs_old_log_probs": False,  # one update per batch: the actor's forward is the old policy
-            "rollout_is_cap": 2.0,  # auto: on with look-ahead
+            "rollout_correction": RolloutCorrection("token"),  # auto: on with look-ahead
             "max_off_policy_steps": 1,
         },
     ),
@@ -116,10 +117,42 @@ TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
         {"engine_prefix_caching": True, "engine_max_model_len": 64 + 8},
     ),
     (
-        "token-level importance sampling forced on, colocated",
+        "token-level importance sampling forced on, colocated (the keys before rollout_correction)",
         1,
         ["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=3.0"],
-        {"rollout_is_cap": 3.0, "masked_reasons": ()},
+        {"rollout_correction": RolloutCorrection("token", 3.0, None, 3.0, 1 / 3), "masked_reasons": ()},
+    ),
+    (
+        "sequence-level weights and geometric rejection: the rejection needs the old logprobs before the update",
+        1,
+        [
+            "algorithm.rollout_correction.rollout_is=sequence",
+            "algorithm.rollout_correction.rollout_rs=geometric",
+            "algorithm.rollout_correction.rollout_rs_threshold=1.001",
+            "algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+        ],
+        {
+            "rollout_correction": RolloutCorrection("sequence", 2.0, "geometric", 1.001, 1 / 1.001, 1e-4),
+            "needs_old_log_probs": True,
+            "notes": 0,
+        },
+    ),
+    (
+        "token rejection with a band of its own, weights off",
+        1,
+        [
+            "algorithm.rollout_correction.rollout_is=null",
+            "algorithm.rollout_correction.rollout_rs=token",
+            "algorithm.rollout_correction.rollout_rs_threshold=4.0",
+            "algorithm.rollout_correction.rollout_rs_threshold_lower=0.1",
+        ],
+        {"rollout_correction": RolloutCorrection(None, 2.0, "token", 4.0, 0.1), "needs_old_log_probs": True},
+    ),
+    (
+        "weights alone need no old logprobs on-policy (the update's own are the old policy's)",
+        1,
+        ["algorithm.rollout_correction.rollout_is=sequence"],
+        {"rollout_correction": RolloutCorrection("sequence"), "needs_old_log_probs": False},
     ),
     (
         "compact filtering masks overlong and errored samples, not env_done",
@@ -144,7 +177,7 @@ def _answers(plan: RunPlan) -> dict[str, Any]:
         "critic": plan.critic,
         "lora_sync": plan.lora_sync,
         "needs_old_log_probs": plan.needs_old_log_probs,
-        "rollout_is_cap": plan.rollout_is_cap,
+        "rollout_correction": plan.rollout_correction,
         "group_size": plan.group_size,
         "micro_batch_samples": plan.micro_batch_samples,
         "mini_batch_prompts": plan.mini_batch_prompts,
@@ -273,11 +306,30 @@ def test_batch_numbers_per_rank() -> None:
 
 
 def test_rollout_is_auto_follows_off_policy_steps() -> None:
-    assert not uses_rollout_is(load_config([]))
-    assert not uses_rollout_is(load_config(["rollout.mode=async"]))  # continuous batching, still on-policy
-    assert uses_rollout_is(load_config(["trainer.max_off_policy_steps=1"]))
-    assert uses_rollout_is(load_config(["algorithm.rollout_is=token"]))
-    assert not uses_rollout_is(load_config(["trainer.max_off_policy_steps=1", "algorithm.rollout_is=none"]))
+    def level(*overrides: str) -> str | None:
+        return rollout_correction(load_config(list(overrides))).rollout_is
+
+    assert level() is None
+    assert level("rollout.mode=async") is None  # continuous batching, still on-policy
+    assert level("trainer.max_off_policy_steps=1") == "token"
+    assert level("algorithm.rollout_correction.rollout_is=token") == "token"
+    assert level("algorithm.rollout_is=token") == "token"  # the key before the section
+    assert level("trainer.max_off_policy_steps=1", "algorithm.rollout_is=none") is None
+    assert level("trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=null") is None
+
+
+def test_rejection_thresholds_without_rejection_are_noted() -> None:
+    plan = plan_run(load_config(["algorithm.rollout_correction.rollout_rs_threshold=1.5"]), 1)
+    assert any("rollout_rs_threshold=1.5 ignored" in n for n in plan.notes), plan.notes
+    assert not plan.needs_old_log_probs
+
+
+def test_describe_shows_the_rollout_correction() -> None:
+    assert "rollout correction: off" in plan_run(load_config([]), 1).describe("cpu", "gloo")
+    cfg = load_config(["algorithm.rollout_correction.rollout_rs=token", "trainer.max_off_policy_steps=0"])
+    text = plan_run(cfg, 1).describe("cpu", "gloo")
+    assert "rollout correction: token rejection outside [0.5, 2]" in text, text
+    assert "old logprobs: yes" in text
 
 
 def test_rollout_mode_async_is_valid_colocated() -> None:
@@ -301,7 +353,7 @@ def test_describe_eight_ranks_hsdp_tp_look_ahead() -> None:
     assert "rollout engines (vllm, tensor_parallel_size=2): [[4, 5], [6, 7]]" in text
     assert "weight sync: broadcast over ranks [0, 4, 5, 6, 7]" in text
     assert "max_off_policy_steps=1" in text and "samples_per_actor_rank: 32" in text
-    assert "rollout importance cap: 2.0" in text
+    assert "rollout correction: token-level truncated IS, cap 2" in text
 
 
 def test_keys_this_run_does_not_use_are_noted() -> None:

@@ -128,11 +128,3 @@ def gspo_loss(
     return PolicyLossOut(
         loss_bt, ratio_bt, (clipped_bt > unclipped_bt).float(), -log_ratio_bt, torch.zeros_like(loss_bt)
     )
-
-
-def truncated_is_weights(old_logp_bt: torch.Tensor, rollout_logp_bt: torch.Tensor, cap: float) -> torch.Tensor:
-    """Per-token min(pi_old / pi_rollout, cap), detached: the correction from the rollout engine's (behaviour)
-    policy to the trainer's proximal policy when the batch is off-policy (async rollout) or the engines differ."""
-    if not cap > 0:
-        raise ValueError(f"rollout_is_threshold must be > 0, got {cap}")
-    return torch.exp(old_logp_bt.detach() - rollout_logp_bt.detach()).clamp(max=cap)

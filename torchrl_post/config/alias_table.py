@@ -109,12 +109,16 @@ def _load_format(v: Any) -> str:
     raise Refused("use rollout.load_format=dummy (the first weight sync fills the engine) or auto")
 
 
-def _rollout_is(v: Any) -> str:
-    if v is None or v is False:
-        return "none"
-    if v == "token":
+def _rollout_is(v: Any) -> str | None:
+    """an earlier verl's algorithm.rollout_is (true: apply the weights) and this project's former values (auto, token,
+    none) -> algorithm.rollout_correction.rollout_is."""
+    if v is None or v is False or v == "none":
+        return None
+    if v is True:
         return "token"
-    raise Refused(f"only token-level truncated importance sampling exists here: algorithm.rollout_is=token, not {v}")
+    if v in ("auto", "token", "sequence"):
+        return str(v)
+    raise Refused(f"algorithm.rollout_correction.rollout_is takes token, sequence, auto or null, not {v}")
 
 
 def _pg_variant(v: Any) -> str:
@@ -200,6 +204,7 @@ A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
 RO = "actor_rollout_ref.rollout"
 RF = "actor_rollout_ref.ref"
+RC = "algorithm.rollout_correction"
 RSC = "actor_infer.strategy_args.strategy_config"
 TSC = "actor_train.strategy_args.strategy_config"
 
@@ -265,21 +270,53 @@ ALIASES: tuple[Alias, ...] = (
     _same(V, "algorithm.kl_ctrl.kl_coef"),
     _same(V, "algorithm.kl_ctrl.target_kl"),
     _same(V, "algorithm.kl_ctrl.horizon"),
+    _same(
+        V, f"{RC}.rollout_is", "token, sequence or null; auto (the default here): token with an off-policy look-ahead"
+    ),
+    _same(V, f"{RC}.rollout_is_threshold"),
+    _same(V, f"{RC}.rollout_rs", "token, sequence, geometric or null (verl's later token_k1 / seq_* names are not)"),
+    _same(V, f"{RC}.rollout_rs_threshold", "a number (verl's later 'lower_upper' strings are not)"),
+    _same(V, f"{RC}.rollout_rs_threshold_lower"),
+    _same(V, f"{RC}.rollout_token_veto_threshold"),
+    _noop(
+        V,
+        f"{RC}.rollout_is_batch_normalize",
+        "the weights are not renormalised here",
+        _FALSE,
+        f"the weights are used as they are: leave it out and bound them with {RC}.rollout_is_threshold",
+    ),
     _rename(
         V,
-        "algorithm.rollout_correction.rollout_is",
         "algorithm.rollout_is",
-        "token stays token, null is none; sequence-level weights do not exist here",
+        f"{RC}.rollout_is",
+        "an earlier verl's key and this project's before the section: true is token (verl took the level from "
+        "rollout_is_level), false and none are null",
         convert=_rollout_is,
     ),
-    _rename(V, "algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_is_threshold"),
+    _rename(V, "algorithm.rollout_is_threshold", f"{RC}.rollout_is_threshold", "an earlier verl's, and ours before"),
+    _rename(V, "algorithm.rollout_is_veto_threshold", f"{RC}.rollout_token_veto_threshold", "an earlier verl's"),
+    _refused(
+        V,
+        "algorithm.rollout_is_level",
+        f"an earlier verl's level is {RC}.rollout_is (truncate mode) or {RC}.rollout_rs (mask mode) here",
+    ),
+    _refused(
+        V,
+        "algorithm.rollout_is_mode",
+        f"truncate is {RC}.rollout_is=token (or sequence), mask is {RC}.rollout_rs=token (or sequence, geometric)",
+    ),
+    _refused(
+        V,
+        "algorithm.rollout_is_threshold_lower",
+        f"an earlier verl's mask-mode lower bound is {RC}.rollout_rs_threshold_lower",
+    ),
     _noop(
         V,
         f"{A}.tis_imp_ratio_cap",
         "-1 (or null) is no truncated importance sampling",
         _is(None, -1),
-        "a cap turns on token-level truncated importance sampling: algorithm.rollout_is=token "
-        "algorithm.rollout_is_threshold=(the cap)",
+        f"a cap turns on token-level truncated importance sampling: {RC}.rollout_is=token "
+        f"{RC}.rollout_is_threshold=(the cap)",
     ),
     _noop(
         V,

@@ -299,6 +299,28 @@ class StepwiseAdvantageConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = "auto"
+    """Importance weights on the policy loss, the rollout engine's logprobs being the behaviour policy: token
+    multiplies each token's loss by min(pi_old / pi_rollout, rollout_is_threshold) (truncated IS), sequence every
+    token of a sample by min(prod_t pi_old / pi_rollout, rollout_is_threshold); null: none; auto: token when
+    trainer.max_off_policy_steps > 0, else null."""
+    rollout_is_threshold: float = 2.0
+    """Cap of the importance weights."""
+    rollout_rs: str | None = None
+    """Rejection (IcePop-style masking): token drops each token whose ratio pi_old / pi_rollout leaves
+    [rollout_rs_threshold_lower, rollout_rs_threshold], sequence each sample whose product of ratios does,
+    geometric each sample whose geometric mean ratio does; dropped tokens leave the losses and their
+    denominators (the old logprobs are then computed before the update); null: none."""
+    rollout_rs_threshold: float | None = None
+    """Upper end of the kept band; null: rollout_is_threshold. Geometric bands are tight (e.g. 1.001)."""
+    rollout_rs_threshold_lower: float | None = None
+    """Lower end of the kept band; null: 1 / rollout_rs_threshold."""
+    rollout_token_veto_threshold: float | None = None
+    """Drop every sample with a token whose ratio pi_old / pi_rollout is below this (e.g. 1e-4); null: no veto."""
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
@@ -314,12 +336,8 @@ class AlgorithmConfig:
     """KL estimator for the reward penalty: kl/k1, k2, k3/low_var_kl, abs, mse."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient control for the KL in the reward."""
-    rollout_is: str = "auto"
-    """Rollout-policy correction: token multiplies each token's policy loss by min(pi_old / pi_rollout,
-    rollout_is_threshold), the rollout engine's logprobs being the behaviour policy (truncated importance
-    sampling); none turns it off; auto is token with rollout.mode=async and none otherwise."""
-    rollout_is_threshold: float = 2.0
-    """Cap of the truncated importance weight."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Importance weights and rejection against the rollout engine's logprobs (verl's rollout_correction)."""
     rejection_sample: RejectionSampleConfig = field(default_factory=RejectionSampleConfig)
     """Rejection sampling of uniform groups, with bounded oversampling (rLLM's rejection_sample, DAPO's dynamic
     sampling)."""

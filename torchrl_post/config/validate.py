@@ -12,6 +12,7 @@ from torchrl_post.algos.estimators import ADV_ESTIMATORS
 from torchrl_post.algos.kl import KL_KINDS
 from torchrl_post.algos.lr_schedule import LR_SCHEDULER_TYPES
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES
+from torchrl_post.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rs_band
 from torchrl_post.algos.stepwise import STEPWISE_ESTIMATORS, STEPWISE_MODES
 from torchrl_post.checkpoint.dcp import RESUME_MODES
 from torchrl_post.config.errors import ConfigError
@@ -21,14 +22,14 @@ from torchrl_post.logging.metrics import LOGGERS
 from torchrl_post.rollout.engines import ENGINES, ROLLOUT_MODES
 from torchrl_post.sync.lora import LORA_SYNC_MODES
 
-# Each enum set lives beside the code that dispatches on it; these two are dispatched here and in the workers.
+# Each enum set lives beside the code that dispatches on it; this one is dispatched here and in the workers.
 DTYPES = ("float32", "bfloat16", "float16")
-ROLLOUT_IS = ("auto", "token", "none")
 
 
-def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _one_of(key: str, value: Any, allowed: tuple[str | None, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+        names = ", ".join("null" if a is None else a for a in allowed)
+        raise ConfigError(f"{key}={value!r} is not one of {names}")
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -74,6 +75,24 @@ def _named(key: str, value: Any) -> None:
         raise ConfigError(f"{key}={value!r} must be a non-empty string")
 
 
+def _rollout_correction(cfg: Config) -> None:
+    """algorithm.rollout_correction.*: the levels, positive thresholds, a band that is not empty."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    _one_of(f"{key}.rollout_is", rc.rollout_is, ("auto", *IS_LEVELS, None))
+    _positive(f"{key}.rollout_is_threshold", rc.rollout_is_threshold)
+    _one_of(f"{key}.rollout_rs", rc.rollout_rs, (*RS_LEVELS, None))
+    for name in ("rollout_rs_threshold", "rollout_rs_threshold_lower", "rollout_token_veto_threshold"):
+        if getattr(rc, name) is not None:
+            _positive(f"{key}.{name}", getattr(rc, name))
+    low, high = rs_band(rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower, rc.rollout_is_threshold)
+    if rc.rollout_rs is not None and low > high:
+        raise ConfigError(
+            f"{key}.rollout_rs_threshold_lower={low:g} is above {key}.rollout_rs_threshold={high:g} (a null "
+            "rollout_rs_threshold is rollout_is_threshold, a null lower end 1 / the upper), so every token would "
+            "be rejected; set a lower end below the upper one"
+        )
+
+
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
@@ -106,8 +125,7 @@ def validate(cfg: Config) -> None:
         "algorithm.rejection_sample.max_extra_rounds", cfg.algorithm.rejection_sample.max_extra_rounds, allow_zero=True
     )
     _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
-    _one_of("algorithm.rollout_is", cfg.algorithm.rollout_is, ROLLOUT_IS)
-    _positive("algorithm.rollout_is_threshold", cfg.algorithm.rollout_is_threshold)
+    _rollout_correction(cfg)
     _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps, allow_zero=True)
     _one_of("rollout.dtype", cfg.rollout.dtype, ("auto", *DTYPES))
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)

@@ -10,7 +10,15 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
+from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss
+from torchrl_post.algos.rollout_correction import (
+    STAT_MAXES,
+    STAT_SUMS,
+    Corrected,
+    RolloutCorrection,
+    correct,
+    correction_metrics,
+)
 from torchrl_post.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
@@ -34,11 +42,9 @@ from torchrl_post.workers.sequence import SequenceGroup
 
 log = logging.getLogger(__name__)
 
-SUMS = (
-    "tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "is_w", "is_clip", "pg",
-    "kl_loss",
-)  # fmt: skip
-"""The update's running sums (token-weighted metrics; the policy and KL loss terms), in the order accumulated."""
+SUMS = ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "pg", "kl_loss")
+"""The update's running sums (token-weighted metrics; the policy and KL loss terms), in the order accumulated;
+the rollout correction's follow (`STAT_SUMS`, then its maxima `STAT_MAXES`)."""
 
 
 class Actor:
@@ -53,13 +59,13 @@ class Actor:
         mini_batch_samples: int,
         max_response_length: int,
         total_steps: int,
-        is_cap: float = 0.0,
+        correction: RolloutCorrection | None = None,
         fsdp: FSDPConfig | None = None,
         sequence: DeviceMesh | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `total_steps`: the run's training steps
-        (one lr-schedule step each: the cosine decays over them); `is_cap` > 0 turns on truncated
-        importance sampling against the rollout engine's logprobs with that cap; `fsdp`: the plan's FSDP
+        (one lr-schedule step each: the cosine decays over them); `correction`: the plan's importance weights and
+        rejection against the rollout engine's logprobs (default none); `fsdp`: the plan's FSDP
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
         with Ulysses sequence parallelism (`workers/sequence.py`)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
@@ -77,7 +83,8 @@ class Actor:
         self.dp_size = self.seq.dp_size if self.seq else mesh.size()
         self.sp = self.seq.size if self.seq else 1
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
-        self.max_response_length, self.is_cap = max_response_length, is_cap
+        self.max_response_length = max_response_length
+        self.correction = correction or RolloutCorrection()
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
@@ -175,13 +182,30 @@ class Actor:
         # Running sums stay on the device (no host sync per micro-batch); read once after the last step.
         acc = torch.zeros(len(SUMS), dtype=torch.float64, device=self.device)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        corr = self.correction
+        corr_sums = torch.zeros(len(STAT_SUMS), dtype=torch.float64, device=self.device)
+        corr_maxes = torch.full((len(STAT_MAXES),), -math.inf, dtype=torch.float64, device=self.device)
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
         grad_norms: list[float] = []
         for epoch in range(a.ppo_epochs):
             for mini in chunks(len(batch), mini_samples):
                 mb = batch.select(mini)
                 mask_all = mb.train_mask
-                scale = self._scale(mask_all)
+                # The rollout correction of the whole mini-batch where its old logprobs are known before the update
+                # (always when it rejects: the plan computes them, since the kept tokens set the denominators);
+                # else each micro-batch's, against the update's own logprobs (the old policy's on-policy).
+                whole: Corrected | None = None
+                if corr.active and mb.old_log_probs is not None:
+                    whole = correct(
+                        mb.old_log_probs.to(self.device), mb.rollout_log_probs.to(self.device),
+                        mask_all.to(self.device), corr,
+                    )  # fmt: skip
+                    if epoch == 0:  # the batch's statistics, not the update's
+                        corr_sums += whole.sums
+                        corr_maxes = torch.maximum(corr_maxes, whole.maxes)
+                assert whole is not None or not corr.rejects, "the plan computes old logprobs for the rejection"
+                keep_all = whole.keep_bt if whole is not None else None
+                scale = self._scale(mask_all if keep_all is None else mask_all.to(self.device) * keep_all)
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(
                     mb.attention_mask, mb.response_width, a.ppo_micro_batch_size_per_gpu, self.token_budget, packed,
@@ -198,24 +222,35 @@ class Actor:
                     mask = mask_all[micro].to(self.device) * float(step.live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
+                    rollout_lp = mb.rollout_log_probs[micro].to(self.device)
+                    first = epoch == 0
+                    weights, keep = None, None
+                    if whole is not None:
+                        weights = whole.weights_bt[micro] if whole.weights_bt is not None else None
+                        keep = whole.keep_bt[micro] if whole.keep_bt is not None else None
+                    elif corr.active:
+                        part = correct(old, rollout_lp, mask, corr)
+                        weights = part.weights_bt
+                        if first:
+                            corr_sums += part.sums
+                            corr_maxes = torch.maximum(corr_maxes, part.maxes)
+                    # Rejected tokens leave every loss term and its denominators (`scale`), as in verl.
+                    kept = mask if keep is None else mask * keep
                     if a.policy_loss == "gspo":
-                        out = gspo_loss(logp, old, adv, mask, low, high)
+                        out = gspo_loss(logp, old, adv, kept, low, high)
                     else:
                         out = ppo_clip_loss(logp, old, adv, low, high, clip_c=a.clip_ratio_c)
-                    rollout_lp = mb.rollout_log_probs[micro].to(self.device)
-                    is_w = truncated_is_weights(old, rollout_lp, self.is_cap) if self.is_cap else None
-                    loss_bt = out.loss_bt if is_w is None else out.loss_bt * is_w
-                    pg = agg_loss(loss_bt, mask, a.loss_agg_mode, scale)
-                    loss = pg - a.entropy_coeff * agg_loss(ent, mask, a.loss_agg_mode, scale) if a.entropy_coeff else pg
+                    loss_bt = out.loss_bt if weights is None else out.loss_bt * weights
+                    pg = agg_loss(loss_bt, kept, a.loss_agg_mode, scale)
+                    loss = pg - a.entropy_coeff * agg_loss(ent, kept, a.loss_agg_mode, scale) if a.entropy_coeff else pg
                     if a.use_kl_loss:
                         assert mb.ref_log_probs is not None, "the trainer computes reference logprobs for the KL loss"
                         kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
-                        kl_term = agg_loss(kl_bt, mask, a.loss_agg_mode, scale)
+                        kl_term = agg_loss(kl_bt, kept, a.loss_agg_mode, scale)
                         loss = loss + a.kl_loss_coef * kl_term
                     loss.backward()
                     with torch.no_grad():
-                        m = mask.double()
-                        first = epoch == 0
+                        m = kept.double()
                         acc += torch.stack(
                             [
                                 m.sum(),
@@ -224,10 +259,8 @@ class Actor:
                                 (out.dual_clipped_bt * m).sum(),
                                 (out.approx_kl_bt * m).sum(),
                                 (ent * m).sum(),
-                                ((logp.detach() - rollout_lp).abs() * m).sum() if first else zero,
-                                m.sum() if first else zero,
-                                (is_w * m).sum() if is_w is not None else zero,
-                                ((is_w >= self.is_cap) * m).sum() if is_w is not None else zero,
+                                ((logp.detach() - rollout_lp).abs() * mask.double()).sum() if first else zero,
+                                mask.double().sum() if first else zero,
                                 pg.detach().double() / self.dp_size,
                                 kl_term.detach().double() / self.dp_size if a.use_kl_loss else zero,
                             ]
@@ -236,10 +269,12 @@ class Actor:
         self.optimizer.zero_grad(set_to_none=True)  # the gradients are not needed until the next update
         lr = float(self.optimizer.param_groups[0]["lr"])  # what this step trained at (verl logs it so too)
         self.scheduler.step()
-        sums = dict(zip(SUMS, acc.tolist(), strict=True))
+        values = torch.cat([acc, corr_sums, corr_maxes]).tolist()  # the update's one read of its sums
+        sums = dict(zip(SUMS, values[: len(SUMS)], strict=True))
+        corr_local = dict(zip(STAT_SUMS + STAT_MAXES, values[len(SUMS) :], strict=True))
         pg_total, kl_total = sums.pop("pg"), sums.pop("kl_loss")
         counts = (real_cells, placed_cells, padded_cells)
-        return self._metrics(sums, pg_total, kl_total, grad_norms, counts, batch) | {"actor/lr": lr}
+        return self._metrics(sums, corr_local, pg_total, kl_total, grad_norms, counts, batch) | {"actor/lr": lr}
 
     def _step(self) -> float:
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
@@ -257,6 +292,7 @@ class Actor:
     def _metrics(
         self,
         sums: dict[str, float],
+        corr_local: dict[str, float],
         pg_total: float,
         kl_total: float,
         grad_norms: list[float],
@@ -266,6 +302,8 @@ class Actor:
         a = self.cfg
         real, placed, computed = cells
         local = {k: ("sum", v) for k, v in sums.items()} | {"pg": ("sum", pg_total), "kl_loss": ("sum", kl_total)}
+        if self.correction.active:
+            local |= {f"corr.{k}": ("max" if k in STAT_MAXES else "sum", v) for k, v in corr_local.items()}
         if batch.old_log_probs is not None:  # the proximal policy is the batch's: compare the engine with it
             m = batch.train_mask
             local["diff"] = ("sum", float(((batch.old_log_probs - batch.rollout_log_probs).abs() * m).sum()))
@@ -290,11 +328,8 @@ class Actor:
         }
         if a.use_kl_loss:
             out |= {"actor/kl_loss": tot["kl_loss"] / steps, "actor/kl_coef": a.kl_loss_coef}
-        if self.is_cap:
-            out |= {
-                "rollout_corr/is_weight_mean": tot["is_w"] / tokens,
-                "rollout_corr/is_clipfrac": tot["is_clip"] / tokens,
-            }
+        if self.correction.active:
+            out |= correction_metrics({k: tot[f"corr.{k}"] for k in corr_local}, self.correction)
         return out
 
     def state_dict(self) -> dict[str, Any]:

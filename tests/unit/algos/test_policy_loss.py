@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/algos/policy_loss.py: PPO clip (dual clip), GSPO, truncated IS weights and loss aggregation."""
+"""Tests of torchrl_post/algos/policy_loss.py: PPO clip (dual clip), GSPO and loss aggregation."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from torchrl_post.algos.policy_loss import (
     gspo_loss,
     masked_mean,
     ppo_clip_loss,
-    truncated_is_weights,
 )
 from torchrl_post.workers.micro_batches import micro_slices
 
@@ -178,17 +177,6 @@ def test_gspo_gradient_is_per_token():
     expected = torch.zeros(2, 4)
     expected[0, 1] = 0.5 * math.exp(0.1)
     torch.testing.assert_close(logp2.grad, expected)
-
-
-# --- truncated importance sampling ----------------------------------------------------------------------------
-
-
-def test_truncated_is_weights_hand_computed() -> None:
-    old = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.2)]])
-    rollout = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.8)]])
-    w = truncated_is_weights(old, rollout, cap=1.5)
-    assert w.tolist()[0] == pytest.approx([1.5, 1.0, 0.25])  # 2.0 capped at 1.5; equal; 0.2/0.8
-    assert not w.requires_grad
 
 
 # --- agg_loss / masked_mean ---------------------------------------------------------------------------------

@@ -80,3 +80,44 @@ def _placement_error(world: int, overrides: list[str]) -> str:
 )
 def test_placement_errors_name_the_key(world: int, overrides: list[str], needle: str) -> None:
     assert needle in _placement_error(world, overrides)
+
+
+# --- algorithm.rollout_correction ---------------------------------------------------------------------------------
+
+RC = "algorithm.rollout_correction"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f"{RC}.rollout_is=geometric"], f"{RC}.rollout_is='geometric' is not one of auto, token, sequence, null"),
+        ([f"{RC}.rollout_is=none"], f"{RC}.rollout_is='none' is not one of auto, token, sequence, null"),
+        ([f"{RC}.rollout_rs=seq_mean_k1"], f"{RC}.rollout_rs='seq_mean_k1' is not one of token, sequence, geometric"),
+        ([f"{RC}.rollout_is_threshold=0"], f"{RC}.rollout_is_threshold=0.0 must be > 0"),
+        ([f"{RC}.rollout_rs_threshold=-1"], f"{RC}.rollout_rs_threshold=-1.0 must be > 0"),
+        ([f"{RC}.rollout_rs_threshold_lower=0"], f"{RC}.rollout_rs_threshold_lower=0.0 must be > 0"),
+        ([f"{RC}.rollout_token_veto_threshold=0"], f"{RC}.rollout_token_veto_threshold=0.0 must be > 0"),
+        (
+            [f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=1.5", f"{RC}.rollout_rs_threshold_lower=2"],
+            f"{RC}.rollout_rs_threshold_lower=2 is above {RC}.rollout_rs_threshold=1.5",
+        ),
+        (  # a null lower end is 1 / upper: above an upper end below 1
+            [f"{RC}.rollout_rs=geometric", f"{RC}.rollout_rs_threshold=0.5"],
+            f"{RC}.rollout_rs_threshold_lower=2 is above {RC}.rollout_rs_threshold=0.5",
+        ),
+    ],
+)
+def test_rollout_correction_errors_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    msg = str(info.value)
+    assert msg.startswith(message) and "\n" not in msg, msg
+
+
+def test_rollout_correction_values_accepted() -> None:
+    cfg = load_config([f"{RC}.rollout_is=sequence", f"{RC}.rollout_rs=geometric", f"{RC}.rollout_rs_threshold=1.001"])
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_is, rc.rollout_rs, rc.rollout_rs_threshold) == ("sequence", "geometric", 1.001)
+    # an empty band is only an error when something rejects with it
+    load_config([f"{RC}.rollout_rs_threshold=1.5", f"{RC}.rollout_rs_threshold_lower=2"])
+    assert load_config([f"{RC}.rollout_is=null"]).algorithm.rollout_correction.rollout_is is None
