@@ -68,11 +68,8 @@ lint: setup
 	$(VENV)/bin/mypy torchrl_post
 	$(VENV)/bin/lint-imports
 
-# Two pytest-xdist workers: a run's ranks leave the cores idle about 30% of the time (import, engine start,
-# rank 0's writes), which a second test fills. TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
 test: setup lint
-	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup) tests
+	$(VENV)/bin/pytest -q tests
 
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit

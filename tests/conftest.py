@@ -9,36 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs on pytest-xdist workers (`-n 2 --dist loadgroup`): a module's tests stay on one worker
-    (its module fixtures run once) and the benchmark tests, which share outputs/bench_models, stay together.
-    Groups are handed out in collection order, so the processes' runs (distributed, e2e) go first and the
-    short unit modules fill the end. Without xdist the marks do nothing and the order is pytest's own."""
-
-    def rank(item: pytest.Item) -> int:
-        return 0 if "/e2e/" in item.nodeid or "/distributed/" in item.nodeid else 1
-
-    items.sort(key=rank)  # stable: the order within each part is kept
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        group = "benchmarks" if Path(path).name.startswith("test_bench") else path
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
-def shared(tmp_path_factory: pytest.TempPathFactory, name: str) -> tuple[Path, FileLock]:
-    """A directory every xdist worker of this session sees (`name` under the session's base temp), and the
-    lock that lets one worker build what goes in it while the others wait: `with lock:` check, else build."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the workers' base temps share this parent
-    return root / name, FileLock(str(root / f"{name}.lock"))
 
 
 def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -116,9 +89,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The demo model (warm-started on the sums) and its data, built once per session: (model dir, data dir)."""
     from torchrl_post.demo.build import build_demo
 
-    root, lock = shared(tmp_path_factory, "demo")
-    with lock:  # cached: build_demo returns at once when the model is there
-        build_demo(root / "model", root / "data")
+    root = tmp_path_factory.mktemp("demo")
+    build_demo(root / "model", root / "data")
     return root / "model", root / "data"
 
 
@@ -128,13 +100,7 @@ def demo_20_steps(demo: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
     golden fixture's run, and the baseline other layouts of the same run are compared with."""
     from tests.e2e.golden.record import run_demo
 
-    root, lock = shared(tmp_path_factory, "demo_20_steps")
-    done = root / "done"  # a run that failed leaves none: the next worker runs it again (and fails as loudly)
-    with lock:
-        if not done.exists():
-            root.mkdir(parents=True, exist_ok=True)
-            done.write_text(str(run_demo(root, demo)))
-    return Path(done.read_text())
+    return run_demo(tmp_path_factory.mktemp("demo_20_steps"), demo)
 
 
 @pytest.fixture(scope="session")
