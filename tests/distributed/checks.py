@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from torchrl_post.algos.rollout_correction import RolloutCorrection
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology, plan_placement
@@ -32,9 +33,15 @@ def actor_rollout_topology(env: DistEnv) -> Topology:
     return topo
 
 
-def make_actor(cfg: Config, mesh: Any, mini_batch_samples: int = 1 << 30, device: torch.device | None = None) -> Actor:
+def make_actor(
+    cfg: Config,
+    mesh: Any,
+    mini_batch_samples: int = 1 << 30,
+    device: torch.device | None = None,
+    correction: RolloutCorrection | None = None,
+) -> Actor:
     """The actor at temperature 1 with `mini_batch_samples` per optimizer step (default: the whole batch), on
-    `device` (default the CPU)."""
+    `device` (default the CPU), with a rollout `correction` (default none)."""
     return Actor(
         cfg.model,
         cfg.actor,
@@ -44,6 +51,7 @@ def make_actor(cfg: Config, mesh: Any, mini_batch_samples: int = 1 << 30, device
         mini_batch_samples=mini_batch_samples,
         max_response_length=cfg.data.max_response_length,
         total_steps=1,
+        correction=correction,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 
@@ -20,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from tests.distributed.checks import make_actor
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES
+from torchrl_post.algos.rollout_correction import RolloutCorrection
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
@@ -295,6 +297,79 @@ def packing(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, o
     return out
 
 
+def corrections(cfg: Config, mesh: DeviceMesh, half: Batch) -> dict[str, object]:
+    """algorithm.rollout_correction through the update, against the same update without it on a batch changed by
+    hand: a rejection (token, sequence, geometric; the veto) equals zeroing the rejected tokens' or rows' loss
+    mask, and importance weights (token, sequence) equal multiplying the advantages by them (the clipped loss is
+    linear in a positive scale of the advantage, dual clip included). The rollout logprobs are the old ones minus
+    delta ~ N(0, 0.6) per token; band [0.5, 2] ([0.8, 1.25] for the geometric mean), cap 1.5, veto
+    below 0.5. Sums over both ranks."""
+    torch.manual_seed(0)
+    probe = make_actor(cfg, mesh)
+    _KEEP.append(probe)
+    old = probe.log_probs(half)  # the policy every update below starts from
+    delta = torch.randn(old.shape, generator=torch.Generator().manual_seed(7 + dist.get_rank())) * 0.6
+    valid = half.loss_mask > 0
+    d = torch.where(valid, delta, 0.0)
+    base = dataclasses.replace(
+        half, old_log_probs=old, rollout_log_probs=old - delta, advantages=half.advantages.expand_as(old).clone()
+    )
+    row_sum = d.sum(-1, keepdim=True)
+    bands = {"token": (0.5, 2.0), "sequence": (0.5, 2.0), "geometric": (0.8, 1.25)}  # a mean of ~5 varies less
+
+    def outside(x: torch.Tensor, level: str) -> torch.Tensor:
+        return (x < math.log(bands[level][0])) | (x > math.log(bands[level][1]))
+
+    rejected = {
+        "token": valid & outside(d, "token"),
+        "sequence": valid & outside(row_sum, "sequence"),
+        "geometric": valid & outside(row_sum / valid.sum(-1, keepdim=True).clamp(min=1), "geometric"),
+        "veto": valid & (d < math.log(0.5)).any(-1, keepdim=True),
+    }
+    weights = {"token": d.exp().clamp(max=1.5), "sequence": row_sum.exp().clamp(max=1.5).expand_as(d)}
+
+    def update(batch: Batch, correction: RolloutCorrection | None) -> tuple[dict[str, torch.Tensor], dict]:
+        torch.manual_seed(0)
+        actor = make_actor(cfg, mesh, correction=correction)
+        _KEEP.append(actor)
+        metrics = actor.update(batch)
+        return {
+            **dict(iter_full_weights(actor.model, 1 << 20)),
+            "grad_norm": torch.tensor(metrics["actor/grad_norm"]),
+        }, metrics
+
+    def total(x: torch.Tensor) -> float:
+        t = x.double().sum().reshape(1)
+        dist.all_reduce(t)
+        return t.item()
+
+    report: dict[str, object] = {"corr_tokens": total(valid)}
+    for level, gone in rejected.items():
+        rc = (
+            RolloutCorrection(rollout_token_veto_threshold=0.5)
+            if level == "veto"
+            else RolloutCorrection(
+                rollout_rs=level, rollout_rs_threshold=bands[level][1], rollout_rs_threshold_lower=bands[level][0]
+            )
+        )
+        got, metrics = update(base, rc)
+        want, _ = update(dataclasses.replace(base, loss_mask=base.loss_mask * ~gone), None)
+        report[f"corr_rs_{level}_max_diff"] = _max_diff(got, want)
+        report[f"corr_rs_{level}_grad_norms"] = [got["grad_norm"].item(), want["grad_norm"].item()]
+        report[f"corr_rs_{level}_rejected"] = [total(gone), total(gone.any(-1))]  # tokens, rows
+        key = "rollout_is_veto_fraction" if level == "veto" else "rollout_rs_masked_fraction"
+        report[f"corr_rs_{level}_metric"] = metrics[f"rollout_corr/{key}"]
+    for level, w in weights.items():
+        got, metrics = update(base, RolloutCorrection(rollout_is=level, rollout_is_threshold=1.5))
+        want, _ = update(dataclasses.replace(base, advantages=base.advantages * w), None)
+        report[f"corr_is_{level}_max_diff"] = _max_diff(got, want)
+        report[f"corr_is_{level}_grad_norms"] = [got["grad_norm"].item(), want["grad_norm"].item()]
+        report[f"corr_is_{level}_capped"] = total(valid & (w >= 1.5))
+        report[f"corr_is_{level}_weight_mean"] = [metrics["rollout_corr/is_weight_mean"], total(w * valid)]
+    report["corr_rows"] = total(valid.any(-1))
+    return report
+
+
 def _write(report: dict[str, object], out_path: str, rank: int, world: int) -> None:
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -369,6 +444,7 @@ def main() -> None:
     report["agg_mode_grad_norms"] = modes
     cfg.actor.loss_agg_mode = "token-mean"
     report |= packing(cfg, mesh, env.rank, env.world_size)
+    report |= corrections(cfg, mesh, half)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)
     if env.rank == 0:

@@ -70,6 +70,7 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
         for name in ("padded", "padded_dynamic", "packed_apart"):
             assert rank[f"shared_prompt_frac_{name}"] == 0.0, name
         assert rank["critic_pack_max_diff"] < 5e-5  # Adam on near-zero gradients (a shared prompt: 1e-5)
+        check_rollout_correction(rank)
         values = torch.tensor(rank["critic_values_True"]) - torch.tensor(rank["critic_values_False"])
         assert values.abs().max() < 2e-6
     assert two[1]["padding_frac_padded"] > 0.1  # the second rank's short rows: padding the packed update skips
@@ -80,6 +81,27 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, "2-rank update differs from 1-rank update"
     for mode in one[0]["agg_mode_grad_norms"]:  # every mode: 2 ranks with the global counts = 1 rank
         assert two[0]["agg_mode_grad_norms"][mode][0] == pytest.approx(one[0]["agg_mode_grad_norms"][mode][0], rel=1e-5)
+
+
+def check_rollout_correction(rank: dict) -> None:
+    """algorithm.rollout_correction in the update equals the update without it on a batch changed by hand
+    (fsdp_worker.corrections): rejected tokens or rows out of the loss mask, importance weights in the advantages."""
+    tokens, rows = rank["corr_tokens"], rank["corr_rows"]
+    for level in ("token", "sequence", "geometric", "veto"):
+        gone_tokens, gone_rows = rank[f"corr_rs_{level}_rejected"]
+        assert 0 < gone_tokens < tokens, f"{level}: the case rejects nothing or everything ({gone_tokens} of {tokens})"
+        assert rank[f"corr_rs_{level}_max_diff"] < 1e-4, level  # Adam on near-zero gradients, as above
+        norms = rank[f"corr_rs_{level}_grad_norms"]
+        assert norms[0] == pytest.approx(norms[1], rel=1e-5), (level, norms)
+        want = gone_rows / rows if level == "veto" else gone_tokens / tokens
+        assert rank[f"corr_rs_{level}_metric"] == pytest.approx(want, rel=1e-6), level
+    for level in ("token", "sequence"):
+        assert 0 < rank[f"corr_is_{level}_capped"] < tokens, level
+        assert rank[f"corr_is_{level}_max_diff"] < 1e-4, level
+        norms = rank[f"corr_is_{level}_grad_norms"]
+        assert norms[0] == pytest.approx(norms[1], rel=1e-5), (level, norms)
+        metric, weight_sum = rank[f"corr_is_{level}_weight_mean"]
+        assert metric == pytest.approx(weight_sum / tokens, rel=1e-6), level
 
 
 def test_fsdp_options_give_the_same_update(odd_model: Path, tmp_path: Path) -> None:
