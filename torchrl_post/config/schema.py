@@ -131,7 +131,8 @@ class RolloutConfig:
     on GPUs of its own takes 0.9; a colocated engine takes 0.9 of what is free when it starts, less the optimizer
     state the trainer has yet to allocate (`rollout/engines.py: engine_memory_fraction`)."""
     cpu_kvcache_space_gb: int = 1
-    """vLLM KV cache size on CPU, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    """Most KV cache vLLM takes on CPU, in whole GiB: it allocates what rollout.max_num_seqs sequences of the
+    longest prompt plus response can fill, up to this (VLLM_CPU_KVCACHE_SPACE, when set, wins)."""
     max_num_seqs: int = 256
     """Most sequences vLLM schedules at once."""
     dtype: str = "auto"

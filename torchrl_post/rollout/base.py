@@ -69,6 +69,17 @@ def engine_memory_fraction(free: int, total: int, reserve: int, share: float = E
     return share * left / total
 
 
+def kv_cache_need(hf_config: Any, dtype_bytes: int, sequences: int, max_model_len: int, block_size: int = 128) -> int:
+    """Bytes of K and V for `sequences` sequences of `max_model_len` tokens, each rounded up to whole blocks of
+    `block_size` tokens: all an engine can hold at once (rollout.max_num_seqs running)."""
+    text = hf_config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    tokens = sequences * -(-max_model_len // block_size) * block_size
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes * tokens
+
+
 class RolloutEngine(Protocol):
     def generate(
         self,

@@ -113,3 +113,35 @@ def test_hermes_calls_parsed(parse) -> None:  # type: ignore[no-untyped-def]
     assert parse("The answer is 5.") == (False, [])
     assert parse('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>') == (True, [])
     assert "hermes" in tool_parser_names()
+
+
+# --- what the engine allocates and compiles at its start on CPU --------------------------------------------------
+
+
+def test_kv_cache_need_counts_k_and_v_of_every_layer_in_whole_blocks() -> None:
+    from transformers import Qwen2Config, Qwen2VLConfig
+
+    from torchrl_post.rollout.base import kv_cache_need
+
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+    # 2 (K, V) x 2 layers x 1 KV head x head_dim 32 x 4 bytes = 512 bytes a token; 100 tokens fill one block of 128
+    assert kv_cache_need(cfg, 4, sequences=3, max_model_len=100) == 512 * 3 * 128
+    assert kv_cache_need(cfg, 2, sequences=1, max_model_len=129, block_size=32) == 256 * 160
+    vlm = Qwen2VLConfig(text_config={"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+                                     "num_key_value_heads": 2})  # fmt: skip
+    assert kv_cache_need(vlm, 4, sequences=1, max_model_len=128) == 2 * 3 * 2 * 24 * 4 * 128  # the text model's
+
+
+def test_the_rank_count_runs_eagerly_and_counts_the_same() -> None:
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    from torchrl_post.rollout.vllm_engine import _eager_rank_count
+
+    compiled = logprobs.batched_count_greater_than
+    _eager_rank_count()
+    assert sampler.batched_count_greater_than is compiled._torchdynamo_orig_callable  # type: ignore[attr-defined]
+    x, v = torch.randn(3, 50), torch.randn(3, 1)
+    assert torch.equal(sampler.batched_count_greater_than(x, v), (x >= v).sum(-1))
+    _eager_rank_count()  # a second engine: already eager, left alone
+    assert sampler.batched_count_greater_than is compiled._torchdynamo_orig_callable  # type: ignore[attr-defined]
