@@ -75,6 +75,44 @@ def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Qwen3-MoE (hidden 64, 2 layers, head_dim 32, 1 KV head; 4 experts, top-2, expert width 64)
+    with the demo tokenizer."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from torchrl_post.demo.build import save_model
+    from torchrl_post.demo.tokenizer import build_char_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_moe_model")
+    tok = build_char_tokenizer(128)
+    cfg = Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen3MoeForCausalLM(cfg)
+    save_model(model, tok, out)  # type: ignore[arg-type]  # any causal LM
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_vlms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """An untrained tiny vision-language model of each architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with the
     character tokenizer and its processor: arch -> model dir."""

@@ -21,15 +21,19 @@ pytestmark = pytest.mark.distributed
         pytest.param("vllm", "lora-adapter", "tiny_model", marks=pytest.mark.vllm),
         pytest.param("vllm", "", "tiny_tied_model", marks=pytest.mark.vllm),
         ("hf", "", "tiny_tied_model"),
+        pytest.param("vllm", "", "tiny_moe_model", marks=pytest.mark.vllm),
     ],
-    ids=["vllm", "hf", "vllm-lora-merged", "vllm-lora-adapter", "vllm-tied", "hf-tied"],
+    ids=["vllm", "hf", "vllm-lora-merged", "vllm-lora-adapter", "vllm-tied", "hf-tied", "vllm-moe"],
 )
 def test_engine_matches_trainer_after_updates(
     engine: str, lora: str, model: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """`tiny_tied_model` ties its LM head to the embedding (`tie_word_embeddings`, as SmolLM2): the trainer's
     parameters list it once, and vLLM's LM head, a layer of its own, stays on the first weights unless the sync
-    sends it too (`lm_head.weight`): without that, the logprobs drift by 0.1-0.3 after the first update."""
+    sends it too (`lm_head.weight`): without that, the logprobs drift by 0.1-0.3 after the first update.
+    `tiny_moe_model` (Qwen3-MoE, 4 experts, top-2): the FSDP2 actor shards the fused expert tensors and vLLM's CPU
+    experts need their weights packed again after every reload (`repack_cpu_experts`): without it the logprobs
+    are off by 0.4 after the first update, with no error."""
     out = tmp_path / "parity.json"
     extra = [lora] if lora else []
     model_dir = request.getfixturevalue(model)

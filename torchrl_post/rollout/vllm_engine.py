@@ -60,6 +60,8 @@ class VLLMEngine:
         max_len = spec.max_model_len
         hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         self.vision = VisionSpec.of(hf_config)
+        # mixture-of-experts layers on CPU: vLLM prepacks their weights at the first load only (`load_weights`)
+        self.cpu_experts = device.type == "cpu" and bool(getattr(hf_config.get_text_config(), "num_experts", 0))
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
@@ -197,6 +199,8 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
         with ReloadAccount() as account:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if self.cpu_experts:
+            self.llm.apply_model(repack_cpu_experts)
         self.llm.reset_prefix_cache()
         if self.vision is not None:  # cached image embeddings came from the old vision tower
             self.llm.llm_engine.reset_encoder_cache()
@@ -253,6 +257,30 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Run inside the engine after a weight reload: pack every mixture-of-experts layer's new weights for the CPU
+    kernel; returns how many tensors it packed. vLLM 0.32 packs them at the first load only
+    (unquantized_fused_moe_method.py: the kernel's process_weights_after_loading runs `if not
+    is_weight_update`), so after a reload its CPU experts read unpacked weights: wrong outputs, no error
+    (a tiny Qwen3-MoE's greedy tokens differ from the trainer's after the first sync; equal with this)."""
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    packed = 0
+    for layer in model.modules():
+        if not isinstance(layer, RoutedExperts):
+            continue
+        experts: Any = layer.quant_method.moe_kernel.fused_experts  # type: ignore[union-attr]
+        isa = getattr(experts, "isa", None)  # the unquantized CPU kernel's (CPUUnquantizedExperts)
+        if isa is None or getattr(experts, "_use_zentorch", False):  # another kernel, another layout
+            continue
+        for name in ("w13_weight", "w2_weight"):
+            w = getattr(layer, name)
+            w.data.copy_(cpu_prepack_moe_weight(w.contiguous(), isa))
+            packed += 1
+    return packed
 
 
 def _eager_rank_count() -> None:
