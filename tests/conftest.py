@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,37 +41,43 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An untrained tiny Llama with tied input/output embeddings (`tie_word_embeddings`, as SmolLM2): hidden 64,
-    2 layers, 2 heads (head_dim 32), 1 KV head, the demo tokenizer. Its checkpoint has no `lm_head.weight`."""
+def _untrained(out: Path, config_cls: Any, model_cls: Any, **config: Any) -> Any:
+    """An untrained `model_cls` from `config_cls(**config)` (float32, the demo tokenizer's special ids), seed 0,
+    saved with the demo tokenizer under `out`; returns the model."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from torchrl_post.demo.build import save_model
     from torchrl_post.demo.tokenizer import build_char_tokenizer
 
-    out = tmp_path_factory.mktemp("tiny_tied_model")
     tok = build_char_tokenizer(128)
-    cfg = LlamaConfig(
+    cfg = config_cls(
         vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         max_position_embeddings=256,
-        tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         dtype="float32",
+        **config,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
+        model = model_cls(cfg)
+    save_model(model, tok, out)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Llama with tied input/output embeddings (`tie_word_embeddings`, as SmolLM2): hidden 64,
+    2 layers, 2 heads (head_dim 32), 1 KV head, the demo tokenizer. Its checkpoint has no `lm_head.weight`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny_tied_model")
+    model = _untrained(
+        out, LlamaConfig, LlamaForCausalLM, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    save_model(model, tok, out)  # type: ignore[arg-type]  # any causal LM
     return out
 
 
@@ -78,37 +85,14 @@ def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Qwen3-MoE (hidden 64, 2 layers, head_dim 32, 1 KV head; 4 experts, top-2, expert width 64)
     with the demo tokenizer."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from torchrl_post.demo.build import save_model
-    from torchrl_post.demo.tokenizer import build_char_tokenizer
-
     out = tmp_path_factory.mktemp("tiny_moe_model")
-    tok = build_char_tokenizer(128)
-    cfg = Qwen3MoeConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        dtype="float32",
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen3MoeForCausalLM(cfg)
-    save_model(model, tok, out)  # type: ignore[arg-type]  # any causal LM
+    _untrained(
+        out, Qwen3MoeConfig, Qwen3MoeForCausalLM, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
+        num_experts_per_tok=2, decoder_sparse_step=1, tie_word_embeddings=False,
+    )  # fmt: skip
     return out
 
 
