@@ -59,6 +59,7 @@ def build_trainer(run: Run) -> Trainer:
         correction=plan.rollout_correction,
         fsdp=plan.roles["actor"].fsdp,
         sequence=run.topo.sequence("actor"),
+        replay=plan.router_replay,
     )
     critic: CriticRole | None = None
     if plan.critic == "colocated":
@@ -200,6 +201,7 @@ def build_reference(run: Run) -> Reference:
         run.env.device,
         temperature=cfg.rollout.temperature,
         sequence=run.topo.sequence("reference"),
+        replay=run.plan.router_replay,
     )
 
 

@@ -100,6 +100,9 @@ class RunPlan:
     """cpu or cuda: what the defaults by device below were resolved for."""
     max_logprob_diff: float = 1e-4
     """The engine/trainer mismatch warning's threshold (trainer.max_logprob_diff, or by precision); 0: off."""
+    router_replay: bool = False
+    """Mixture-of-experts models: the actor's and reference's routers use the engine's recorded experts
+    (actor.router_replay; the engine records them: `engine.record_routes`)."""
     notes: tuple[str, ...] = field(default=())
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
@@ -185,6 +188,9 @@ class RunPlan:
             f"  reference: {self.reference}; critic: {self.critic}; lora sync: {self.lora_sync}",
             f"  weight sync: {self.sync}, buckets of {self.sync_bucket_bytes / MB:g} MiB",
             f"  rollout correction: {self.rollout_correction.describe()}",
+            "  MoE routing: "
+            + ("the engine's experts replayed in the trainer (R3)" if self.router_replay else "the trainer's own")
+            + ("; the engine records them" if self.engine.record_routes else ""),
         ]
         numbers = self.batch_numbers() | {"micro_batch_per_rank": self.micro_batch_samples}
         lines += [f"  {k}: {v}" for k, v in numbers.items()]
@@ -280,6 +286,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
         enforce_eager=r.enforce_eager if r.enforce_eager is not None else device != "cuda",
         gpu_memory_utilization=util,
         sleep_level=sleep_level(cfg, device, colocated),
+        record_routes=r.return_routed_experts,
     )
 
 
@@ -379,5 +386,6 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         model_dtype=cfg.model.dtype,
         device=device,
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),
+        router_replay=cfg.actor.router_replay,
         notes=tuple(notes),
     )

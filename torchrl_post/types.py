@@ -60,6 +60,11 @@ class Generation:
     """The engine's logprob of each generated token (after temperature)."""
     finish_reasons: list[str]
     """A name from TERMINATIONS: engines give `stop` or `length`."""
+    routed_experts: list[torch.Tensor] | None = None
+    """Mixture-of-experts models, when asked (`rollout/vllm_engine.py`): each sample's experts, int16
+    [prompt + response - 1, MoE layers, top-k]: the row of position t is what routed token t (the last token
+    routes nothing the sample needs); -1 where the engine computed no row (a prompt token served from its
+    prefix cache)."""
 
 
 # Which fields have which layout (the serialiser and `concat` pad and cut by these).
@@ -78,6 +83,7 @@ SAMPLE_FIELDS = (  # [B]
     "step_ids",
     "step_rewards",
 )
+ROUTE_FIELDS = ("routed_experts",)  # [B, L, k, P + R]: optional, padded with -1 (no record)
 IMAGE_FIELDS = ("image_counts", "image_grid_thw", "pixel_values")  # rows' images, concatenated in row order
 
 
@@ -109,6 +115,10 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, R]
     # Vision-language models: every image of every row, in row order (a prompt's images repeat in each of its
     # samples). `position_ids` is then [B, 3, P+R]: the (temporal, height, width) M-RoPE positions.
+    # Mixture-of-experts models with routing replay: the experts the engine chose for each token, [B, L, k, P+R]
+    # int16 (MoE layers, top-k, then the columns, so that column slicing and padding treat it as a sequence);
+    # -1 where nothing was recorded (padding, a prefix-cache hit): the trainer's router chooses there.
+    routed_experts: torch.Tensor | None = None
     image_counts: torch.Tensor | None = None  # [B] long: images of each row
     image_grid_thw: torch.Tensor | None = None  # [I, 3] long: each image's patch grid, rows' images in order
     pixel_values: torch.Tensor | None = None  # [N, D]: each image's patches (grid t*h*w rows), images in order
@@ -195,6 +205,9 @@ class Batch:
         out: dict[str, Any] = {}
         for name in SEQUENCE_FIELDS:
             out[name] = getattr(self, name)[..., first : p + keep]
+        for name in ROUTE_FIELDS:
+            value = getattr(self, name)
+            out[name] = None if value is None else value[..., first : p + keep]
         for name in TOKEN_FIELDS:
             value = getattr(self, name)
             out[name] = None if value is None else value[:, :keep]
@@ -216,6 +229,15 @@ class Batch:
         for name in SEQUENCE_FIELDS:
             fill = pad_id if name == "input_ids" else 0
             out[name] = torch.cat([_pad_sequence(getattr(b, name), b, p_width, r_width, fill, name) for b in parts])
+        for name in ROUTE_FIELDS:
+            values = [getattr(b, name) for b in parts]
+            out[name] = (
+                None
+                if any(v is None for v in values)
+                else torch.cat(
+                    [_pad_sequence(v, b, p_width, r_width, -1, name) for v, b in zip(values, parts, strict=True)]
+                )
+            )
         for name in TOKEN_FIELDS:
             values = [getattr(b, name) for b in parts]
             if any(v is None for v in values):

@@ -101,6 +101,15 @@ def _engine(v: Any) -> str:
     return engines[v]
 
 
+def _router_replay(v: Any) -> bool:
+    """verl's and ROLL's router_replay.mode: R3 (rollout routing replay) is ours; R2 (the old policy's own routing
+    replayed in the update) is not built."""
+    modes = {"disable": False, "disabled": False, "none": False, None: False, "R3": True, "r3": True}
+    if v not in modes:
+        raise Refused(f"router_replay.mode={v}: only R3 (actor.router_replay=true) or disabled are built here")
+    return modes[v]
+
+
 def _load_format(v: Any) -> str:
     if isinstance(v, str) and v.startswith("dummy"):
         return "dummy"
@@ -403,6 +412,16 @@ ALIASES: tuple[Alias, ...] = (
     ),
     _rename(V, f"{A}.fsdp_config.mixed_precision.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
     _rename(V, f"{A}.fsdp_config.mixed_precision.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),
+    _rename(V, f"{A}.router_replay.mode", "actor.router_replay", "R3 is true, disabled false", convert=_router_replay),
+    _rename(
+        V, f"{A}.megatron.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "only 1: EP is not built"
+    ),
+    _rename(
+        V,
+        f"{A}.megatron.override_transformer_config.moe_aux_loss_coeff",
+        "actor.router_aux_loss_coef",
+        "the load-balancing loss's weight",
+    ),
     _noop(V, f"{A}.megatron.tensor_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(V, f"{A}.megatron.pipeline_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _refused(V, f"{A}.megatron", _MEGATRON, subtree=True),
@@ -608,13 +627,14 @@ ALIASES: tuple[Alias, ...] = (
     ),
     _noop(R, "actor_train.strategy_args.strategy_name", "the actor trains with FSDP2", _is("fsdp2_train"), _MEGATRON),
     _rename(R, f"{TSC}.fsdp_size", "actor.fsdp.fsdp_size"),
+    _rename(R, f"{TSC}.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "only 1: EP is not built"),
+    _rename(R, "actor_train.router_replay.mode", "actor.router_replay", "R3 is true", convert=_router_replay),
     _rename(R, f"{TSC}.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
     _rename(R, f"{TSC}.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),
     _rename(R, f"{TSC}.reshard_after_forward", "actor.fsdp.reshard_after_forward"),
     _rename(R, f"{TSC}.offload_policy", "actor.fsdp.offload_policy"),
     _noop(R, f"{TSC}.tensor_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(R, f"{TSC}.pipeline_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
-    _noop(R, f"{TSC}.expert_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(R, f"{TSC}.context_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(R, "actor_train.infer_batch_size", _LOGPROB_MB),
     _refused(R, "actor_train.device_mapping", f"the actor's ranks are placement.actor (a rank list); {_LAUNCHER}"),

@@ -7,6 +7,7 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
     check_length_budget(cfg, model_config)
     check_sequence_parallel(cfg, model_config)
+    check_experts(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     check_lora_targets(cfg, model_config)       # model.lora_rank > 0
@@ -216,6 +217,24 @@ def check_sequence_parallel(cfg: Config, model_config: Any, key: str = "model.pa
         raise ConfigError(f"{name} runs sdpa or eager attention; {key}={path!r} asks for {impl}")
 
 
+def check_experts(cfg: Config, model_config: Any) -> None:
+    """actor.router_replay against the model: a text mixture-of-experts model (the engine records the experts of
+    a text prompt's tokens; a vision model's placeholders are collapsed there, so rows would not line up)."""
+    if not cfg.actor.router_replay:
+        return
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    if not (getattr(text, "num_experts", 0) or 0):
+        raise ConfigError(
+            f"actor.router_replay=true: model.path={cfg.model.path!r} has no mixture-of-experts layers "
+            "(no num_experts in its config.json); set it to false"
+        )
+    if getattr(model_config, "vision_config", None) is not None:
+        raise ConfigError(
+            f"actor.router_replay=true: model.path={cfg.model.path!r} is a vision-language model, whose image "
+            "tokens the engine records collapsed; set it to false"
+        )
+
+
 def check_tokenizer(tokenizer: Any, model_config: Any, path: str, key: str = "model.path") -> None:
     """Tokenizer files present, the vocabulary within the model's embedding, and a test text that encodes to
     several distinct tokens (a directory without tokenizer files gives a one-token tokenizer and empty prompts)."""
@@ -334,6 +353,7 @@ def preflight(cfg: Config) -> Any:
     model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
     check_length_budget(cfg, model_config)
     check_sequence_parallel(cfg, model_config)
+    check_experts(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     if cfg.model.lora_rank > 0:

@@ -161,6 +161,10 @@ class RolloutConfig:
     """The engine's initial weights (vLLM's load_format; ROLL's and verl's advice): `dummy` starts it with random
     weights and the first weight sync (at every fresh start, as after a resume) gives it the actor's; `auto` reads
     them from model.path as well. With rollout.lora_sync=adapter the base weights are read from disk."""
+    return_routed_experts: bool = True
+    """Mixture-of-experts models on the vLLM engine: record each token's experts per MoE layer (vLLM's
+    enable_return_routed_experts): actor.router_replay needs them, and rollout/router_mismatch compares them with
+    the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a
@@ -188,6 +192,10 @@ class FSDPConfig:
     optimizer_offload: bool = False
     """Hybrid engine (verl's optimizer_offload): keep the optimizer state in host memory outside the optimizer
     step. No-op on CPU."""
+    expert_parallel_size: int = 1
+    """Mixture-of-experts models: ranks each MoE layer's experts are spread over (an `ep` mesh dimension, tokens
+    sent to their experts' ranks by all-to-all). Not built yet: only 1 (the experts are sharded with the rest of
+    the layer by FSDP2); see docs/moe.md."""
 
 
 @dataclass
@@ -242,6 +250,14 @@ class ActorConfig:
     """Coefficient of the KL loss term."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator for the loss: k1, k2, k3/low_var_kl, abs, mse."""
+    router_replay: bool = False
+    """Mixture-of-experts models: rollout routing replay (R3). The trainer's routers use the experts the engine
+    chose for each token (rollout.return_routed_experts) in the old-logprob, reference and update forwards; the
+    gate weights still come from the current router logits, so the router keeps learning. verl's and ROLL's
+    router_replay.mode=R3."""
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
+    transformers' router_aux_loss_coef) in the update's loss; logged as actor/moe_aux_loss whatever the weight."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 

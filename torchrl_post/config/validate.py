@@ -93,6 +93,30 @@ def _rollout_correction(cfg: Config) -> None:
         )
 
 
+def _mixture_of_experts(cfg: Config) -> None:
+    """Expert parallelism (not built) and routing replay's needs that the config alone shows (the model's own are
+    checked by `preflight.check_experts`)."""
+    ep = cfg.actor.fsdp.expert_parallel_size
+    if ep != 1:
+        raise ConfigError(
+            f"actor.fsdp.expert_parallel_size={ep}: expert parallelism is not built yet (the experts are sharded "
+            "with the rest of each layer by FSDP2); set it to 1 (docs/moe.md says what an ep mesh would take)"
+        )
+    _positive("actor.router_aux_loss_coef", cfg.actor.router_aux_loss_coef, allow_zero=True)
+    if not cfg.actor.router_replay:
+        return
+    if cfg.rollout.engine != "vllm":
+        raise ConfigError(
+            "actor.router_replay=true replays the vLLM engine's recorded experts: set rollout.engine=vllm"
+        )
+    if not cfg.rollout.return_routed_experts:
+        raise ConfigError("actor.router_replay=true needs the engine's experts: set rollout.return_routed_experts=true")
+    if cfg.agent.env is not None:
+        raise ConfigError(
+            "actor.router_replay=true: agent episodes do not record their turns' experts yet; set it to false"
+        )
+
+
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
@@ -208,6 +232,7 @@ def validate(cfg: Config) -> None:
             or (isinstance(targets, (list, tuple, ListConfig)) and targets and all(isinstance(t, str) for t in targets))
         ):
             raise ConfigError(f"model.target_modules={targets!r} must be all-linear or a list of module names")
+    _mixture_of_experts(cfg)
     sw = cfg.algorithm.stepwise_advantage
     _one_of("algorithm.stepwise_advantage.mode", sw.mode, STEPWISE_MODES)
     if sw.enable and a.env is None:

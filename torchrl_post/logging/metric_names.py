@@ -37,6 +37,8 @@ METRICS: dict[str, str] = {
     "actor/pg_clipfrac_lower": "Fraction clipped by the dual clip (negative advantages, actor.clip_ratio_c).",
     "actor/ppo_kl": "Approximate KL(pi_old || pi) over the trained tokens.",
     "actor/entropy": "Mean entropy of the policy over the trained tokens.",
+    "actor/moe_aux_loss": "Mixture-of-experts models: the routers' load-balancing loss (top-k when balanced), "
+    "in the loss with weight actor.router_aux_loss_coef.",
     "actor/grad_norm": "Global gradient norm before clipping, averaged over the update's optimizer steps.",
     "actor/lr": "The learning rate this step trained at (actor.lr_scheduler_type; verl logs it so too).",
     "actor/optimizer_steps": "Optimizer steps in the update (mini-batches x ppo_epochs).",
@@ -62,6 +64,9 @@ METRICS: dict[str, str] = {
     "critic/lr": "The learning rate the critic's step trained at (critic.lr_scheduler_type).",
     "rollout/logprob_diff": "Mean |engine - trainer| logprob of the same tokens: the sync check "
     "(trainer.max_logprob_diff).",
+    "rollout/router_mismatch": "Mixture-of-experts models: the fraction of routing decisions (token x MoE layer) "
+    "where the trainer's router, on its own, picks other experts than the engine recorded (before the update's "
+    "first optimizer step; with actor.router_replay the recorded ones are used anyway).",
     "rollout/staleness": "Weight versions between the generating policy and the trained one (0 on-policy).",
     "rollout_corr/is_weight_mean": "Mean importance weight applied: min(ratio, rollout_is_threshold), the ratio "
     "at the rollout_is level (token or sequence).",

@@ -48,6 +48,8 @@ class EngineSpec:
     (`engine_memory_fraction`)."""
     sleep_level: int = 0
     """vLLM sleep level during the update: 0 never sleeps, 1 keeps weights in host memory, 2 discards them."""
+    record_routes: bool = False
+    """A mixture-of-experts model's engine returns each token's experts (rollout.return_routed_experts)."""
 
 
 ENGINE_SHARE_OF_FREE = 0.9
@@ -118,6 +120,7 @@ def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int, vision: 
         [prompts.uids[i // n] for i in range(num)],
         gen.finish_reasons,
         pad_id,
+        gen.routed_experts,
     )
     if vision is not None:
         attach_images(batch, [prompts.mm_inputs[i // n] if prompts.mm_inputs else {} for i in range(num)], vision)
@@ -132,9 +135,11 @@ def pad_samples(
     group_ids: list[int],
     terminations: list[str],
     pad_id: int,
+    routes: list[torch.Tensor] | None = None,
 ) -> Batch:
     """One row per sample: the prompt left-padded, the response (with any observation tokens, loss mask 0)
-    right-padded; positions count real tokens."""
+    right-padded; positions count real tokens. `routes`: each sample's recorded experts ([tokens - 1, L, k],
+    `Generation.routed_experts`), laid out under the tokens they routed (`Batch.routed_experts`)."""
     num = len(response_ids)
     p_width = max(len(p) for p in prompt_ids)
     r_width = max(1, max(len(r) for r in response_ids))
@@ -152,6 +157,13 @@ def pad_samples(
             rollout_lp[i, : len(r)] = torch.tensor(logprobs[i], dtype=torch.float32)
             loss_mask[i, : len(r)] = torch.tensor(loss_masks[i], dtype=torch.float32)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    routed = None
+    if routes is not None:
+        layers, k = routes[0].shape[1:]
+        routed = torch.full((num, layers, k, p_width + r_width), -1, dtype=torch.int16)
+        for i, route in enumerate(routes):
+            start = p_width - len(prompt_ids[i])
+            routed[i, :, :, start : start + route.shape[0]] = route.permute(1, 2, 0)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -161,4 +173,5 @@ def pad_samples(
         group_ids=torch.tensor(group_ids, dtype=torch.long),
         termination=termination_codes(terminations),
         weights=torch.ones(num),
+        routed_experts=routed,
     )

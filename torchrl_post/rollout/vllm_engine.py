@@ -61,7 +61,9 @@ class VLLMEngine:
         hf_config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         self.vision = VisionSpec.of(hf_config)
         # mixture-of-experts layers on CPU: vLLM prepacks their weights at the first load only (`load_weights`)
-        self.cpu_experts = device.type == "cpu" and bool(getattr(hf_config.get_text_config(), "num_experts", 0))
+        experts = bool(getattr(hf_config.get_text_config(), "num_experts", 0))
+        self.cpu_experts = device.type == "cpu" and experts
+        self.routes: RouteRecorder | None = RouteRecorder() if experts and spec.record_routes else None
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
@@ -112,6 +114,9 @@ class VLLMEngine:
             load_format=self._load_format(spec.load_format),
             **extra,
         )
+        if self.routes is not None:
+            layers = self.llm.collective_rpc(self.routes.install)[0]
+            log.info("recording the experts of %d MoE layers per token (rollout.return_routed_experts)", layers)
 
     def _load_format(self, load_format: str) -> str:
         """rollout.load_format, except that an engine serving adapters needs its base weights from disk (the
@@ -153,14 +158,20 @@ class VLLMEngine:
                     prompt["prompt_token_ids"], self.vision.image_token_id
                 )
                 prompt["multi_modal_data"] = {"image": imgs}
+        if self.routes is not None:
+            self.routes.clear()
         outs = self.llm.generate(prompts, sps, use_tqdm=False, lora_request=self.lora_request)  # type: ignore[arg-type]
-        gen = Generation([], [], [])
+        gen = Generation([], [], [], routed_experts=[] if self.routes is not None else None)
         for out in outs:
             for c in out.outputs:
                 gen.response_ids.append(list(c.token_ids))
                 lps: Any = c.logprobs or []
                 gen.logprobs.append([lp[t].logprob for lp, t in zip(lps, c.token_ids, strict=True)])
                 gen.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
+                if self.routes is not None and gen.routed_experts is not None:
+                    sample = f"{c.index}_{out.request_id}" if params.n > 1 else out.request_id
+                    tokens = len(out.prompt_token_ids or []) + len(c.token_ids)
+                    gen.routed_experts.append(self.routes.take(sample, tokens - 1))
         return gen
 
     # ---- step-driven generation (the agent loop adds a turn as soon as the previous one finished) ----
@@ -257,6 +268,75 @@ class VLLMEngine:
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+class RouteRecorder:
+    """Each request's experts, per MoE layer, as the engine routes its tokens (what `routed_experts` would give
+    on a GPU build: vLLM 0.32 returns them only from its V2 model runner, which needs Triton, absent on CPU).
+
+    `install` runs inside the engine's worker (in this process): every MoE layer's router reports its top-k ids
+    of a step (`set_capture_fn`, before any expert-parallel remapping: logical ids), and the model runner's step
+    splits the step's rows by request, in the order its input batch lays them out. A request's rows are written
+    at the positions they computed (the scheduler's count of computed tokens), so a prefix-cache hit leaves -1
+    and a preempted request's recomputation overwrites its earlier rows."""
+
+    def __init__(self) -> None:
+        self.step: dict[int, torch.Tensor] = {}  # MoE layer id -> this step's [tokens, k] ids
+        self.chunks: dict[str, list[tuple[int, torch.Tensor]]] = {}  # request id -> (first position, [n, L, k])
+
+    def clear(self) -> None:
+        self.chunks.clear()
+
+    def capture(self, layer: int, ids: torch.Tensor) -> None:
+        self.step[layer] = ids.detach().to("cpu", torch.int16)
+
+    def install(self, worker: Any) -> int:
+        """Inside the worker: hook every MoE layer's router and the model runner's step; the layers hooked."""
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        runner = worker.model_runner
+        layers = 0
+        for module in runner.get_model().modules():
+            if isinstance(module, MoERunner):
+                module.router.set_capture_fn(functools.partial(self.capture, module.layer_id))
+                layers += 1
+        step = runner.execute_model
+
+        def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            self.step.clear()
+            out = step(scheduler_output, *args, **kwargs)
+            if self.step:
+                self.split(list(runner.input_batch.req_ids), scheduler_output)
+            return out
+
+        runner.execute_model = execute_model
+        return layers
+
+    def split(self, order: list[str], scheduled: Any) -> None:
+        """This step's captured rows, [tokens, L, k], to the requests that computed them."""
+        rows = torch.stack([self.step[i] for i in sorted(self.step)], 1)
+        start = {r.req_id: r.num_computed_tokens for r in scheduled.scheduled_new_reqs}
+        cached = scheduled.scheduled_cached_reqs
+        start |= dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        offset = 0
+        for rid in order:
+            n = scheduled.num_scheduled_tokens.get(rid, 0)
+            if n:
+                self.chunks.setdefault(rid, []).append((start.get(rid, 0), rows[offset : offset + n]))
+            offset += n
+
+    def take(self, sample: str, length: int) -> torch.Tensor:
+        """The routes of the request vLLM knows as `sample` plus its own suffix (`-<8 characters>`), [length, L,
+        k], -1 where no row was computed; forgotten after."""
+        key = next((k for k in self.chunks if k.rsplit("-", 1)[0] == sample), None)
+        chunks = self.chunks.pop(key, []) if key is not None else []
+        if not chunks:
+            raise RuntimeError(f"rollout.return_routed_experts: no experts recorded for request {sample}")
+        out = torch.full((length, *chunks[0][1].shape[1:]), -1, dtype=torch.int16)
+        for first, rows in chunks:  # in step order: a recomputation overwrites
+            rows = rows[: max(0, length - first)]
+            out[first : first + len(rows)] = rows
+        return out
 
 
 def repack_cpu_experts(model: torch.nn.Module) -> int:

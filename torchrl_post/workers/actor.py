@@ -25,9 +25,10 @@ from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
-from torchrl_post.workers.logprobs import batched_log_probs, forward_log_probs
+from torchrl_post.workers.logprobs import MoeForward, batched_log_probs, forward_log_probs
 from torchrl_post.workers.micro_batches import chunks, plan_micro_batches
 from torchrl_post.workers.models import load_causal_lm
+from torchrl_post.workers.moe import RouteTrace, routers
 from torchrl_post.workers.optim import (
     build_optimizer,
     clip_grad_norm,
@@ -42,9 +43,13 @@ from torchrl_post.workers.sequence import SequenceGroup
 
 log = logging.getLogger(__name__)
 
-SUMS = ("tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "pg", "kl_loss")
-"""The update's running sums (token-weighted metrics; the policy and KL loss terms), in the order accumulated;
-the rollout correction's follow (`STAT_SUMS`, then its maxima `STAT_MAXES`)."""
+SUMS = (
+    "tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "pg", "kl_loss",
+    "moe_aux", "route_differ", "route_decisions",
+)  # fmt: skip
+"""The update's running sums (token-weighted metrics; the policy and KL loss terms; a MoE model's load-balancing
+loss and routing decisions that differ from the engine's), in the order accumulated; the rollout correction's
+follow (`STAT_SUMS`, then its maxima `STAT_MAXES`)."""
 
 
 class Actor:
@@ -62,12 +67,14 @@ class Actor:
         correction: RolloutCorrection | None = None,
         fsdp: FSDPConfig | None = None,
         sequence: DeviceMesh | None = None,
+        replay: bool = False,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `total_steps`: the run's training steps
         (one lr-schedule step each: the cosine decays over them); `correction`: the plan's importance weights and
         rejection against the rollout engine's logprobs (default none); `fsdp`: the plan's FSDP
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
-        with Ulysses sequence parallelism (`workers/sequence.py`)."""
+        with Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
+        recorded experts (the plan's router_replay)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -106,6 +113,9 @@ class Actor:
         )
         self.nonfinite_skips = 0
         self.consecutive_skips = 0
+        # mixture-of-experts: the routers' load-balancing loss and their routing against the engine's record
+        self.moe = bool(routers(self.model))
+        self.replay = replay and self.moe
 
     @property
     def token_budget(self) -> int:
@@ -151,7 +161,7 @@ class Actor:
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
             self.model, rows, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
-            self.shared, self.shard,
+            self.shared, self.shard, self.replay,
         )  # fmt: skip
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         return out if mine is None else SequenceGroup.mine(out, mine, batch)
@@ -213,9 +223,11 @@ class Actor:
                 )  # fmt: skip
                 for step in plan:
                     micro = step.rows
+                    trace = RouteTrace() if self.moe else None
                     logp, ent, cells, placed = forward_log_probs(
-                        self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard
-                    )
+                        self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard,
+                        MoeForward(self.replay, trace) if self.moe else None,
+                    )  # fmt: skip
                     padded_cells += cells
                     placed_cells += placed if step.live else 0  # a stand-in's cells are all padding
                     real_cells += float(mb.attention_mask[micro].sum()) if step.live else 0.0
@@ -248,6 +260,14 @@ class Actor:
                         kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
                         kl_term = agg_loss(kl_bt, kept, a.loss_agg_mode, scale)
                         loss = loss + a.kl_loss_coef * kl_term
+                    aux, differ, decisions = zero, zero, zero
+                    if trace is not None and trace.logits:
+                        # the load-balancing loss of each forward, averaged over the mini-batch's forwards
+                        aux = trace.aux_loss() * (float(step.live) / len(plan))
+                        if a.router_aux_loss_coef:
+                            loss = loss + a.router_aux_loss_coef * aux
+                        if first:
+                            differ, decisions = (x.to(self.device) * float(step.live) for x in trace.disagreement())
                     loss.backward()
                     with torch.no_grad():
                         m = kept.double()
@@ -263,6 +283,9 @@ class Actor:
                                 mask.double().sum() if first else zero,
                                 pg.detach().double() / self.dp_size,
                                 kl_term.detach().double() / self.dp_size if a.use_kl_loss else zero,
+                                aux.detach().double() / self.dp_size,
+                                differ,
+                                decisions,
                             ]
                         )
                 grad_norms.append(self._step())
@@ -272,9 +295,10 @@ class Actor:
         values = torch.cat([acc, corr_sums, corr_maxes]).tolist()  # the update's one read of its sums
         sums = dict(zip(SUMS, values[: len(SUMS)], strict=True))
         corr_local = dict(zip(STAT_SUMS + STAT_MAXES, values[len(SUMS) :], strict=True))
-        pg_total, kl_total = sums.pop("pg"), sums.pop("kl_loss")
+        pg_total, kl_total, aux_total = sums.pop("pg"), sums.pop("kl_loss"), sums.pop("moe_aux")
         counts = (real_cells, placed_cells, padded_cells)
-        return self._metrics(sums, corr_local, pg_total, kl_total, grad_norms, counts, batch) | {"actor/lr": lr}
+        metrics = self._metrics(sums, corr_local, pg_total, kl_total, aux_total, grad_norms, counts, batch)
+        return metrics | {"actor/lr": lr}
 
     def _step(self) -> float:
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
@@ -295,6 +319,7 @@ class Actor:
         corr_local: dict[str, float],
         pg_total: float,
         kl_total: float,
+        aux_total: float,
         grad_norms: list[float],
         cells: tuple[float, int, int],
         batch: Batch,
@@ -302,6 +327,7 @@ class Actor:
         a = self.cfg
         real, placed, computed = cells
         local = {k: ("sum", v) for k, v in sums.items()} | {"pg": ("sum", pg_total), "kl_loss": ("sum", kl_total)}
+        local["moe_aux"] = ("sum", aux_total)
         if self.correction.active:
             local |= {f"corr.{k}": ("max" if k in STAT_MAXES else "sum", v) for k, v in corr_local.items()}
         if batch.old_log_probs is not None:  # the proximal policy is the batch's: compare the engine with it
@@ -328,6 +354,10 @@ class Actor:
         }
         if a.use_kl_loss:
             out |= {"actor/kl_loss": tot["kl_loss"] / steps, "actor/kl_coef": a.kl_loss_coef}
+        if self.moe:
+            out["actor/moe_aux_loss"] = tot["moe_aux"] / steps
+            if tot["route_decisions"]:
+                out["rollout/router_mismatch"] = tot["route_differ"] / tot["route_decisions"]
         if self.correction.active:
             out |= correction_metrics({k: tot[f"corr.{k}"] for k in corr_local}, self.correction)
         return out

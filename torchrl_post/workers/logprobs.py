@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, mod
 from torchrl_post.types import Batch
 from torchrl_post.workers.lm_head import chunked_log_probs
 from torchrl_post.workers.micro_batches import MicroBatch, plan_micro_batches, trim_span
+from torchrl_post.workers.moe import RouteTrace, routing
 from torchrl_post.workers.packing import can_pack, packed_inputs
 from torchrl_post.workers.ulysses import SequenceShard, sequence_parallel
 
@@ -68,6 +70,60 @@ def _head_forward(head: torch.nn.Module, forward: Callable[[torch.Tensor], torch
         del head.forward
 
 
+@dataclass(frozen=True)
+class Routes:
+    """The MoE routing of one forward: its input cells [b, T] that hold a token (`real`), the experts the engine
+    recorded for them ([b, T, L, k], -1 where none), whether the routers replay them (else they choose and the
+    record is only compared with), and where what the routers did goes (`trace`, or None)."""
+
+    real: torch.Tensor
+    recorded: torch.Tensor | None
+    replay: bool
+    trace: RouteTrace | None
+
+
+@dataclass(frozen=True)
+class MoeForward:
+    """What a forward does with a MoE model's routers: `replay` the batch's recorded experts
+    (actor.router_replay), and `trace` what they did (for the load-balancing loss and the disagreement)."""
+
+    replay: bool = False
+    trace: RouteTrace | None = None
+
+
+def cell_routes(
+    batch: Batch, rows: slice | torch.Tensor, source: torch.Tensor, moe: MoeForward | None
+) -> Routes | None:
+    """`Routes` of a forward whose input cell [i, j] is cell `source[i, j]` of the rows' [b, P + R] grid,
+    flattened (-1: none: padding, a packed row's slack)."""
+    if moe is None or (not moe.replay and moe.trace is None):
+        return None
+    real = source >= 0
+    recorded = None
+    if batch.routed_experts is not None:
+        grid = batch.routed_experts[rows]  # [b, L, k, P + R]
+        flat = grid.permute(0, 3, 1, 2).reshape(-1, *grid.shape[1:3])
+        recorded = torch.where(real[..., None, None], flat[source.clamp(min=0)], -1)
+    return Routes(real, recorded, moe.replay and recorded is not None, moe.trace)
+
+
+@contextmanager
+def _routed(
+    model: torch.nn.Module, routes: Routes | None, device: torch.device, shard: SequenceShard | None = None
+) -> Iterator[None]:
+    """The model's routers as `routes` says for one call (this rank's columns of them under Ulysses)."""
+    if routes is None:
+        yield
+        return
+    real, recorded = routes.real.long(), routes.recorded
+    if shard is not None and shard.size > 1:
+        real = shard.local(real, 1)
+        recorded = None if recorded is None else shard.local(recorded, 1, -1)
+    flat = None if recorded is None else recorded.reshape(-1, *recorded.shape[2:]).to(device)
+    with routing(model, routes.trace, flat if routes.replay else None, real.reshape(-1).bool().to(device), flat):
+        yield
+
+
 def head_log_probs(
     model: torch.nn.Module,
     inputs: dict[str, Any],
@@ -76,17 +132,20 @@ def head_log_probs(
     labels: torch.Tensor,
     temperature: float,
     shard: SequenceShard | None = None,
+    routes: Routes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward `model` once on `inputs`; log p(label) and entropy [N] of the N positions that `select` takes
     ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`). The head runs chunked from the hidden
     states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits. With a
-    sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N results."""
+    sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N results. `routes`:
+    the MoE routers' replay and trace for the call."""
     if shard is not None and shard.size > 1:
-        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard)
+        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard, routes)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
     if head is None:
-        out = model(**inputs, logits_to_keep=keep)
+        with _routed(model, routes, keep.device):
+            out = model(**inputs, logits_to_keep=keep)
         return logits_to_logprobs(select(out.logits), labels, temperature, never)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
@@ -97,7 +156,7 @@ def head_log_probs(
         )  # fmt: skip
         return torch.stack([logp, ent], dim=-1)
 
-    with _head_forward(head, forward):
+    with _head_forward(head, forward), _routed(model, routes, keep.device):
         both = model(**inputs, logits_to_keep=keep).logits
     return both[..., 0], both[..., 1]
 
@@ -110,6 +169,7 @@ def _sharded_head_log_probs(
     labels: torch.Tensor,
     temperature: float,
     shard: SequenceShard,
+    routes: Routes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`head_log_probs` over this rank's contiguous columns of every row: the head runs on the N positions whose
     predicting column is this rank's only (none twice in the group), the results of the others are zero here,
@@ -129,7 +189,7 @@ def _sharded_head_log_probs(
         local_keep = at_row = at_slot = at_label = torch.zeros(1, dtype=torch.long, device=device)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
-    with sequence_parallel(model, shard, inputs) as local:
+    with sequence_parallel(model, shard, inputs) as local, _routed(model, routes, device, shard):
         if head is None:
             logits = model(**local, logits_to_keep=local_keep).logits
             logp, ent = logits_to_logprobs(logits[at_row, at_slot], at_label, temperature, never)
@@ -162,6 +222,7 @@ def response_log_probs(
     response_width: int,
     temperature: float,
     shard: SequenceShard | None = None,
+    routes: Routes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R].
     Only the R columns that predict response tokens go through the LM head."""
@@ -171,8 +232,9 @@ def response_log_probs(
     keep = torch.arange(t - response_width - 1, t - 1, device=ids.device)
     labels = ids[:, -response_width:].reshape(-1)
     logp, ent = head_log_probs(
-        model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature, shard
-    )
+        model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature, shard,
+        routes,
+    )  # fmt: skip
     return logp.view(b, response_width), ent.view(b, response_width)
 
 
@@ -194,9 +256,11 @@ def batched_log_probs(
     group: dist.ProcessGroup | None = None,
     shared: bool = False,
     shard: SequenceShard | None = None,
+    replay: bool = False,
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
-    `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards)."""
+    `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards; `replay`: a MoE model's routers
+    use the batch's recorded experts)."""
     model.eval()
     packed = packed and can_pack(batch)
     out = torch.zeros(batch.loss_mask.shape)
@@ -205,7 +269,8 @@ def batched_log_probs(
         prompts=batch.input_ids if shared else None,
     )  # fmt: skip
     for mb in plan:
-        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard)[0]
+        moe = MoeForward(replay=True) if replay else None
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard, moe)[0]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
     return out
@@ -218,6 +283,7 @@ def padded_forward_log_probs(
     temperature: float,
     device: torch.device,
     shard: SequenceShard | None = None,
+    moe: MoeForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed and the
     real tokens among them."""
@@ -225,7 +291,10 @@ def padded_forward_log_probs(
     mask = batch.attention_mask[rows]
     first, kept = trim_span(mask, width)
     end = mask.shape[1] - width + kept
-    logp, ent = response_log_probs(model, model_inputs(batch, rows, first, end, device), kept, temperature, shard)
+    cells = torch.arange(mask.numel()).view(mask.shape)[:, first:end]
+    routes = cell_routes(batch, rows, torch.where(mask[:, first:end].bool(), cells, -1), moe)
+    inputs = model_inputs(batch, rows, first, end, device)
+    logp, ent = response_log_probs(model, inputs, kept, temperature, shard, routes)
     pad = width - kept
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))
@@ -244,12 +313,16 @@ def packed_forward_log_probs(
     device: torch.device,
     shared: bool = False,
     shard: SequenceShard | None = None,
+    moe: MoeForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
     p, inputs = packed_inputs(model, batch, rows, device, shared)
-    logp, ent = head_log_probs(model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard)
+    routes = cell_routes(batch, rows, p.source, moe)
+    logp, ent = head_log_probs(
+        model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard, routes
+    )
     return p.unpack(logp), p.unpack(ent), p.cells, p.tokens
 
 
@@ -262,10 +335,12 @@ def forward_log_probs(
     packed: bool,
     shared: bool = False,
     shard: SequenceShard | None = None,
+    moe: MoeForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The micro-batch's response logprobs and entropy [b, R], the token cells computed and the real tokens
     among them; `packed` only where `can_pack(batch)`, `shared`: packed with each prompt once for the samples
-    that share it; `shard`: this rank's part of each row (Ulysses), every rank of its group getting the whole."""
+    that share it; `shard`: this rank's part of each row (Ulysses), every rank of its group getting the whole;
+    `moe`: what a MoE model's routers do (replay the batch's recorded experts, record what they chose)."""
     if packed:
-        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard)
-    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard)
+        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard, moe)
+    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard, moe)

@@ -34,7 +34,8 @@ class Pack:
     1 + the response's index (None without shared prompts: the position ids then separate the samples); `keep`
     [K]: the columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`,
     `out_kept` [N]: for each of the N response tokens, its predicting position's row, column, and index in
-    `keep`; `labels` [N]; `valid_bt` [b, R]: where those N outputs go back."""
+    `keep`; `labels` [N]; `valid_bt` [b, R]: where those N outputs go back; `source` [k, T]: each column's cell in
+    the rows' [b, P + R] grid, flattened (-1: slack), which places per-token records (`Batch.routed_experts`)."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -46,6 +47,7 @@ class Pack:
     valid_bt: torch.Tensor
     tokens: int
     """Real tokens placed, a shared prompt once (the rest of the k x T cells is each row's slack)."""
+    source: torch.Tensor
     segment: torch.Tensor | None = None
     branch: torch.Tensor | None = None
 
@@ -166,6 +168,9 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     pos = torch.zeros(len(bins), cap, dtype=pos_b.dtype)
     segment = torch.zeros(len(bins), cap, dtype=torch.long)
     branch = torch.zeros(len(bins), cap, dtype=torch.long)
+    source = torch.full((len(bins), cap), -1, dtype=torch.long)
+    grid = mask.shape[1]
+    cells = torch.arange(mask.shape[0] * grid).view(mask.shape)
     where_row = torch.zeros(mask.shape[0], width, dtype=torch.long)
     where_tgt = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column of response token t
     where_col = torch.zeros(mask.shape[0], width, dtype=torch.long)  # the column predicting it
@@ -184,10 +189,12 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
             p = plen[lead]
             segment[r, col : col + seg_len[m]] = s
             ids[r, col : col + p], pos[r, col : col + p] = ids_b[lead][mask[lead]][:p], pos_b[lead][mask[lead]][:p]
+            source[r, col : col + p] = cells[lead][mask[lead]][:p]
             last_prompt, col = col + p - 1, col + p
             for b, i in enumerate(segments[m], start=1):
                 n, real = resp[i], mask[i, -width:]
                 ids[r, col : col + n], pos[r, col : col + n] = ids_b[i, -width:][real], pos_b[i, -width:][real]
+                source[r, col : col + n] = cells[i, -width:][real]
                 branch[r, col : col + n] = b
                 where_row[i] = r
                 where_tgt[i] = col + torch.arange(width)
@@ -202,7 +209,7 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     labels = ids[out_row, target]
     keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
     extra = {"segment": segment, "branch": branch} if masked else {}
-    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), **extra)
+    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), source, **extra)
 
 
 def packed_inputs(

@@ -26,12 +26,14 @@ class Reference:
         *,
         temperature: float,
         sequence: DeviceMesh | None = None,
+        replay: bool = False,
     ) -> None:
         """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
         a forward-only model has no backward to keep gathered parameters for. `sequence`: the (dp, sp) mesh with
-        Ulysses sequence parallelism (`workers/sequence.py`)."""
-        self.cfg, self.device, self.temperature = cfg, device, temperature
+        Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
+        recorded experts (actor.router_replay)."""
+        self.cfg, self.device, self.temperature, self.replay = cfg, device, temperature, replay
         self.seq = SequenceGroup.of(sequence)
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
@@ -52,6 +54,6 @@ class Reference:
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
             self.model, rows, self.temperature, micro, self.device, packed=self.packed, shared=self.shared,
-            shard=self.seq.shard if self.seq else None,
+            shard=self.seq.shard if self.seq else None, replay=self.replay,
         )  # fmt: skip
         return out if mine is None else SequenceGroup.mine(out, mine, batch)

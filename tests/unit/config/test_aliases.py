@@ -169,7 +169,7 @@ def test_rewrite(given: list[str], expected: list[str], note: str | None) -> Non
     ("given", "needle"),
     [
         (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
-        (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=4"], "FSDP2 only"),
+        (["actor_rollout_ref.actor.megatron.context_parallel_size=2"], "FSDP2 only"),
         (["actor_train.strategy_args.strategy_config.pipeline_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
         (["actor_train.strategy_args.strategy_name=megatron_train"], "FSDP2 only"),
         (["actor_rollout_ref.rollout.name=sglang"], "rollout.engine=vllm"),

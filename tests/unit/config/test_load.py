@@ -273,3 +273,24 @@ def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
     msg = str(info.value)
     assert "\n" not in msg
     assert msg == f"model.dtype='{value}' is not one of float32, bfloat16, float16"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["actor.fsdp.expert_parallel_size=4"], "expert parallelism is not built"),
+        (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], "actor.fsdp.expert_parallel_size=2"),
+        (["actor.router_replay=true", "rollout.engine=hf"], "rollout.engine=vllm"),
+        (["actor.router_replay=true", "rollout.return_routed_experts=false"], "rollout.return_routed_experts=true"),
+        (["actor_rollout_ref.actor.router_replay.mode=R2"], "only R3"),
+        (["actor.router_aux_loss_coef=-1"], "actor.router_aux_loss_coef"),
+    ],
+)
+def test_mixture_of_experts_refusals(overrides: list[str], needle: str) -> None:
+    assert needle in _config_error(overrides)
+
+
+def test_router_replay_aliases() -> None:
+    assert load_config(["actor_rollout_ref.actor.router_replay.mode=R3"]).actor.router_replay
+    assert load_config(["actor_train.router_replay.mode=R3"]).actor.router_replay
+    assert not load_config(["actor_train.router_replay.mode=disable"]).actor.router_replay

@@ -18,6 +18,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
 from torchrl_post.config.preflight import (
     check_critic,
+    check_experts,
     check_length_budget,
     check_model_dir,
     check_resume_path,
@@ -236,6 +237,16 @@ def test_sequence_parallel_against_the_model(model_copy: Path) -> None:
     assert msg.endswith(
         "runs sdpa or eager attention; model.path=" + repr(load_config([]).model.path) + " asks for flash_attention_2"
     )
+
+
+def test_router_replay_needs_a_mixture_of_experts(model_copy: Path) -> None:
+    from transformers import Qwen3MoeConfig
+
+    on = load_config(["actor.router_replay=true"])
+    dense = AutoConfig.from_pretrained(model_copy)
+    assert "has no mixture-of-experts layers" in _error(check_experts, on, dense)
+    check_experts(on, Qwen3MoeConfig(num_experts=4))
+    check_experts(load_config([]), dense)  # replay off: any model
 
 
 # --- check_critic -------------------------------------------------------------------------------------------
