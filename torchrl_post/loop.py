@@ -104,7 +104,8 @@ def fit(run: Run, program: RankProgram) -> FitResult:
             metrics.close()
             raise Stopped(step, checkpointer.step_dir(saved) if saved else None)
     if run.is_main:
-        log.info("run finished at step %d; plots: %s", step, plot_run(run.run_dir))
+        plots = plot_run(run.run_dir) if run.cfg.trainer.plots else "off (trainer.plots=false)"
+        log.info("run finished at step %d; plots: %s", step, plots)
     metrics.close()
     return FitResult(step, scores)
 

@@ -467,6 +467,9 @@ class TrainerConfig:
     """Save a checkpoint every N steps and at the end; <= 0 turns saving off."""
     test_freq: int = 25
     """Validate every N steps (and at step 0 and the end); <= 0 turns validation off."""
+    plots: bool = True
+    """Draw plots/*.png from metrics.jsonl at the end of the run (about a second of matplotlib); false for batch
+    jobs nobody looks at (`python -m torchrl_post.plot <run dir>` draws them later)."""
     val_before_train: bool = True
     """Validate once before the first update (logged as step 0)."""
     val_only: bool = False
