@@ -23,9 +23,8 @@ def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = No
 def torchrun(nproc: int, target: list[str], timeout: int = 600, env: dict[str, str] | None = None):
     """`torchrun --standalone --nproc-per-node N <target...>`; target is `-m module args` or a script. A training
     run draws no plots unless it says `trainer.plots=true` (a second per launch; one test checks them)."""
-    if ("torchrl_post.train" in target or any(t.endswith(".py") for t in target)) and not any(
-        t.startswith("trainer.plots=") for t in target
-    ):
+    entry = "torchrl_post.train" in target or any(t.endswith(".py") and "examples" in Path(t).parts for t in target)
+    if entry and not any(t.startswith("trainer.plots=") for t in target):
         target = [*target, "trainer.plots=false"]
     return run_cmd([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *target], timeout, env)
 
