@@ -39,12 +39,14 @@ from torchrl_post.sync.weights import Keep, iter_full_weights, sync_weights, tie
 from torchrl_post.types import PromptBatch
 from torchrl_post.workers.actor import Actor
 
+MODES = ("lora", "lora-adapter", "then-lora")
+
 
 def main() -> None:
     model_dir, engine_name, out_path = sys.argv[1:4]
     cfg = Config()
     cfg.model.path = model_dir
-    mode = sys.argv[4] if len(sys.argv) > 4 else ""
+    mode = next((a for a in sys.argv[4:] if a in MODES), "")  # tests/conftest.py may append overrides
     if mode in ("lora", "lora-adapter"):  # the adapter trains; merged weights or the adapter sync
         cfg.model.lora_rank, cfg.model.lora_alpha = 8, 16
         cfg.rollout.lora_sync = "adapter" if mode == "lora-adapter" else "merged"

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.names import check_lora_targets, check_tool_parser
 from torchrl_post.config.schema import Config
-from torchrl_post.workers.models import expert_count
+from torchrl_post.workers.moe import expert_count
 
 if TYPE_CHECKING:
     pass

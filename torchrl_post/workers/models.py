@@ -12,6 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from torchrl_post.config.schema import ModelConfig
+from torchrl_post.workers.moe import expert_count
 
 VISION_TOWER = r".*\.visual\..*"
 """The modules of a Qwen-VL vision tower (PEFT `exclude_modules`)."""
@@ -76,17 +77,6 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True, *, empty: bool = Fa
     if cfg.lora_rank > 0:
         return with_lora(model, cfg)
     return model
-
-
-def expert_count(config: Any) -> int:
-    """Routed experts per MoE layer of a model config (`num_experts`, `n_routed_experts` or `num_local_experts` of
-    its text config); 0 for a dense model."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
-        n = getattr(text, key, None)
-        if isinstance(n, int) and n > 0:
-            return n
-    return 0
 
 
 def expert_parameters(model: torch.nn.Module) -> list[str]:
