@@ -21,9 +21,9 @@ pytestmark = pytest.mark.distributed
         pytest.param("vllm", "lora-adapter", "tiny_model", marks=pytest.mark.vllm),
         pytest.param("vllm", "", "tiny_tied_model", marks=pytest.mark.vllm),
         ("hf", "", "tiny_tied_model"),
-        pytest.param("vllm", "", "tiny_moe_model", marks=pytest.mark.vllm),
+        pytest.param("vllm", "then-lora", "tiny_moe_model", marks=pytest.mark.vllm),
     ],
-    ids=["vllm", "hf", "vllm-lora-merged", "vllm-lora-adapter", "vllm-tied", "hf-tied", "vllm-moe"],
+    ids=["vllm", "hf", "vllm-lora-merged", "vllm-lora-adapter", "vllm-tied", "hf-tied", "vllm-moe-then-lora"],
 )
 def test_engine_matches_trainer_after_updates(
     engine: str, lora: str, model: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -33,7 +33,10 @@ def test_engine_matches_trainer_after_updates(
     sends it too (`lm_head.weight`): without that, the logprobs drift by 0.1-0.3 after the first update.
     `tiny_moe_model` (Qwen3-MoE, 4 experts, top-2): the FSDP2 actor shards the fused expert tensors and vLLM's CPU
     experts need their weights packed again after every reload (`repack_cpu_experts`): without it the logprobs
-    are off by 0.4 after the first update, with no error."""
+    are off by 0.4 after the first update, with no error. `then-lora`: the same engine (one vLLM launch) is then
+    synced from a LoRA actor, whose adapter covers attention and every fused expert tensor (merged sync: W plus
+    each expert's own delta under the HF expert names), with parity after each of two updates; a merged stream
+    without one expert tensor must make the engine's reload name the experts layer it missed."""
     out = tmp_path / "parity.json"
     extra = [lora] if lora else []
     model_dir = request.getfixturevalue(model)
@@ -51,8 +54,21 @@ def test_engine_matches_trainer_after_updates(
         assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"
         tied = model == "tiny_tied_model"
         assert rank["aliases"] == ([["lm_head.weight", "model.embed_tokens.weight"]] if tied else [])
-        if not lora:
+        if lora in ("", "then-lora"):
             check_left_out_errors(engine, tied, rank["left_out"])
+        if lora == "then-lora":
+            check_lora_after(rank)
+
+
+def check_lora_after(rank: dict) -> None:
+    """The LoRA phase of `then-lora`: parity after the first sync and after each update, the policy moved, and
+    the merged stream without `model.layers.1.mlp.experts.down_proj` named by the engine's accounting."""
+    assert len(rank["lora_results"]) == 3
+    for r in rank["lora_results"]:
+        assert r["argmax_match"], f"LoRA: greedy token differs from the trainer's argmax at update {r['update']}"
+        assert r["max_logprob_diff"] < 1e-4, f"LoRA: logprob off by {r['max_logprob_diff']} at update {r['update']}"
+    assert rank["lora_greedy_tokens_changed"], "the LoRA updates did not change the policy: parity would be trivial"
+    assert "sync missed" in rank["lora_left_out"] and "model.layers.1.mlp.experts" in rank["lora_left_out"], rank
 
 
 def check_left_out_errors(engine: str, tied: bool, errors: dict[str, str]) -> None:

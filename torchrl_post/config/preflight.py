@@ -11,12 +11,13 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     check_lora_targets(cfg, model_config)       # model.lora_rank > 0
+    check_moe_lora(cfg, model_config)           # model.lora_rank > 0
     check_tool_parser(cfg)                      # agent.env set
     ... load the tokenizer (or processor) ...
     check_tokenizer(tokenizer, model_config, cfg.model.path)
     check_critic(cfg, tokenizer)
 
-(`preflight(cfg)` runs the first seven.) None of them loads a tensor; a safetensors file is checked by its
+(`preflight(cfg)` runs the first nine.) None of them loads a tensor; a safetensors file is checked by its
 header alone: 8 bytes of header length, the JSON header, then the data its offsets describe, and LoRA's
 target modules against the architecture built on the meta device from config.json.
 """
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.names import check_lora_targets, check_tool_parser
 from torchrl_post.config.schema import Config
+from torchrl_post.workers.moe import expert_count
 
 if TYPE_CHECKING:
     pass
@@ -235,6 +237,27 @@ def check_experts(cfg: Config, model_config: Any) -> None:
         )
 
 
+def check_moe_lora(cfg: Config, model_config: Any) -> None:
+    """A LoRA adapter on a mixture-of-experts model.path covers its fused experts (PEFT `target_parameters`,
+    `workers/models.py: with_lora`): only the merged sync carries it to the engine (the adapter files hold 3-D
+    expert adapters that vLLM loads only through its Triton MoE LoRA kernels, absent from the CPU build), and
+    PEFT has no dropout on the experts' adapter."""
+    experts = expert_count(model_config)
+    if not experts:
+        return
+    moe = f"model.path={cfg.model.path!r} is a mixture-of-experts model ({experts} experts)"
+    if cfg.rollout.lora_sync == "adapter":
+        raise ConfigError(
+            f"rollout.lora_sync=adapter: {moe}, whose fused-expert adapters the adapter sync cannot load into vLLM; "
+            "use rollout.lora_sync=merged"
+        )
+    if cfg.model.lora_dropout > 0:
+        raise ConfigError(
+            f"model.lora_dropout={cfg.model.lora_dropout}: {moe}, and PEFT's LoRA on fused experts has no "
+            "dropout; set model.lora_dropout=0"
+        )
+
+
 def check_tokenizer(tokenizer: Any, model_config: Any, path: str, key: str = "model.path") -> None:
     """Tokenizer files present, the vocabulary within the model's embedding, and a test text that encodes to
     several distinct tokens (a directory without tokenizer files gives a one-token tokenizer and empty prompts)."""
@@ -358,5 +381,6 @@ def preflight(cfg: Config) -> Any:
     check_resume_path(cfg)
     if cfg.model.lora_rank > 0:
         check_lora_targets(cfg, model_config)
+        check_moe_lora(cfg, model_config)
     check_tool_parser(cfg)
     return model_config

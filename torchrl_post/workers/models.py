@@ -3,6 +3,7 @@ LoRA adapter where model.lora_rank > 0."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
 from torchrl_post.config.schema import ModelConfig
+from torchrl_post.workers.moe import expert_count
 
 VISION_TOWER = r".*\.visual\..*"
 """The modules of a Qwen-VL vision tower (PEFT `exclude_modules`)."""
@@ -77,18 +79,63 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True, *, empty: bool = Fa
     return model
 
 
+def expert_parameters(model: torch.nn.Module) -> list[str]:
+    """PEFT `target_parameters` for the fused experts of an MoE model: the 3-D parameters under `.mlp.experts.`
+    (transformers 5.x: `gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), as `mlp.experts.<name>`, in model order.
+
+    The merged sync (`sync/lora.py`) adds each expert's delta in the [E, out, in] layout; experts stored
+    transposed ([E, in, out], `is_transposed`: gpt-oss) are refused, as their square matrices would be ambiguous."""
+    targets: list[str] = []
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        if param.ndim != 3 or ".mlp.experts." not in name:
+            continue
+        owner = name.rpartition(".")[0]
+        if getattr(modules[owner], "is_transposed", False):
+            raise ValueError(f"LoRA on {owner}: its experts are stored transposed, which the merged sync does not add")
+        target = name[name.index("mlp.experts.") :]
+        if target not in targets:
+            targets.append(target)
+    return targets
+
+
+def moe_linear_targets(model: PreTrainedModel, target_modules: Any) -> Any:
+    """`model.target_modules` for an MoE model: all-linear spelled out as the full names of its linear modules,
+    but the output head, a vision tower and the gating linears beside the experts (a router `gate`,
+    `shared_expert_gate`): left to PEFT, all-linear would adapt the router (PEFT 0.21 maps transformers v4's
+    linear `gate` onto the v5 router's weight). A list or a regular expression is PEFT's to match."""
+    if not (isinstance(target_modules, str) and target_modules.lower() == "all-linear"):
+        return target_modules
+    head = model.get_output_embeddings()
+    moe_blocks = {name.removesuffix(".experts") for name, _ in model.named_modules() if name.endswith(".experts")}
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+        and module is not head
+        and not re.fullmatch(VISION_TOWER, name)
+        and name.rpartition(".")[0] not in moe_blocks
+    ]
+
+
 def with_lora(model: PreTrainedModel, cfg: ModelConfig) -> Any:
     """The model with a PEFT LoRA adapter: only the adapter's parameters require grad. A vision-language
     model's adapter covers its language model only (the vision tower stays frozen): vLLM's LoRA does not reach
-    the vision encoder, so an adapter there would be lost in `rollout.lora_sync=adapter`."""
+    the vision encoder, so an adapter there would be lost in `rollout.lora_sync=adapter`. An MoE model's adapter
+    also covers its fused experts (`expert_parameters`), never its router (`moe_linear_targets`)."""
     from peft import LoraConfig, get_peft_model
 
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    experts = expert_parameters(model) if expert_count(model.config) else []
+    if experts:
+        targets = moe_linear_targets(model, targets)
+    vision = getattr(model.config, "vision_config", None) is not None
     lora = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
         target_modules=targets,
-        exclude_modules=VISION_TOWER if getattr(model.config, "vision_config", None) is not None else None,
+        target_parameters=experts or None,
+        exclude_modules=VISION_TOWER if vision else None,
         lora_dropout=cfg.lora_dropout,
         task_type="CAUSAL_LM",
     )

@@ -21,6 +21,7 @@ from torchrl_post.config.preflight import (
     check_experts,
     check_length_budget,
     check_model_dir,
+    check_moe_lora,
     check_resume_path,
     check_run_dir,
     check_sequence_parallel,
@@ -247,6 +248,20 @@ def test_router_replay_needs_a_mixture_of_experts(model_copy: Path) -> None:
     assert "has no mixture-of-experts layers" in _error(check_experts, on, dense)
     check_experts(on, Qwen3MoeConfig(num_experts=4))
     check_experts(load_config([]), dense)  # replay off: any model
+
+
+def test_lora_on_a_mixture_of_experts_model(tiny_moe_model: Path, model_copy: Path, tmp_path: Path) -> None:
+    """The experts' adapter reaches the engine merged only, and has no dropout: refused before any model loads."""
+    lora = [f"model.path={tiny_moe_model}", f"trainer.default_local_dir={tmp_path / 'run'}", "model.lora_rank=8"]
+    assert preflight(load_config(lora)).model_type == "qwen3_moe"  # rollout.lora_sync=merged, the default
+    assert _error(preflight, load_config([*lora, "rollout.lora_sync=adapter"])) == (
+        f"rollout.lora_sync=adapter: model.path={str(tiny_moe_model)!r} is a mixture-of-experts model (4 experts), "
+        "whose fused-expert adapters the adapter sync cannot load into vLLM; use rollout.lora_sync=merged"
+    )
+    msg = _error(preflight, load_config([*lora, "model.lora_dropout=0.1"]))
+    assert msg.startswith("model.lora_dropout=0.1: model.path=") and msg.endswith("set model.lora_dropout=0")
+    dense = load_config([f"model.path={model_copy}", "model.lora_rank=8", "rollout.lora_sync=adapter"])
+    check_moe_lora(dense, AutoConfig.from_pretrained(model_copy))  # a dense model serves its adapter
 
 
 # --- check_critic -------------------------------------------------------------------------------------------
