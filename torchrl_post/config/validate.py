@@ -24,6 +24,8 @@ from torchrl_post.sync.lora import LORA_SYNC_MODES
 
 # Each enum set lives beside the code that dispatches on it; this one is dispatched here and in the workers.
 DTYPES = ("float32", "bfloat16", "float16")
+# model.experts_implementation: `auto` or a name transformers' from_pretrained takes (workers/models.py: with_experts).
+EXPERTS_IMPLEMENTATIONS = ("auto", "eager", "grouped_mm", "batched_mm")
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str | None, ...]) -> None:
@@ -220,6 +222,7 @@ def validate(cfg: Config) -> None:
     _one_of("rollout.lora_sync", cfg.rollout.lora_sync, LORA_SYNC_MODES)
     _one_of("rollout.load_format", cfg.rollout.load_format, ("dummy", "auto"))
     _one_of("model.load_format", cfg.model.load_format, ("sharded", "full"))
+    _one_of("model.experts_implementation", m.experts_implementation, EXPERTS_IMPLEMENTATIONS)
     if m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter" and cfg.rollout.engine != "vllm":
         raise ConfigError("rollout.lora_sync=adapter needs rollout.engine=vllm (its LoRA support); use merged")
     if m.lora_rank > 0:

@@ -25,7 +25,7 @@ from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.micro_batches import chunks
-from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta
+from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta, with_experts
 from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, load_scheduler, lr_schedule
 from torchrl_post.workers.packing import can_pack, packed_inputs
 from torchrl_post.workers.sequence import SequenceGroup, sequence_outputs
@@ -51,10 +51,10 @@ class VisionValueModel(torch.nn.Module):
             backbone = AutoModel.from_pretrained(
                 path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code, use_safetensors=True
             )
-            return cls(backbone)
+            return cls(with_experts(backbone, model_cfg))
         with params_on_meta():
             backbone = AutoModel.from_config(config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
-            return cls(backbone)
+            return cls(with_experts(backbone, model_cfg))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.model.gradient_checkpointing_enable(**kwargs)
@@ -111,6 +111,7 @@ class Critic:
                     trust_remote_code=model_cfg.trust_remote_code,
                     use_safetensors=True,
                 )
+                model = with_experts(model, model_cfg)
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             return model

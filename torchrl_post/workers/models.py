@@ -1,8 +1,9 @@
-"""A role's HF model built from model.*: its class, pretrained or empty (parameters on the meta device), with a
-LoRA adapter where model.lora_rank > 0."""
+"""A role's HF model built from model.*: its class, pretrained or empty (parameters on the meta device), its
+experts' implementation (model.experts_implementation), with a LoRA adapter where model.lora_rank > 0."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,8 @@ from torchrl_post.workers.moe import expert_count
 
 VISION_TOWER = r".*\.visual\..*"
 """The modules of a Qwen-VL vision tower (PEFT `exclude_modules`)."""
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -43,9 +46,10 @@ def model_class(config: Any) -> Any:
 def load_pretrained(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Any:
     """`model.path` from safetensors (never unpickled) in `dtype`, by its auto class (`model_class`)."""
     config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
-    return model_class(config).from_pretrained(
+    model = model_class(config).from_pretrained(
         cfg.path, dtype=dtype, trust_remote_code=cfg.trust_remote_code, use_safetensors=True
     )
+    return with_experts(model, cfg)
 
 
 def model_dtype(cfg: ModelConfig) -> torch.dtype:
@@ -60,9 +64,26 @@ def empty_model(cfg: ModelConfig, config: Any = None, auto: Any = None) -> Any:
     its parameters on the meta device (`workers/loading.py` fills them shard by shard)."""
     config = config or AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
     with params_on_meta():
-        return (auto or model_class(config)).from_config(
+        model = (auto or model_class(config)).from_config(
             config, dtype=model_dtype(cfg), trust_remote_code=cfg.trust_remote_code
         )
+    return with_experts(model, cfg)
+
+
+def with_experts(model: PreTrainedModel, cfg: ModelConfig) -> Any:
+    """The model with its mixture-of-experts layers run by `model.experts_implementation` (transformers'
+    `set_experts_implementation`: it sets `config._experts_implementation`, which each experts module reads at
+    every forward); `auto` keeps transformers' choice. A model without such layers is returned as it is, with a
+    warning if a choice was asked (transformers would refuse grouped_mm for it)."""
+    choice = cfg.experts_implementation
+    if choice == "auto":
+        return model
+    # transformers' own test for "has experts modules it can dispatch" (the @use_experts_implementation decorator)
+    if not type(model)._can_set_experts_implementation():
+        log.warning(f"model.experts_implementation={choice} ignored: {type(model).__name__} has no experts layers")
+        return model
+    model.set_experts_implementation(choice)
+    return model
 
 
 def load_causal_lm(cfg: ModelConfig, trainable: bool = True, *, empty: bool = False) -> Any:

@@ -171,6 +171,10 @@ def test_override_that_is_a_sweep() -> None:
         ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
         ("rollout.load_format=lazy", "rollout.load_format"),
         ("model.load_format=mmap", "model.load_format"),
+        (
+            "model.experts_implementation=sonicmoe",
+            "model.experts_implementation='sonicmoe' is not one of auto, eager, grouped_mm, batched_mm",
+        ),
     ],
 )
 def test_config_values_checked(override: str, needle: str) -> None:

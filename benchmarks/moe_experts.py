@@ -1,0 +1,296 @@
+"""Mixture-of-experts benchmark: one forward and backward of a Qwen3-MoE decoder stack with each of transformers'
+experts implementations (model.experts_implementation): the per-expert loop (`eager`), one grouped matmul per
+projection (`grouped_mm`, torch.nn.functional.grouped_mm) and the per-token gathered weights (`batched_mm`).
+
+    python -m benchmarks --only moe_experts [--quick | --tiny]     (or: python -m benchmarks.moe_experts)
+
+In this process, no torchrun, on `--threads` torch threads (default 1: with more, a pass waits for its slowest
+thread, and on cores shared with other processes the timings scattered by up to 10x here). A random
+Qwen3MoeForCausalLM (vocabulary 128, seed 0) per size and dtype, the same weights for every implementation
+(switched by the trainer's own `workers.models.with_experts`), a batch of random token ids and the causal-LM loss
+on them. `--warmup` rounds, then `--repeats` timed rounds, each round one pass (forward, loss, backward; gradients
+dropped between passes) of every implementation in turn, so that a change of load hits them alike. Each pass is
+timed twice: the process's CPU time (time.process_time; on one thread, the time the pass computed, whatever else
+runs on the cores) and wall time. The numbers: the median pass, and the speed-up as the median over rounds of
+eager's time over the implementation's in the same round. The first round's loss and gradients are compared with
+eager's: the largest absolute difference of the loss and of any gradient element (float32: they agree to 1e-5 or
+the record says not).
+
+`batched_mm` copies each routed token's expert weights (tokens x top-k x 3 x hidden x expert width elements per
+layer, kept for the backward): it runs only where that fits in a quarter of the free memory; the record says
+which sizes it skipped and how many bytes they would have gathered.
+
+    default   the tiny test model (hidden 64, 4 experts, top-2, width 64, 2 layers) and a larger one (hidden 512,
+              8 experts, top-2, width 512, 4 layers), 8 x 256 tokens, float32 and bfloat16, 2 warm-up rounds, 9 timed
+    --quick   the same
+    --tiny    the tiny model, 2 x 32 tokens, float32, 1 warm-up, 2 repeats (seconds; for tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+NAME = "moe_experts"
+IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
+VOCAB = 128
+FLOAT32_ATOL = 1e-5  # loss and gradients of every implementation against eager's, float32
+BATCHED_MM_MEMORY_SHARE = 4  # batched_mm runs where its gathered weights take at most 1/4 of the free memory
+
+
+@dataclass(frozen=True)
+class MoeSize:
+    """A random Qwen3-MoE: every layer sparse (decoder_sparse_step 1), no shared expert, head_dim hidden / heads."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    num_experts: int
+    top_k: int
+    expert_width: int  # moe_intermediate_size
+
+
+SIZES = (
+    MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64),
+    MoeSize("larger", 512, 4, 8, 2, 8, 2, 512),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the default sizes")
+    ap.add_argument("--tiny", action="store_true", help="the tiny model, 2 x 32 tokens, float32 (tests)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+def batched_mm_bytes(size: MoeSize, tokens: int, dtype_bytes: int) -> int:
+    """What batched_mm gathers over the stack: each routed (token, expert) pair's gate_up [2 x width, hidden] and
+    down [hidden, width] weights, per layer, all kept for the backward."""
+    per_pair = 3 * size.expert_width * size.hidden_size * dtype_bytes
+    return size.num_layers * tokens * size.top_k * per_pair
+
+
+def build(size: MoeSize, dtype: Any) -> Any:
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=size.hidden_size,
+        intermediate_size=2 * size.hidden_size,  # unused: every layer is sparse
+        moe_intermediate_size=size.expert_width,
+        num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads,
+        num_experts=size.num_experts,
+        num_experts_per_tok=size.top_k,
+        decoder_sparse_step=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen3MoeForCausalLM(cfg).to(dtype)
+
+
+def measure(model: Any, ids: Any, impls: list[str], warmup: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """impl -> {"cpu" and "wall": the timed passes' seconds, "loss" and "grads": the first pass's}. The passes are
+    interleaved (round r runs each implementation once): a change of load on shared cores hits them alike."""
+    from torchrl_post.config.schema import ModelConfig
+    from torchrl_post.workers.models import with_experts
+
+    out: dict[str, dict[str, Any]] = {impl: {"cpu": [], "wall": []} for impl in impls}
+    for r in range(warmup + repeats):
+        for impl in impls:
+            with_experts(model, ModelConfig(experts_implementation=impl))
+            assert model.config._experts_implementation == impl
+            model.zero_grad(set_to_none=True)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            if r == 0:
+                out[impl]["loss"] = loss.item()
+                out[impl]["grads"] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            if r >= warmup:
+                out[impl]["wall"].append(wall)
+                out[impl]["cpu"].append(cpu)
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def max_grad_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max((a[n].float() - b[n].float()).abs().max().item() for n in a)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.loss_path import mem_available
+
+    args = common.options(args, parse_args)
+    sizes: tuple[MoeSize, ...] = SIZES
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    batch, seq, warmup, repeats = args.batch, args.seq, args.warmup, args.repeats
+    if args.tiny:
+        sizes, dtypes, batch, seq, warmup, repeats = SIZES[:1], ("float32",), 2, 32, 1, 2
+    torch.set_num_threads(args.threads)
+    common.warn_if_busy()
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))
+    rows, budget = [], mem_available() // BATCHED_MM_MEMORY_SHARE
+    for size in sizes:
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            model = build(size, dtype)
+            gathered = batched_mm_bytes(size, batch * seq, dtype.itemsize)
+            impls = [i for i in IMPLEMENTATIONS if i != "batched_mm" or gathered <= budget]
+            runs = measure(model, ids, impls, warmup, repeats)
+            eager = runs["eager"]
+            for impl in IMPLEMENTATIONS:
+                row: dict[str, Any] = {"size": size.name, "dtype": dtype_name, "implementation": impl}
+                if impl not in runs:
+                    row["skipped"] = f"would gather {gathered / 2**30:.0f} GiB of expert weights"
+                    print(f"  {size.name} {dtype_name} {impl}: skipped ({row['skipped']})", flush=True)
+                    rows.append(row)
+                    continue
+                got = runs[impl]
+                row |= {
+                    "ms": 1e3 * statistics.median(got["cpu"]),
+                    "wall_ms": 1e3 * statistics.median(got["wall"]),
+                    "cpu_ms_each": [1e3 * t for t in got["cpu"]],
+                    "wall_ms_each": [1e3 * t for t in got["wall"]],
+                    "loss": got["loss"],
+                }
+                if impl != "eager":
+                    rounds = {k: [e / t for e, t in zip(eager[k], got[k], strict=True)] for k in ("cpu", "wall")}
+                    row |= {
+                        "speedup": statistics.median(rounds["cpu"]),
+                        "wall_speedup": statistics.median(rounds["wall"]),
+                        "loss_diff": abs(got["loss"] - eager["loss"]),
+                        "grad_diff": max_grad_diff(got["grads"], eager["grads"]),
+                    }
+                    if dtype_name == "float32":
+                        row["agrees"] = row["loss_diff"] <= FLOAT32_ATOL and row["grad_diff"] <= FLOAT32_ATOL
+                print(
+                    f"  {size.name} {dtype_name} {impl}: {row['ms']:.1f} ms CPU, {row['wall_ms']:.1f} ms wall"
+                    + (f", {row['speedup']:.2f}x eager" if "speedup" in row else ""),
+                    flush=True,
+                )
+                rows.append(row)
+            del model, runs, eager
+    return {
+        "sizes": [asdict(s) for s in sizes],
+        "batch": batch,
+        "seq": seq,
+        "warmup": warmup,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "loadavg_1m": common.load_1m(),
+    }
+
+
+# ---- reports -----------------------------------------------------------------------------------------------
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    rows = [dict(r) for r in rec["rows"]]
+    for r in rows:
+        r["note"] = r.get("skipped") or ("" if r.get("agrees", True) else f"DISAGREES beyond {FLOAT32_ATOL:g}")
+    sizes = "; ".join(
+        f"{s['name']}: hidden {s['hidden_size']}, {s['num_layers']} layers, {s['num_experts']} experts, "
+        f"top-{s['top_k']}, expert width {s['expert_width']}"
+        for s in rec["sizes"]
+    )
+    f32 = [r for r in rows if r["dtype"] == "float32" and "grad_diff" in r]
+    worst = max((max(r["loss_diff"], r["grad_diff"]) for r in f32), default=None)
+    lines = [
+        "# Mixture-of-experts: the experts' implementation in one forward and backward",
+        "",
+        f"A random Qwen3-MoE ({sizes}; vocabulary {VOCAB}), {rec['batch']} x {rec['seq']} tokens, the causal-LM "
+        f"loss, forward and backward on the CPU ({rec['threads']} thread{'s' * (rec['threads'] > 1)}), the same weights for each "
+        f"`model.experts_implementation`: {rec['repeats']} timed rounds after {rec['warmup']} warm-up, each round "
+        "one pass of every implementation in turn. ms: the median pass in CPU time of the process (on one thread "
+        "the time the pass computed, what other processes take of the cores left out), wall: in wall time; "
+        "speed-up: the median over rounds of eager's time over the implementation's in the same round. Diffs: "
+        "the largest absolute difference from eager's loss and from any of its gradient elements (first round).",
+        "",
+        common.table(
+            rows,
+            [
+                ("size", "size", "{}"),
+                ("dtype", "dtype", "{}"),
+                ("implementation", "implementation", "{}"),
+                ("fwd+bwd ms", "ms", "{:.1f}"),
+                ("wall ms", "wall_ms", "{:.1f}"),
+                ("speed-up vs eager", "speedup", "{:.2f}x"),
+                ("wall speed-up", "wall_speedup", "{:.2f}x"),
+                ("loss diff", "loss_diff", "{:.1e}"),
+                ("max grad diff", "grad_diff", "{:.1e}"),
+                ("", "note", "{}"),
+            ],
+        ),
+    ]
+    for impl in IMPLEMENTATIONS[1:]:
+        ups = [r["speedup"] for r in rows if r["implementation"] == impl and r.get("speedup") is not None]
+        skipped = sum(1 for r in rows if r["implementation"] == impl and r.get("skipped"))
+        if ups:
+            lines.append(
+                f"{impl} against eager: {min(ups):.2f}x to {max(ups):.2f}x over the {len(ups)} runs"
+                + (f" ({skipped} skipped: memory)." if skipped else ".")
+            )
+    if worst is not None:
+        lines.append(
+            f"In float32 every implementation gives eager's loss and gradients to {worst:.1e} (at most). "
+            f"Load average {rec['loadavg_1m']:.1f} at the end on {rec['machine']['cpu_count']} cores (above 1: "
+            "other processes shared them: wall times are theirs too, CPU times much less)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    groups = list(dict.fromkeys((r["size"], r["dtype"]) for r in rec["rows"]))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(IMPLEMENTATIONS)
+    for i, impl in enumerate(IMPLEMENTATIONS):
+        xs, ys = [], []
+        for k, (size, dtype) in enumerate(groups):
+            row = next(r for r in rec["rows"] if (r["size"], r["dtype"], r["implementation"]) == (size, dtype, impl))
+            if row.get("ms") is not None:
+                xs.append(k + (i - (len(IMPLEMENTATIONS) - 1) / 2) * width)
+                ys.append(row.get("speedup", 1.0))
+        bars = ax.bar(xs, ys, width, label=impl, color=f"C{i}")
+        ax.bar_label(bars, [f"{y:.2f}x" for y in ys], fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(groups)), [f"{s}\n{d}" for s, d in groups])
+    ax.set(ylabel="speed-up vs eager (fwd+bwd)")
+    threads = f"{rec['threads']} thread{'s' * (rec['threads'] > 1)}"
+    title = f"Qwen3-MoE experts, {rec['batch']} x {rec['seq']} tokens, CPU time on {threads} (no bar: skipped)"
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    common.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    main()
