@@ -1,0 +1,219 @@
+"""MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
+replay does to the engine/trainer logprob difference, through the real training entrypoint.
+
+    python -m benchmarks --only moe_routing [--quick | --tiny]     (or: python -m benchmarks.moe_routing [--steps N])
+
+Runs `torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated
+vLLM, GRPO on the demo data, validation and checkpoints off) in four settings:
+  dense        the dense demo model, vLLM in bfloat16 (the trainer in float32): the dense models' level
+  moe          the MoE demo model (the dense one upcycled, `make moe-model`), vLLM in bfloat16, no replay
+  moe_replay   the same with actor.router_replay=true (R3)
+  moe_fp32     the MoE model with vLLM in float32 (both sides float32: the routes should agree)
+  ties, ties_replay  a variant of the MoE model, with and without replay: every router scaled down 20x (logits
+               20x closer together) and each expert perturbed by x(1 + 0.5 N(0, 1)) elementwise (a flipped choice
+               then changes the output more)
+A bfloat16 engine against a float32 trainer is what GPU runs have (vLLM in bf16, FSDP over float32 master
+weights); on CPU in float32 both compute the same router logits, so nothing disagrees. Per step, from
+metrics.jsonl: `rollout/router_mismatch` (the share of routing decisions where the trainer's router picks other
+experts than the engine recorded) and `rollout/logprob_diff` (mean |engine - trainer| logprob of the sampled
+tokens), both measured before the update's optimizer step.
+`--quick`: 6 steps; `--tiny`: 2 steps (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
+
+NAME = "moe_routing"
+DEMO_MODEL = ROOT / "outputs" / "demo_model"
+DEMO_DATA = ROOT / "outputs" / "demo_data"
+MOE_MODEL = ROOT / "outputs" / "moe_model_qwen3_moe"
+RUNS = LOGS / "moe_routing_runs"
+MODES = {
+    "dense": ("dense demo model, engine bf16", ["rollout.dtype=bfloat16"]),
+    "moe": ("MoE, engine bf16, no replay", ["rollout.dtype=bfloat16"]),
+    "moe_replay": ("MoE, engine bf16, router replay", ["rollout.dtype=bfloat16", "actor.router_replay=true"]),
+    "moe_fp32": ("MoE, engine float32, no replay", []),
+    "ties": ("MoE with near-tie routers, engine bf16, no replay", ["rollout.dtype=bfloat16"]),
+    "ties_replay": (
+        "MoE with near-tie routers, engine bf16, router replay",
+        ["rollout.dtype=bfloat16", "actor.router_replay=true"],
+    ),
+}
+TIES_MODEL = common.MODELS / "moe_near_ties"
+ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
+METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/router_mismatch"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="6 steps per setting")
+    ap.add_argument("--tiny", action="store_true", help="2 steps per setting (tests)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per setting (default 12)")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+def near_ties(moe: Path) -> Path:
+    """The stress variant of the MoE demo model (module doc), built once under outputs/bench_models."""
+    if (TIES_MODEL / "config.json").is_file():
+        return TIES_MODEL
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from torchrl_post.demo.build import save_model
+
+    model = AutoModelForCausalLM.from_pretrained(moe, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.mul_(ROUTER_SCALE)
+            elif ".mlp.experts." in name:
+                p.mul_(1 + EXPERT_NOISE * torch.randn(p.shape, generator=gen))
+    save_model(model, AutoTokenizer.from_pretrained(moe), TIES_MODEL)
+    return TIES_MODEL
+
+
+def models() -> tuple[Path, Path]:
+    """The dense demo model and its MoE upcycling, built once (as `make demo` and `make moe-model` do)."""
+    from torchrl_post.demo.moe import build_moe
+
+    build_moe(MOE_MODEL, DEMO_MODEL, DEMO_DATA)  # the dense demo model and data first
+    return DEMO_MODEL, MOE_MODEL
+
+
+def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
+    RUNS.mkdir(parents=True, exist_ok=True)
+    run_dir, log = RUNS / mode, LOGS / f"moe_routing_{mode}.log"
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    cmd = [
+        *torchrun(),
+        *("--standalone", "--nproc-per-node", "2", "-m", "torchrl_post.train"),
+        f"model.path={model}",
+        f"data.train_files={DEMO_DATA / 'train.jsonl'}",
+        f"data.val_files={DEMO_DATA / 'val.jsonl'}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.max_logprob_diff=0",  # the bf16 engine's difference is the point here, not a warning
+        f"trainer.default_local_dir={run_dir}",
+        *MODES[mode][1],
+    ]
+    print(f"{MODES[mode][0]}: {steps} steps (log {log}) ...", flush=True)
+    warn_if_busy()
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0 or not metrics_path.exists():
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"{mode} failed (exit {proc.returncode}); log {log}:\n{tail}")
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    steps_rows = [r for r in rows if r.get("training/global_step", 0) >= 1]
+    per_step = {key: [r.get(metric) for r in steps_rows] for key, metric in METRICS.items()}
+    rec: dict[str, Any] = {"mode": mode, "label": MODES[mode][0], "run_wall_s": time.perf_counter() - t0}
+    rec["per_step"] = per_step
+    for key, values in per_step.items():
+        known = [float(v) for v in values if v is not None]
+        rec[key] = statistics.mean(known) if known else None
+    rec["loadavg_1m"] = common.load_1m()
+    mismatch = "n/a" if rec["router_mismatch"] is None else f"{rec['router_mismatch']:.4f}"
+    print(f"    logprob_diff {rec['logprob_diff']:.2e}, router_mismatch {mismatch}", flush=True)
+    return rec
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    steps = getattr(args, "steps", None) or (2 if args.tiny else 6 if args.quick else 12)
+    dense, moe = models()
+    ties = near_ties(moe)
+    runs = [
+        train(mode, dense if mode == "dense" else ties if mode.startswith("ties") else moe, steps) for mode in MODES
+    ]
+    return {"steps": steps, "runs": runs}
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    m = rec["machine"]
+    by = {r["mode"]: r for r in rec["runs"]}
+    lines = [
+        "# MoE routing: engine/trainer disagreement and routing replay",
+        "",
+        f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}. Each row is one `torchrun --nproc-per-node 2 "
+        f"-m torchrl_post.train` run of {rec['steps']} GRPO steps on the demo task (FSDP2 actor in float32 over 2 "
+        "CPU ranks, colocated vLLM). Means over the steps of `rollout/router_mismatch` (routing decisions, token x "
+        "MoE layer, where the trainer's own router picks other experts than the engine recorded) and "
+        "`rollout/logprob_diff` (mean |engine - trainer| logprob of the sampled tokens), both before the update.",
+        "",
+        "| setting | router mismatch | logprob diff | vs dense |",
+        "|---|---|---|---|",
+    ]
+    dense = by["dense"]["logprob_diff"]
+    for r in rec["runs"]:
+        ratio = f"{r['logprob_diff'] / dense:.2f}x" if dense else "n/a"
+        lines.append(f"| {r['label']} | {_fmt(r['router_mismatch'], '.4f')} | {r['logprob_diff']:.2e} | {ratio} |")
+    moe, replay = by["moe"], by["moe_replay"]
+    lines += [
+        "",
+        f"Without replay the bf16 engine and the float32 trainer disagree on {_fmt(moe['router_mismatch'], '.2%')} of "
+        f"the routing decisions and the logprobs differ by {moe['logprob_diff']:.2e} ({dense and moe['logprob_diff'] / dense:.2f}x "
+        f"the dense model's {dense:.2e}); replaying the engine's experts gives {replay['logprob_diff']:.2e} "
+        f"({dense and replay['logprob_diff'] / dense:.2f}x). In float32 on both sides the routes disagree on "
+        f"{_fmt(by['moe_fp32']['router_mismatch'], '.2%')} of the decisions.",
+        *(
+            [
+                "",
+                f"With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
+                f"{_fmt(by['ties']['router_mismatch'], '.2%')} of the decisions (bfloat16's rounding is relative: "
+                "smaller logits do not flip more often); the logprobs differ by "
+                f"{by['ties']['logprob_diff']:.2e} without replay and {by['ties_replay']['logprob_diff']:.2e} with "
+                "it.",
+            ]
+            if "ties" in by and "ties_replay" in by
+            else []
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in rec["runs"]:
+        steps = list(range(1, len(r["per_step"]["logprob_diff"]) + 1))
+        left.plot(steps, r["per_step"]["logprob_diff"], marker="o", label=r["label"])
+        if r["router_mismatch"] is not None:
+            right.plot(steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], marker="o", label=r["label"])
+    left.set(title="engine/trainer logprob difference", xlabel="step", ylabel="mean |diff|")
+    right.set(title="routing decisions the trainer's router picks differently", xlabel="step", ylabel="fraction")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = parse_args()
+    rec = run(args)
+    common.write_report(args.results, NAME, rec, markdown, plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
