@@ -172,7 +172,8 @@ class RolloutConfig:
     return_routed_experts: bool = True
     """Mixture-of-experts models on the vLLM engine: record each token's experts per MoE layer (vLLM's
     enable_return_routed_experts): actor.router_replay needs them, and rollout/router_mismatch compares them with
-    the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]."""
+    the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]. Not for agent
+    episodes yet (their turns run step by step)."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a
