@@ -204,16 +204,12 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for ax in (left, right):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
-def main() -> None:
-    args = parse_args()
-    rec = run(args)
-    common.write_report(args.results, NAME, rec, markdown, plot)
+def main(argv: list[str] | None = None) -> None:
+    common.standalone(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
