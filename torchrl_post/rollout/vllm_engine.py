@@ -63,7 +63,9 @@ class VLLMEngine:
         # mixture-of-experts layers on CPU: vLLM prepacks their weights at the first load only (`load_weights`)
         experts = bool(getattr(hf_config.get_text_config(), "num_experts", 0))
         self.cpu_experts = device.type == "cpu" and experts
-        self.routes: RouteRecorder | None = RouteRecorder() if experts and spec.record_routes else None
+        # a text model's experts per token (a vision model's prompt reaches vLLM with its image tokens collapsed)
+        record = experts and spec.record_routes and self.vision is None
+        self.routes: RouteRecorder | None = RouteRecorder() if record else None
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
