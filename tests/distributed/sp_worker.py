@@ -6,7 +6,11 @@ with sp the ranks of a group train the union of their rows, each on 1/sp of ever
 the same logprobs of each rank's rows, the same metrics (entropy, policy loss, gradient norm) and the same
 weights after an update of two optimizer steps.
 
-torchrun --nproc-per-node N tests/distributed/sp_worker.py <model_dir> <out.json>
+torchrun --nproc-per-node N tests/distributed/sp_worker.py <model_dir> <out.json> [<moe_model_dir>]
+
+With a mixture-of-experts model (2 MoE layers, 4 experts, top-2) the `moe_replay` case also runs: packed with
+shared prompts and gradient checkpointing (transformers' Qwen3-MoE drops the attention plan from its mask), the actor and the reference replaying random recorded experts (`Batch.routed_experts`), so each
+rank's columns must take their own rows of the record.
 
 On CPU in float32 by default; TORCHRL_POST_TEST_DEVICE=cuda runs the ranks on the GPU (gloo still: one GPU can
 host both ranks), TORCHRL_POST_TEST_DTYPES=float32,bfloat16 runs every case with the roles' FSDP compute in each
@@ -69,6 +73,17 @@ def _batch(rank: int, rows: int = 4) -> Batch:
     )
 
 
+def _routes(batch: Batch, rank: int, layers: int = 2) -> Batch:
+    """`batch` with random recorded experts (2 distinct of 4 per token and layer; one record for a shared prompt)."""
+    gen = torch.Generator().manual_seed(200 + rank)
+    n, width = batch.input_ids.shape
+    first = torch.randint(0, 4, (n, layers, 1, width), generator=gen)
+    routes = torch.cat([first, (first + torch.randint(1, 4, first.shape, generator=gen)) % 4], 2).to(torch.int16)
+    routes[1, :, :, : batch.prompt_width] = routes[0, :, :, : batch.prompt_width]  # rows 0, 1: one prompt
+    routes[batch.attention_mask[:, None, None, :].expand_as(routes) == 0] = -1
+    return dataclasses.replace(batch, routed_experts=routes)
+
+
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(iter_full_weights(model, 1 << 20))
 
@@ -87,6 +102,7 @@ def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.dev
     actor = Actor(
         cfg.model, cfg.actor, fsdp, device, temperature=1.0, mini_batch_samples=2,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
+        replay=batch.routed_experts is not None,
     )  # fmt: skip
     _KEEP.append(actor)
     logp = actor.log_probs(batch).cpu()
@@ -108,7 +124,10 @@ def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.de
 
 
 def _reference_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> torch.Tensor:
-    ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, device, temperature=1.0, sequence=seq)
+    ref = Reference(
+        cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, device, temperature=1.0, sequence=seq,
+        replay=batch.routed_experts is not None,
+    )  # fmt: skip
     _KEEP.append(ref)
     return ref.log_probs(batch).cpu()
 
@@ -118,7 +137,6 @@ def main() -> None:
     env = worker_env()
     init_world(env)
     world, rank, device = env.world_size, env.rank, env.device
-    batch = _batch(rank)
     report: dict[str, Any] = {"device": str(device), "backend": env.backend, "dtypes": worker_dtypes()}
     layouts = [sp for sp in (2, 4) if world % sp == 0]
     cases = (
@@ -128,12 +146,14 @@ def main() -> None:
         ("checkpointing", True, True, True),
         ("lora", True, True, False),
         ("dynamic", True, True, False),
-    )
+    ) + ((("moe_replay", True, True, True),) if len(sys.argv) > 3 else ())
     for dtype, (case, packed, shared, ckpt) in ((d, c) for d in worker_dtypes() for c in cases):
         name = f"{key_prefix(dtype)}{case}"
+        moe = case == "moe_replay"
+        batch = _routes(_batch(rank), rank) if moe else _batch(rank)
         cfg = Config()
         cfg.actor.fsdp.param_dtype = cfg.critic.fsdp.param_dtype = dtype
-        cfg.model.path = model_dir
+        cfg.model.path = sys.argv[3] if moe else model_dir
         cfg.model.use_remove_padding, cfg.model.use_shared_prefix = packed, shared
         cfg.model.enable_gradient_checkpointing = ckpt
         cfg.model.lora_rank = 4 if case == "lora" else 0  # PEFT wraps the model: its attention switches alike
@@ -151,6 +171,13 @@ def main() -> None:
             report[f"{key}_logp_diff"] = _real_diff(got["logp"], base["logp"], batch)
             report[f"{key}_metrics"] = [got["metrics"], base["metrics"]]
             report[f"{key}_weights_diff"] = _max_diff(got["weights"], base["weights"])
+        if moe:  # the reference replays too (the critic has no use for routes)
+            ref = _reference_run(cfg, fsdp, None, batch, device)
+            plain = _reference_run(cfg, fsdp, None, dataclasses.replace(batch, routed_experts=None), device)
+            report[f"{name}_replay_moved"] = _real_diff(plain, ref, batch)  # the record is not the routers' choice
+            for sp in layouts:
+                got_r = _reference_run(cfg, fsdp, sequence_mesh(device.type, world, sp), batch, device)
+                report[f"{name}_sp{sp}_reference_diff"] = _real_diff(got_r, ref, batch)
         if case in ("padded", "shared"):
             crit = _critic_run(cfg, fsdp, None, batch, device)
             ref = _reference_run(cfg, fsdp, None, batch, device)

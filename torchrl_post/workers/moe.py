@@ -8,6 +8,7 @@ the gate weights computed from the current logits, so the router still learns (r
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -120,6 +121,45 @@ class RouteTrace:
         return differ.sum().double(), has.sum().double()
 
 
+@dataclass
+class _Call:
+    """What one `routing` block asks of the routers."""
+
+    trace: RouteTrace | None
+    replay: torch.Tensor | None
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("moe_routing", default=None)
+
+
+def _in_backward() -> bool:
+    """Inside autograd's backward: where a checkpointed layer recomputes its forward."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+class _Replaying:
+    """A router's forward while `routing` is installed on it: `route_top_k` with the block's replay rows; outside
+    a block, in the backward (a checkpointed layer's recomputation), the rows of its last call again, so the
+    recomputation routes as the forward did; anywhere else the router's own top-k (what its class computes)."""
+
+    def __init__(self, index: int, router: Any) -> None:
+        self.index, self.router = index, router
+        self.last: torch.Tensor | None = None
+
+    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        router, call = self.router, _CALL.get()
+        h = hidden_states.reshape(-1, router.weight.shape[-1])
+        logits = F.linear(h, router.weight)
+        if call is not None:
+            self.last = None if call.replay is None else call.replay[:, self.index].to(h.device)
+        rows = self.last if call is not None or _in_backward() else None
+        weights, used, own = route_top_k(logits, router.top_k, bool(router.norm_topk_prob), rows)
+        trace = call.trace if call is not None else None
+        if trace is not None and self.index not in trace.logits:
+            trace.logits[self.index], trace.used[self.index], trace.own[self.index] = logits, used, own
+        return logits, weights, used
+
+
 @contextmanager
 def routing(
     model: torch.nn.Module,
@@ -128,11 +168,12 @@ def routing(
     real: torch.Tensor | None = None,
     recorded: torch.Tensor | None = None,
 ) -> Iterator[RouteTrace | None]:
-    """One forward of `model` with its routers replaced by `route_top_k`: with `replay` ([N, L, k], the cells
-    in the order the routers see them: rows of the input flattened) the recorded experts are used; `trace`
-    (None: nothing recorded) receives each router's first call (a checkpointed layer's recomputation is not
-    recorded again), `real` [N] (the cells holding a token) and `recorded` (default `replay`: the engine's
-    experts its disagreement compares with). A model without routers is left alone."""
+    """One forward of `model` with its routers' top-k by `route_top_k`: with `replay` ([N, L, k], the cells in the
+    order the routers see them: rows of the input flattened) the recorded experts are used; `trace` (None:
+    nothing recorded) receives each router's first call (a checkpointed layer's recomputation is not recorded
+    again), `real` [N] (the cells holding a token) and `recorded` (default `replay`: the engine's experts its
+    disagreement compares with). The routers keep the replaying forward after the block (`_Replaying`): a
+    checkpointed layer recomputed in the backward replays the same rows. A model without routers is left alone."""
     found = routers(model)
     if not found or (trace is None and replay is None):
         yield trace
@@ -144,25 +185,11 @@ def routing(
             )
     if trace is not None:
         trace.replay, trace.real = (replay if recorded is None else recorded), real
-
-    def bind(index: int, router: Any) -> Any:
-        layer_replay = None if replay is None else replay[:, index]
-
-        def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            h = hidden_states.reshape(-1, router.weight.shape[-1])
-            logits = F.linear(h, router.weight)
-            rows = None if layer_replay is None else layer_replay.to(h.device)
-            weights, used, own = route_top_k(logits, router.top_k, bool(router.norm_topk_prob), rows)
-            if trace is not None and index not in trace.logits:
-                trace.logits[index], trace.used[index], trace.own[index] = logits, used, own
-            return logits, weights, used
-
-        return forward
-
     for index, router in enumerate(found):
-        router.forward = bind(index, router)
+        if not isinstance(router.__dict__.get("forward"), _Replaying):
+            router.forward = _Replaying(index, router)
+    token = _CALL.set(_Call(trace, replay))
     try:
         yield trace
     finally:
-        for router in found:
-            del router.forward
+        _CALL.reset(token)

@@ -36,6 +36,7 @@ the next block runs inside.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import weakref
 from collections.abc import Iterator
@@ -186,7 +187,12 @@ def ulysses_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """The `ulysses` attention implementation: q [b, H, s, d], k and v [b, Hkv, s, d] of this rank's columns ->
     ([b, s, H, d], None), attended over the whole sequence. `attention_mask` is the call's GlobalAttention."""
-    plan = attention_mask
+    plan = attention_mask if isinstance(attention_mask, GlobalAttention) else _CALL_PLAN.get(None)
+    if plan is None and not isinstance(attention_mask, torch.Tensor):
+        # a checkpointed layer recomputed in the backward, after the block, of a model that dropped the plan
+        plan = _LAST_PLAN.get(module)
+    if isinstance(plan, GlobalAttention):
+        _LAST_PLAN[module] = plan
     if not isinstance(plan, GlobalAttention):
         raise RuntimeError(
             f"the {ATTENTION} attention ran without its plan (got {type(plan).__name__}): call the model inside "
@@ -233,6 +239,13 @@ def _check(model: torch.nn.Module, shard: SequenceShard, inputs: dict[str, Any])
 
 
 _INNER: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+_LAST_PLAN: weakref.WeakKeyDictionary[torch.nn.Module, GlobalAttention] = weakref.WeakKeyDictionary()
+"""Each attention module's plan of its last forward: what its recomputation under activation checkpointing (in the
+backward, outside `sequence_parallel`) attends with when the model's forward did not pass the plan on."""
+_CALL_PLAN: contextvars.ContextVar[GlobalAttention | None] = contextvars.ContextVar("ulysses_plan", default=None)
+"""The plan of the `sequence_parallel` block being run: for models whose forward builds its causal mask whatever
+it is given (transformers' Qwen3-MoE calls create_causal_mask on the prepared mask mapping, which comes back
+None), so the plan never reaches their attention through `attention_mask`."""
 """A model switched to the `ulysses` implementation -> its own (sdpa or eager). The switch stays for the model's
 life: a sequence-parallel model runs every forward through `sequence_parallel`, and a checkpointed layer's
 recomputation in a backward after the block still finds `ulysses` and the call's plan in its saved inputs."""
@@ -278,4 +291,8 @@ def sequence_parallel(model: torch.nn.Module, shard: SequenceShard, inputs: dict
                 f"{type(model).__name__} does not route its attention through transformers' AttentionInterface"
             )
         _INNER[model] = inner
-    yield local
+    token = _CALL_PLAN.set(plan)
+    try:
+        yield local
+    finally:
+        _CALL_PLAN.reset(token)
