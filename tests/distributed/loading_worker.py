@@ -1,10 +1,12 @@
 """Worker for test_loading.py: every role's model loaded shard by shard (model.load_format=sharded) against the
-full load, on the ranks torchrun gives. Writes one JSON report per rank list (rank 0)."""
+full load, on the ranks torchrun gives, for each model directory given (one launch, several models). Writes the
+ranks' reports as a JSON list (rank 0): per rank, one report per model directory, in argument order."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import resource
 import sys
 
@@ -17,6 +19,7 @@ from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
+from torchrl_post.workers import loading
 from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.models import load_pretrained
 from torchrl_post.workers.reference import Reference
@@ -53,6 +56,30 @@ class _Notes(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+class _Reads:
+    """The experts whose tensors this rank reads (`SafetensorsFile.read_rows` wrapped): from per-expert names
+    (`mlp.experts.3.up_proj.weight`) the expert in the name, from fused ones (`mlp.experts.gate_up_proj`, dim 0
+    the expert) the rows read."""
+
+    def __init__(self) -> None:
+        self.experts: set[int] = set()
+        self.read_rows = loading.SafetensorsFile.read_rows
+
+    def __enter__(self) -> _Reads:
+        def read_rows(f: loading.SafetensorsFile, name: str, start: int, stop: int, out: torch.Tensor) -> None:
+            if (found := re.search(r"\.experts\.(\d+)\.", name)) is not None:
+                self.experts.add(int(found.group(1)))
+            elif ".experts." in name:
+                self.experts.update(range(start, stop))
+            self.read_rows(f, name, start, stop, out)
+
+        loading.SafetensorsFile.read_rows = read_rows  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loading.SafetensorsFile.read_rows = self.read_rows  # type: ignore[method-assign]
+
+
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(iter_full_weights(model, 1 << 20))
 
@@ -76,11 +103,12 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
         torch.manual_seed(0)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         loader_log.addHandler(notes)
-        actor = make_actor(cfg, mesh)
-        ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, CPU, temperature=1.0)
-        critic = Critic(
-            cfg.model, cfg.critic, mesh, CPU, mini_batch_samples=4, epochs=1, max_response_length=4, total_steps=1
-        )
+        with _Reads() as reads:
+            actor = make_actor(cfg, mesh)
+            ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, CPU, temperature=1.0)
+            critic = Critic(
+                cfg.model, cfg.critic, mesh, CPU, mini_batch_samples=4, epochs=1, max_response_length=4, total_steps=1
+            )
         loader_log.removeHandler(notes)
         _KEEP.extend([actor, ref, critic])
         models[fmt] = {
@@ -96,6 +124,7 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
         out[f"dtensor_{fmt}"] = all(type(p).__name__ == "DTensor" for p in actor.model.parameters())
     s, f = models["sharded"], models["full"]
     out["loaded_in_full"] = notes.lines  # with load_format=sharded, every role must have read its rows
+    out["experts_read"] = sorted(reads.experts)  # of the sharded loads (the full loads read through transformers)
     # The checkpoint's tensors; a tied model's state dict repeats the embedding as lm_head.weight.
     out["actor_equals_from_pretrained"] = all(torch.equal(s["actor"][k], expected[k]) for k in s["actor"])
     out["actor_names_covered"] = set(s["actor"]) <= set(expected)
@@ -122,14 +151,16 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
 
 
 def main() -> None:
-    model_dir, out_path = sys.argv[1:3]
+    out_path, *model_dirs = sys.argv[1:]
     env = read_env("cpu")
     init_world(env)
-    cfg = Config()
-    cfg.model.path = model_dir
-    cfg.actor.lr = 1e-2
     mesh = fsdp_mesh("cpu", env.world_size, -1)
-    report = roles(cfg, mesh)
+    report = []
+    for model_dir in model_dirs:
+        cfg = Config()
+        cfg.model.path = model_dir
+        cfg.actor.lr = 1e-2
+        report.append(roles(cfg, mesh))
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)
     if env.rank == 0:

@@ -23,8 +23,9 @@ class ModelConfig:
     """How the trained and frozen roles get their weights: `sharded` builds the model with its parameters on the
     meta device, shards it, and each rank reads only its own rows from the safetensors files (host memory per
     rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. Tensor names are read
-    as transformers renames them (Qwen2-VL's); LoRA models, and checkpoints whose tensors it splits or merges, load
-    in full."""
+    as transformers renames them (Qwen2-VL's), and an MoE's per-expert tensors as the fused experts it stacks them
+    into (Qwen3-MoE's, Qwen2-MoE's: each rank reads its own experts); LoRA models, and checkpoints whose tensors
+    it converts in other ways, load in full."""
     use_remove_padding: bool = True
     """Sequence packing (verl's key; on by default): each micro-batch's samples are packed into rows as long as its
     longest sample, attention kept within each sample by its position ids (or sequence boundaries for an attention

@@ -4,11 +4,14 @@ The model is built with its parameters on the meta device (buffers, such as rota
 small), sharded with `apply_fsdp`, given empty local shards, and each rank then reads only its own rows of each
 tensor from the safetensors files (positioned reads of its rows, no memory map): host memory per rank is about 1/ranks of the
 model plus one tensor's rows, instead of every rank holding the whole model before sharding. The values equal a
-plain `from_pretrained` (tested). Checkpoint names are read as transformers reads them (`checkpoint_names`: a
+plain `from_pretrained` (tested). Checkpoint names are read as transformers reads them (`checkpoint_sources`: a
 Qwen2-VL checkpoint's `model.layers.*` and `visual.*` are the model's `model.language_model.*` and
-`model.visual.*`). A checkpoint whose tensors do not cover the model's parameters under those names, or that
-transformers would convert on load (split, merged), and LoRA models (PEFT builds its adapter on loaded weights)
-load in full, with one log line saying so.
+`model.visual.*`). Mixture-of-experts checkpoints store each expert's matrices apart
+(`mlp.experts.{e}.gate_proj.weight`), which transformers stacks into fused 3-D parameters on load
+(`mlp.experts.gate_up_proj` [E, 2I, H]); FSDP2 shards those along the expert dim, so a rank reads the per-expert
+tensors of its own experts only. A checkpoint whose tensors do not cover the model's parameters under those
+names, or that transformers would convert in any other way, and LoRA models (PEFT builds its adapter on loaded
+weights) load in full, with one log line saying so.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import json
 import logging
 import math
 import os
+import re
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,13 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from transformers import AutoConfig
 from transformers.conversion_mapping import get_model_conversion_mapping
-from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+from transformers.core_model_loading import (
+    Concatenate,
+    MergeModulelist,
+    WeightConverter,
+    WeightRenaming,
+    rename_source_key,
+)
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
 from torchrl_post.workers.fsdp import apply_fsdp
@@ -55,28 +66,94 @@ def checkpoint_files(path: str | Path) -> dict[str, Path]:
     return out
 
 
-def checkpoint_names(model_cfg: ModelConfig, path: str | Path, keys: list[str]) -> dict[str, str]:
-    """The model's parameter name -> the checkpoint tensor (of `keys`) that transformers loads into it.
+@dataclass(frozen=True)
+class Piece:
+    """A checkpoint tensor (`key` in `file`) and the part of a parameter it fills: the whole parameter (`expert`
+    None), or part `part` of expert `expert`'s slice of a fused experts parameter, the parts concatenated along the
+    slice's first dim (`gate_up_proj[e]` = cat(`experts.{e}.gate_proj.weight`, `experts.{e}.up_proj.weight`))."""
+
+    file: Path
+    key: str
+    expert: int | None = None
+    part: int = 0
+
+
+def checkpoint_sources(model_cfg: ModelConfig, path: str | Path, files: dict[str, Path]) -> dict[str, list[Piece]]:
+    """The model's parameter name -> the checkpoint tensors (of `files`: name -> file) that transformers loads
+    into it: one whole tensor, or for a fused experts parameter every expert's tensors.
 
     transformers renames keys on load (its conversion mapping: Qwen2-VL and Qwen2.5-VL checkpoints keep the
     names from before their models were split into a language model and a vision tower, `model.layers.*` and
     `visual.*`, which load as `model.language_model.layers.*` and `model.visual.*`). The same renaming is applied
     here, computed on the model class `from_pretrained` uses (`model_class`, built on the meta device); a role's
-    own model shares those names (a critic's backbone is that model's `model`). Keys that transformers would
-    convert, not only rename (split or merged tensors), are left out: their rows are not the file's rows. The
-    renaming functions are transformers 5's loading internals (pinned to 5.16-5.19 in pyproject.toml)."""
+    own model shares those names (a critic's backbone is that model's `model`). Of the keys transformers converts,
+    not only renames, the per-expert tensors it stacks along a new expert dim (and concatenates along dim 1:
+    `_stacks_experts`, the qwen2_moe mapping that Qwen3-MoE and others share) map to their expert's slice; other
+    converted keys are left out (their rows are not the file's rows). A checkpoint that holds some of a fused
+    parameter's expert tensors but not all is an error naming the missing ones. The renaming functions are
+    transformers 5's loading internals (pinned to 5.16-5.19 in pyproject.toml)."""
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
     model = empty_model(model_cfg, config)
     transforms = get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    stackers = [c for c in converters if _stacks_experts(c)]
     meta = model.state_dict()
-    out = {}
-    for key in keys:
-        name, converted = rename_source_key(key, renamings, converters, model.base_model_prefix, meta)
-        if converted is None:
-            out[name] = key
-    return out
+    whole: dict[str, list[Piece]] = {}
+    experts: dict[str, list[Piece]] = {}
+    patterns: dict[str, list[str]] = {}  # a fused parameter -> its converter's source patterns, in part order
+    for key, file in files.items():
+        name, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, meta)
+        if pattern is None:
+            whole[name] = [Piece(file, key)]
+            continue
+        converter = next((c for c in stackers if pattern in c.source_patterns), None)
+        found = _expert_pattern(pattern).search(key)
+        if converter is None or found is None or name not in meta:
+            continue
+        patterns[name] = converter.source_patterns
+        part = converter.source_patterns.index(pattern)
+        experts.setdefault(name, []).append(Piece(file, key, int(found.group(2)), part))
+    for name, pieces in experts.items():
+        _check_experts(name, pieces, meta[name].shape[0], patterns[name])
+    return experts | whole
+
+
+def _stacks_experts(converter: WeightConverter) -> bool:
+    """`converter` stacks per-expert tensors along a new dim 0 (`MergeModulelist(dim=0)`), then, for several
+    source patterns, concatenates the stacks along dim 1 (`Concatenate(dim=1)`): transformers' qwen2_moe
+    mapping, so expert e's slice of the parameter is its tensors concatenated in source-pattern order."""
+    ops = converter.operations
+    stacks = type(ops[0]) is MergeModulelist and ops[0].dim == 0
+    if len(ops) == 1:
+        return stacks and len(converter.source_patterns) == 1
+    return stacks and len(ops) == 2 and type(ops[1]) is Concatenate and ops[1].dim == 1
+
+
+def _expert_pattern(pattern: str) -> re.Pattern[str]:
+    """A converter's source pattern (`mlp.experts.*.gate_proj.weight`) as a regex for a whole key: group 1 the
+    key's prefix (`model.layers.0.`, or None), group 2 the expert."""
+    return re.compile(r"^(.*\.)?" + re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
+
+
+def _check_experts(name: str, pieces: list[Piece], experts: int, patterns: list[str]) -> None:
+    """Every expert's tensor of every source pattern is present, and no expert beyond the model's `experts`."""
+    have = {(p.expert, p.part) for p in pieces}
+    beyond = sorted(p.key for p in pieces if p.expert is not None and p.expert >= experts)
+    if beyond:
+        raise ValueError(f"{name}: the checkpoint has experts beyond the model's {experts}: {', '.join(beyond[:3])}")
+    sample = pieces[0]
+    found = _expert_pattern(patterns[sample.part]).search(sample.key)
+    assert found is not None  # it matched when the piece was made
+    prefix = found.group(1) or ""
+    absent = [
+        prefix + p.replace("*", str(e)) for e in range(experts) for j, p in enumerate(patterns) if (e, j) not in have
+    ]
+    if absent:
+        raise ValueError(
+            f"{name}: the checkpoint lacks {len(absent)} of its expert tensors ({', '.join(absent[:3])}"
+            f"{' ...' if len(absent) > 3 else ''}); every expert's {' and '.join(patterns)} must be there"
+        )
 
 
 def fsdp_model(
@@ -99,8 +176,7 @@ def fsdp_model(
     if model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
         model = build(True)
         files = checkpoint_files(path or model_cfg.path)
-        names = checkpoint_names(model_cfg, path or model_cfg.path, list(files))
-        sources = {name: (files[key], key) for name, key in names.items()}
+        sources = checkpoint_sources(model_cfg, path or model_cfg.path, files)
         missing = sorted(n for n, _ in model.named_parameters() if n not in sources and n not in fresh)
         if not missing:
             apply_fsdp(model, mesh, fsdp, frozen=frozen)
@@ -161,6 +237,8 @@ class SafetensorsFile:
         """Rows start:stop of tensor `name` (dim 0; the whole tensor for a scalar) into `out`, cast to its dtype."""
         info = self.header[name]
         dtype, shape = SAFETENSORS_DTYPES[info["dtype"]], info["shape"]
+        if list(out.shape) != ([stop - start, *shape[1:]] if shape else []):
+            raise ValueError(f"{self.path}: rows {start}:{stop} of {name} {shape} do not fit {tuple(out.shape)}")
         row_bytes = math.prod(shape[1:]) * dtype.itemsize if shape else dtype.itemsize
         first = self.data_start + info["data_offsets"][0] + start * row_bytes
         direct = out.dtype == dtype and out.device.type == "cpu" and out.is_contiguous()
@@ -178,10 +256,16 @@ class SafetensorsFile:
 
 
 @torch.no_grad()
-def _fill(model: torch.nn.Module, sources: dict[str, tuple[Path, str]], fresh: dict[str, float]) -> None:
-    """Each parameter's local rows from its (file, tensor name) (only those bytes are read), or a fresh normal
-    init."""
+def _fill(model: torch.nn.Module, sources: dict[str, list[Piece]], fresh: dict[str, float]) -> None:
+    """Each parameter's local rows from its checkpoint pieces (only those bytes are read: of a fused experts
+    parameter, only the tensors of this rank's experts), or a fresh normal init."""
     handles: dict[Path, SafetensorsFile] = {}
+
+    def handle(file: Path) -> SafetensorsFile:
+        if file not in handles:
+            handles[file] = SafetensorsFile(file)
+        return handles[file]
+
     try:
         for name, param in model.named_parameters():
             local = param.to_local() if isinstance(param, DTensor) else param.data
@@ -199,11 +283,31 @@ def _fill(model: torch.nn.Module, sources: dict[str, tuple[Path, str]], fresh: d
                 continue
             if any(n != full_n for n, full_n in zip(shape[1:], param.shape[1:], strict=True)):
                 raise NotImplementedError(f"{name}: shards of FSDP2 split dim 0 only, got {shape} of {param.shape}")
-            file, key = sources[name]
-            if file not in handles:
-                handles[file] = SafetensorsFile(file)
-            rows = (offset[0], offset[0] + shape[0]) if param.dim() else (0, 1)
-            handles[file].read_rows(key, *rows, local)
+            pieces = sources[name]
+            if pieces[0].expert is None:
+                rows = (offset[0], offset[0] + shape[0]) if param.dim() else (0, 1)
+                handle(pieces[0].file).read_rows(pieces[0].key, *rows, local)
+            else:
+                _fill_experts(name, local, offset[0], pieces, handle)
     finally:
         for h in handles.values():
             h.close()
+
+
+def _fill_experts(
+    name: str, local: torch.Tensor, first: int, pieces: list[Piece], handle: Callable[[Path], SafetensorsFile]
+) -> None:
+    """Experts first:first + len(local) of fused parameter `name`: each expert's slice from its pieces, stacked
+    in part order along the slice's first dim."""
+    filled = [0] * len(local)  # rows of each local expert's slice read so far
+    for piece in sorted(pieces, key=lambda p: (p.expert, p.part)):
+        assert piece.expert is not None  # a fused parameter's pieces are all per expert (checkpoint_sources)
+        i = piece.expert - first
+        if not 0 <= i < len(local):
+            continue
+        f = handle(piece.file)
+        rows = f.header[piece.key]["shape"][0]
+        f.read_rows(piece.key, 0, rows, local[i, filled[i] : filled[i] + rows])
+        filled[i] += rows
+    if any(n != local.shape[1] for n in filled):
+        raise ValueError(f"{name}: its experts' tensors fill {filled} of {local.shape[1]} rows of each expert's slice")
