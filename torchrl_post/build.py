@@ -19,8 +19,10 @@ from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.rollout.engines import build_engine
-from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
-from torchrl_post.rollout.source import EngineSource, SourceSettings
+from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer, StreamingServer
+from torchrl_post.rollout.source import EngineSource, RolloutSource, SourceSettings
+from torchrl_post.rollout.streaming import GroupStream, StreamingSource, StreamSettings
 from torchrl_post.run import Run
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
@@ -76,7 +78,11 @@ def build_trainer(run: Run) -> Trainer:
     keep: Keep | None = is_adapter if plan.lora_sync == "adapter" else None
     if plan.disaggregated:
         rejection = cfg.algorithm.rejection_sample.enable
-        rollouts = RemoteRollouts(rollout_transfer(run), run.sampler(0, 1), timer, rejection, run.pad_id)
+        streamed = plan.streaming is not None
+        sampler = run.sampler(0, 1)
+        rollouts = RemoteRollouts(
+            rollout_transfer(run), sampler, timer, rejection, run.pad_id, streamed, plan.group_size
+        )
         dtype = getattr(torch, plan.engine.dtype)
         weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
         roles = StepRoles(actor, rollouts, weights, critic, reference)
@@ -84,10 +90,11 @@ def build_trainer(run: Run) -> Trainer:
         dp = len(plan.actor_ranks)
         sampler = run.sampler(plan.actor_ranks.index(run.env.rank), dp)
         source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
+        local: RolloutSource = source if plan.streaming is None else StreamingSource(source, group_stream(run, source))
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
-        roles = StepRoles(actor, source, sync, critic, reference)
+        roles = StepRoles(actor, local, sync, critic, reference)
     info = RankInfo(
         run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
     )
@@ -101,15 +108,18 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     source = engine_source(run, sampler, timer)
     dtype = getattr(torch, plan.engine.dtype)
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
-    return RolloutServer(
-        source,
-        sync,
-        transfer,
-        timer,
-        rank=run.env.rank,
-        lag=plan.max_off_policy_steps,
-        total_steps=run.total_steps,
-    )
+    steps = {"rank": run.env.rank, "lag": plan.max_off_policy_steps, "total_steps": run.total_steps}
+    if plan.streaming is not None:
+        return StreamingServer(source, group_stream(run, source), sync, transfer, timer, **steps)
+    return RolloutServer(source, sync, transfer, timer, **steps)
+
+
+def group_stream(run: Run, source: EngineSource) -> GroupStream:
+    """rollout.partial_rollout: this engine's streamed groups (rollout/streaming.py)."""
+    plan = run.plan.streaming
+    assert plan is not None
+    stream = InflightStream(source.engine, recompute=plan.recompute)  # type: ignore[arg-type]
+    return GroupStream(source, stream, StreamSettings(plan.per_engine, plan.max_staleness))
 
 
 def rollout_transfer(run: Run) -> RolloutTransfer:

@@ -88,6 +88,8 @@ class RunPlan:
     masked_reasons: tuple[str, ...]
     """Termination reasons whose samples compact filtering masks (none unless it is on)."""
     max_off_policy_steps: int
+    streaming: Streaming | None
+    """rollout.partial_rollout: groups streamed with partial rollouts (rollout/streaming.py); None: whole batches."""
     total_epochs: int
     total_training_steps: int | None
     engine: EngineSpec
@@ -171,6 +173,8 @@ class RunPlan:
             f"  off-policy look-ahead: trainer.max_off_policy_steps={self.max_off_policy_steps}"
             + (" (on-policy)" if not self.max_off_policy_steps else "")
         )
+        if self.streaming is not None:
+            lines.append(f"  {self.streaming.describe()}")
         if self.disaggregated:
             lines.append(
                 f"  batch transfer: whole prompt groups ({self.group_size} samples) from {self.engines} engine(s) "
@@ -195,6 +199,36 @@ class RunPlan:
         numbers = self.batch_numbers() | {"micro_batch_per_rank": self.micro_batch_samples}
         lines += [f"  {k}: {v}" for k, v in numbers.items()]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """rollout.partial_rollout resolved."""
+
+    prompts_in_flight: int
+    """Over all engines (rollout.prompts_in_flight; null: max(max_off_policy_steps + 1, 2) x the batch)."""
+    per_engine: int
+    recompute: bool
+    """Requests in flight are re-prefilled at an update (rollout.inflight_update=recompute; always colocated)."""
+    max_staleness: int | None
+
+    def describe(self) -> str:
+        kv = "re-prefilled under the new weights" if self.recompute else "continue with their KV cache"
+        bound = "no bound" if self.max_staleness is None else f"groups older than {self.max_staleness} dropped"
+        return (
+            f"partial rollouts: {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine); at an "
+            f"update the requests in flight {kv}; staleness: {bound}"
+        )
+
+
+def streaming(cfg: Config, engines: int, colocated: bool) -> Streaming | None:
+    r = cfg.rollout
+    if not r.partial_rollout:
+        return None
+    total = r.prompts_in_flight or max(cfg.trainer.max_off_policy_steps + 1, 2) * cfg.data.train_batch_size
+    return Streaming(
+        total, -(-total // engines), colocated or r.inflight_update == "recompute", cfg.trainer.max_staleness
+    )
 
 
 def needs_critic(cfg: Config) -> bool:
@@ -300,6 +334,13 @@ def ignored_keys(cfg: Config) -> list[str]:
             f"reward.function={cfg.reward.function!r} ignored: agent episodes are scored by their environment "
             "(agent.env)"
         )
+    streamed = (
+        ("rollout.prompts_in_flight", cfg.rollout.prompts_in_flight),
+        ("trainer.max_staleness", cfg.trainer.max_staleness),
+    )
+    for key, value in streamed:
+        if value is not None and not cfg.rollout.partial_rollout:
+            notes.append(f"{key}={value} ignored: it shapes rollout.partial_rollout=true (whole batches here)")
     for role, r in (("actor", cfg.actor), ("critic", cfg.critic)):
         for key, default in (("min_lr_ratio", 0.0), ("num_cycles", 0.5)):
             if r.lr_scheduler_type == "constant" and getattr(r, key) != default:
@@ -316,11 +357,11 @@ def ignored_keys(cfg: Config) -> list[str]:
 
 def rollout_correction(cfg: Config) -> RolloutCorrection:
     """algorithm.rollout_correction.* resolved: rollout_is=auto is token with an off-policy look-ahead
-    (trainer.max_off_policy_steps > 0) and null otherwise; the rejection band's null ends as verl reads them."""
+    (trainer.max_off_policy_steps > 0) or with partial rollouts, and null otherwise; the rejection band's null ends as verl reads them."""
     rc = cfg.algorithm.rollout_correction
     level = rc.rollout_is
     if level == "auto":
-        level = "token" if cfg.trainer.max_off_policy_steps > 0 else None
+        level = "token" if cfg.trainer.max_off_policy_steps > 0 or cfg.rollout.partial_rollout else None
     low, high = rs_band(rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower, rc.rollout_is_threshold)
     return RolloutCorrection(level, rc.rollout_is_threshold, rc.rollout_rs, high, low, rc.rollout_token_veto_threshold)
 
@@ -379,6 +420,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         rollout_correction=correction,
         masked_reasons=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
         max_off_policy_steps=cfg.trainer.max_off_policy_steps,
+        streaming=streaming(cfg, engines, placement.colocated["rollout"]),
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
         engine=engine,

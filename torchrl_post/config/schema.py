@@ -175,6 +175,25 @@ class RolloutConfig:
     enable_return_routed_experts): actor.router_replay needs them, and rollout/router_mismatch compares them with
     the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]. Not for agent
     episodes yet (their turns run step by step)."""
+    partial_rollout: bool = False
+    """Streaming generation with partial rollouts (verl's async_training.partial_rollout): the engine keeps
+    rollout.prompts_in_flight prompts generating, a step takes the first data.train_batch_size groups that
+    complete, and the unfinished requests carry on into later steps across weight updates (rollout.inflight_update
+    says what happens to their KV cache). Every token keeps the policy version that sampled it and its logprob (the
+    behaviour policy the rollout correction weighs against); trainer.max_staleness bounds how old a group may be.
+    With trainer.max_off_policy_steps=k the rollout ranks fill k batches ahead while the actor trains. Colocated,
+    the unfinished requests survive each update: re-prefilled under the new weights when the engine generates
+    again. The points where weights change are counted in engine steps, so runs and resumes are exact."""
+    prompts_in_flight: int | None = None
+    """rollout.partial_rollout: prompts (groups of rollout.n) generating or completed and not yet trained, over
+    all engines; null: max(trainer.max_off_policy_steps + 1, 2) x data.train_batch_size. More than a batch lets a step
+    take the groups that finish first while the long ones keep generating."""
+    inflight_update: str = "keep"
+    """rollout.partial_rollout on rollout ranks of their own: what a weight update does to the requests in flight.
+    keep: they continue with their KV cache (keys and values of earlier tokens from the old weights; nothing is
+    repeated); recompute: they are re-added with their tokens so far as prompt, so the new weights prefill them
+    (one prefill per request and update; every later token is exactly the new policy's). Colocated engines always
+    recompute (their KV cache is freed for the update)."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a
@@ -509,6 +528,10 @@ class TrainerConfig:
     max_off_policy_steps: int = 0
     """0: on-policy. k > 0 (rollout on ranks of its own): the rollout generates the batch of step i + k while the
     actor updates step i, with the weights of update i - 1 (rollout/staleness <= k)."""
+    max_staleness: int | None = None
+    """Most policy versions a trained group may lag the trained policy (its oldest token's version): older groups
+    are dropped before the step takes them (rollout/stale_dropped_groups) and the engine stops generating those
+    that can no longer make it. null: no bound. SkyRL's fully_async.max_staleness_steps, TRL's max_staleness."""
     world_size: int | None = None
     """Ranks to plan for: null takes torchrun's WORLD_SIZE; set it to check a placement with a dry run from
     plain python (under torchrun it must equal the launched world)."""

@@ -119,6 +119,39 @@ def _mixture_of_experts(cfg: Config) -> None:
         )
 
 
+def _partial_rollout(cfg: Config) -> None:
+    """rollout.partial_rollout's keys, and what the streamed rollout does not serve yet (one line each)."""
+    r, t = cfg.rollout, cfg.trainer
+    _one_of("rollout.inflight_update", r.inflight_update, ("keep", "recompute"))
+    if t.max_staleness is not None:
+        _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)
+    if not r.partial_rollout:
+        return
+    key = "rollout.partial_rollout=true"
+    if r.prompts_in_flight is not None and r.prompts_in_flight < cfg.data.train_batch_size:
+        raise ConfigError(
+            f"rollout.prompts_in_flight={r.prompts_in_flight} is less than a step's data.train_batch_size="
+            f"{cfg.data.train_batch_size}: keep at least a batch in flight (null: "
+            f"{max(t.max_off_policy_steps + 1, 2)} x the batch)"
+        )
+    if t.max_staleness is not None and t.max_staleness < t.max_off_policy_steps:
+        raise ConfigError(
+            f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
+            f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
+            f"set it to {t.max_off_policy_steps} or more (or null)"
+        )
+    refusals = (
+        (r.tensor_parallel_size > 1, "a tensor-parallel engine is not streamed yet; set rollout.tensor_parallel_size=1"),
+        (cfg.agent.env is not None, "agent episodes are not streamed across updates yet; set it to false"),
+        (cfg.algorithm.rejection_sample.enable, "rejection sampling is not streamed yet; set it to false or "
+         "set algorithm.rejection_sample.enable=false"),
+        (cfg.actor.router_replay, "the streamed engine steps record no routed experts; set actor.router_replay=false"),
+    )  # fmt: skip
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"{key}: {why}")
+
+
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
@@ -153,6 +186,7 @@ def validate(cfg: Config) -> None:
     _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
     _rollout_correction(cfg)
     _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps, allow_zero=True)
+    _partial_rollout(cfg)
     _one_of("rollout.dtype", cfg.rollout.dtype, ("auto", *DTYPES))
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
     _positive("actor.lr", cfg.actor.lr)

@@ -116,11 +116,21 @@ class GroupRow(NamedTuple):
     """... extra generation rounds, ..."""
     short: int = 0
     """... and dropped groups that filled the batch at weight 0 (the same on every row of one engine)."""
+    partial: int = 0
+    """Its samples whose tokens came from more than one policy version (rollout.partial_rollout)."""
+    stale_dropped: int = 0
+    """Groups its engine dropped for trainer.max_staleness since the last step (the same on every row of one
+    engine, as are the next two)."""
+    wait_ms: int = 0
+    """How long its rank was blocked in the last step's exchanges (the weight broadcast and this handover)."""
+    in_flight: int = 0
+    """Requests its engine had generating when the step took its groups (rollout.partial_rollout)."""
 
 
-ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS, ROW_DROPPED, ROW_ROUNDS, ROW_SHORT = range(
-    len(GroupRow._fields)
-)
+(
+    ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, ROW_GEN_MS, ROW_DROPPED, ROW_ROUNDS, ROW_SHORT, ROW_PARTIAL,
+    ROW_STALE_DROPPED, ROW_WAIT_MS, ROW_IN_FLIGHT,
+) = range(len(GroupRow._fields))  # fmt: skip
 
 
 def group_rows(rows: Sequence[tuple[int, ...]]) -> torch.Tensor:

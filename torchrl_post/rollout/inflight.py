@@ -27,7 +27,7 @@ What an update does to the requests in flight (`recompute`):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -68,6 +68,26 @@ class InflightSample:
         return len(set(self.versions))
 
 
+def sample_state(s: InflightSample) -> dict[str, Any]:
+    """A sample as plain values (what `torch.load(weights_only=True)` reads back)."""
+    state = {k: getattr(s, k) for k in ("request_id", "prompt_ids", "uid", "tokens", "logprobs", "versions")}
+    return state | {"params": asdict(s.params), "finish_reason": s.finish_reason, "restarts": s.restarts}
+
+
+def sample_from_state(state: dict[str, Any]) -> InflightSample:
+    return InflightSample(
+        state["request_id"],
+        list(state["prompt_ids"]),
+        int(state["uid"]),
+        SamplingParams(**state["params"]),
+        list(state["tokens"]),
+        list(state["logprobs"]),
+        list(state["versions"]),
+        state["finish_reason"],
+        int(state["restarts"]),
+    )
+
+
 def restart_seed_uid(uid: int, generated: int) -> int:
     """The seed uid of a request re-added after `generated` tokens: its own stream of draws, the same in every
     run that updates at the same engine step."""
@@ -84,6 +104,8 @@ class InflightStream:
         """Tokens a re-added request had before it was re-added (the engine counts from its new start)."""
         self.engine_steps = 0
         self.updates = 0
+        self.suspended = False
+        """The live requests are out of the engine (`suspend`) until `resume`."""
 
     @property
     def running(self) -> bool:
@@ -94,11 +116,13 @@ class InflightStream:
             raise ValueError(f"request {request_id!r} is already in flight")
         self.live[request_id] = InflightSample(request_id, list(prompt_ids), uid, replace(params, n=1))
         self._offset[request_id] = 0
-        self.engine.add_request(request_id, list(prompt_ids), replace(params, n=1), uid)
+        if not self.suspended:
+            self.engine.add_request(request_id, list(prompt_ids), replace(params, n=1), uid)
 
     def step(self) -> list[InflightSample]:
         """One engine step: the tokens each running request gained carry the current version; returns the
         requests that finished."""
+        self.resume()
         self.engine_steps += 1
         finished = []
         for rid, ids, lps, reason in self.engine.step():
@@ -119,21 +143,59 @@ class InflightStream:
 
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights at this engine-step boundary; the running requests continue under `version`."""
-        restart = list(self.live.values()) if self.recompute else []
-        if restart:
-            self.engine.abort([s.request_id for s in restart])  # frees their KV blocks before the reload
+        if self.recompute:
+            self.suspend()  # frees their KV blocks before the reload
         self.engine.load_weights(weights)
         self.version, self.updates = version, self.updates + 1
-        for s in restart:
-            left = s.params.max_tokens - len(s.tokens)
-            if left <= 0:  # cannot happen: a request at its budget finished in the step that reached it
-                continue
-            s.restarts += 1
+        self.resume()
+
+    def drop(self, request_ids: list[str]) -> None:
+        """Stop these requests for good (their samples are not wanted any more)."""
+        gone = [rid for rid in request_ids if self.live.pop(rid, None) is not None]
+        for rid in gone:
+            self._offset.pop(rid)
+        if gone and not self.suspended:
+            self.engine.abort(gone)
+        self.suspended = self.suspended and bool(self.live)
+
+    def suspend(self) -> None:
+        """Abort every running request, keeping what it generated (the engine is about to sleep, or to serve
+        something else: a validation); `resume` adds them again."""
+        if self.live and not self.suspended:
+            self.engine.abort(list(self.live))
+        self.suspended = bool(self.live)
+
+    def resume(self) -> None:
+        """Add the suspended requests again, in the order they were first added, each with its tokens so far
+        appended to its prompt: the engine prefills them with its current weights and they go on from there."""
+        if not self.suspended:
+            return
+        self.suspended = False
+        for s in self.live.values():
+            self._readd(s)
+
+    def _readd(self, s: InflightSample) -> None:
+        left = s.params.max_tokens - len(s.tokens)
+        assert left > 0, "a request at its budget finished in the step that reached it"
+        self._offset[s.request_id] = len(s.tokens)
+        # A request that has no tokens yet starts as it first would; one with tokens draws from a seed of its own.
+        uid = restart_seed_uid(s.uid, len(s.tokens)) if s.tokens else s.uid
+        s.restarts += bool(s.tokens)
+        self.engine.add_request(s.request_id, s.prompt_ids + s.tokens, replace(s.params, max_tokens=left), uid)
+
+    # ---- checkpoints: the requests in flight as plain values ------------------------------------------
+    def export(self) -> list[dict[str, Any]]:
+        """Every request in flight, as plain values (a checkpoint's); `adopt` takes them back, suspended."""
+        return [sample_state(s) for s in self.live.values()]
+
+    def adopt(self, states: list[dict[str, Any]], version: int) -> None:
+        """Requests exported by `export`, held suspended (`resume` adds them to the engine) under `version`."""
+        self.version = version
+        for state in states:
+            s = sample_from_state(state)
+            self.live[s.request_id] = s
             self._offset[s.request_id] = len(s.tokens)
-            params = replace(s.params, max_tokens=left)
-            self.engine.add_request(
-                s.request_id, s.prompt_ids + s.tokens, params, restart_seed_uid(s.uid, len(s.tokens))
-            )
+        self.suspended = bool(self.live)
 
     def run(self, until: Any = None) -> list[InflightSample]:
         """Step until every request finished; `until(stream)` is asked after each engine step and may call

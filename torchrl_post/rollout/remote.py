@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,14 @@ from torchrl_post.distributed.env import RawGroup
 from torchrl_post.distributed.transfer import (
     ROW_DROPPED,
     ROW_GEN_MS,
+    ROW_IN_FLIGHT,
     ROW_OWNER,
+    ROW_PARTIAL,
     ROW_ROUNDS,
     ROW_SHORT,
+    ROW_STALE_DROPPED,
     ROW_VERSION,
+    ROW_WAIT_MS,
     GroupRow,
     all_gather_rows,
     group_rows,
@@ -33,6 +38,7 @@ from torchrl_post.distributed.transfer import (
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
 from torchrl_post.rollout.source import EngineSource
+from torchrl_post.rollout.streaming import STALENESS_BINS, GroupStream, staleness_bin
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 
@@ -64,22 +70,29 @@ class RemoteRollouts:
     """The actor side of rollout ranks: step k's batch arrives scored, as whole prompt groups."""
 
     def __init__(
-        self, transfer: RolloutTransfer, sampler: ShardedBatchSampler, timer: Timer, rejection: bool, pad_id: int
+        self,
+        transfer: RolloutTransfer,
+        sampler: ShardedBatchSampler,
+        timer: Timer,
+        rejection: bool,
+        pad_id: int,
+        streaming: bool = False,
+        group_size: int = 1,
     ) -> None:
         """`sampler` draws the whole batch: it keeps the data position (epoch, checkpoint), no prompts;
-        `rejection`: the engines count what rejection sampling dropped."""
+        `rejection`: the engines count what rejection sampling dropped; `streaming`: the engines stream groups
+        with partial rollouts (rollout.partial_rollout), each drawing its own prompts."""
         self.transfer, self.sampler, self.timer = transfer, sampler, timer
-        self.rejection, self.pad_id = rejection, pad_id
+        self.rejection, self.pad_id, self.streaming = rejection, pad_id, streaming
+        self.group_size = group_size
         self._metrics: dict[str, float] = {}
 
     def next_batch(self, step: int) -> Batch:
-        self.sampler.next_batch()
+        if not self.streaming:  # streaming engines draw prompts as they need them: their samplers hold the position
+            self.sampler.next_batch()
         with self.timer("gen"):  # the wait for the rollout ranks
             table, parts = self.transfer({}, group_rows([]))
-        self._metrics = {
-            "rollout/staleness": float((step - 1) - table[:, ROW_VERSION].min().item()),
-            "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
-        }
+        self._metrics = rollout_table_metrics(table, step, self.streaming, self.group_size)
         if self.rejection:  # each engine's counts sit on all of its rows
             engines = {int(row[ROW_OWNER]): row for row in table}
             for name, col in (
@@ -112,6 +125,27 @@ class RemoteRollouts:
         pass
 
 
+def rollout_table_metrics(table: torch.Tensor, step: int, streaming: bool, group_size: int) -> dict[str, float]:
+    """The step's rollout metrics from the engines' group rows: staleness (the oldest group's, the mean and a
+    histogram by group), the slowest engine's time, the longest wait of a rollout rank in the last step's
+    exchanges; with streaming, partial samples, stale drops and the requests in flight."""
+    staleness = (step - 1) - table[:, ROW_VERSION]
+    engines = {int(row[ROW_OWNER]): row for row in table}  # per-engine counts sit on each of its rows
+    out = {
+        "rollout/staleness": float(staleness.max().item()),
+        "rollout/staleness_mean": float(staleness.double().mean().item()),
+        "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
+        "timing_s/rollout_wait": max(int(r[ROW_WAIT_MS]) for r in engines.values()) / 1000,
+    }
+    bins = [staleness_bin(int(s)) for s in staleness.tolist()]
+    out |= {f"rollout/staleness_groups/{b}": float(bins.count(b)) for b in STALENESS_BINS}
+    if streaming:
+        out["rollout/partial_samples"] = float(table[:, ROW_PARTIAL].sum().item()) / (len(table) * group_size)
+        out["rollout/stale_dropped_groups"] = float(sum(int(r[ROW_STALE_DROPPED]) for r in engines.values()))
+        out["rollout/in_flight"] = float(sum(int(r[ROW_IN_FLIGHT]) for r in engines.values()))
+    return out
+
+
 Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, Any]]
 """A batch generated ahead: (step, group -> wire batch, its group rows, the source's state after making it)."""
 
@@ -142,6 +176,8 @@ class RolloutServer:
         self.ahead: deque[Ahead] = deque()
         self.version = 0
         self.sent_state: dict[str, Any] = self.source.state_dict()
+        self.waited = 0.0
+        """Seconds this rank spent blocked in the last step's exchanges (reported with the next step's rows)."""
 
     def step(self, step: int) -> dict[str, float]:
         total = self.total_steps
@@ -151,13 +187,23 @@ class RolloutServer:
             nxt += 1
         got, items, rows, source_state = self.ahead.popleft()
         assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
-        self.transfer(items, rows)
+        waited = self._hand_over(items, rows)
         self.sent_state = source_state
         if self.lag and step + self.lag <= total:
             self._generate_ahead(step + self.lag)  # overlaps the actor's update of `step`
+        t = time.perf_counter()
         self.sync.receive(self.source.engine)
+        self.waited = waited + time.perf_counter() - t
         self.version = step
         return {}
+
+    def _hand_over(self, items: dict[int, Any], rows: torch.Tensor) -> float:
+        """The step's groups to the actor ranks, with the last step's wait; returns the seconds it took."""
+        rows = rows.clone()
+        rows[:, ROW_WAIT_MS] = int(self.waited * 1000)
+        t = time.perf_counter()
+        self.transfer(items, rows)
+        return time.perf_counter() - t
 
     def _generate_ahead(self, step: int) -> None:
         """Draw this engine's share of batch `step`, generate and score it, queue its groups."""
@@ -204,3 +250,67 @@ class RolloutServer:
 
     def shutdown(self) -> None:
         self.source.shutdown()
+
+
+class StreamingServer(RolloutServer):
+    """Rank program of rollout-only ranks with rollout.partial_rollout: the engine streams groups (`GroupStream`).
+
+    Step k hands over the first complete groups of this engine's share (within trainer.max_staleness), fills
+    trainer.max_off_policy_steps batches ahead while the actor trains (the requests that do not finish in time carry
+    on), then takes update k between two engine steps: the requests in flight continue under it, their KV cache kept
+    or recomputed (rollout.inflight_update). The update comes after a counted amount of generation, never on
+    arrival, so a run is reproducible and resumes exactly.
+    """
+
+    def __init__(
+        self,
+        source: EngineSource,
+        groups: GroupStream,
+        sync: BroadcastSync,
+        transfer: RolloutTransfer,
+        timer: Timer,
+        *,
+        rank: int,
+        lag: int,
+        total_steps: int,
+    ) -> None:
+        super().__init__(source, sync, transfer, timer, rank=rank, lag=lag, total_steps=total_steps)
+        self.groups = groups
+
+    def step(self, step: int) -> dict[str, float]:
+        taken = self.groups.take(step)
+        items: dict[int, dict[str, torch.Tensor]] = {}
+        rows = []
+        for done in taken.groups:
+            g = int(done.batch.group_ids[0])
+            items[g] = done.batch.to_wire()
+            rows.append(
+                GroupRow(
+                    g, self.rank, int(done.batch.attention_mask.sum()), done.oldest, int(taken.engine_seconds * 1000),
+                    partial=done.partial, stale_dropped=taken.stale_dropped, in_flight=taken.in_flight,
+                )
+            )  # fmt: skip
+        waited = self._hand_over(items, group_rows(rows))
+        # Overlaps the actor's update of `step`; also after the last step, so that the state a checkpoint keeps does
+        # not depend on trainer.total_training_steps (a run extended from its last checkpoint goes on exactly).
+        if self.lag:
+            self.groups.fill(self.lag, step + 1)
+        t = time.perf_counter()
+        self.groups.update(self.sync.received(), version=step)
+        self.waited = waited + time.perf_counter() - t
+        self.version = step
+        return {}
+
+    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        self.groups.suspend()  # the engine's batch generation would run the requests in flight to their end
+        return self.source.validation_totals(data, sources)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"groups": self.groups.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.groups.load_state_dict(state["groups"])
+        self.version = int(state["version"])
+
+    def after_resume(self) -> None:
+        self.groups.update(self.sync.received(), version=self.version)

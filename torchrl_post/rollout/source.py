@@ -76,8 +76,10 @@ class RolloutSource(Protocol):
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor: ...
 
-    val_samples: list[dict[str, Any]]
-    """The last validation's first samples (trainer.log_val_generations), on the rank that kept them."""
+    @property
+    def val_samples(self) -> list[dict[str, Any]]:
+        """The last validation's first samples (trainer.log_val_generations), on the rank that kept them."""
+        ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
