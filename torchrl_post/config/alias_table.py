@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["rename", "same", "noop", "refused", "combined"]
-SOURCES = ("verl", "rLLM", "ROLL", "TRL")
+SOURCES = ("verl", "rLLM", "ROLL", "TRL", "SkyRL")
 
 
 class Refused(Exception):
@@ -208,7 +208,7 @@ _FALSE = _is(None, False)
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
-V, L, R, T = "verl", "rLLM", "ROLL", "TRL"
+V, L, R, T, S = "verl", "rLLM", "ROLL", "TRL", "SkyRL"
 A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
 RO = "actor_rollout_ref.rollout"
@@ -332,7 +332,15 @@ ALIASES: tuple[Alias, ...] = (
         "async_training.staleness_threshold",
         "0 is on-policy, as here by default",
         _ZERO,
-        "the look-ahead is counted in whole steps here: trainer.max_off_policy_steps=k (rollout on ranks of its own)",
+        "verl's is a share of stale samples; here staleness is counted in policy versions: "
+        "trainer.max_off_policy_steps=k fills k batches ahead, and with rollout.partial_rollout=true "
+        "trainer.max_staleness=k drops groups more than k versions old",
+    ),
+    _rename(
+        V,
+        "async_training.partial_rollout",
+        "rollout.partial_rollout",
+        "unfinished requests carry on across weight updates, in-process (no pause/resume calls)",
     ),
     # ---- verl: the model --------------------------------------------------------------------------------------------
     _rename(V, f"{M}.path", "model.path", "a local HF directory: nothing is downloaded"),
@@ -732,6 +740,9 @@ ALIASES: tuple[Alias, ...] = (
     _refused(
         T, "reward_funcs", "reward.function=package.module:function (verl's signature) or a built-in by data_source"
     ),
+    _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
+    # ---- SkyRL: asynchronous training ----------------------------------------------------------------------------
+    _rename(S, "trainer.fully_async.max_staleness_steps", "trainer.max_staleness", "in policy versions, as SkyRL's"),
 )
 
 CONCEPTS: tuple[Concept, ...] = (

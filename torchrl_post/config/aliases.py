@@ -205,7 +205,7 @@ def _what(row: Alias) -> str:
 
 def render() -> str:
     lines = [
-        "# Keys from verl, rLLM, ROLL and TRL",
+        "# Keys from verl, rLLM, ROLL, TRL and SkyRL",
         "",
         "Generated from `torchrl_post/config/alias_table.py` by `python -m torchrl_post.config.aliases`; a test keeps",
         "it current. Their keys work on our command line: each is rewritten to ours before the config is composed, and",

@@ -68,6 +68,15 @@ METRICS: dict[str, str] = {
     "where the trainer's router, on its own, picks other experts than the engine recorded (before the update's "
     "first optimizer step; with actor.router_replay the recorded ones are used anyway).",
     "rollout/staleness": "Weight versions between the generating policy and the trained one (0 on-policy).",
+    "rollout/staleness_mean": "Mean over the step's groups of their staleness (a group's: the trained policy's version "
+    "less the oldest version among its tokens).",
+    "rollout/staleness_groups/<s>": "The step's groups at staleness 0, 1, 2, 3 and 4+ (a histogram per step).",
+    "rollout/partial_samples": "rollout.partial_rollout: share of the step's samples whose tokens came from more than "
+    "one policy version (generated across a weight update).",
+    "rollout/stale_dropped_groups": "rollout.partial_rollout: groups dropped since the last step for exceeding "
+    "trainer.max_staleness (complete, or still generating and already too old).",
+    "rollout/in_flight": "rollout.partial_rollout: requests (samples) still generating when the step took its groups, "
+    "over all engines.",
     "rollout_corr/is_weight_mean": "Mean importance weight applied: min(ratio, rollout_is_threshold), the ratio "
     "at the rollout_is level (token or sequence).",
     "rollout_corr/is_clipfrac": "Fraction of tokens whose importance weight hit the cap.",
@@ -101,7 +110,10 @@ METRICS: dict[str, str] = {
     "perf/padding_frac": "Share of the computed token cells that held no token (padding, a packed row's slack).",
     "perf/shared_prompt_frac": "Share of tokens a shared prompt saved (packing with shared prompts).",
     "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, old_log_prob, ref, values, adv, "
-    "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step.",
+    "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
+    "ranks of their own, timing_s/gen is the actor's wait for the batch and timing_s/rollout_wait the longest a "
+    "rollout rank was blocked in the last step's exchanges (the weight broadcast and the batch handover): with "
+    "timing_s/step, the idle share of each side.",
 }
 
 

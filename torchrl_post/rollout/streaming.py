@@ -40,7 +40,7 @@ STALENESS_BINS = ("0", "1", "2", "3", "4+")
 
 
 def staleness_bin(staleness: int) -> str:
-    return STALENESS_BINS[min(staleness, len(STALENESS_BINS) - 1)]
+    return STALENESS_BINS[max(0, min(staleness, len(STALENESS_BINS) - 1))]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import pytest
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
 from torchrl_post.config.schema import Config
+from torchrl_post.plan import plan_run
 
 
 def _config_error(overrides: list[str]) -> str:
@@ -298,3 +299,38 @@ def test_router_replay_aliases() -> None:
     assert load_config(["actor_rollout_ref.actor.router_replay.mode=R3"]).actor.router_replay
     assert load_config(["actor_train.router_replay.mode=R3"]).actor.router_replay
     assert not load_config(["actor_train.router_replay.mode=disable"]).actor.router_replay
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["rollout.inflight_update=drop"], "rollout.inflight_update"),
+        (["trainer.max_staleness=-1"], "trainer.max_staleness"),
+        (["rollout.partial_rollout=true", "data.train_batch_size=8", "rollout.prompts_in_flight=4"],
+         "keep at least a batch in flight"),
+        (["rollout.partial_rollout=true", "trainer.max_off_policy_steps=2", "trainer.max_staleness=1"],
+         "set it to 2 or more"),
+        (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=1"),
+        (["rollout.partial_rollout=true", "algorithm.rejection_sample.enable=true"], "rejection sampling"),
+        (["rollout.partial_rollout=true", "actor.router_replay=true"], "actor.router_replay=false"),
+    ],
+)  # fmt: skip
+def test_partial_rollout_refusals(overrides: list[str], needle: str) -> None:
+    assert needle in _config_error(overrides)
+
+
+def test_partial_rollout_aliases_and_plan() -> None:
+    cfg = load_config(["async_training.partial_rollout=true", "trainer.fully_async.max_staleness_steps=3"])
+    assert cfg.rollout.partial_rollout and cfg.trainer.max_staleness == 3
+    assert load_config(["max_staleness=2"]).trainer.max_staleness == 2  # TRL's name
+    plan = plan_run(load_config(["rollout.partial_rollout=true", "data.train_batch_size=4"]), 2)
+    assert plan.streaming is not None and plan.streaming.prompts_in_flight == 2 * 4  # null: two batches
+    assert plan.streaming.per_engine == 4 and plan.streaming.recompute  # colocated: re-prefilled after the update
+    assert plan.rollout_correction.rollout_is == "token"  # rollout_is=auto corrects streamed (off-policy) tokens
+    assert "partial rollouts: 8 prompts in flight" in plan.describe("cpu", "gloo")
+    own = ["rollout.partial_rollout=true", "data.train_batch_size=4", "placement.actor=[0,1]", "placement.rollout=[2]"]
+    lagged = plan_run(load_config([*own, "trainer.max_off_policy_steps=2"]), 3)
+    assert lagged.streaming is not None and lagged.streaming.prompts_in_flight == 3 * 4
+    assert not lagged.streaming.recompute  # rollout.inflight_update=keep by default
+    notes = plan_run(load_config(["trainer.max_staleness=2"]), 2).notes
+    assert any("trainer.max_staleness=2 ignored" in n for n in notes)

@@ -222,10 +222,10 @@ def _two_engines() -> tuple[torch.Tensor, Items]:
     (version 1, 2.5 s; dropped 1, 2 rounds, 1 short group); this actor rank receives groups 3 and 1."""
     table = group_rows(
         [
-            GroupRow(0, 4, 10, 2, 1500, 3, 1, 0),
-            GroupRow(1, 4, 12, 2, 1500, 3, 1, 0),
-            GroupRow(3, 5, 9, 1, 2500, 1, 2, 1),
-            GroupRow(2, 5, 11, 1, 2500, 1, 2, 1),
+            GroupRow(0, 4, 10, 2, 1500, 3, 1, 0, partial=1, stale_dropped=2, wait_ms=300, in_flight=6),
+            GroupRow(1, 4, 12, 2, 1500, 3, 1, 0, partial=0, stale_dropped=2, wait_ms=300, in_flight=6),
+            GroupRow(3, 5, 9, 1, 2500, 1, 2, 1, partial=2, stale_dropped=1, wait_ms=700, in_flight=4),
+            GroupRow(2, 5, 11, 1, 2500, 1, 2, 1, partial=1, stale_dropped=1, wait_ms=700, in_flight=4),
         ]
     )
     groups = _made(0).split_groups()
@@ -246,7 +246,14 @@ def test_remote_rollouts_batch_staleness_and_rejection_metrics() -> None:
     assert batch.scores is not None and batch.scores.tolist() == [0.0] * 4
     assert rollouts.metrics() == {
         "rollout/staleness": (4 - 1) - 1,  # the oldest version among the step's groups
+        "rollout/staleness_mean": (1 + 1 + 2 + 2) / 4,
+        "rollout/staleness_groups/0": 0,
+        "rollout/staleness_groups/1": 2,
+        "rollout/staleness_groups/2": 2,
+        "rollout/staleness_groups/3": 0,
+        "rollout/staleness_groups/4+": 0,
         "timing_s/gen_engine": 2.5,  # the slowest engine
+        "timing_s/rollout_wait": 0.7,  # the rollout rank that waited longest in the last step's exchanges
         "filter/rejection/dropped_groups": 3 + 1,  # each engine's counts once, not once per row
         "filter/rejection/extra_rounds": 1 + 2,
         "filter/rejection/short_groups": 0 + 1,
@@ -257,8 +264,10 @@ def test_remote_rollouts_batch_staleness_and_rejection_metrics() -> None:
 def test_remote_rollouts_without_rejection_reports_no_filter_counts() -> None:
     table, parts = _two_engines()
     rollouts = _remote(_Table(table, parts), rejection=False)
-    rollouts.next_batch(2)
-    assert rollouts.metrics() == {"rollout/staleness": 0.0, "timing_s/gen_engine": 2.5}
+    rollouts.next_batch(3)
+    metrics = rollouts.metrics()
+    assert not [k for k in metrics if k.startswith("filter/")]
+    assert metrics["rollout/staleness"] == 1.0 and metrics["timing_s/gen_engine"] == 2.5
 
 
 def test_remote_rollouts_state_round_trips_the_data_position() -> None:
@@ -291,3 +300,16 @@ def test_server_and_proxy_together_give_the_documented_staleness(lag: int) -> No
         assert _number({0: batch.to_wire()}) == step - 1  # the source's batches in order
         staleness.append(rollouts.metrics()["rollout/staleness"])
     assert staleness == [float(min(step - 1, lag)) for step in range(1, 6)]
+
+
+def test_streamed_groups_report_partial_samples_stale_drops_and_requests_in_flight() -> None:
+    table, parts = _two_engines()
+    sampler_before = ShardedBatchSampler(8, 4, 0, 1, seed=0).state_dict()
+    rollouts = RemoteRollouts(cast(Any, _Table(table, parts)), ShardedBatchSampler(8, 4, 0, 1, seed=0), Timer(),
+                              False, PAD, streaming=True, group_size=2)  # fmt: skip
+    rollouts.next_batch(4)
+    metrics = rollouts.metrics()
+    assert metrics["rollout/partial_samples"] == (1 + 0 + 2 + 1) / (4 * 2)  # of the step's samples
+    assert metrics["rollout/stale_dropped_groups"] == 2 + 1  # each engine's count once
+    assert metrics["rollout/in_flight"] == 6 + 4
+    assert rollouts.sampler.state_dict() == sampler_before  # streaming engines draw their prompts themselves

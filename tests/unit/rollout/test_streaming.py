@@ -1,0 +1,175 @@
+"""Tests of torchrl_post/rollout/streaming.py (and the stream of rollout/inflight.py under it): groups streamed
+over a stepped stand-in engine whose responses have scripted lengths (a long tail), each token's logprob naming the
+weights that produced it. The real vLLM engine's in-flight update is tests/distributed/test_inflight.py; the
+streamed training runs are tests/e2e/test_streaming.py."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
+from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.logging.timing import Timer
+from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.source import EngineSource
+from torchrl_post.rollout.streaming import GroupStream, StreamSettings
+
+# Response length of each prompt's samples (tokens): most short, q3 long (it spans weight updates).
+LENGTHS = {"q0": 1, "q1": 2, "q2": 1, "q3": 7, "q4": 1, "q5": 3, "q6": 1, "q7": 2}
+PROMPT_CHARS = 2  # "q0" ... "q7"
+
+
+def logprob_of(version: int) -> float:
+    """The stand-in engine's logprob of every token it samples with weights `version`."""
+    return -0.1 * (version + 1)
+
+
+class SteppedEngine:
+    """One token per request and step: "1" as the last token, "x" before it; a re-added request (its tokens so far
+    appended to the prompt) goes on where it stopped. `weights` counts the loads."""
+
+    def __init__(self) -> None:
+        self.weights = 0
+        self.running: dict[str, tuple[list[int], int]] = {}  # id -> (tokens so far in this request, tokens left)
+        self.added: list[tuple[str, int]] = []  # (request id, seed uid)
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+        text = TOK.decode(prompt_ids)
+        done = len(text) - PROMPT_CHARS
+        self.running[request_id] = ([], min(LENGTHS[text[:PROMPT_CHARS]] - done, params.max_tokens))
+        self.added.append((request_id, uid))
+
+    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+        out = []
+        for rid, (ids, left) in list(self.running.items()):
+            ids.append(TOK.encode("1" if left == 1 else "x")[0])
+            left -= 1
+            self.running[rid] = (ids, left)
+            if not left:
+                del self.running[rid]
+            out.append((rid, list(ids), [logprob_of(self.weights)] * len(ids), None if left else "stop"))
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.aborted += request_ids
+        for rid in request_ids:
+            self.running.pop(rid, None)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        list(weights)
+        self.weights += 1
+
+    def sleep(self) -> None:
+        pass
+
+
+def _groups(
+    in_flight: int = 4, max_staleness: int | None = None, recompute: bool = False
+) -> tuple[GroupStream, SteppedEngine]:
+    engine = SteppedEngine()
+    settings = replace(_settings(prompts=2), max_response_length=8)
+    sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
+    source = EngineSource(
+        settings,
+        engine,
+        TOK,
+        TRAIN,
+        lambda _: reward,
+        sampler,
+        Timer(),
+        engine_index=0,
+        n_engines=1,
+        engine_leader=True,
+    )  # type: ignore[arg-type]
+    stream = InflightStream(engine, recompute=recompute)  # type: ignore[arg-type]
+    return GroupStream(source, stream, StreamSettings(in_flight, max_staleness)), engine
+
+
+def _texts(batch: Any) -> list[str]:
+    return [TOK.decode(row[m.bool()].tolist()) for row, m in zip(batch.input_ids, batch.attention_mask, strict=True)]
+
+
+def _run(groups: GroupStream, steps: range, lag: int = 1) -> list[tuple[list[str], list[int], list[list[float]]]]:
+    """What a rollout rank does per step (rollout/remote.py: StreamingServer): take, fill ahead, update."""
+    out = []
+    for step in steps:
+        taken = groups.take(step)
+        out += [(_texts(d.batch), d.batch.group_ids.tolist(), d.batch.rollout_log_probs.tolist()) for d in taken.groups]
+        if lag:
+            groups.fill(lag, step + 1)
+        groups.update(iter(()), version=step)
+    return out
+
+
+def test_a_step_takes_the_first_groups_to_complete_and_long_ones_carry_on_across_updates() -> None:
+    groups, engine = _groups(in_flight=4)
+    first = groups.take(1)
+    # Draws of 2 prompts up to 4 in flight: q0 q1 (draw 1), q2 q3 (draw 2). q0 and q2 finish in the first engine
+    # step; q1 after two, q3 (7 tokens) is still generating.
+    assert [_texts(d.batch)[0] for d in first.groups] == ["q01", "q21"]
+    assert [d.batch.group_ids.tolist() for d in first.groups] == [[0, 0], [1, 1]]  # relabelled: the step's positions
+    assert first.in_flight == 2 * 2  # q1 and q3 still generating
+    taken = []
+    for step in range(2, 9):  # q3 continues under versions 1, 2, ...: each token with its own version's logprob
+        groups.update(iter(()), version=step - 1)
+        taken += [d for d in groups.take(step).groups if _texts(d.batch)[0].startswith("q3")]
+    q3 = taken[0]
+    assert _texts(q3.batch) == ["q3xxxxxx1"] * 2
+    assert q3.oldest == 0 and q3.partial == 2
+    versions = [round(-lp / 0.1) - 1 for lp in q3.batch.rollout_log_probs[0].tolist()]
+    assert versions[0] == 0 and versions[-1] >= 1, "the behaviour logprobs follow the weights of each token"
+    assert engine.aborted == []  # keep: the KV cache stays, nothing re-added
+
+
+def test_recompute_re_adds_the_requests_in_flight_at_an_update_with_their_tokens() -> None:
+    groups, engine = _groups(in_flight=4, recompute=True)
+    groups.take(1)
+    live = {rid: len(s.tokens) for rid, s in groups.stream.live.items()}
+    before = len(engine.added)
+    groups.update(iter(()), version=1)
+    assert sorted(engine.aborted) == sorted(live)
+    readded = dict(engine.added[before:])
+    assert readded.keys() == live.keys()
+    # A request with tokens draws from a seed of its own; one that has none starts as it first would.
+    first_uid = dict(engine.added[:before])
+    for rid, tokens in live.items():
+        assert (readded[rid] != first_uid[rid]) == (tokens > 0)
+
+
+def test_max_staleness_drops_groups_too_old_and_stops_generating_them() -> None:
+    plain = _run(_groups(in_flight=6)[0], range(1, 9), lag=1)
+    stale, engine = _groups(in_flight=6, max_staleness=1)
+    kept = _run(stale, range(1, 9), lag=1)
+    q3_plain = [t for t, _, _ in plain if t[0].startswith("q3")]
+    assert q3_plain, "unbounded, the long group is trained"
+    assert not [t for t, _, _ in kept if t[0].startswith("q3")], "bounded at 1, it is dropped"
+    assert {"2.1.0", "2.1.1"} <= set(engine.aborted), "its requests stopped generating (draw 2, position 1: q3)"
+    assert len(kept) == len(plain) == 8 * 2  # every step still takes its share
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_checkpoint_mid_stream_resumes_exactly(recompute: bool) -> None:
+    """4 steps straight against 2 steps, a checkpoint (through torch.save and weights_only load) into a fresh
+    stream, 2 more: the same groups, tokens, versions and logprobs. The saving run re-adds its requests in flight
+    too, as the resumed one does."""
+    straight, _ = _groups(in_flight=6, recompute=recompute)
+    first_half = _run(straight, range(1, 3))
+    state = straight.state_dict()
+    second_half = _run(straight, range(3, 5))
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    resumed, engine = _groups(in_flight=6, recompute=recompute)
+    resumed.load_state_dict(torch.load(buf, weights_only=True))
+    engine.weights = 1
+    resumed.update(iter(()), version=2)  # the first sync after a resume: the step-2 weights
+    assert _run(resumed, range(3, 5)) == second_half
+    assert first_half != second_half
