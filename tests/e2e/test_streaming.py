@@ -1,0 +1,76 @@
+"""Partial rollouts with streamed groups (rollout.partial_rollout) through the real entrypoint: torchrun, vLLM,
+FSDP2, gloo, DCP. Each placement trains 4 steps straight and 2 + restart + 2, which must agree on every metric:
+the requests in flight and the complete groups waiting are checkpointed, and the saving run re-adds its requests
+as the resumed one does. The stand-in engine's unit tests (tests/unit/rollout/test_streaming.py) cover the logic;
+the real engine's per-token versions and behaviour logprobs across an update are tests/distributed/test_inflight.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+TRAIN = ["-m", "torchrl_post.train"]
+STREAM = ["rollout.partial_rollout=true", "data.max_response_length=12", "trainer.save_freq=2"]
+OWN_RANK = ["placement.actor=[0,1]", "placement.rollout=[2]", "trainer.max_off_policy_steps=1"]
+UNTIMED = ("timing_s/", "perf/throughput")
+
+
+def _train(nproc: int, model: Path, data: tuple[Path, Path], run: Path, steps: int, *extra: str) -> dict[int, dict]:
+    proc = torchrun(nproc, TRAIN + train_overrides(model, data, run, steps) + list(extra))
+    assert_ok(proc)
+    rows: dict[int, dict] = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        rows.setdefault(r["training/global_step"], {}).update(r)
+    return rows
+
+
+def _straight_and_resumed(nproc: int, model: Path, data: tuple[Path, Path], tmp: Path, *extra: str) -> dict[int, dict]:
+    """Returns the straight run's rows after checking that 2 steps + restart + 2 steps gives the same."""
+    straight = _train(nproc, model, data, tmp / "straight", 4, *STREAM, *extra)
+    _train(nproc, model, data, tmp / "split", 2, *STREAM, *extra)
+    split = _train(nproc, model, data, tmp / "split", 4, *STREAM, *extra)
+    for step in (1, 2, 3, 4):
+        keys = [k for k in straight[step] if not k.startswith(UNTIMED)]
+        assert set(keys) <= set(split[step]), f"step {step}"
+        for key in keys:
+            assert split[step][key] == pytest.approx(straight[step][key], rel=1e-6, abs=1e-7), f"{key} at step {step}"
+    return straight
+
+
+def _check_streamed(rows: dict[int, dict], groups: int) -> None:
+    for step, row in rows.items():
+        if step == 0:
+            continue
+        hist = [row[f"rollout/staleness_groups/{b}"] for b in ("0", "1", "2", "3", "4+")]
+        assert sum(hist) == groups, f"every trained group counted once at step {step}"
+        assert row["rollout/staleness"] == max(i for i, c in enumerate(hist) if c), "the histogram's oldest bin"
+        assert 0 <= row["rollout/partial_samples"] <= 1 and row["rollout/in_flight"] >= 0
+    assert max(r.get("rollout/partial_samples", 0) for r in rows.values()) > 0, "some samples spanned an update"
+
+
+def test_streamed_rollout_ranks_fill_ahead_carry_requests_and_resume_exactly(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """3 processes: the actor on [0, 1], an engine on rank 2 streaming one batch ahead; requests keep their KV cache
+    across updates, and groups more than 2 versions old are dropped."""
+    rows = _straight_and_resumed(3, tiny_model, task_data, tmp_path, *OWN_RANK, "trainer.max_staleness=2")
+    _check_streamed(rows, groups=4)
+    assert [rows[s]["rollout/staleness"] for s in (2, 3, 4)] >= [1, 1, 1], "filled during the previous update"
+    assert all(rows[s]["rollout/staleness"] <= 2 for s in (1, 2, 3, 4)), "trainer.max_staleness"
+    assert rows[1]["timing_s/rollout_wait"] == 0 and rows[3]["timing_s/rollout_wait"] > 0
+
+
+def test_streamed_colocated_groups_survive_the_update_and_resume_exactly(
+    demo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes, engines on the actor's ranks, the demo model (its answers end after 2 to 12 tokens): the
+    unfinished requests are re-prefilled after each update."""
+    model, data = demo
+    rows = _straight_and_resumed(2, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path)
+    _check_streamed(rows, groups=4)
+    assert rows[1]["rollout/staleness"] == 0  # the first step's groups come from the first weights
