@@ -88,8 +88,7 @@ class RemoteRollouts:
         self._metrics: dict[str, float] = {}
 
     def next_batch(self, step: int) -> Batch:
-        if not self.streaming:  # streaming engines draw prompts as they need them: their samplers hold the position
-            self.sampler.next_batch()
+        self.sampler.next_batch()  # the trained batches' count (streaming engines draw their own prompts ahead)
         with self.timer("gen"):  # the wait for the rollout ranks
             table, parts = self.transfer({}, group_rows([]))
         self._metrics = rollout_table_metrics(table, step, self.streaming, self.group_size)
