@@ -1,0 +1,404 @@
+"""Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts on a long-tailed task, 4 ranks.
+
+    python -m benchmarks --only async_rollout [--quick | --tiny]
+    python -m benchmarks.async_rollout [--steps S] [--repeats R] [--configs on_policy,lookahead1,...]
+
+Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines
+on [2,3], on the long-tailed task of benchmarks/longtail_task.py (the demo model asked for 1 to 200 characters,
+half of the prompts at most 4; responses up to 256 tokens; reward 1 at the asked length). Configurations:
+
+    on_policy          trainer.max_off_policy_steps=0
+    lookahead1         trainer.max_off_policy_steps=1
+    partial_s2         + rollout.partial_rollout=true trainer.max_staleness=2 (streamed groups, KV kept)
+    partial_unbounded  + rollout.partial_rollout=true, no staleness bound
+    partial_arrival    + rollout.update_on_arrival=true, no staleness bound (only where the schema has the key)
+
+Runs are interleaved (A B C D, A B C D) so that other jobs on the machine slow every configuration alike. From
+each run's metrics.jsonl, over the steps after the first `WARMUP`: tokens/s and samples/s (prompt plus response
+tokens and samples trained, over the summed `timing_s/step`), the idle share of the rollout ranks
+(`timing_s/rollout_wait`, reported a step late, / `timing_s/step`) and of the actor (`timing_s/gen`, its wait for the batch, / step), the
+staleness histogram (`rollout/staleness_groups/*`), stale dropped groups, the mean response length, and the
+validation score (greedy, the 128 held-out prompts) at the same steps in every run. Ratios to on-policy are the
+headline: absolute rates on a shared 2-core machine are noise.
+
+    default   20 steps, 2 repeats, validation at steps 0, 10 and 20
+    --quick   12 steps, 1 repeat
+    --tiny    2 steps, 1 repeat, on_policy and partial_s2 only, 4 prompts x 2 (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common, longtail_task
+
+NAME = "async_rollout"
+RUNS = common.LOGS / "async_rollout"
+WARMUP = 2  # steps left out of rates and idle shares (engine warm-up; a look-ahead's first batches)
+GOAL_SPEEDUP, GOAL_ROLLOUT_IDLE = 1.5, 0.10
+STALENESS_BINS = ("0", "1", "2", "3", "4+")
+VAL_N = 4  # validation samples per held-out prompt
+PLACEMENT = ("placement.actor=[0,1]", "placement.rollout=[2,3]")
+PARTIAL = ("rollout.partial_rollout=true", "trainer.max_off_policy_steps=1")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: its short name, what the table calls it, its overrides."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+
+
+CONFIGS = (
+    Config("on_policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
+    Config("lookahead1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
+    Config("partial_s2", "partial, max_staleness 2", (*PARTIAL, "trainer.max_staleness=2")),
+    Config("partial_unbounded", "partial, unbounded", (*PARTIAL, "trainer.max_staleness=null")),
+    Config(
+        "partial_arrival",
+        "partial + update on arrival",
+        (*PARTIAL, "trainer.max_staleness=null", "rollout.update_on_arrival=true"),
+    ),
+)
+
+
+def has_update_on_arrival() -> bool:
+    """Whether the schema has rollout.update_on_arrival (rollout ranks generate until the new weights arrive)."""
+    from torchrl_post.config.schema import RolloutConfig
+
+    return "update_on_arrival" in RolloutConfig.__dataclass_fields__
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="12 steps, 1 repeat")
+    ap.add_argument("--tiny", action="store_true", help="2 steps, 2 configurations, a small batch (tests)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 12; tiny 2)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 2; quick and tiny 1)")
+    ap.add_argument("--configs", default="", help=f"comma-separated subset of {', '.join(c.name for c in CONFIGS)}")
+    ap.add_argument("--prompts", type=int, default=16, help="data.train_batch_size")
+    ap.add_argument("--n", type=int, default=8, help="rollout.n")
+    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    return ap.parse_args(argv)
+
+
+# ---- summaries (pure: tests/unit/test_bench_async_rollout.py) ---------------------------------------------------
+
+
+def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training steps' rows of a metrics.jsonl (validation-only rows have no timing_s/step)."""
+    return [r for r in rows if "timing_s/step" in r]
+
+
+def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) -> dict[str, Any]:
+    """One run's numbers from its metrics rows; `samples` trained per step (prompts x n).
+
+    Rates and idle shares are sums over the steps after `warmup` (tokens: samples x (prompt + response mean
+    length)); a step's rollout wait is the next row's `timing_s/rollout_wait` (None with one measured step); the
+    staleness histogram sums every step's groups; `val` maps each validation step to its score.
+    """
+    steps = step_rows(rows)
+    first = min(warmup, len(steps) - 1)
+    kept = steps[first:]
+    step_s = sum(r["timing_s/step"] for r in kept)
+    # A rollout rank's wait in step k's exchanges arrives with step k + 1's row: pair them (the last step has none).
+    paired = list(zip(kept, steps[first + 1 :], strict=False))
+    waited = sum(nxt.get("timing_s/rollout_wait", 0.0) for _, nxt in paired)
+    rollout_idle = waited / sum(r["timing_s/step"] for r, _ in paired) if paired else None
+    tokens = sum(samples * (r["prompt_length/mean"] + r["response_length/mean"]) for r in kept)
+    hist = {b: sum(r.get(f"rollout/staleness_groups/{b}", 0.0) for r in steps) for b in STALENESS_BINS}
+    val = {
+        int(r["training/global_step"]): v
+        for r in rows
+        if (v := next((x for k, x in r.items() if k.startswith("val/test_score/") and k.count("/") == 2), None))
+        is not None
+    }
+    return {
+        "measured_steps": len(kept),
+        "step_s": step_s / len(kept),
+        "tokens_per_s": tokens / step_s,
+        "samples_per_s": samples * len(kept) / step_s,
+        "rollout_idle": rollout_idle,
+        "actor_idle": sum(r.get("timing_s/gen", 0.0) for r in kept) / step_s,
+        "response_length": statistics.mean(r["response_length/mean"] for r in steps),
+        "score": statistics.mean(r["critic/score/mean"] for r in steps),
+        "staleness_hist": hist,
+        "stale_dropped": sum(r.get("rollout/stale_dropped_groups", 0.0) for r in steps),
+        "val": val,
+    }
+
+
+def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dict[str, Any]:
+    """A configuration's repeats in one row: medians of the rates and shares, summed histogram, mean validation
+    per step; speed-ups against `reference` (on-policy's row; None: this is it)."""
+    med = {k: statistics.median(v) if (v := [r[k] for r in runs if r[k] is not None]) else None for k in NUMBERS}
+    steps = sorted({s for r in runs for s in r["val"]})
+    val = {s: statistics.mean(r["val"][s] for r in runs if s in r["val"]) for s in steps}
+    hist = {b: sum(r["staleness_hist"][b] for r in runs) for b in STALENESS_BINS}
+    row = {**med, "staleness_hist": hist, "val": val, "val_last": val[steps[-1]] if steps else None}
+    ref = reference or row
+    row["speedup_tokens"] = row["tokens_per_s"] / ref["tokens_per_s"]
+    row["speedup_samples"] = row["samples_per_s"] / ref["samples_per_s"]
+    return row
+
+
+NUMBERS = (
+    "step_s", "tokens_per_s", "samples_per_s", "rollout_idle", "actor_idle", "response_length", "score",
+    "stale_dropped",
+)  # fmt: skip
+
+
+def goal_met(row: dict[str, Any], reference: dict[str, Any], val_noise: float) -> dict[str, bool]:
+    """The issue's goal for one configuration: >= 1.5x on-policy's tokens/s, rollout ranks idle under 10%, the last
+    validation no lower than on-policy's by more than `val_noise`."""
+    return {
+        "speedup": row["speedup_tokens"] >= GOAL_SPEEDUP,
+        "rollout_idle": row["rollout_idle"] is not None and row["rollout_idle"] < GOAL_ROLLOUT_IDLE,
+        "validation": row["val_last"] is not None and row["val_last"] >= reference["val_last"] - val_noise,
+    }
+
+
+def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
+    """The spread of the last validation between repeats of one configuration: the largest max - min over the
+    configurations (0 with one repeat)."""
+    spreads = []
+    for rs in runs.values():
+        last = [r["val"][max(r["val"])] for r in rs if r["val"]]
+        if len(last) > 1:
+            spreads.append(max(last) - min(last))
+    return max(spreads, default=0.0)
+
+
+# ---- runs ----------------------------------------------------------------------------------------------------------
+
+
+def command(cfg: Config, args: argparse.Namespace, model: Path, data: Path, run_dir: Path) -> list[str]:
+    """The torchrun command line of one run."""
+    return [
+        *common.torchrun(),
+        *("--standalone", "--nproc-per-node", "4", "-m", "torchrl_post.train"),
+        f"model.path={model}",
+        f"data.train_files={data / 'train.jsonl'}",
+        f"data.val_files={data / 'val.jsonl'}",
+        f"data.train_batch_size={args.prompts}",
+        f"rollout.n={args.n}",
+        f"data.max_response_length={longtail_task.MAX_RESPONSE_LENGTH}",
+        "data.max_prompt_length=64",
+        f"reward.function=benchmarks.longtail_task:{longtail_task.score.__name__}",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.test_freq={max(1, args.steps // 2)}",
+        # sampled validation (temperature 1, 4 per prompt): greedy decoding of this model rarely stops
+        *("rollout.val_kwargs.do_sample=true", "rollout.val_kwargs.temperature=1.0", f"rollout.val_kwargs.n={VAL_N}"),
+        f"trainer.val_before_train={'false' if args.tiny else 'true'}",
+        "trainer.save_freq=0",
+        "trainer.plots=false",
+        f"trainer.default_local_dir={run_dir}",
+        f"trainer.experiment_name=bench_async_{cfg.name}",
+        *PLACEMENT,
+        *cfg.overrides,
+    ]
+
+
+def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+    """One training run; its summary (`summarize`) with the wall time and the load average after it."""
+    tag = f"{cfg.name}_r{repeat}"
+    run_dir = RUNS / tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log = RUNS / f"{tag}.log"
+    print(f"    {cfg.label}, repeat {repeat} (log {log.relative_to(common.ROOT)}) ...", flush=True)
+    common.warn_if_busy()
+    # One OpenMP thread per process, unbound: 4 processes share the cores with other jobs (benchmarks/rollout.py).
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), env.get("PYTHONPATH", "")) if p)
+    t0 = time.perf_counter()
+    common.run_logged(command(cfg, args, model, data, run_dir), log, env=env)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    out = {"config": cfg.name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
+    out["loadavg_1m"] = common.load_1m()
+    print(
+        f"      {out['tokens_per_s']:.0f} tok/s, {out['samples_per_s']:.1f} samples/s, rollout idle "
+        f"{out['rollout_idle']:.0%}, actor idle {out['actor_idle']:.0%}, response {out['response_length']:.1f}, "
+        f"val {out['val']}; run {wall:.0f} s",
+        flush=True,
+    )
+    return out
+
+
+def chosen(args: argparse.Namespace) -> list[Config]:
+    names = [n for n in args.configs.split(",") if n]
+    if args.tiny and not names:
+        names = ["on_policy", "partial_s2"]
+    arrival = has_update_on_arrival()
+    out = [c for c in CONFIGS if (c.name in names if names else c.name != "partial_arrival" or arrival)]
+    if any(c.name == "partial_arrival" for c in out) and not arrival:
+        raise SystemExit("partial_arrival: rollout.update_on_arrival is not in this checkout's schema")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args = common.options(args, parse_args)
+    if args.tiny:
+        args.prompts, args.n = 4, 2
+    args.steps = args.steps or (2 if args.tiny else 12 if args.quick else 20)
+    repeats = args.repeats or (1 if args.tiny or args.quick else 2)
+    configs = chosen(args)
+    model, data = longtail_task.build()
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
+    for repeat in range(repeats):  # interleaved: every configuration once per round
+        for cfg in configs:
+            runs[cfg.name].append(run_one(cfg, repeat, args, model, data))
+    ref_name = configs[0].name
+    reference = combine(runs[ref_name], None)
+    rows = [
+        {"config": c.name, "label": c.label, **(reference if c.name == ref_name else combine(runs[c.name], reference))}
+        for c in configs
+    ]
+    noise = val_noise(runs)
+    for row in rows:
+        row["goal"] = goal_met(row, reference, noise)
+    build_info = json.loads((model / "longtail_build.json").read_text())
+    return {
+        "settings": {
+            "steps": args.steps,
+            "repeats": repeats,
+            "prompts": args.prompts,
+            "n": args.n,
+            "warmup_steps": WARMUP,
+            "max_response_length": longtail_task.MAX_RESPONSE_LENGTH,
+            "reference": ref_name,
+            "update_on_arrival_in_schema": has_update_on_arrival(),
+            "model_warm_start": build_info,
+        },  # fmt: skip
+        "rows": rows,
+        "runs": [r for c in configs for r in runs[c.name]],
+        "val_noise": noise,
+        "loadavg_1m": common.load_1m(),
+    }
+
+
+# ---- report -------------------------------------------------------------------------------------------------------
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    st, m = rec["settings"], rec["machine"]
+    rows = [
+        {
+            **r,
+            "hist": " / ".join(f"{r['staleness_hist'][b]:.0f}" for b in STALENESS_BINS),
+            "val_steps": ", ".join(f"{v:.3f}" for v in r["val"].values()),
+        }
+        for r in rec["rows"]
+    ]
+    loads = [r["loadavg_1m"] for r in rec["runs"]]
+    lines = [
+        "# Asynchronous rollout on a long-tailed task",
+        "",
+        f"4 processes on {m['cpu_count']} CPU cores shared with other jobs (1-minute load {min(loads):.1f} to "
+        f"{max(loads):.1f} after the runs): the actor on ranks [0,1], two vLLM engines on [2,3]; "
+        f"{st['prompts']} prompts x {st['n']} samples per step, responses up to {st['max_response_length']} tokens, "
+        f"{st['steps']} steps, {st['repeats']} interleaved repeat(s) per configuration (medians; the first "
+        f"{st['warmup_steps']} steps left out of rates and idle shares). Tokens are prompt plus response tokens "
+        "trained; idle = `timing_s/rollout_wait` (rollout ranks) or `timing_s/gen` (actor) over `timing_s/step`. "
+        "Staleness: groups trained at staleness 0 / 1 / 2 / 3 / 4+ over all runs; validation: greedy score on "
+        "the 128 held-out prompts at each validation step (mean over repeats).",
+        "",
+        common.table(
+            rows,
+            [
+                ("configuration", "label", "{}"),
+                ("tokens/s", "tokens_per_s", "{:.0f}"),
+                ("x on-policy", "speedup_tokens", "{:.2f}x"),
+                ("samples/s", "samples_per_s", "{:.1f}"),
+                ("x on-policy", "speedup_samples", "{:.2f}x"),
+                ("response len", "response_length", "{:.1f}"),
+                ("rollout idle", "rollout_idle", "{:.0%}"),
+                ("actor idle", "actor_idle", "{:.0%}"),
+                ("staleness 0/1/2/3/4+", "hist", "{}"),
+                ("stale dropped", "stale_dropped", "{:.0f}"),
+                ("train score", "score", "{:.3f}"),
+                ("validation", "val_steps", "{}"),
+            ],
+        ),
+        f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between repeats of one "
+        f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below).",
+        "",
+        *conclusion(rec),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def conclusion(rec: dict[str, Any]) -> list[str]:
+    out = []
+    for r in rec["rows"][1:]:
+        g = r["goal"]
+        verdict = "meets" if all(g.values()) else "misses"
+        missed = [k for k, ok in g.items() if not ok]
+        out.append(
+            f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
+            f"samples/s (mean response {r['response_length']:.1f} tokens vs {rec['rows'][0]['response_length']:.1f}), "
+            f"rollout idle {r['rollout_idle']:.0%}, last validation {r['val_last']:.3f} vs "
+            f"{rec['rows'][0]['val_last']:.3f}: {verdict} the goal" + (f" ({', '.join(missed)})." if missed else ".")
+        )
+    return out
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    rows = rec["rows"]
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.6))
+    xs = list(range(len(rows)))
+    names = [r["label"].replace(", ", "\n") for r in rows]
+    ax = axes[0]
+    ax.bar([x - 0.2 for x in xs], [r["speedup_tokens"] for r in rows], 0.4, label="tokens/s")
+    ax.bar([x + 0.2 for x in xs], [r["speedup_samples"] for r in rows], 0.4, label="samples/s")
+    ax.axhline(GOAL_SPEEDUP, color="k", ls="--", lw=0.8, label=f"goal {GOAL_SPEEDUP:g}x")
+    ax.set_xticks(xs, names, fontsize=7)
+    ax.set(ylabel="x on-policy (median of repeats)", title="throughput")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    ax.bar([x - 0.2 for x in xs], [r["rollout_idle"] for r in rows], 0.4, label="rollout ranks")
+    ax.bar([x + 0.2 for x in xs], [r["actor_idle"] for r in rows], 0.4, label="actor ranks")
+    ax.axhline(GOAL_ROLLOUT_IDLE, color="k", ls="--", lw=0.8, label="goal (rollout)")
+    ax.set_xticks(xs, names, fontsize=7)
+    ax.set(ylabel="share of the step idle", title="idle")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    for i, r in enumerate(rows):
+        steps = list(r["val"])
+        ax.plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
+    ax.set(xlabel="step", ylabel="validation score (greedy)", title="validation")
+    ax.legend(fontsize=7)
+    ax = axes[3]
+    bottoms = [0.0] * len(rows)
+    for b in STALENESS_BINS:
+        shares = [r["staleness_hist"][b] / max(1.0, sum(r["staleness_hist"].values())) for r in rows]
+        ax.bar(xs, shares, 0.6, bottom=bottoms, label=f"staleness {b}")
+        bottoms = [lo + s for lo, s in zip(bottoms, shares, strict=True)]
+    ax.set_xticks(xs, names, fontsize=7)
+    ax.set(ylabel="share of trained groups", title="staleness of the trained groups")
+    ax.legend(fontsize=7)
+    fig.suptitle(
+        "Long-tailed task, actor [0,1] + rollout [2,3]: on-policy, look-ahead and partial rollouts", fontsize=10
+    )
+    common.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.standalone(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""A long-tailed task on the demo model: each prompt names how many characters to write, most few, some ~200.
+
+    python -m benchmarks.longtail_task [--out outputs/bench_models/longtail] [--data outputs/bench_data/longtail]
+
+A prompt reads "Write 12 digits from 7." and its answer is the digits counting up from 7, wrapping at 9
+("789012345678"), then the end of the turn. The length L is drawn as round(256 ** (u * u)) for u uniform in [0, 1),
+capped at `MAX_TARGET`: half the prompts ask for at most 4 characters, one in ten for 90 or more (`target_length`).
+The model stops where its warm start taught it to: nothing in the engine forces a length, so the lengths (and how
+they drift under training) are the policy's own.
+
+The model is the demo model (`make demo`) warm-started further on these rows (`warm_start`: a short supervised
+pass, with its rows up to 512 positions), so it writes digits and stops roughly at the asked length; `score`, the
+reward (`reward.function=benchmarks.longtail_task:score`), is 1 at exactly L characters and falls linearly to 0 at
+0 or 2L, so RL has room to make the stop sharper. Deliberately simple: one template family, no content reward
+beyond the length, and a model whose counting is only as good as its brief warm start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import common
+
+DATA_SOURCE = "longtail"
+MAX_TARGET = 200  # the longest asked length; responses may run to data.max_response_length (256)
+MAX_RESPONSE_LENGTH = 256
+TEMPLATES = ("Write {n} digits from {d}.", "{n} digits from {d}.", "Count {n} from {d}.")
+MODEL = common.MODELS / "longtail"
+DATA = common.DATA / "longtail"
+RECIPE = 1  # the warm start's version: a cached model of another recipe is rebuilt
+
+
+def target_length(u: float) -> int:
+    """The asked length for a uniform draw u in [0, 1): round(256 ** (u * u)) within [1, MAX_TARGET].
+
+    >>> [target_length(u) for u in (0.0, 0.5, 0.9, 0.99)]
+    [1, 4, 89, 200]
+    """
+    return max(1, min(MAX_TARGET, round(256 ** (u * u))))
+
+
+def answer(n: int, d: int) -> str:
+    """The digits counting up from d, wrapping at 9, n of them: answer(12, 7) == "789012345678"."""
+    return "".join(str((d + i) % 10) for i in range(n))
+
+
+def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` prompts with their answers (`answer`) and asked lengths (`length`), drawn with `seed`."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        n, d = target_length(rng.random()), rng.randrange(10)
+        prompt = rng.choice(TEMPLATES).format(n=n, d=d)
+        rows.append({"prompt": prompt, "answer": answer(n, d), "length": n, "data_source": DATA_SOURCE})
+    return rows
+
+
+def score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """1 at exactly the asked length, linearly down to 0 at no characters or twice the length (verl's signature;
+    the ground truth is the answer, whose length is the asked one).
+
+    >>> score("longtail", "789", "789"), score("longtail", "78", "7890"), score("longtail", "7" * 9, "789")
+    (1.0, 0.5, 0.0)
+    """
+    want = len(ground_truth)
+    return max(0.0, 1.0 - abs(len(solution_str.strip()) - want) / want)
+
+
+def build(model_dir: Path = MODEL, data_dir: Path = DATA, demo_dir: Path | None = None) -> tuple[Path, Path]:
+    """The task's rows (data_dir/train.jsonl, val.jsonl) and its warm-started model (model_dir), each built once;
+    returns (model_dir, data_dir)."""
+    from torchrl_post.demo.task import write_splits
+
+    if not (data_dir / "val.jsonl").is_file():
+        write_splits(data_dir, make_rows(2000, seed=0), make_rows(128, seed=1))
+    marker = model_dir / "longtail_build.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("recipe") == RECIPE:
+        return model_dir, data_dir
+    demo = demo_dir or common.ROOT / "outputs" / "demo_model"
+    if not (demo / "config.json").is_file():
+        from torchrl_post.demo.build import build_demo
+
+        build_demo(demo, common.ROOT / "outputs" / "demo_data")
+    rows = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
+    info = warm_start(demo, model_dir, rows)
+    marker.write_text(json.dumps({"recipe": RECIPE, **info}) + "\n")
+    return model_dir, data_dir
+
+
+def warm_start(demo: Path, out: Path, rows: list[dict[str, Any]], steps: int = 200) -> dict[str, Any]:
+    """The demo model, fine-tuned `steps` supervised steps on prompt -> answer rows and saved to `out` with room for
+    512 positions; returns what the record keeps (steps, the sampled lengths' median error on 64 prompts)."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from torchrl_post.demo.build import _encode, save_model, sft
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM.from_pretrained(demo, dtype=torch.float32)
+    model.config.max_position_embeddings = 512  # rotary positions: nothing learned depends on it
+    tok = AutoTokenizer.from_pretrained(demo)
+    seqs, masks = [], []
+    for r in rows:
+        p = _encode(tok, r["prompt"])
+        a = tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        seqs.append(p + a)
+        masks.append([0] * len(p) + [1] * len(a))
+    gen = torch.Generator().manual_seed(0)
+    sft(model, tok, seqs, masks, lambda: (False, ""), gen, max_steps=steps, lr=3e-3, batch_size=16, eval_every=25,
+        trim=True, label="longtail warm start", lr_scale=lambda s: min(1.0, (s + 1) / 20))  # fmt: skip
+    errors = length_errors(model, tok, rows[:64])
+    save_model(model, tok, out)
+    print(f"longtail model written to {out} (median |length - asked| / asked {errors:.2f})", flush=True)
+    return {"steps": steps, "median_rel_length_error": errors}
+
+
+@torch.no_grad()
+def length_errors(model: Any, tok: Any, rows: list[dict[str, Any]]) -> float:
+    """The median of |sampled length - asked length| / asked length over `rows` (temperature 1)."""
+    from torchrl_post.demo.build import _encode
+
+    prompts = [_encode(tok, r["prompt"]) for r in rows]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=(ids != tok.pad_token_id).long(),
+        max_new_tokens=MAX_RESPONSE_LENGTH,
+        do_sample=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
+    errs = sorted(abs(len(t.strip()) - r["length"]) / r["length"] for t, r in zip(texts, rows, strict=True))
+    return errs[len(errs) // 2] if errs else math.nan
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=MODEL)
+    ap.add_argument("--data", type=Path, default=DATA)
+    args = ap.parse_args(argv)
+    print(build(args.out, args.data))
+
+
+if __name__ == "__main__":
+    main()
