@@ -110,7 +110,8 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
     steps = {"rank": run.env.rank, "lag": plan.max_off_policy_steps, "total_steps": run.total_steps}
     if plan.streaming is not None:
-        return StreamingServer(source, group_stream(run, source), sync, transfer, timer, **steps)
+        on_arrival = plan.streaming.on_arrival
+        return StreamingServer(source, group_stream(run, source), sync, transfer, timer, **steps, on_arrival=on_arrival)
     return RolloutServer(source, sync, transfer, timer, **steps)
 
 

@@ -211,13 +211,16 @@ class Streaming:
     recompute: bool
     """Requests in flight are re-prefilled at an update (rollout.inflight_update=recompute; always colocated)."""
     max_staleness: int | None
+    on_arrival: bool
+    """Rollout ranks generate until the new weights arrive (rollout.update_on_arrival; never colocated)."""
 
     def describe(self) -> str:
         kv = "re-prefilled under the new weights" if self.recompute else "continue with their KV cache"
         bound = "no bound" if self.max_staleness is None else f"groups older than {self.max_staleness} dropped"
+        when = "when they arrive (not reproducible step for step)" if self.on_arrival else "after the fill"
         return (
-            f"partial rollouts: {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine); at an "
-            f"update the requests in flight {kv}; staleness: {bound}"
+            f"partial rollouts: {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine); weights "
+            f"taken {when}; at an update the requests in flight {kv}; staleness: {bound}"
         )
 
 
@@ -227,7 +230,11 @@ def streaming(cfg: Config, engines: int, colocated: bool) -> Streaming | None:
         return None
     total = r.prompts_in_flight or max(cfg.trainer.max_off_policy_steps + 1, 2) * cfg.data.train_batch_size
     return Streaming(
-        total, -(-total // engines), colocated or r.inflight_update == "recompute", cfg.trainer.max_staleness
+        total,
+        -(-total // engines),
+        colocated or r.inflight_update == "recompute",
+        cfg.trainer.max_staleness,
+        on_arrival=r.update_on_arrival and not colocated,
     )
 
 
@@ -373,6 +380,11 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     notes += ignored_keys(cfg)
     placement = plan_placement(placed, world_size)
     validate_placement(cfg, placement.ranks, placement.colocated)
+    if cfg.rollout.update_on_arrival and cfg.rollout.partial_rollout and placement.colocated["rollout"]:
+        notes.append(
+            "rollout.update_on_arrival=true ignored: a colocated engine sleeps while the actor updates (it has no "
+            "time to fill); it applies to rollout ranks of their own"
+        )
     tp = cfg.rollout.tensor_parallel_size
     engines = len(placement.ranks["rollout"]) // tp
     others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}

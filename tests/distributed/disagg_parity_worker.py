@@ -5,13 +5,15 @@
 Actor ranks [0, 1] train under FSDP2; the vLLM engine lives on the rollout ranks ([2], or [2, 3] as one
 tensor-parallel engine). After each update, the actor's first rank broadcasts the weights in flat buckets;
 the engine's greedy tokens and logprobs travel back (the trainer's transfer) and must equal the trainer's
-argmax and logprobs. Rank 0 writes the measured differences.
+argmax and logprobs. The second update is polled for (`BroadcastSync.incoming`, rollout.update_on_arrival).
+Rank 0 writes the measured differences.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -57,12 +59,27 @@ def main() -> None:
     last: Batch | None = None
     for update in range(3):
         if update > 0:
+            # Update 2 is received as rollout.update_on_arrival does: the receive is posted first and polled; the
+            # sender starts only after a barrier the receivers reach once they saw it had not arrived.
+            on_arrival = update == 2
             if actor is not None:
                 assert last is not None
                 rb = last
                 rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
                 actor.update(rb)
+                if on_arrival:
+                    topo.world.barrier().wait()
                 sync.send(actor.model)
+            elif on_arrival:
+                assert engine is not None
+                incoming = sync.incoming()
+                assert not incoming.arrived(), "the update arrived before anything was sent"
+                topo.world.barrier().wait()
+                deadline = time.monotonic() + 300
+                while not incoming.arrived():
+                    assert time.monotonic() < deadline, "the posted receive of the update never completed"
+                    time.sleep(0.01)
+                engine.load_weights(incoming.weights())
             else:
                 assert engine is not None
                 sync.receive(engine)

@@ -46,7 +46,7 @@ def _straight_and_resumed(nproc: int, model: Path, data: tuple[Path, Path], tmp:
     return straight
 
 
-def _check_streamed(rows: dict[int, dict], groups: int) -> None:
+def _check_streamed(rows: dict[int, dict], groups: int, spans: bool = True) -> None:
     for step, row in rows.items():
         if step == 0:
             continue
@@ -54,7 +54,8 @@ def _check_streamed(rows: dict[int, dict], groups: int) -> None:
         assert sum(hist) == groups, f"every trained group counted once at step {step}"
         assert row["rollout/staleness"] == max(i for i, c in enumerate(hist) if c), "the histogram's oldest bin"
         assert 0 <= row["rollout/partial_samples"] <= 1 and row["rollout/in_flight"] >= 0
-    assert max(r.get("rollout/partial_samples", 0) for r in rows.values()) > 0, "some samples spanned an update"
+    if spans:
+        assert max(r.get("rollout/partial_samples", 0) for r in rows.values()) > 0, "some samples spanned an update"
 
 
 def test_streamed_rollout_ranks_fill_ahead_carry_requests_and_resume_exactly(
@@ -78,3 +79,18 @@ def test_streamed_colocated_groups_survive_the_update_and_resume_exactly(
     rows = _straight_and_resumed(2, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path)
     _check_streamed(rows, groups=4)
     assert rows[1]["rollout/staleness"] == 0  # the first step's groups come from the first weights
+
+
+def test_update_on_arrival_keeps_the_rollout_rank_generating_within_the_staleness_bound(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """rollout.update_on_arrival: the rollout rank generates until the actor's weights arrive (their update point
+    depends on timing, so only the bounds are checked, not exact values; the tiny model often finishes every prompt
+    it may hold before the weights come, so no sample need span an update)."""
+    rows = _train(
+        3, tiny_model, task_data, tmp_path / "run", 4, *STREAM, *OWN_RANK, "trainer.max_staleness=2",
+        "rollout.update_on_arrival=true",
+    )  # fmt: skip
+    _check_streamed(rows, groups=4, spans=False)
+    assert all(1 <= rows[s]["rollout/staleness"] <= 2 for s in (2, 3, 4)), "filled ahead, within trainer.max_staleness"
+    assert (tmp_path / "run" / "checkpoints" / "global_step_4").is_dir()

@@ -194,6 +194,13 @@ class RolloutConfig:
     repeated); recompute: they are re-added with their tokens so far as prompt, so the new weights prefill them
     (one prefill per request and update; every later token is exactly the new policy's). Colocated engines always
     recompute (their KV cache is freed for the update)."""
+    update_on_arrival: bool = False
+    """rollout.partial_rollout on rollout ranks of their own: after filling the batches ahead, keep generating (and
+    start new prompts while rollout.prompts_in_flight allows) until the actor's new weights have arrived, and take
+    them at the next engine-step boundary (verl's fully-async rollouter). No rollout rank waits while it has work;
+    groups get staler (trainer.max_staleness bounds them). The update point then depends on timing: a run is not
+    reproducible step for step and a resume goes on from the checkpoint without loss but not bit for bit. false:
+    the rollout ranks block for the weights after the fill (counted update points, exact resumes)."""
     lora_sync: str = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a

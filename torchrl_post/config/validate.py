@@ -125,6 +125,11 @@ def _partial_rollout(cfg: Config) -> None:
     _one_of("rollout.inflight_update", r.inflight_update, ("keep", "recompute"))
     if t.max_staleness is not None:
         _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)
+    if r.update_on_arrival and not r.partial_rollout:
+        raise ConfigError(
+            "rollout.update_on_arrival=true needs rollout.partial_rollout=true (whole batches take the weights "
+            "between batches); set rollout.partial_rollout=true or rollout.update_on_arrival=false"
+        )
     if not r.partial_rollout:
         return
     key = "rollout.partial_rollout=true"

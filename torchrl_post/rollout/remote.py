@@ -258,7 +258,9 @@ class StreamingServer(RolloutServer):
     trainer.max_off_policy_steps batches ahead while the actor trains (the requests that do not finish in time carry
     on), then takes update k between two engine steps: the requests in flight continue under it, their KV cache kept
     or recomputed (rollout.inflight_update). The update comes after a counted amount of generation, never on
-    arrival, so a run is reproducible and resumes exactly.
+    arrival, so a run is reproducible and resumes exactly; with rollout.update_on_arrival the engine goes on
+    generating after the fill until the weights are here (`GroupStream.generate_until`): no wait while there is work,
+    at the cost of that reproducibility.
     """
 
     def __init__(
@@ -272,9 +274,10 @@ class StreamingServer(RolloutServer):
         rank: int,
         lag: int,
         total_steps: int,
+        on_arrival: bool = False,
     ) -> None:
         super().__init__(source, sync, transfer, timer, rank=rank, lag=lag, total_steps=total_steps)
-        self.groups = groups
+        self.groups, self.on_arrival = groups, on_arrival
 
     def step(self, step: int) -> dict[str, float]:
         taken = self.groups.take(step)
@@ -294,8 +297,14 @@ class StreamingServer(RolloutServer):
         # not depend on trainer.total_training_steps (a run extended from its last checkpoint goes on exactly).
         if self.lag:
             self.groups.fill(self.lag, step + 1)
+        if self.on_arrival:
+            incoming = self.sync.incoming()
+            self.groups.generate_until(incoming.arrived, step + 1)
+            weights = incoming.weights()
+        else:
+            weights = self.sync.received()
         t = time.perf_counter()
-        self.groups.update(self.sync.received(), version=step)
+        self.groups.update(weights, version=step)
         self.waited = waited + time.perf_counter() - t
         self.version = step
         return {}

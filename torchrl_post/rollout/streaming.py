@@ -13,7 +13,8 @@ oldest version among its tokens; `max_staleness` drops a group before a step wou
 one that can no longer make it.
 
 Determinism: the engine steps between two updates are counted, not timed (the rollout ranks take the new weights
-after filling the batches ahead, not when they happen to arrive), and a checkpoint re-adds the requests in flight
+after filling the batches ahead, not when they happen to arrive; rollout.update_on_arrival trades this for rollout
+ranks that never wait while they have work: `generate_until`), and a checkpoint re-adds the requests in flight
 with their tokens so far (`InflightStream.suspend`/`resume`), in the run that saves as in the run that resumes, so
 2 steps + resume + 2 steps equals 4 straight.
 """
@@ -21,7 +22,7 @@ with their tokens so far (`InflightStream.suspend`/`resume`), in the run that sa
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -132,6 +133,23 @@ class GroupStream:
             finished = self.stream.step()
             self.engine_seconds += time.perf_counter() - t
             self._complete(finished)
+
+    def generate_until(self, arrived: Callable[[], bool], next_step: int) -> int:
+        """rollout.update_on_arrival: engine steps until `arrived()` (polled between them), starting new prompts
+        while the groups kept in flight allow. Returns the engine steps taken; stops early when nothing is left
+        to generate (every group in flight is complete and untaken: the caller waits)."""
+        steps = 0
+        while not arrived():
+            self._drop_stale(next_step)
+            self._top_up()
+            if not self.stream.live:
+                break
+            t = time.perf_counter()
+            finished = self.stream.step()
+            self.engine_seconds += time.perf_counter() - t
+            self._complete(finished)
+            steps += 1
+        return steps
 
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """New weights at this engine-step boundary (rollout ranks); the requests in flight go on."""

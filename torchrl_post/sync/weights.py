@@ -326,23 +326,44 @@ class BroadcastSync:
         both names)."""
         return with_aliases(self._received(), self.aliases)
 
-    def _received(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def incoming(self) -> Incoming:
+        """Rollout ranks: post the receive of the next update now and poll for it (`Incoming.arrived`) while the
+        engine keeps generating; `Incoming.weights()` then streams it as `received` does."""
+        first = self._post(0) if self.buckets else None
+        return Incoming(first, with_aliases(self._received(first), self.aliases))
+
+    def _post(self, i: int) -> tuple[Any, torch.Tensor]:
         assert self.group is not None and not self.is_sender
-        group = self.group
+        flat = torch.empty(self.buckets[i].numel, dtype=self.buckets[i].dtype, device=self.device)
+        return self.group.broadcast([flat], dist.BroadcastOptions()), flat
 
-        def post(i: int) -> tuple[Any, torch.Tensor]:
-            flat = torch.empty(self.buckets[i].numel, dtype=self.buckets[i].dtype, device=self.device)
-            return group.broadcast([flat], dist.BroadcastOptions()), flat
-
-        pending = post(0) if self.buckets else None
+    def _received(self, first: tuple[Any, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Bucket by bucket, each receive posted before the previous bucket is handed on (`first`: bucket 0's,
+        already posted)."""
+        pending = first or (self._post(0) if self.buckets else None)
         for i, bucket in enumerate(self.buckets):
             assert pending is not None
             work, flat = pending
             work.wait()
-            pending = post(i + 1) if i + 1 < len(self.buckets) else None
+            pending = self._post(i + 1) if i + 1 < len(self.buckets) else None
             yield from split_bucket(flat, bucket)
 
     def receive(self, engine: RolloutEngine) -> int:
         """Rollout ranks: stream the broadcast into the engine's in-place reload. Returns bytes received."""
         engine.load_weights(self.received())
         return self.nbytes
+
+
+class Incoming:
+    """An update whose first bucket's receive is posted (`BroadcastSync.incoming`)."""
+
+    def __init__(self, first: tuple[Any, torch.Tensor] | None, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self._first, self._weights = first, weights
+
+    def arrived(self) -> bool:
+        """The sender has started the broadcast (its first bucket is here): taking it blocks no longer than the
+        transfer itself."""
+        return self._first is None or bool(self._first[0].is_completed())
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._weights

@@ -313,6 +313,7 @@ def test_router_replay_aliases() -> None:
         (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=1"),
         (["rollout.partial_rollout=true", "algorithm.rejection_sample.enable=true"], "rejection sampling"),
         (["rollout.partial_rollout=true", "actor.router_replay=true"], "actor.router_replay=false"),
+        (["rollout.update_on_arrival=true"], "needs rollout.partial_rollout=true"),
     ],
 )  # fmt: skip
 def test_partial_rollout_refusals(overrides: list[str], needle: str) -> None:
@@ -332,5 +333,12 @@ def test_partial_rollout_aliases_and_plan() -> None:
     lagged = plan_run(load_config([*own, "trainer.max_off_policy_steps=2"]), 3)
     assert lagged.streaming is not None and lagged.streaming.prompts_in_flight == 3 * 4
     assert not lagged.streaming.recompute  # rollout.inflight_update=keep by default
+    assert not lagged.streaming.on_arrival and "weights taken after the fill" in lagged.describe("cpu", "gloo")
+    arrival = plan_run(load_config([*own, "rollout.update_on_arrival=true"]), 3)
+    assert arrival.streaming is not None and arrival.streaming.on_arrival
+    assert "weights taken when they arrive" in arrival.describe("cpu", "gloo")
+    colocated = plan_run(load_config(["rollout.partial_rollout=true", "rollout.update_on_arrival=true"]), 2)
+    assert colocated.streaming is not None and not colocated.streaming.on_arrival
+    assert any("rollout.update_on_arrival=true ignored" in n for n in colocated.notes)
     notes = plan_run(load_config(["trainer.max_staleness=2"]), 2).notes
     assert any("trainer.max_staleness=2 ignored" in n for n in notes)

@@ -173,3 +173,20 @@ def test_a_checkpoint_mid_stream_resumes_exactly(recompute: bool) -> None:
     resumed.update(iter(()), version=2)  # the first sync after a resume: the step-2 weights
     assert _run(resumed, range(3, 5)) == second_half
     assert first_half != second_half
+
+
+def test_update_on_arrival_generates_until_the_weights_arrive_within_the_prompts_in_flight() -> None:
+    groups, engine = _groups(in_flight=4)
+    groups.take(1)  # q0 q2 taken; q1 (1 token of 2) and q3 (1 of 7) in flight
+    polls = iter([False, False, False, True])
+    assert groups.generate_until(lambda: next(polls), next_step=2) == 3
+    # Step 1: q1 and q4 (draw 3, started as the first poll found room) finish; steps 2 and 3: q5's 3 tokens.
+    assert [_texts(d.batch)[0] for d in groups.ready] == ["q1x1", "q41", "q5xx1"]
+    assert engine.running.keys() == {"2.1.0", "2.1.1"}  # q3 goes on under the new weights
+
+    groups, engine = _groups(in_flight=4)
+    groups.take(1)
+    # Weights that never come: it stops once the 4 groups it may hold are complete (q3's 6 tokens left) and idles.
+    assert groups.generate_until(lambda: False, next_step=2) == 6
+    assert [_texts(d.batch)[0] for d in groups.ready] == ["q1x1", "q41", "q5xx1", "q3xxxxxx1"]
+    assert not engine.running and not groups.pending
