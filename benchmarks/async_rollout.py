@@ -13,12 +13,13 @@ half of the prompts at most 4; responses up to 256 tokens; reward 1 at the asked
     partial_unbounded  + rollout.partial_rollout=true, no staleness bound
     partial_arrival    + rollout.update_on_arrival=true, no staleness bound (only where the schema has the key)
 
-Runs are interleaved (A B C D, A B C D) so that other jobs on the machine slow every configuration alike. From
-each run's metrics.jsonl, over the steps after the first `WARMUP`: tokens/s and samples/s (prompt plus response
-tokens and samples trained, over the summed `timing_s/step`), the idle share of the rollout ranks
-(`timing_s/rollout_wait`, reported a step late, / `timing_s/step`) and of the actor (`timing_s/gen`, its wait for the batch, / step), the
-staleness histogram (`rollout/staleness_groups/*`), stale dropped groups, the mean response length, and the
-validation score (greedy, the 128 held-out prompts) at the same steps in every run. Ratios to on-policy are the
+Runs are interleaved (A B C D, A B C D) so that other jobs on the machine slow every configuration alike; repeat r
+runs with trainer.seed 1 + r. From each run's metrics.jsonl, over the steps after the first `WARMUP`: tokens/s and
+samples/s (prompt plus response tokens and samples trained, over the summed `timing_s/step`), the idle share of the
+rollout ranks (`timing_s/rollout_wait`, reported a step late, over `timing_s/step`: the rank that waited longest)
+and of the actor (`timing_s/gen`, its wait for the batch, over the step), the staleness histogram
+(`rollout/staleness_groups/*`), stale dropped groups, the mean response length, and the validation score (4 samples
+at temperature 1 of each of the 128 held-out prompts) at the same steps in every run. Ratios to on-policy are the
 headline: absolute rates on a shared 2-core machine are noise.
 
     default   20 steps, 2 repeats, validation at steps 0, 10 and 20
@@ -58,17 +59,19 @@ class Config:
 
     name: str
     label: str
+    short: str  # the plot's tick label
     overrides: tuple[str, ...]
 
 
 CONFIGS = (
-    Config("on_policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
-    Config("lookahead1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
-    Config("partial_s2", "partial, max_staleness 2", (*PARTIAL, "trainer.max_staleness=2")),
-    Config("partial_unbounded", "partial, unbounded", (*PARTIAL, "trainer.max_staleness=null")),
+    Config("on_policy", "on-policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
+    Config("lookahead1", "look-ahead 1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
+    Config("partial_s2", "partial, max_staleness 2", "partial\nstaleness <= 2", (*PARTIAL, "trainer.max_staleness=2")),
+    Config("partial_unbounded", "partial, unbounded", "partial\nunbounded", (*PARTIAL, "trainer.max_staleness=null")),
     Config(
         "partial_arrival",
         "partial + update on arrival",
+        "partial\non arrival",
         (*PARTIAL, "trainer.max_staleness=null", "rollout.update_on_arrival=true"),
     ),
 )
@@ -147,7 +150,7 @@ def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dic
     steps = sorted({s for r in runs for s in r["val"]})
     val = {s: statistics.mean(r["val"][s] for r in runs if s in r["val"]) for s in steps}
     hist = {b: sum(r["staleness_hist"][b] for r in runs) for b in STALENESS_BINS}
-    row = {**med, "staleness_hist": hist, "val": val, "val_last": val[steps[-1]] if steps else None}
+    row: dict[str, Any] = {**med, "staleness_hist": hist, "val": val, "val_last": val[steps[-1]] if steps else None}
     ref = reference or row
     row["speedup_tokens"] = row["tokens_per_s"] / ref["tokens_per_s"]
     row["speedup_samples"] = row["samples_per_s"] / ref["samples_per_s"]
@@ -184,8 +187,8 @@ def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
 
-def command(cfg: Config, args: argparse.Namespace, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The torchrun command line of one run."""
+def command(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path, run_dir: Path) -> list[str]:
+    """The torchrun command line of one run (repeat r: trainer.seed 1 + r)."""
     return [
         *common.torchrun(),
         *("--standalone", "--nproc-per-node", "4", "-m", "torchrl_post.train"),
@@ -209,6 +212,7 @@ def command(cfg: Config, args: argparse.Namespace, model: Path, data: Path, run_
         "trainer.plots=false",
         f"trainer.default_local_dir={run_dir}",
         f"trainer.experiment_name=bench_async_{cfg.name}",
+        f"trainer.seed={1 + repeat}",  # repeats differ by seed: their spread is the validation's noise
         *PLACEMENT,
         *cfg.overrides,
     ]
@@ -226,7 +230,7 @@ def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, dat
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
-    common.run_logged(command(cfg, args, model, data, run_dir), log, env=env)
+    common.run_logged(command(cfg, repeat, args, model, data, run_dir), log, env=env)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     out = {"config": cfg.name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
@@ -266,7 +270,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ref_name = configs[0].name
     reference = combine(runs[ref_name], None)
     rows = [
-        {"config": c.name, "label": c.label, **(reference if c.name == ref_name else combine(runs[c.name], reference))}
+        {
+            "config": c.name,
+            "label": c.label,
+            "short": c.short,
+            **(reference if c.name == ref_name else combine(runs[c.name], reference)),
+        }
         for c in configs
     ]
     noise = val_noise(runs)
@@ -315,8 +324,9 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{st['steps']} steps, {st['repeats']} interleaved repeat(s) per configuration (medians; the first "
         f"{st['warmup_steps']} steps left out of rates and idle shares). Tokens are prompt plus response tokens "
         "trained; idle = `timing_s/rollout_wait` (rollout ranks) or `timing_s/gen` (actor) over `timing_s/step`. "
-        "Staleness: groups trained at staleness 0 / 1 / 2 / 3 / 4+ over all runs; validation: greedy score on "
-        "the 128 held-out prompts at each validation step (mean over repeats).",
+        f"Staleness: groups trained at staleness 0 / 1 / 2 / 3 / 4+ over all runs; validation: mean score of "
+        f"{VAL_N} samples (temperature 1) of each of the 128 held-out prompts at each validation step (mean over "
+        "repeats; repeat r runs with trainer.seed 1 + r).",
         "",
         common.table(
             rows,
@@ -335,7 +345,7 @@ def markdown(rec: dict[str, Any]) -> str:
                 ("validation", "val_steps", "{}"),
             ],
         ),
-        f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between repeats of one "
+        f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between the seeds of one "
         f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below).",
         "",
         *conclusion(rec),
@@ -364,7 +374,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     rows = rec["rows"]
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.6))
     xs = list(range(len(rows)))
-    names = [r["label"].replace(", ", "\n") for r in rows]
+    names = [r.get("short", r["label"]) for r in rows]
     ax = axes[0]
     ax.bar([x - 0.2 for x in xs], [r["speedup_tokens"] for r in rows], 0.4, label="tokens/s")
     ax.bar([x + 0.2 for x in xs], [r["speedup_samples"] for r in rows], 0.4, label="samples/s")
@@ -383,7 +393,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for i, r in enumerate(rows):
         steps = list(r["val"])
         ax.plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
-    ax.set(xlabel="step", ylabel="validation score (greedy)", title="validation")
+    ax.set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)", title="validation")
     ax.legend(fontsize=7)
     ax = axes[3]
     bottoms = [0.0] * len(rows)
