@@ -323,7 +323,8 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{st['prompts']} prompts x {st['n']} samples per step, responses up to {st['max_response_length']} tokens, "
         f"{st['steps']} steps, {st['repeats']} interleaved repeat(s) per configuration (medians; the first "
         f"{st['warmup_steps']} steps left out of rates and idle shares). Tokens are prompt plus response tokens "
-        "trained; idle = `timing_s/rollout_wait` (rollout ranks) or `timing_s/gen` (actor) over `timing_s/step`. "
+        "trained; idle = `timing_s/rollout_wait` (the rollout rank that waited longest, reported a step late) or "
+        "`timing_s/gen` (the actor's wait for its batch) over `timing_s/step`. "
         f"Staleness: groups trained at staleness 0 / 1 / 2 / 3 / 4+ over all runs; validation: mean score of "
         f"{VAL_N} samples (temperature 1) of each of the 128 held-out prompts at each validation step (mean over "
         "repeats; repeat r runs with trainer.seed 1 + r).",
@@ -346,12 +347,25 @@ def markdown(rec: dict[str, Any]) -> str:
             ],
         ),
         f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between the seeds of one "
-        f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below).",
+        f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below). "
+        "Tokens/s of each repeat with the 1-minute load after it (the spread is the other jobs'):",
+        "",
+        *per_run(rec),
         "",
         *conclusion(rec),
         "",
     ]
     return "\n".join(lines)
+
+
+def per_run(rec: dict[str, Any]) -> list[str]:
+    """One line per configuration: each repeat's tokens/s and the load after it."""
+    out = []
+    for row in rec["rows"]:
+        runs = [r for r in rec["runs"] if r["config"] == row["config"]]
+        parts = ", ".join(f"{r['tokens_per_s']:.0f} (load {r['loadavg_1m']:.1f})" for r in runs)
+        out.append(f"- {row['label']}: {parts}")
+    return out
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:

@@ -101,7 +101,10 @@ def test_report_from_a_json_record(tmp_path: Path) -> None:
     settings = {"steps": 10, "repeats": 1, "prompts": 16, "n": 8, "warmup_steps": 2, "max_response_length": 256}
     rec = {
         "machine": {"cpu_count": 2}, "settings": settings, "rows": rows, "val_noise": 0.0,
-        "runs": [{"loadavg_1m": 3.0}, {"loadavg_1m": 4.0}],
+        "runs": [
+            {"config": "on_policy", "tokens_per_s": 100.0, "loadavg_1m": 3.0},
+            {"config": "partial", "tokens_per_s": 180.0, "loadavg_1m": 4.0},
+        ],
     }  # fmt: skip
     rec = json.loads(json.dumps(rec))  # as --report-only reads it: the validation steps become strings
     md = async_rollout.markdown(rec)
@@ -109,5 +112,6 @@ def test_report_from_a_json_record(tmp_path: Path) -> None:
         "| partial | 180 | 1.80x | 5.0 | 1.25x | 20.0 | 5% | 10% | 1 / 1 / 1 / 1 / 1 | 0 | 0.500 | 0.400, 0.600 |" in md
     )
     assert "- partial: 1.80x on-policy's tokens/s" in md and "meets the goal." in md
+    assert "- on-policy: 100 (load 3.0)" in md and "- partial: 180 (load 4.0)" in md
     async_rollout.plot(tmp_path / "p.png", rec)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
