@@ -237,7 +237,7 @@ def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, dat
     out["loadavg_1m"] = common.load_1m()
     print(
         f"      {out['tokens_per_s']:.0f} tok/s, {out['samples_per_s']:.1f} samples/s, rollout idle "
-        f"{out['rollout_idle']:.0%}, actor idle {out['actor_idle']:.0%}, response {out['response_length']:.1f}, "
+        f"{pct(out['rollout_idle'])}, actor idle {out['actor_idle']:.0%}, response {out['response_length']:.1f}, "
         f"val {out['val']}; run {wall:.0f} s",
         flush=True,
     )
@@ -358,6 +358,11 @@ def markdown(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def pct(x: float | None) -> str:
+    """A share as a percentage; n/a where it could not be measured (one measured step: no rollout wait)."""
+    return "n/a" if x is None else f"{x:.0%}"
+
+
 def per_run(rec: dict[str, Any]) -> list[str]:
     """One line per configuration: each repeat's tokens/s and the load after it."""
     out = []
@@ -377,7 +382,7 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
         out.append(
             f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
             f"samples/s (mean response {r['response_length']:.1f} tokens vs {rec['rows'][0]['response_length']:.1f}), "
-            f"rollout idle {r['rollout_idle']:.0%}, last validation {r['val_last']:.3f} vs "
+            f"rollout idle {pct(r['rollout_idle'])}, last validation {r['val_last']:.3f} vs "
             f"{rec['rows'][0]['val_last']:.3f}: {verdict} the goal" + (f" ({', '.join(missed)})." if missed else ".")
         )
     return out
@@ -397,7 +402,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.set(ylabel="x on-policy (median of repeats)", title="throughput")
     ax.legend(fontsize=7)
     ax = axes[1]
-    ax.bar([x - 0.2 for x in xs], [r["rollout_idle"] for r in rows], 0.4, label="rollout ranks")
+    ax.bar([x - 0.2 for x in xs], [r["rollout_idle"] or 0.0 for r in rows], 0.4, label="rollout ranks")
     ax.bar([x + 0.2 for x in xs], [r["actor_idle"] for r in rows], 0.4, label="actor ranks")
     ax.axhline(GOAL_ROLLOUT_IDLE, color="k", ls="--", lw=0.8, label="goal (rollout)")
     ax.set_xticks(xs, names, fontsize=7)
