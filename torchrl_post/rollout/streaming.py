@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -86,6 +86,39 @@ class TakenGroups:
     """Engine stepping since the last take."""
     in_flight: int
     """Requests generating when the step took its groups."""
+
+
+class Groups(Protocol):
+    """An engine's streamed groups as the rollout ranks' program (rollout/remote.py: StreamingServer) and a
+    colocated actor (`StreamingSource`) drive them: single samples (`GroupStream`) or agent episodes
+    (rollout/streaming_episodes.py: EpisodeGroupStream)."""
+
+    n: int
+    """Samples (or episodes) per group."""
+
+    def take(self, step: int) -> TakenGroups:
+        """This engine's share of step `step`: the first complete groups within the staleness bound."""
+        ...
+
+    def fill(self, batches: int, next_step: int) -> None:
+        """Generate until `batches` steps' shares of complete groups are ready, the next taken at `next_step`."""
+        ...
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights at an engine-step boundary; what is in flight goes on under `version`."""
+        ...
+
+    def at_version(self, version: int) -> None:
+        """The engine's weights were replaced outside the stream while it was suspended."""
+        ...
+
+    def suspend(self) -> None:
+        """Take the requests out of the engine; the next engine step re-adds them."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class GroupStream:
@@ -257,7 +290,7 @@ class StreamingSource:
     prefill them (colocated engines always recompute) and they carry on under the new version.
     """
 
-    def __init__(self, source: EngineSource, groups: GroupStream) -> None:
+    def __init__(self, source: EngineSource, groups: Groups) -> None:
         self.source, self.groups = source, groups
         self._local: dict[str, tuple[str, float]] = {}
 
