@@ -14,7 +14,8 @@ oldest version among its tokens, and trainer.max_staleness drops it as it drops 
 
 Checkpoints keep the complete groups and restart the groups still generating from their first turn (their
 environments reset, their seeds as before), in the run that saves as in the run that resumes, so the two continue
-alike. That is exact when the environments answer in a fixed order: agent.env_workers=0 (a thread pool's answers
+alike; the saving run's engine also forgets its prefix cache (agent runs enable it), whose blocks may come from
+earlier weights. That is exact when the environments answer in a fixed order: agent.env_workers=0 (a thread pool's answers
 arrive when they are ready).
 """
 
@@ -175,6 +176,7 @@ class EpisodeGroupStream:
         """Plain values: the sampler's position, the groups still running (restarted here from their first turn,
         as the run that resumes restarts them) and the complete ones."""
         self.episodes.drop([f"{key}.{j}" for key in self.pending for j in range(self.n)])
+        self.episodes.forget_cache()
         for key, group in self.pending.items():
             group.done = {}
             self._start(key, group)

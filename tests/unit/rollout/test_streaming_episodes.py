@@ -69,6 +69,7 @@ class EpisodeEngine:
         self.running: dict[str, tuple[list[int], int]] = {}
         self.added: list[tuple[str, int]] = []
         self.aborted: list[str] = []
+        self.resets = 0
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
         text = TOK.decode(prompt_ids)
@@ -97,6 +98,10 @@ class EpisodeEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         list(weights)
         self.weights += 1
+
+    def reset_prefix_cache(self) -> None:
+        assert not self.running, "nothing in flight"
+        self.resets += 1
 
     def sleep(self) -> None:
         pass
@@ -185,10 +190,11 @@ def test_a_checkpoint_mid_stream_continues_as_the_uninterrupted_stream(recompute
     """4 steps straight against 2 steps, a checkpoint (through torch.save and a weights_only load) into a fresh
     stream, 2 more: the same groups, tokens, versions and logprobs. The saving run restarts its running episodes
     from their first turn, as the resumed one does."""
-    straight, _ = _groups(in_flight=6, recompute=recompute)
+    straight, straight_engine = _groups(in_flight=6, recompute=recompute)
     first_half = _run(straight, range(1, 3))
     assert straight.pending, "episodes are running at the checkpoint"
     state = straight.state_dict()
+    assert straight_engine.resets == 1  # its prefix cache (blocks of earlier weights) goes, as a new engine's is empty
     second_half = _run(straight, range(3, 5))
     buf = io.BytesIO()
     torch.save(state, buf)
