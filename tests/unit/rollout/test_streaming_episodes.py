@@ -172,6 +172,27 @@ def test_groups_come_in_completion_order_and_turns_spanning_an_update_carry_both
     assert engine.aborted == []  # keep: nothing re-added
 
 
+def test_colocated_turns_leave_the_engine_for_the_update_and_come_back_with_their_tokens() -> None:
+    """What a colocated step does (rollout/streaming.py: StreamingSource): take, suspend (the engine sleeps and the
+    sync loads the weights outside the stream), then the next step at the new version re-adds the turns in flight
+    with their tokens so far."""
+    groups, engine = _groups(in_flight=4, recompute=True)
+    assert [_name(d.batch) for d in groups.take(1).groups] == ["q0", "q2"]
+    groups.suspend()
+    assert sorted(engine.aborted) == ["1.1.0", "1.1.1", "2.1.0", "2.1.1"] and not engine.running
+    engine.weights += 1
+    groups.at_version(1)
+    before = len(engine.added)
+    second = groups.take(2)
+    readded = dict(engine.added[before:])
+    # q1 and q3 had one token each: re-added with it (a seed of their own), then q4 and q5 start.
+    assert list(readded) == ["1.1.0", "1.1.1", "2.1.0", "2.1.1", "3.0.0", "3.0.1", "3.1.0", "3.1.1"]
+    first = dict(engine.added[:before])
+    assert all(readded[rid] != first[rid] for rid in ("1.1.0", "1.1.1", "2.1.0", "2.1.1"))
+    assert [_name(d.batch) for d in second.groups] == ["q1", "q4"] and second.groups[0].partial == 2
+    assert [s.versions for s in groups.episodes.live["2.1.0"].traj.steps] == [[0, 1]]
+
+
 def test_max_staleness_drops_episode_groups_too_old_and_stops_them() -> None:
     plain = _run(_groups(in_flight=6)[0], range(1, 9), lag=1)
     stale, engine = _groups(in_flight=6, max_staleness=1)
