@@ -51,6 +51,8 @@ from torchrl_post.types import Batch
 log = logging.getLogger(__name__)
 
 ParseCalls = Callable[[str], tuple[bool, list[tuple[str, str]]]]
+EPISODE_SEED = 1_000_003
+"""Episode k of a task with uid u starts from seed uid k * EPISODE_SEED + u (turn t adds 7919 t)."""
 
 
 @dataclass(frozen=True)
@@ -172,16 +174,15 @@ class AgentLoop:
 
     def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         episodes = self.episodes()
-        order = [f"{uid}-{k}" for uid, _ in tasks for k in range(params.n)]
+        starts = [(f"{uid}-{k}", uid, task, k * EPISODE_SEED + uid) for uid, task in tasks for k in range(params.n)]
         done: dict[str, Trajectory] = {}
         try:
-            starts = [(f"{uid}-{k}", uid, task, k * 1_000_003 + uid) for uid, task in tasks for k in range(params.n)]
             episodes.start(starts, params)
             while episodes.running:
                 done.update(episodes.advance())
         finally:
             episodes.close()
-        return [done[rid] for rid in order]
+        return [done[rid] for rid, *_ in starts]
 
     def _step(self) -> list[tuple[str, list[int], list[float], str | None]]:
         if self.group is not None:

@@ -29,14 +29,11 @@ from typing import Any
 import torch
 
 from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
-from torchrl_post.agent.loop import Episodes
+from torchrl_post.agent.loop import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter
 from torchrl_post.rollout.source import EngineSource, episode_tasks
 from torchrl_post.rollout.streaming import DoneGroup, StreamSettings, TakenGroups
 from torchrl_post.types import Batch
-
-EPISODE_SEED = 1_000_003
-"""Episode j of a group of uid u starts from seed uid j * EPISODE_SEED + u (as AgentLoop.run seeds it)."""
 
 
 @dataclass
