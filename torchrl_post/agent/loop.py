@@ -75,6 +75,7 @@ class _Live:
     context: list[int]
     seed_uid: int
     started: float
+    """`Episodes.clock` when it started."""
     params: SamplingParams
     """The episode's sampling parameters (each turn's budget is set from them)."""
     turn: int = 0
@@ -205,7 +206,7 @@ class AgentLoop:
         if len(context) + 1 > self.limits.max_model_len:
             traj.termination = "max_prompt_length"
             return traj
-        return _Live(traj, env, context, seed_uid, time.perf_counter(), params)
+        return _Live(traj, env, context, seed_uid, 0.0, params)
 
     def _turn(self, s: _Live) -> tuple[list[int], SamplingParams, int]:
         """The next turn's request: its prompt, its parameters (the token budget left) and its seed uid."""
@@ -335,6 +336,10 @@ class Episodes:
         self.pending: dict[Future[_Answer], tuple[str, Step]] = {}
         """Turns waiting for their environment's (or tools') answer."""
         self.ended: list[tuple[str, Trajectory]] = []
+        self.clock = 0.0
+        """Seconds spent advancing the episodes: agent.timeout_s counts these, not the waits between two calls
+        (a streamed episode waits for the trainer's updates)."""
+        self._since = 0.0
         n = loop.env_workers
         self.pool = ThreadPoolExecutor(n, thread_name_prefix="agent-env") if n else None
 
@@ -356,12 +361,14 @@ class Episodes:
             if isinstance(state, Trajectory):
                 self.ended.append((rid, state))
             else:
+                state.started = self.clock
                 self.live[rid] = state
                 self.queued.append(rid)
 
     def advance(self) -> list[tuple[str, Trajectory]]:
         """Send the next turns, one engine step (or a short wait for an answer), then the environments' answers
         that arrived; returns the episodes that ended, in the order they ended."""
+        self._since = time.perf_counter()
         if self.queued and (not self.loop.turn_batches or not (self.stream.live or self.pending)):
             for rid in self.queued:
                 self.stream.add(rid, *self.loop._turn(self.live[rid]))
@@ -377,6 +384,7 @@ class Episodes:
         elif self.pending:
             wait(list(self.pending), timeout=0.05, return_when=FIRST_COMPLETED)
         self._collect()
+        self.clock += time.perf_counter() - self._since
         out, self.ended = self.ended, []
         return out
 
@@ -429,9 +437,9 @@ class Episodes:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_timeouts(self) -> None:
-        """Past the wall clock: abort the turn (its tokens so far become a last step) or abandon the
+        """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
         environment call; the trajectory ends with `timeout`."""
-        now = time.perf_counter()
+        now = self.clock + time.perf_counter() - self._since
         late = [rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s]
         if not late:
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -239,3 +240,17 @@ def test_agent_loop_run_drives_the_episodes_to_their_end() -> None:
     ]
     assert [s.response_ids for s in trajectories[0].steps] == [TOK.encode("x1")] * 3
     assert all(s.versions == [0] * len(s.response_ids) for t in trajectories for s in t.steps)
+
+
+def test_the_timeout_counts_the_time_episodes_are_advanced_not_the_waits_between() -> None:
+    """agent.timeout_s of a streamed episode: the trainer's update between two steps does not count."""
+    engine = EpisodeEngine()
+    limits = LoopLimits(max_turns=4, max_response_length=16, max_model_len=512, timeout_s=0.2)
+    episodes = AgentLoop(engine, TOK, TurnsEnv, ChatAgent(), limits, env_workers=0).episodes()
+    episodes.start([("a", 0, {"i": 3}, 0)], SamplingParams(1, 1.0, 1.0, -1, 16, 0))
+    assert episodes.advance() == []
+    time.sleep(0.3)  # (an update elsewhere)
+    ended = []
+    while episodes.running:
+        ended += episodes.advance()
+    assert [(rid, t.termination, len(t.steps)) for rid, t in ended] == [("a", "env_done", 3)]
