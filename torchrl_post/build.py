@@ -11,6 +11,8 @@ the role sits on ranks of its own, absent where the plan has none.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from torchrl_post.agent.loop import build_agent_loop
@@ -22,7 +24,8 @@ from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer, StreamingServer
 from torchrl_post.rollout.source import EngineSource, RolloutSource, SourceSettings
-from torchrl_post.rollout.streaming import GroupStream, StreamingSource, StreamSettings
+from torchrl_post.rollout.streaming import Groups, GroupStream, StreamingSource, StreamSettings
+from torchrl_post.rollout.streaming_episodes import EpisodeGroupStream
 from torchrl_post.run import Run
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
@@ -115,12 +118,16 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     return RolloutServer(source, sync, transfer, timer, **steps)
 
 
-def group_stream(run: Run, source: EngineSource) -> GroupStream:
-    """rollout.partial_rollout: this engine's streamed groups (rollout/streaming.py)."""
+def group_stream(run: Run, source: EngineSource) -> Groups[Any]:
+    """rollout.partial_rollout: this engine's streamed groups (rollout/streaming.py), of agent episodes when the
+    source runs them (rollout/streaming_episodes.py)."""
     plan = run.plan.streaming
     assert plan is not None
+    settings = StreamSettings(plan.per_engine, plan.max_staleness)
+    if source.loop is not None:
+        return EpisodeGroupStream(source, source.loop.episodes(plan.recompute), settings, source.stepwise)
     stream = InflightStream(source.engine, recompute=plan.recompute)  # type: ignore[arg-type]
-    return GroupStream(source, stream, StreamSettings(plan.per_engine, plan.max_staleness))
+    return GroupStream(source, stream, settings)
 
 
 def rollout_transfer(run: Run) -> RolloutTransfer:

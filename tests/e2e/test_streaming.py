@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+from tests.e2e.test_agent import AGENT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 TRAIN = ["-m", "torchrl_post.train"]
@@ -94,3 +95,20 @@ def test_update_on_arrival_keeps_the_rollout_rank_generating_within_the_stalenes
     _check_streamed(rows, groups=4, spans=False)
     assert all(1 <= rows[s]["rollout/staleness"] <= 2 for s in (2, 3, 4)), "filled ahead, within trainer.max_staleness"
     assert (tmp_path / "run" / "checkpoints" / "global_step_4").is_dir()
+
+
+def test_streamed_agent_episodes_on_a_rollout_rank_carry_across_updates_and_resume_exactly(
+    demo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """3 processes, guess-the-number episodes of the demo model (right at once, or hinted for up to 3 turns) streamed
+    on rank 2 one batch ahead: the episodes still running when a step has its groups go on across the update (their
+    tokens from two policy versions); the checkpoint restarts them from their first turn, in the saving run as in
+    the resumed one (exact with agent.env_workers=0)."""
+    model, data = demo
+    agent = [a for a in AGENT if not a.startswith("data.max_response_length")]
+    # Three batches in flight: the groups still running when two batches are complete carry on across an update.
+    extra = [*OWN_RANK, *agent, "agent.env_workers=0", "rollout.n=2", "rollout.prompts_in_flight=12"]
+    extra += ["trainer.test_freq=0"]  # (the validations' episodes are test_agent.py's)
+    rows = _straight_and_resumed(3, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path, *extra)
+    _check_streamed(rows, groups=4)
+    assert all(rows[s]["agent/num_turns/mean"] > 1 for s in (1, 2, 3, 4)), "multi-turn episodes"

@@ -59,6 +59,8 @@ class Step:
     tool_calls: int = 0
     """Tool calls this response made (a malformed call counts one, and one error)."""
     tool_errors: int = 0
+    versions: list[int] = field(default_factory=list)
+    """The policy version that generated each response token (several when the turn spans a weight update)."""
 
 
 @dataclass
@@ -72,6 +74,10 @@ class Trajectory:
     termination: str = "env_done"
     reward: float = 0.0
     """The trajectory's reward (the sum of step rewards unless a reward function rescored it)."""
+
+    def versions(self) -> list[int]:
+        """The policy version of every response token, turn after turn."""
+        return [v for s in self.steps for v in s.versions]
 
     def response_tokens(self) -> tuple[list[int], list[float], list[float]]:
         """Everything after the first prompt as (ids, logprobs, loss mask): responses trained (mask 1),

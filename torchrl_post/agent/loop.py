@@ -16,6 +16,12 @@ Limits end only their own trajectory: `max_turns`, the response token budget (`l
 environment call that hangs is abandoned on its thread), and an environment or agent that raises (`error`).
 Seeds are per (uid, sample, turn), so a run is reproducible.
 
+`Episodes` (`loop.episodes()`) is the loop one engine step at a time: `start` episodes, `advance` them, `update`
+the weights between two engine steps, `suspend` or `drop` them; each turn is a request of
+`rollout/inflight.py`'s stream, so each token keeps the policy version that generated it (`Step.versions`).
+`run` drives it to the end; rollout.partial_rollout carries episodes across updates
+(`rollout/streaming_episodes.py`).
+
 A tensor-parallel engine (`group`: its ranks) stays in lockstep: the group's first rank runs the loop,
 decides every add and abort, and broadcasts them before each engine step; the other ranks apply them and
 step, then receive the trajectories. Their engines see identical request streams (a different add order
@@ -26,23 +32,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.config.schema import AgentConfig
 from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch
 
 log = logging.getLogger(__name__)
 
 ParseCalls = Callable[[str], tuple[bool, list[tuple[str, str]]]]
+EPISODE_SEED = 1_000_003
+"""Episode k of a task with uid u starts from seed uid k * EPISODE_SEED + u (turn t adds 7919 t)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,9 @@ class _Live:
     context: list[int]
     seed_uid: int
     started: float
+    """`Episodes.clock` when it started."""
+    params: SamplingParams
+    """The episode's sampling parameters (each turn's budget is set from them)."""
     turn: int = 0
     used: int = 0  # response tokens so far
 
@@ -155,56 +168,22 @@ class AgentLoop:
         return list(box[0])
 
     # ---- the first (or only) rank ---------------------------------------------------------------------
+    def episodes(self, recompute: bool = False, version: int = 0) -> Episodes:
+        """Episodes driven engine step by engine step over this loop's engine, with policy `version`; an
+        update between two engine steps keeps their KV cache or (`recompute`) re-prefills them."""
+        return Episodes(self, InflightStream(_Driven(self), recompute, version))
+
     def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
-        live: dict[str, _Live] = {}
+        episodes = self.episodes()
+        starts = [(f"{uid}-{k}", uid, task, k * EPISODE_SEED + uid) for uid, task in tasks for k in range(params.n)]
         done: dict[str, Trajectory] = {}
-        order: list[str] = []
-        queued: list[str] = []  # ready for their next turn
-        running: set[str] = set()  # in the engine
-        partial: dict[str, tuple[list[int], list[float]]] = {}  # tokens so far of running requests
-        pending: dict[Future[_Answer], tuple[str, Step]] = {}
-        pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="agent-env") if self.env_workers else None
         try:
-            for uid, task in tasks:
-                for k in range(params.n):
-                    rid = f"{uid}-{k}"
-                    order.append(rid)
-                    state = self._start(uid, task, k * 1_000_003 + uid)
-                    if isinstance(state, Trajectory):
-                        done[rid] = state
-                    else:
-                        live[rid] = state
-                        queued.append(rid)
-            while live:
-                for fut in [f for f in pending if f.done()]:
-                    rid, step = pending.pop(fut)
-                    if rid in live:  # not already timed out
-                        self._answered(rid, live, done, step, fut.result(), queued)
-                if queued and (not self.turn_batches or not (running or pending)):
-                    for rid in queued:
-                        self._submit(rid, live[rid], params)
-                        running.add(rid)
-                    queued.clear()
-                self._check_timeouts(live, done, running, partial, pending, queued)
-                if running:
-                    for rid, ids, lps, reason in self._step():
-                        if rid not in running:
-                            continue
-                        if reason is None:
-                            partial[rid] = (ids, lps)
-                            continue
-                        running.discard(rid)
-                        partial.pop(rid, None)
-                        step = Step(list(live[rid].context), list(ids), list(lps))
-                        live[rid].traj.steps.append(step)
-                        fut = self._answer_async(pool, live[rid].env, ids)
-                        pending[fut] = (rid, step)
-                elif pending:
-                    wait(list(pending), timeout=0.05, return_when=FIRST_COMPLETED)
+            episodes.start(starts, params)
+            while episodes.running:
+                done.update(episodes.advance())
         finally:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-        return [done[rid] for rid in order]
+            episodes.close()
+        return [done[rid] for rid, *_ in starts]
 
     def _step(self) -> list[tuple[str, list[int], list[float], str | None]]:
         if self.group is not None:
@@ -213,7 +192,7 @@ class AgentLoop:
         self.engine_steps += 1
         return list(self.engine.step())
 
-    def _start(self, uid: int, task: dict[str, Any], seed_uid: int) -> _Live | Trajectory:
+    def _start(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> _Live | Trajectory:
         traj = Trajectory(uid, task)
         try:
             env = self.make_env()
@@ -227,22 +206,15 @@ class AgentLoop:
         if len(context) + 1 > self.limits.max_model_len:
             traj.termination = "max_prompt_length"
             return traj
-        return _Live(traj, env, context, seed_uid, time.perf_counter())
+        return _Live(traj, env, context, seed_uid, 0.0, params)
 
-    def _submit(self, rid: str, s: _Live, params: SamplingParams) -> None:
+    def _turn(self, s: _Live) -> tuple[list[int], SamplingParams, int]:
+        """The next turn's request: its prompt, its parameters (the token budget left) and its seed uid."""
         budget = min(self.limits.max_response_length - s.used, self.limits.max_model_len - len(s.context))
         if self.limits.max_tokens_per_turn:
             budget = min(budget, self.limits.max_tokens_per_turn)
-        turn_params = replace(params, n=1, max_tokens=max(1, min(params.max_tokens, budget)))
-        args = (rid, list(s.context), turn_params, s.seed_uid + 7919 * s.turn)
-        self.engine.add_request(*args)
-        if self.group is not None:
-            self._ops.append(("add", *args))
-
-    def _abort(self, rids: list[str]) -> None:
-        self.engine.abort(rids)
-        if self.group is not None:
-            self._ops.append(("abort", rids))
+        turn_params = replace(s.params, n=1, max_tokens=max(1, min(s.params.max_tokens, budget)))
+        return list(s.context), turn_params, s.seed_uid + 7919 * s.turn
 
     # ---- a finished turn ---------------------------------------------------------------------------------
     def _answer_async(self, pool: ThreadPoolExecutor | None, env: Env, ids: list[int]) -> Future[_Answer]:
@@ -283,10 +255,9 @@ class AgentLoop:
         out.seconds = time.perf_counter() - t
         return out
 
-    def _answered(
-        self, rid: str, live: dict[str, _Live], done: dict[str, Trajectory], step: Step, a: _Answer, queued: list[str]
-    ) -> None:
-        s = live[rid]
+    def _answered(self, s: _Live, step: Step, a: _Answer) -> str | None:
+        """Record the answer to a turn; returns why the trajectory ends, or None when it goes on (its context
+        then holds the response and the observation)."""
         self.env_seconds += a.seconds
         step.reward, step.action, step.info = a.reward, a.action, a.info
         step.tool_calls, step.tool_errors = a.tool_calls, a.tool_errors
@@ -308,10 +279,7 @@ class AgentLoop:
             s.context = s.context + step.response_ids + step.observation_ids
             if len(s.context) + 1 > self.limits.max_model_len:
                 end = "max_prompt_length"
-        if end is not None:
-            self._end(rid, live, done, end)
-        else:
-            queued.append(rid)
+        return end
 
     def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         t = time.perf_counter()
@@ -320,43 +288,182 @@ class AgentLoop:
         finally:
             self.env_seconds += time.perf_counter() - t
 
-    def _check_timeouts(
-        self,
-        live: dict[str, _Live],
-        done: dict[str, Trajectory],
-        running: set[str],
-        partial: dict[str, tuple[list[int], list[float]]],
-        pending: dict[Future[_Answer], tuple[str, Step]],
-        queued: list[str],
-    ) -> None:
-        """Past the wall clock: abort the request (its tokens so far become a last step) or abandon the
+
+class _Driven:
+    """The engine as the loop's first rank drives it (`SteppedEngine`): on a tensor-parallel engine its adds and
+    aborts are recorded and broadcast to the other ranks before each step; steps are counted."""
+
+    def __init__(self, loop: AgentLoop) -> None:
+        self.loop = loop
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+        self.loop.engine.add_request(request_id, prompt_ids, params, uid)
+        if self.loop.group is not None:
+            self.loop._ops.append(("add", request_id, prompt_ids, params, uid))
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.loop.engine.abort(request_ids)
+        if self.loop.group is not None:
+            self.loop._ops.append(("abort", request_ids))
+
+    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+        return self.loop._step()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.loop.engine.load_weights(weights)
+
+
+class Episodes:
+    """Agent episodes in flight, advanced one engine step at a time, so that they can be carried across weight
+    updates (rollout/streaming_episodes.py) or run to their end (`AgentLoop.run`).
+
+        episodes = loop.episodes()
+        episodes.start([(episode_id, uid, task, seed_uid), ...], params)
+        while episodes.running:
+            for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
+                ...
+            episodes.update(weights, version)                    # between two engine steps (streamed)
+
+    Each turn is a request of an `InflightStream`: its tokens keep the policy version that generated them
+    (`Step.versions`) and the engine's logprob of each (the behaviour policy).
+    """
+
+    def __init__(self, loop: AgentLoop, stream: InflightStream) -> None:
+        self.loop, self.stream = loop, stream
+        self.live: dict[str, _Live] = {}
+        self.queued: list[str] = []
+        """Episodes ready for their next turn."""
+        self.pending: dict[Future[_Answer], tuple[str, Step]] = {}
+        """Turns waiting for their environment's (or tools') answer."""
+        self.ended: list[tuple[str, Trajectory]] = []
+        self.clock = 0.0
+        """Seconds spent advancing the episodes: agent.timeout_s counts these, not the waits between two calls
+        (a streamed episode waits for the trainer's updates)."""
+        self._since = 0.0
+        n = loop.env_workers
+        self.pool = ThreadPoolExecutor(n, thread_name_prefix="agent-env") if n else None
+
+    @property
+    def running(self) -> bool:
+        """Episodes are live, or ended and not yet returned by `advance`."""
+        return bool(self.live or self.ended)
+
+    @property
+    def version(self) -> int:
+        """The policy version the next generated tokens come from."""
+        return self.stream.version
+
+    def start(self, episodes: list[tuple[str, int, dict[str, Any], int]], params: SamplingParams) -> None:
+        """New episodes (id, uid, task, seed uid), reset now; their first turns go to the engine at the next
+        `advance`. An episode whose reset fails ends at once."""
+        for rid, uid, task, seed_uid in episodes:
+            state = self.loop._start(uid, task, seed_uid, params)
+            if isinstance(state, Trajectory):
+                self.ended.append((rid, state))
+            else:
+                state.started = self.clock
+                self.live[rid] = state
+                self.queued.append(rid)
+
+    def advance(self) -> list[tuple[str, Trajectory]]:
+        """Send the next turns, one engine step (or a short wait for an answer), then the environments' answers
+        that arrived; returns the episodes that ended, in the order they ended."""
+        self._since = time.perf_counter()
+        if self.queued and (not self.loop.turn_batches or not (self.stream.live or self.pending)):
+            for rid in self.queued:
+                self.stream.add(rid, *self.loop._turn(self.live[rid]))
+            self.queued.clear()
+        self._check_timeouts()
+        if self.stream.live:
+            for sample in self.stream.step():
+                s = self.live[sample.request_id]
+                step = Step(list(s.context), sample.tokens, sample.logprobs, versions=sample.versions)
+                s.traj.steps.append(step)
+                fut = self.loop._answer_async(self.pool, s.env, sample.tokens)
+                self.pending[fut] = (sample.request_id, step)
+        elif self.pending:
+            wait(list(self.pending), timeout=0.05, return_when=FIRST_COMPLETED)
+        self._collect()
+        self.clock += time.perf_counter() - self._since
+        out, self.ended = self.ended, []
+        return out
+
+    def _collect(self) -> None:
+        """The answers that arrived: each episode ends or queues its next turn."""
+        for fut in [f for f in self.pending if f.done()]:
+            rid, step = self.pending.pop(fut)
+            if rid in self.live:  # not already timed out
+                end = self.loop._answered(self.live[rid], step, fut.result())
+                if end is None:
+                    self.queued.append(rid)
+                else:
+                    self._end(rid, end)
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights at this engine-step boundary: the turns in flight go on under `version`."""
+        self.stream.update(weights, version)
+
+    def suspend(self) -> None:
+        """Take the turns in flight out of the engine; the next `advance` adds them again with their tokens."""
+        self.stream.suspend()
+
+    def drop(self, episode_ids: list[str]) -> None:
+        """Stop these episodes for good: their turns in flight are aborted, their answers abandoned."""
+        gone = set(episode_ids)
+        self.stream.drop([rid for rid in episode_ids if rid in self.stream.live])
+        for fut in [f for f, (rid, _) in self.pending.items() if rid in gone]:
+            fut.cancel()
+            del self.pending[fut]
+        self.queued = [rid for rid in self.queued if rid not in gone]
+        self.ended = [(rid, t) for rid, t in self.ended if rid not in gone]
+        for rid in gone:
+            self.live.pop(rid, None)
+
+    def forget_cache(self) -> None:
+        """Clear the engine's prefix cache (nothing may be in flight): a run that restarts here from a checkpoint
+        starts with an empty one, and blocks computed by earlier weights would serve the restarted turns."""
+        assert not self.stream.live, "the engine's requests hold their cached blocks"
+        self.loop.engine.reset_prefix_cache()
+
+    def oldest(self, episode_id: str) -> int | None:
+        """The oldest policy version among a live episode's tokens so far (None: none generated yet)."""
+        versions = self.live[episode_id].traj.versions()
+        if episode_id in self.stream.live:
+            versions += self.stream.live[episode_id].versions
+        return min(versions, default=None)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _check_timeouts(self) -> None:
+        """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
         environment call; the trajectory ends with `timeout`."""
-        now = time.perf_counter()
-        late = [rid for rid, s in live.items() if now - s.started > self.limits.timeout_s]
+        now = self.clock + time.perf_counter() - self._since
+        late = [rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s]
         if not late:
             return
-        aborted = [rid for rid in late if rid in running]
-        if aborted:
-            self._abort(aborted)
         for rid in late:
-            if rid in running:
-                running.discard(rid)
-                ids, lps = partial.pop(rid, ([], []))
-                if ids:
-                    live[rid].traj.steps.append(Step(list(live[rid].context), list(ids), list(lps)))
-            if rid in queued:
-                queued.remove(rid)
-            for fut in [f for f, (r, _) in pending.items() if r == rid]:
+            turn = self.stream.live.get(rid)
+            if turn is not None and turn.tokens:
+                s = self.live[rid]
+                s.traj.steps.append(
+                    Step(list(s.context), list(turn.tokens), list(turn.logprobs), versions=turn.versions)
+                )
+        self.stream.drop([rid for rid in late if rid in self.stream.live])
+        for rid in late:
+            if rid in self.queued:
+                self.queued.remove(rid)
+            for fut in [f for f, (r, _) in self.pending.items() if r == rid]:
                 fut.cancel()
-                del pending[fut]
-            self._end(rid, live, done, "timeout")
+                del self.pending[fut]
+            self._end(rid, "timeout")
 
-    @staticmethod
-    def _end(rid: str, live: dict[str, _Live], done: dict[str, Trajectory], termination: str) -> None:
-        s = live.pop(rid)
+    def _end(self, rid: str, termination: str) -> None:
+        s = self.live.pop(rid)
         s.traj.termination = termination
         s.traj.reward = sum(step.reward for step in s.traj.steps)
-        done[rid] = s.traj
+        self.ended.append((rid, s.traj))
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,9 @@ class HFEngine:
         gone = set(request_ids)
         self._queue = [q for q in self._queue if q[0] not in gone]
 
+    def reset_prefix_cache(self) -> None:
+        pass  # generate keeps no cache between calls
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy (HF name, full tensor) pairs into the model (a LoRA model's merged here). Every parameter must

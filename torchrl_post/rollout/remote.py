@@ -38,7 +38,7 @@ from torchrl_post.distributed.transfer import (
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import STALENESS_BINS, GroupStream, staleness_bin
+from torchrl_post.rollout.streaming import STALENESS_BINS, Groups, staleness_bin
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 
@@ -252,7 +252,8 @@ class RolloutServer:
 
 
 class StreamingServer(RolloutServer):
-    """Rank program of rollout-only ranks with rollout.partial_rollout: the engine streams groups (`GroupStream`).
+    """Rank program of rollout-only ranks with rollout.partial_rollout: the engine streams groups (`Groups`: single
+    samples, or agent episodes).
 
     Step k hands over the first complete groups of this engine's share (within trainer.max_staleness), fills
     trainer.max_off_policy_steps batches ahead while the actor trains (the requests that do not finish in time carry
@@ -266,7 +267,7 @@ class StreamingServer(RolloutServer):
     def __init__(
         self,
         source: EngineSource,
-        groups: GroupStream,
+        groups: Groups[Any],
         sync: BroadcastSync,
         transfer: RolloutTransfer,
         timer: Timer,

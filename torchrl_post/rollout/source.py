@@ -10,7 +10,7 @@ settings (`SourceSettings`: the rollout section and the plan's values) and an ag
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
+
+if TYPE_CHECKING:
+    from torchrl_post.agent.loop import Episodes
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,25 @@ class EpisodeRunner(Protocol):
         """`params.n` episodes per task, the `keep` slice of them as one batch (one row per trajectory, or per
         step with `stepwise`)."""
         ...
+
+    def episodes(self, recompute: bool = False, version: int = 0) -> Episodes:
+        """Episodes stepped one engine step at a time, carried across weight updates (rollout.partial_rollout)."""
+        ...
+
+
+def episode_tasks(prompts: PromptBatch) -> list[tuple[int, dict[str, Any]]]:
+    """Each prompt as an agent task: (its uid, the row's answer, data source, question and extra fields)."""
+    return [
+        (uid, {"answer": ans, "data_source": src, "question": q, **extra})
+        for uid, ans, src, q, extra in zip(
+            prompts.uids,
+            prompts.answers,
+            prompts.data_sources,
+            prompts.questions or [""] * len(prompts),
+            prompts.extra_infos,
+            strict=True,
+        )
+    ]
 
 
 class RolloutSource(Protocol):
@@ -197,17 +219,7 @@ class EngineSource:
         tensor-parallel engine runs the union of its ranks' tasks (validation prompts are already the
         engine's). Validation keeps one row per trajectory."""
         assert self.loop is not None
-        tasks = [
-            (uid, {"answer": ans, "data_source": src, "question": q, **extra})
-            for uid, ans, src, q, extra in zip(
-                prompts.uids,
-                prompts.answers,
-                prompts.data_sources,
-                prompts.questions or [""] * len(prompts),
-                prompts.extra_infos,
-                strict=True,
-            )
-        ]
+        tasks = episode_tasks(prompts)
         mine = slice(0, len(tasks) * params.n)
         if self.engine_group is not None and self.union and not validation:
             parts: list[Any] = [None] * dist.get_world_size(self.engine_group)

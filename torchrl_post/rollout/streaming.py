@@ -22,9 +22,10 @@ with their tokens so far (`InflightStream.suspend`/`resume`), in the run that sa
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -52,17 +53,21 @@ class StreamSettings:
     """trainer.max_staleness."""
 
 
+M = TypeVar("M")
+"""What a group's members are when they end: finished samples (InflightSample) or episodes (Trajectory)."""
+
+
 @dataclass
-class PendingGroup:
-    """A prompt's group while its samples generate."""
+class PendingGroup(Generic[M]):
+    """A prompt's group while its members (samples, or agent episodes) generate."""
 
     index: int
     """Its row in the training set."""
     position: int
-    """Its position in the draw's batch (with the draw, its samples' seeds)."""
+    """Its position in the draw's batch (with the draw, its members' seeds)."""
     draw: int
-    done: dict[int, InflightSample] = field(default_factory=dict)
-    """Finished samples by their index in the group."""
+    done: dict[int, M] = field(default_factory=dict)
+    """Ended members by their index in the group."""
 
 
 @dataclass
@@ -89,15 +94,19 @@ class TakenGroups:
     """Requests generating when the step took its groups."""
 
 
-class GroupStream:
-    """One engine's groups: drawn in its share of the sampler's batches, generated as single-sample requests,
-    completed, scored, taken in the order they complete."""
+class Groups(ABC, Generic[M]):
+    """An engine's streamed groups as the rollout ranks' program (rollout/remote.py: StreamingServer) and a
+    colocated actor (`StreamingSource`) drive them: single samples (`GroupStream`) or agent episodes
+    (rollout/streaming_episodes.py: EpisodeGroupStream). Drawing the engine's shares of the sampler's batches,
+    taking the first complete groups, filling ahead, generating until the weights arrive and the staleness bound
+    are the same for both; what a member is, and how it steps, is the subclass's."""
 
-    def __init__(self, source: EngineSource, stream: InflightStream, settings: StreamSettings) -> None:
-        self.source, self.stream, self.settings = source, stream, settings
+    def __init__(self, source: EngineSource, settings: StreamSettings) -> None:
+        self.source, self.settings = source, settings
         self.n = source.settings.group_size
+        """Members per group (rollout.n)."""
         self.draws = 0
-        self.pending: dict[str, PendingGroup] = {}
+        self.pending: dict[str, PendingGroup[M]] = {}
         """group key (draw.position) -> its group."""
         self.ready: list[DoneGroup] = []
         self.share = 0
@@ -107,6 +116,49 @@ class GroupStream:
         self.stale_dropped = 0
         self.engine_seconds = 0.0
 
+    # ---- what a member is -----------------------------------------------------------------------------
+    @abstractmethod
+    def _in_flight(self) -> int:
+        """Requests generating now."""
+
+    @abstractmethod
+    def _busy(self) -> bool:
+        """Some member still generates (or waits for its environment)."""
+
+    @abstractmethod
+    def _advance(self) -> list[tuple[str, M]]:
+        """One engine step: (request id "{group key}.{j}", member) of the members that ended."""
+
+    @abstractmethod
+    def _start(self, key: str, group: PendingGroup[M]) -> None:
+        """Start the group's members from the beginning."""
+
+    @abstractmethod
+    def _scored(self, group: PendingGroup[M]) -> DoneGroup:
+        """The complete group as a scored, filtered batch."""
+
+    @abstractmethod
+    def _too_old(self, oldest_allowed: int) -> list[str]:
+        """Stop the groups still generating with a token older than `oldest_allowed`; returns their keys."""
+
+    @abstractmethod
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights at an engine-step boundary (rollout ranks); what is in flight goes on under `version`."""
+
+    @abstractmethod
+    def at_version(self, version: int) -> None:
+        """The engine's weights were replaced outside the stream (a colocated sync) while it was suspended."""
+
+    @abstractmethod
+    def suspend(self) -> None:
+        """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
     # ---- a step ---------------------------------------------------------------------------------------
     def take(self, step: int) -> TakenGroups:
         """This engine's share of step `step`: the first complete groups within the staleness bound, relabelled
@@ -115,7 +167,7 @@ class GroupStream:
         taken, self.ready = self.ready[: self.share], self.ready[self.share :]
         for done, g in zip(taken, self.positions, strict=True):
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
-        out = TakenGroups(taken, self.stale_dropped, self.engine_seconds, len(self.stream.live))
+        out = TakenGroups(taken, self.stale_dropped, self.engine_seconds, self._in_flight())
         self.stale_dropped, self.engine_seconds = 0, 0.0
         return out
 
@@ -127,12 +179,9 @@ class GroupStream:
             if len(self.ready) >= batches * self.share:
                 return
             self._top_up()
-            if not self.stream.live:  # everything in flight was dropped as stale: more prompts, whatever fits
+            if not self._busy():  # everything in flight was dropped as stale: more prompts, whatever fits
                 self._draw()
-            t = time.perf_counter()
-            finished = self.stream.step()
-            self.engine_seconds += time.perf_counter() - t
-            self._complete(finished)
+            self._step()
 
     def generate_until(self, arrived: Callable[[], bool], next_step: int) -> int:
         """rollout.update_on_arrival: engine steps until `arrived()` (polled between them), starting new prompts
@@ -142,14 +191,91 @@ class GroupStream:
         while not arrived():
             self._drop_stale(next_step)
             self._top_up()
-            if not self.stream.live:
+            if not self._busy():
                 break
-            t = time.perf_counter()
-            finished = self.stream.step()
-            self.engine_seconds += time.perf_counter() - t
-            self._complete(finished)
+            self._step()
             steps += 1
         return steps
+
+    # ---- drawing and completing -------------------------------------------------------------------------
+    def _step(self) -> None:
+        t = time.perf_counter()
+        ended = self._advance()
+        self.engine_seconds += time.perf_counter() - t
+        for rid, member in ended:
+            key, j = rid.rsplit(".", 1)
+            group = self.pending[key]
+            group.done[int(j)] = member
+            if len(group.done) == self.n:
+                del self.pending[key]
+                self.ready.append(self._scored(group))
+
+    def _top_up(self) -> None:
+        """Draw another share of prompts while it fits in the groups kept in flight (always when idle)."""
+        while not self.share or len(self.pending) + len(self.ready) + self.share <= self.settings.in_flight:
+            self._draw()
+            if not self.share:
+                break
+
+    def _draw(self) -> None:
+        idx, positions = self.source.sampler.next_batch()
+        self.share, self.positions = len(idx), positions
+        self.draws += 1
+        for index, position in zip(idx, positions, strict=True):
+            key = f"{self.draws}.{position}"
+            self.pending[key] = PendingGroup(index, position, self.draws)
+            self._start(key, self.pending[key])
+
+    def _drop_stale(self, next_step: int) -> None:
+        """Drop what would exceed trainer.max_staleness when taken at `next_step` or later: complete groups, and
+        groups still generating whose oldest token is already too old (their members are stopped)."""
+        bound = self.settings.max_staleness
+        if bound is None:
+            return
+        oldest_allowed = (next_step - 1) - bound
+        kept = [d for d in self.ready if d.oldest >= oldest_allowed]
+        self.stale_dropped += len(self.ready) - len(kept)
+        self.ready = kept
+        for key in self._too_old(oldest_allowed):
+            del self.pending[key]
+            self.stale_dropped += 1
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def _position_state(self) -> dict[str, Any]:
+        """The sampler's position, the draws and the complete groups (plain values)."""
+        return {
+            "sampler": self.source.sampler.state_dict(),
+            "draws": self.draws,
+            "share": self.share,
+            "positions": list(self.positions),
+            "ready": [{"batch": d.batch.to_wire(), "oldest": d.oldest, "partial": d.partial} for d in self.ready],
+        }
+
+    def _load_position(self, state: dict[str, Any]) -> None:
+        self.source.sampler.load_state_dict(state["sampler"])
+        self.draws, self.share = int(state["draws"]), int(state["share"])
+        self.positions = [int(p) for p in state["positions"]]
+        self.ready = [
+            DoneGroup(Batch.from_wire(d["batch"]), int(d["oldest"]), int(d["partial"])) for d in state["ready"]
+        ]
+
+
+class GroupStream(Groups[InflightSample]):
+    """One engine's groups: drawn in its share of the sampler's batches, generated as single-sample requests,
+    completed, scored, taken in the order they complete."""
+
+    def __init__(self, source: EngineSource, stream: InflightStream, settings: StreamSettings) -> None:
+        super().__init__(source, settings)
+        self.stream = stream
+
+    def _in_flight(self) -> int:
+        return len(self.stream.live)
+
+    def _busy(self) -> bool:
+        return bool(self.stream.live)
+
+    def _advance(self) -> list[tuple[str, InflightSample]]:
+        return [(s.request_id, s) for s in self.stream.step()]
 
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """New weights at this engine-step boundary (rollout ranks); the requests in flight go on."""
@@ -164,36 +290,14 @@ class GroupStream:
         """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
         self.stream.suspend()
 
-    # ---- drawing and completing -------------------------------------------------------------------------
-    def _top_up(self) -> None:
-        """Draw another share of prompts while it fits in the groups kept in flight (always when idle)."""
-        while not self.share or len(self.pending) + len(self.ready) + self.share <= self.settings.in_flight:
-            self._draw()
-            if not self.share:
-                break
+    def _start(self, key: str, group: PendingGroup[InflightSample]) -> None:
+        """The group's samples, each a request seeded by its position and index in the group."""
+        (prompt,) = self.source.prompt_batch([group.index], [group.position]).prompt_ids
+        params = replace(self.source.sampling(group.draw, validation=False), n=1)
+        for j in range(self.n):
+            self.stream.add(f"{key}.{j}", prompt, params, uid=group.position * self.n + j)
 
-    def _draw(self) -> None:
-        idx, positions = self.source.sampler.next_batch()
-        self.share, self.positions = len(idx), positions
-        self.draws += 1
-        prompts = self.source.prompt_batch(idx, positions)
-        params = replace(self.source.sampling(self.draws, validation=False), n=1)
-        for index, position, prompt in zip(idx, positions, prompts.prompt_ids, strict=True):
-            key = f"{self.draws}.{position}"
-            self.pending[key] = PendingGroup(index, position, self.draws)
-            for j in range(self.n):
-                self.stream.add(f"{key}.{j}", prompt, params, uid=position * self.n + j)
-
-    def _complete(self, finished: list[InflightSample]) -> None:
-        for sample in finished:
-            key, j = sample.request_id.rsplit(".", 1)
-            group = self.pending[key]
-            group.done[int(j)] = sample
-            if len(group.done) == self.n:
-                del self.pending[key]
-                self.ready.append(self._scored(group))
-
-    def _scored(self, group: PendingGroup) -> DoneGroup:
+    def _scored(self, group: PendingGroup[InflightSample]) -> DoneGroup:
         samples = [group.done[j] for j in range(self.n)]
         prompts = self.source.prompt_batch([group.index], [group.position])
         gen = Generation(
@@ -206,25 +310,16 @@ class GroupStream:
         versions = [v for s in samples for v in s.versions] or [self.stream.version]
         return DoneGroup(batch, min(versions), sum(s.spans > 1 for s in samples))
 
-    def _drop_stale(self, next_step: int) -> None:
-        """Drop what would exceed trainer.max_staleness when taken at `next_step` or later: complete groups, and
-        groups still generating whose oldest token is already too old (their requests are aborted)."""
-        bound = self.settings.max_staleness
-        if bound is None:
-            return
-        kept = [d for d in self.ready if (next_step - 1) - d.oldest <= bound]
-        self.stale_dropped += len(self.ready) - len(kept)
-        self.ready = kept
+    def _too_old(self, oldest_allowed: int) -> list[str]:
         oldest: dict[str, int] = {}  # group key -> the oldest version among its tokens so far
         for s in [*self.stream.live.values(), *(s for g in self.pending.values() for s in g.done.values())]:
             if s.versions:
                 key = s.request_id.rsplit(".", 1)[0]
                 oldest[key] = min(oldest.get(key, s.versions[0]), s.versions[0])
-        for key, group in list(self.pending.items()):
-            if key in oldest and (next_step - 1) - oldest[key] > bound:
-                self.stream.drop([f"{key}.{j}" for j in range(self.n) if j not in group.done])
-                del self.pending[key]
-                self.stale_dropped += 1
+        stale = [key for key in self.pending if key in oldest and oldest[key] < oldest_allowed]
+        for key in stale:
+            self.stream.drop([f"{key}.{j}" for j in range(self.n) if j not in self.pending[key].done])
+        return stale
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -232,11 +327,7 @@ class GroupStream:
         flight) and the complete ones. The requests in flight are re-added here (as after a resume), so the run
         that saves continues exactly as the run that resumes from it."""
         self.stream.suspend()
-        return {
-            "sampler": self.source.sampler.state_dict(),
-            "draws": self.draws,
-            "share": self.share,
-            "positions": list(self.positions),
+        return self._position_state() | {
             "version": self.stream.version,
             "pending": [
                 {
@@ -249,22 +340,16 @@ class GroupStream:
                 for key, g in self.pending.items()
             ],
             "live": self.stream.export(),
-            "ready": [{"batch": d.batch.to_wire(), "oldest": d.oldest, "partial": d.partial} for d in self.ready],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.source.sampler.load_state_dict(state["sampler"])
-        self.draws, self.share = int(state["draws"]), int(state["share"])
-        self.positions = [int(p) for p in state["positions"]]
+        self._load_position(state)
         self.pending = {}
         for g in state["pending"]:
-            group = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
+            group: PendingGroup[InflightSample] = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
             group.done = {int(j): sample_from_state(s) for j, s in g["done"].items()}
             self.pending[g["key"]] = group
         self.stream.adopt(state["live"], int(state["version"]))
-        self.ready = [
-            DoneGroup(Batch.from_wire(d["batch"]), int(d["oldest"]), int(d["partial"])) for d in state["ready"]
-        ]
 
 
 class StreamingSource:
@@ -275,7 +360,7 @@ class StreamingSource:
     prefill them (colocated engines always recompute) and they carry on under the new version.
     """
 
-    def __init__(self, source: EngineSource, groups: GroupStream) -> None:
+    def __init__(self, source: EngineSource, groups: Groups[Any]) -> None:
         self.source, self.groups = source, groups
         self._local: dict[str, tuple[str, float]] = {}
 

@@ -200,6 +200,12 @@ class VLLMEngine:
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached KV blocks: those of requests that ran across an update (rollout.inflight_update=keep)
+        were computed by earlier weights. Asleep, there is nothing to forget until the next load resets it."""
+        if not self.asleep:
+            self.llm.reset_prefix_cache()
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """(name, full tensor) pairs in HF names, or a LoRA model's PEFT names (merged here; in adapter mode
         the adapter's tensors only, loaded as the engine's LoRA adapter)."""

@@ -320,6 +320,15 @@ def test_partial_rollout_refusals(overrides: list[str], needle: str) -> None:
     assert needle in _config_error(overrides)
 
 
+def test_partial_rollout_streams_agent_episodes() -> None:
+    agent = [
+        "agent.env=torchrl_post.agent.guess_number:GuessNumberEnv",
+        "agent.agent=torchrl_post.agent.guess_number:GuessAgent",
+    ]
+    cfg = load_config(["rollout.partial_rollout=true", *agent])
+    assert cfg.rollout.partial_rollout and cfg.agent.env is not None
+
+
 def test_partial_rollout_aliases_and_plan() -> None:
     cfg = load_config(["async_training.partial_rollout=true", "trainer.fully_async.max_staleness_steps=3"])
     assert cfg.rollout.partial_rollout and cfg.trainer.max_staleness == 3
