@@ -71,12 +71,12 @@ METRICS: dict[str, str] = {
     "rollout/staleness_mean": "Mean over the step's groups of their staleness (a group's: the trained policy's version "
     "less the oldest version among its tokens).",
     "rollout/staleness_groups/<s>": "The step's groups at staleness 0, 1, 2, 3 and 4+ (a histogram per step).",
-    "rollout/partial_samples": "rollout.partial_rollout: share of the step's samples whose tokens came from more than "
-    "one policy version (generated across a weight update).",
+    "rollout/partial_samples": "rollout.partial_rollout: share of the step's samples (with agent.env, trajectories) "
+    "whose tokens came from more than one policy version (generated across a weight update).",
     "rollout/stale_dropped_groups": "rollout.partial_rollout: groups dropped since the last step for exceeding "
     "trainer.max_staleness (complete, or still generating and already too old).",
-    "rollout/in_flight": "rollout.partial_rollout: requests (samples) still generating when the step took its groups, "
-    "over all engines.",
+    "rollout/in_flight": "rollout.partial_rollout: requests (samples; with agent.env, episodes) still generating when "
+    "the step took its groups, over all engines.",
     "rollout_corr/is_weight_mean": "Mean importance weight applied: min(ratio, rollout_is_threshold), the ratio "
     "at the rollout_is level (token or sequence).",
     "rollout_corr/is_clipfrac": "Fraction of tokens whose importance weight hit the cap.",
