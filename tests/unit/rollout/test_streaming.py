@@ -6,7 +6,7 @@ streamed training runs are tests/e2e/test_streaming.py."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.rollout.base import SamplingParams
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import GroupStream, StreamSettings
+from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
 
 # Response length of each prompt's samples (tokens): most short, q3 long (it spans weight updates).
 LENGTHS = {"q0": 1, "q1": 2, "q2": 1, "q3": 7, "q4": 1, "q5": 3, "q6": 1, "q7": 2}
@@ -97,12 +97,15 @@ def _texts(batch: Any) -> list[str]:
     return [TOK.decode(row[m.bool()].tolist()) for row, m in zip(batch.input_ids, batch.attention_mask, strict=True)]
 
 
-def _run(groups: GroupStream, steps: range, lag: int = 1) -> list[tuple[list[str], list[int], list[list[float]]]]:
-    """What a rollout rank does per step (rollout/remote.py: StreamingServer): take, fill ahead, update."""
+def _run(
+    groups: Groups[Any], steps: range, lag: int = 1, name: Callable[[Any], Any] = _texts
+) -> list[tuple[Any, list[int], list[list[float]]]]:
+    """What a rollout rank does per step (rollout/remote.py: StreamingServer): take, fill ahead, update; each taken
+    group as (`name` of its batch, group ids, rollout logprobs)."""
     out = []
     for step in steps:
         taken = groups.take(step)
-        out += [(_texts(d.batch), d.batch.group_ids.tolist(), d.batch.rollout_log_probs.tolist()) for d in taken.groups]
+        out += [(name(d.batch), d.batch.group_ids.tolist(), d.batch.rollout_log_probs.tolist()) for d in taken.groups]
         if lag:
             groups.fill(lag, step + 1)
         groups.update(iter(()), version=step)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import re
 import time
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings
+from tests.unit.rollout.test_streaming import SteppedEngine, _run
 from torchrl_post.agent.chat import ChatAgent
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.data.sampler import ShardedBatchSampler
@@ -39,10 +39,6 @@ SCRIPT = {
 ASSISTANT = "<|im_start|>assistant\n"
 
 
-def logprob_of(version: int) -> float:
-    return -0.1 * (version + 1)
-
-
 def version_of(logprob: float) -> int:
     return round(-logprob / 0.1) - 1
 
@@ -60,16 +56,13 @@ class TurnsEnv:
         return "go", float(done), done, {}
 
 
-class EpisodeEngine:
-    """One token per request and step: "1" as a turn's last token, "x" before it. The prompt's first user message
-    names the script; a re-added turn (its tokens so far after the last generation prompt) goes on where it
-    stopped. `weights` counts the loads."""
+class EpisodeEngine(SteppedEngine):
+    """test_streaming.py's stepped engine (one token per request and step: "1" as a turn's last token, "x" before
+    it), for chat prompts: the first user message names the script; a re-added turn (its tokens so far after the
+    last generation prompt) goes on where it stopped."""
 
     def __init__(self) -> None:
-        self.weights = 0
-        self.running: dict[str, tuple[list[int], int]] = {}
-        self.added: list[tuple[str, int]] = []
-        self.aborted: list[str] = []
+        super().__init__()
         self.resets = 0
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
@@ -80,32 +73,9 @@ class EpisodeEngine:
         self.running[request_id] = ([], min(SCRIPT[name.group(1)][1] - done, params.max_tokens))
         self.added.append((request_id, uid))
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
-        out = []
-        for rid, (ids, left) in list(self.running.items()):
-            ids.append(TOK.encode("1" if left == 1 else "x")[0])
-            left -= 1
-            self.running[rid] = (ids, left)
-            if not left:
-                del self.running[rid]
-            out.append((rid, list(ids), [logprob_of(self.weights)] * len(ids), None if left else "stop"))
-        return out
-
-    def abort(self, request_ids: list[str]) -> None:
-        self.aborted += request_ids
-        for rid in request_ids:
-            self.running.pop(rid, None)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        list(weights)
-        self.weights += 1
-
     def reset_prefix_cache(self) -> None:
         assert not self.running, "nothing in flight"
         self.resets += 1
-
-    def sleep(self) -> None:
-        pass
 
 
 def _loop(engine: EpisodeEngine) -> AgentLoop:
@@ -130,18 +100,6 @@ def _groups(
 
 def _name(batch: Any) -> str:
     return re.search(r"user\n(q\d)", TOK.decode(batch.input_ids[0].tolist())).group(1)  # type: ignore[union-attr]
-
-
-def _run(groups: EpisodeGroupStream, steps: range, lag: int = 1) -> list[tuple[str, list[int], list[list[float]]]]:
-    """What a rollout rank does per step (rollout/remote.py: StreamingServer): take, fill ahead, update."""
-    out = []
-    for step in steps:
-        taken = groups.take(step)
-        out += [(_name(d.batch), d.batch.group_ids.tolist(), d.batch.rollout_log_probs.tolist()) for d in taken.groups]
-        if lag:
-            groups.fill(lag, step + 1)
-        groups.update(iter(()), version=step)
-    return out
 
 
 def test_groups_come_in_completion_order_and_turns_spanning_an_update_carry_both_versions() -> None:
@@ -195,9 +153,9 @@ def test_colocated_turns_leave_the_engine_for_the_update_and_come_back_with_thei
 
 
 def test_max_staleness_drops_episode_groups_too_old_and_stops_them() -> None:
-    plain = _run(_groups(in_flight=6)[0], range(1, 9), lag=1)
+    plain = _run(_groups(in_flight=6)[0], range(1, 9), lag=1, name=_name)
     stale, engine = _groups(in_flight=6, max_staleness=1)
-    kept = _run(stale, range(1, 9), lag=1)
+    kept = _run(stale, range(1, 9), lag=1, name=_name)
     assert [name for name, _, _ in plain].count("q3") == 1, "unbounded, the long group is trained"
     assert "q3" not in [name for name, _, _ in kept], "bounded at 1, it is dropped"
     # q3 (draw 2, position 1) was dropped between two turns: its episodes stop, nothing to abort. q7 (draw 4,
@@ -213,11 +171,11 @@ def test_a_checkpoint_mid_stream_continues_as_the_uninterrupted_stream(recompute
     stream, 2 more: the same groups, tokens, versions and logprobs. The saving run restarts its running episodes
     from their first turn, as the resumed one does."""
     straight, straight_engine = _groups(in_flight=6, recompute=recompute)
-    first_half = _run(straight, range(1, 3))
+    first_half = _run(straight, range(1, 3), name=_name)
     assert straight.pending, "episodes are running at the checkpoint"
     state = straight.state_dict()
     assert straight_engine.resets == 1  # its prefix cache (blocks of earlier weights) goes, as a new engine's is empty
-    second_half = _run(straight, range(3, 5))
+    second_half = _run(straight, range(3, 5), name=_name)
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)
@@ -225,7 +183,7 @@ def test_a_checkpoint_mid_stream_continues_as_the_uninterrupted_stream(recompute
     resumed.load_state_dict(torch.load(buf, weights_only=True))
     engine.weights = 1  # the straight engine loaded update 1 before the checkpoint; update 2 follows
     resumed.update(iter(()), version=2)  # the first sync after a resume: the step-2 weights
-    assert _run(resumed, range(3, 5)) == second_half
+    assert _run(resumed, range(3, 5), name=_name) == second_half
     assert first_half != second_half
 
 
