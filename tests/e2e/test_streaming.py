@@ -86,14 +86,17 @@ def test_update_on_arrival_keeps_the_rollout_rank_generating_within_the_stalenes
     tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """rollout.update_on_arrival: the rollout rank generates until the actor's weights arrive (their update point
-    depends on timing, so only the bounds are checked, not exact values; the tiny model often finishes every prompt
-    it may hold before the weights come, so no sample need span an update)."""
+    depends on timing, so bounds are checked, not exact values). The counted fill of the same config stops once a
+    batch is ready and carries the rest across the update (partial samples at steps 3 and 4: the test above); on
+    arrival the rank goes on while the actor trains and finishes every request it holds before the weights come
+    (12 tokens at most, an update takes far longer), so none spans an update."""
     rows = _train(
         3, tiny_model, task_data, tmp_path / "run", 4, *STREAM, *OWN_RANK, "trainer.max_staleness=2",
         "rollout.update_on_arrival=true",
     )  # fmt: skip
     _check_streamed(rows, groups=4, spans=False)
     assert all(1 <= rows[s]["rollout/staleness"] <= 2 for s in (2, 3, 4)), "filled ahead, within trainer.max_staleness"
+    assert [rows[s]["rollout/partial_samples"] for s in (3, 4)] == [0, 0], "generated on while the weights were coming"
     assert (tmp_path / "run" / "checkpoints" / "global_step_4").is_dir()
 
 

@@ -410,14 +410,19 @@ class Episodes:
     def drop(self, episode_ids: list[str]) -> None:
         """Stop these episodes for good: their turns in flight are aborted, their answers abandoned."""
         gone = set(episode_ids)
+        self._abandon(episode_ids)
+        self.ended = [(rid, t) for rid, t in self.ended if rid not in gone]
+        for rid in gone:
+            self.live.pop(rid, None)
+
+    def _abandon(self, episode_ids: list[str]) -> None:
+        """Abort these episodes' turns in flight, cancel their environment calls, unqueue their next turns."""
+        gone = set(episode_ids)
         self.stream.drop([rid for rid in episode_ids if rid in self.stream.live])
         for fut in [f for f, (rid, _) in self.pending.items() if rid in gone]:
             fut.cancel()
             del self.pending[fut]
         self.queued = [rid for rid in self.queued if rid not in gone]
-        self.ended = [(rid, t) for rid, t in self.ended if rid not in gone]
-        for rid in gone:
-            self.live.pop(rid, None)
 
     def forget_cache(self) -> None:
         """Clear the engine's prefix cache (nothing may be in flight): a run that restarts here from a checkpoint
@@ -450,13 +455,8 @@ class Episodes:
                 s.traj.steps.append(
                     Step(list(s.context), list(turn.tokens), list(turn.logprobs), versions=turn.versions)
                 )
-        self.stream.drop([rid for rid in late if rid in self.stream.live])
+        self._abandon(late)
         for rid in late:
-            if rid in self.queued:
-                self.queued.remove(rid)
-            for fut in [f for f, (r, _) in self.pending.items() if r == rid]:
-                fut.cancel()
-                del self.pending[fut]
             self._end(rid, "timeout")
 
     def _end(self, rid: str, termination: str) -> None:

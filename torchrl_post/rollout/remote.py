@@ -260,7 +260,7 @@ class StreamingServer(RolloutServer):
     on), then takes update k between two engine steps: the requests in flight continue under it, their KV cache kept
     or recomputed (rollout.inflight_update). The update comes after a counted amount of generation, never on
     arrival, so a run is reproducible and resumes exactly; with rollout.update_on_arrival the engine goes on
-    generating after the fill until the weights are here (`GroupStream.generate_until`): no wait while there is work,
+    generating after the fill until the weights are here (`Groups.generate_until`): no wait while there is work,
     at the cost of that reproducibility.
     """
 
