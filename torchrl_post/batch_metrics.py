@@ -20,9 +20,10 @@ class BatchStats:
     """Prompt and response tokens of the batch over every actor rank (for perf/throughput)."""
 
 
-def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
+def batch_metrics(batch: Batch, masked: Sequence[str], step: int) -> BatchStats:
     """Scores, lengths, advantages and filter fractions of the step's samples, reduced over every actor rank
-    (the cell's default group); `masked`: the termination reasons compact filtering masks.
+    (the cell's default group); `masked`: the termination reasons compact filtering masks; `step`: the update
+    this batch trains (its tokens' staleness is counted from the weights of update step - 1).
 
     `critic/full-score/{mean,max,min}` (rLLM's name for the average trajectory reward) take each trajectory's
     reward once: a single-turn sample's score, a step-wise trajectory's on its last step, not once per step; the
@@ -41,6 +42,8 @@ def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
     }
     if batch.turns is not None:  # agent episodes: turns, tool calls and why they ended, per trajectory
         local |= _trajectory_sums(batch)
+    if batch.behavior_versions is not None:
+        local |= behavior_version_sums(batch.behavior_versions, batch.loss_mask, step - 1)
     out = reduce_metrics(
         local
         | {
@@ -70,11 +73,56 @@ def batch_metrics(batch: Batch, masked: Sequence[str]) -> BatchStats:
     out["response_length/mean"] = out.pop("resp_len") / n
     out["response_length/clip_ratio"] = out.pop("length") / n
     out["prompt_length/mean"] = out.pop("prompt_len") / n
+    if batch.behavior_versions is not None:
+        out |= behavior_version_metrics(out, n)
     for key, values in batch.reward_extra.items():  # this rank's samples that returned the key
         given = values[~values.isnan()]
         if len(given):
             out[f"reward/{key}"] = float(given.mean())
     return BatchStats(out, tokens)
+
+
+def behavior_version_sums(versions: torch.Tensor, mask: torch.Tensor, current: int) -> dict[str, tuple[str, float]]:
+    """This rank's sums for `behavior_version_metrics`: over trained response tokens (`mask` > 0) with a known
+    version (>= 0), each token's staleness `current - version` (`current`: the version the update starts from)."""
+    trained = mask > 0
+    known = trained & (versions >= 0)
+    age = (current - versions)[known].double()
+    newest = torch.where(known, versions, -1).amax(-1)
+    oldest = torch.where(known, versions, torch.iinfo(torch.long).max).amin(-1)
+    covered = known.any(-1)
+    return {
+        "bv_tokens": ("sum", float(trained.sum())),
+        "bv_known": ("sum", float(known.sum())),
+        "bv_age": ("sum", float(age.sum())),
+        "bv_stale": ("sum", float((age > 0).sum())),
+        "bv_covered": ("sum", float(covered.sum())),
+        "bv_spans": ("sum", float((covered & (newest != oldest)).sum())),
+        "training/off_policy/token_staleness/max": ("max", float(age.max()) if len(age) else -math.inf),
+        "training/off_policy/token_staleness/min": ("min", float(age.min()) if len(age) else math.inf),
+    }
+
+
+def behavior_version_metrics(reduced: dict[str, float], samples: float) -> dict[str, float]:
+    """verl's names, from the reduced sums (popped): token staleness mean/min/max and the stale tokens' fraction
+    over the tokens with a known version; the fraction of those responses whose tokens span several versions;
+    the coverage of responses and tokens (1: every trained token's version is known). No staleness without
+    coverage."""
+    tokens, known, age, stale = (reduced.pop(k) for k in ("bv_tokens", "bv_known", "bv_age", "bv_stale"))
+    covered, spans = reduced.pop("bv_covered"), reduced.pop("bv_spans")
+    out = {
+        "training/off_policy/behavior_version/token_coverage": known / max(tokens, 1.0),
+        "training/off_policy/behavior_version/response_coverage": covered / max(samples, 1.0),
+    }
+    if not known:
+        reduced.pop("training/off_policy/token_staleness/max")
+        reduced.pop("training/off_policy/token_staleness/min")
+        return out
+    return out | {
+        "training/off_policy/token_staleness/mean": age / known,
+        "training/off_policy/token_staleness/stale_fraction": stale / known,
+        "training/off_policy/cross_version_response_fraction": spans / max(covered, 1.0),
+    }
 
 
 def _trajectory_sums(batch: Batch) -> dict[str, tuple[str, float]]:

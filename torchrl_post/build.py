@@ -22,6 +22,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.lockstep import Lockstep
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer, StreamingServer
 from torchrl_post.rollout.source import EngineSource, RolloutSource, SourceSettings
 from torchrl_post.rollout.streaming import Groups, GroupStream, StreamingSource, StreamSettings
@@ -90,8 +91,10 @@ def build_trainer(run: Run) -> Trainer:
         weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
         roles = StepRoles(actor, rollouts, weights, critic, reference)
     else:
-        dp = len(plan.actor_ranks)
-        sampler = run.sampler(plan.actor_ranks.index(run.env.rank), dp)
+        dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
+        share = plan.actor_ranks.index(run.env.rank)
+        # Streamed groups: the ranks of one engine draw its share together (rollout/streaming.py: StreamingSource).
+        sampler = run.sampler(share, dp) if plan.streaming is None else run.sampler(share // tp, dp // tp)
         source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
         local: RolloutSource = source if plan.streaming is None else StreamingSource(source, group_stream(run, source))
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
@@ -114,7 +117,9 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     steps = {"rank": run.env.rank, "lag": plan.max_off_policy_steps, "total_steps": run.total_steps}
     if plan.streaming is not None:
         on_arrival = plan.streaming.on_arrival
-        return StreamingServer(source, group_stream(run, source), sync, transfer, timer, **steps, on_arrival=on_arrival)
+        groups = group_stream(run, source)
+        agree = Lockstep(source.engine, source.engine_group).agree
+        return StreamingServer(source, groups, sync, transfer, timer, **steps, on_arrival=on_arrival, agree=agree)
     return RolloutServer(source, sync, transfer, timer, **steps)
 
 
@@ -126,7 +131,8 @@ def group_stream(run: Run, source: EngineSource) -> Groups[Any]:
     settings = StreamSettings(plan.per_engine, plan.max_staleness)
     if source.loop is not None:
         return EpisodeGroupStream(source, source.loop.episodes(plan.recompute), settings, source.stepwise)
-    stream = InflightStream(source.engine, recompute=plan.recompute)  # type: ignore[arg-type]
+    # The ranks of a tensor-parallel engine run the same groups: every add and abort checked alike at each step.
+    stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=plan.recompute)
     return GroupStream(source, stream, settings)
 
 

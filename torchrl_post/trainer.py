@@ -116,7 +116,7 @@ class Trainer:
         metrics |= timed("wait_critic", critic_metrics)
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
-        stats = batch_metrics(batch, self.plan.masked_reasons)
+        stats = batch_metrics(batch, self.plan.masked_reasons, step)
         return metrics | stats.metrics | self.rollouts.metrics(), stats.tokens
 
     def _even(self, batch: Batch) -> Batch:

@@ -69,7 +69,16 @@ class Generation:
 
 # Which fields have which layout (the serialiser and `concat` pad and cut by these).
 SEQUENCE_FIELDS = ("input_ids", "attention_mask", "position_ids")  # [B, P + R] ([B, 3, P + R]: M-RoPE positions)
-TOKEN_FIELDS = ("loss_mask", "rollout_log_probs", "old_log_probs", "ref_log_probs", "values", "advantages", "returns")
+TOKEN_FIELDS = (
+    "loss_mask",
+    "rollout_log_probs",
+    "behavior_versions",
+    "old_log_probs",
+    "ref_log_probs",
+    "values",
+    "advantages",
+    "returns",
+)
 SAMPLE_FIELDS = (  # [B]
     "group_ids",
     "termination",
@@ -108,6 +117,9 @@ class Batch:
     traj_ids: torch.Tensor | None = None  # [B] long: the trajectory of a step-wise row (-1: padding row)
     step_ids: torch.Tensor | None = None  # [B] long: the step's index in its trajectory (step-wise rows)
     step_rewards: torch.Tensor | None = None  # [B] the step's own reward (step-wise rows)
+    # [B, R] long: the policy version (the update whose weights sampled it) of each response token; -1 where none
+    # (observation tokens, padding). Set by every rollout producer; read by the behaviour-version metrics.
+    behavior_versions: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
     ref_log_probs: torch.Tensor | None = None  # [B, R]
     values: torch.Tensor | None = None  # [B, R]

@@ -115,3 +115,28 @@ def test_streamed_agent_episodes_on_a_rollout_rank_carry_across_updates_and_resu
     rows = _straight_and_resumed(3, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path, *extra)
     _check_streamed(rows, groups=4)
     assert all(rows[s]["agent/num_turns/mean"] > 1 for s in (1, 2, 3, 4)), "multi-turn episodes"
+
+
+def test_streamed_groups_on_a_tensor_parallel_engine_with_rejection_sampling_resume_exactly(
+    tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes colocated, one vLLM engine of TP=2 over both: its ranks draw the engine's groups together and
+    step in lockstep (rollout/lockstep.py checks every add and abort alike), each trains every other taken group.
+    Rejection sampling admits complete groups: a uniform group (a binary reward, pairs of samples) is dropped as it
+    completes and another drawn in its place, within the budget, then kept at weight 0."""
+    rejection = [
+        "rollout.tensor_parallel_size=2",
+        "algorithm.rejection_sample.enable=true",
+        "algorithm.rejection_sample.max_extra_rounds=1",
+        "reward.function=tests.e2e.rewards:has_digit",
+        "rollout.n=2",
+        "trainer.test_freq=2",
+    ]
+    rows = _straight_and_resumed(2, tiny_model, task_data, tmp_path, *rejection)
+    _check_streamed(rows, groups=4, spans=False)
+    dropped = sum(rows[s]["filter/rejection/dropped_groups"] for s in (1, 2, 3, 4))
+    assert dropped > 0, "uniform groups were dropped and others drawn"
+    for s in (1, 2, 3, 4):
+        assert rows[s]["filter/rejection/extra_rounds"] == -(-rows[s]["filter/rejection/dropped_groups"] // 4)
+        assert rows[s]["training/off_policy/behavior_version/token_coverage"] == 1
+        assert 0 <= rows[s]["training/off_policy/token_staleness/mean"] <= rows[s]["rollout/staleness"]

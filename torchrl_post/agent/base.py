@@ -79,6 +79,15 @@ class Trajectory:
         """The policy version of every response token, turn after turn."""
         return [v for s in self.steps for v in s.versions]
 
+    def token_versions(self) -> list[int]:
+        """The policy version of each token `response_tokens` gives (-1 for observation tokens)."""
+        out: list[int] = []
+        for i, s in enumerate(self.steps):
+            out += s.versions if len(s.versions) == len(s.response_ids) else [-1] * len(s.response_ids)
+            if i + 1 < len(self.steps):
+                out += [-1] * len(s.observation_ids)
+        return out
+
     def response_tokens(self) -> tuple[list[int], list[float], list[float]]:
         """Everything after the first prompt as (ids, logprobs, loss mask): responses trained (mask 1),
         observations attended but not trained (mask 0); the last observation is dropped (nothing follows it)."""
@@ -108,6 +117,7 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         [t.uid for t in trajectories],
         [t.termination for t in trajectories],
         pad_id,
+        versions=[t.token_versions() for t in trajectories],
     )
     _trajectory_fields(batch, trajectories)
     return batch
@@ -117,13 +127,14 @@ def steps_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
     """Each step its own sample (`algorithm.stepwise_advantage`): the step's whole context as the prompt, its
     response trained. Rows carry the trajectory's termination, reward (`scores`) and counts, and their own
     `traj_ids`, `step_ids` and `step_rewards`. A trajectory without steps gives one empty row."""
-    prompts, responses, lps, masks, owners, steps, rewards = [], [], [], [], [], [], []
+    prompts, responses, lps, masks, owners, steps, rewards, versions = [], [], [], [], [], [], [], []
     for j, t in enumerate(trajectories):
         for k, s in enumerate(t.steps or [Step(t.prompt or [pad_id], [], [])]):
             prompts.append(s.prompt_ids)
             responses.append(s.response_ids)
             lps.append(s.logprobs)
             masks.append([1.0] * len(s.response_ids))
+            versions.append(s.versions if len(s.versions) == len(s.response_ids) else [-1] * len(s.response_ids))
             owners.append(j)
             steps.append(k)
             rewards.append(s.reward)
@@ -135,6 +146,7 @@ def steps_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         [trajectories[j].uid for j in owners],
         [trajectories[j].termination for j in owners],
         pad_id,
+        versions=versions,
     )
     _trajectory_fields(batch, [trajectories[j] for j in owners])
     batch.traj_ids = torch.tensor(owners, dtype=torch.long)

@@ -145,15 +145,12 @@ def _partial_rollout(cfg: Config) -> None:
             f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
             f"set it to {t.max_off_policy_steps} or more (or null)"
         )
-    refusals = (
-        (r.tensor_parallel_size > 1, "a tensor-parallel engine is not streamed yet; set rollout.tensor_parallel_size=1"),
-        (cfg.algorithm.rejection_sample.enable, "rejection sampling is not streamed yet; set it to false or "
-         "set algorithm.rejection_sample.enable=false"),
-        (cfg.actor.router_replay, "the streamed engine steps record no routed experts; set actor.router_replay=false"),
-    )  # fmt: skip
-    for refused, why in refusals:
-        if refused:
-            raise ConfigError(f"{key}: {why}")
+    if r.tensor_parallel_size > 1 and cfg.agent.env is not None and cfg.agent.env_workers > 0:
+        raise ConfigError(
+            f"{key} with rollout.tensor_parallel_size={r.tensor_parallel_size}: the engine's ranks run the same "
+            f"agent episodes in lockstep, so their environments must answer in a fixed order; set "
+            f"agent.env_workers=0 (now {cfg.agent.env_workers})"
+        )
 
 
 def validate(cfg: Config) -> None:

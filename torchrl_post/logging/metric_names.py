@@ -77,6 +77,17 @@ METRICS: dict[str, str] = {
     "trainer.max_staleness (complete, or still generating and already too old).",
     "rollout/in_flight": "rollout.partial_rollout: requests (samples; with agent.env, episodes) still generating when "
     "the step took its groups, over all engines.",
+    "training/off_policy/token_staleness/mean": "verl's behaviour-version metrics: the mean over trained response "
+    "tokens of (the version the update starts from - the version that sampled the token); 0 on-policy.",
+    "training/off_policy/token_staleness/max": "The stalest trained token's staleness.",
+    "training/off_policy/token_staleness/min": "The freshest trained token's staleness.",
+    "training/off_policy/token_staleness/stale_fraction": "Fraction of trained tokens sampled by an older policy.",
+    "training/off_policy/cross_version_response_fraction": "Fraction of responses whose tokens come from more than "
+    "one policy version (generated across a weight update: rollout.partial_rollout).",
+    "training/off_policy/behavior_version/token_coverage": "Fraction of trained tokens whose sampling version is "
+    "known (1 for every producer here; the staleness metrics cover only those).",
+    "training/off_policy/behavior_version/response_coverage": "Fraction of the step's responses with a known "
+    "version for some trained token.",
     "rollout_corr/is_weight_mean": "Mean importance weight applied: min(ratio, rollout_is_threshold), the ratio "
     "at the rollout_is level (token or sequence).",
     "rollout_corr/is_clipfrac": "Fraction of tokens whose importance weight hit the cap.",

@@ -136,10 +136,12 @@ def pad_samples(
     terminations: list[str],
     pad_id: int,
     routes: list[torch.Tensor] | None = None,
+    versions: list[list[int]] | None = None,
 ) -> Batch:
     """One row per sample: the prompt left-padded, the response (with any observation tokens, loss mask 0)
     right-padded; positions count real tokens. `routes`: each sample's recorded experts ([tokens - 1, L, k],
-    `Generation.routed_experts`), laid out under the tokens they routed (`Batch.routed_experts`)."""
+    `Generation.routed_experts`), laid out under the tokens they routed (`Batch.routed_experts`). `versions`: the
+    policy version of each response token (-1: none, an observation token), `Batch.behavior_versions`."""
     num = len(response_ids)
     p_width = max(len(p) for p in prompt_ids)
     r_width = max(1, max(len(r) for r in response_ids))
@@ -170,8 +172,23 @@ def pad_samples(
         position_ids=position_ids,
         loss_mask=loss_mask,
         rollout_log_probs=rollout_lp,
+        behavior_versions=None if versions is None else version_rows(versions, r_width),
         group_ids=torch.tensor(group_ids, dtype=torch.long),
         termination=termination_codes(terminations),
         weights=torch.ones(num),
         routed_experts=routed,
     )
+
+
+def version_rows(versions: list[list[int]], width: int) -> torch.Tensor:
+    """Each sample's per-token policy versions as [B, width] long, -1 past its tokens."""
+    out = torch.full((len(versions), width), -1, dtype=torch.long)
+    for i, v in enumerate(versions):
+        out[i, : len(v)] = torch.tensor(v, dtype=torch.long)
+    return out
+
+
+def stamp_versions(batch: Batch, version: int) -> None:
+    """Every trained response token of `batch` sampled by policy `version` (a batch generated whole with one set
+    of weights); observation tokens and padding -1."""
+    batch.behavior_versions = torch.where(batch.loss_mask > 0, version, -1).long()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,6 @@ from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.distributed.transfer import (
-    ROW_DROPPED,
-    ROW_GEN_MS,
-    ROW_IN_FLIGHT,
-    ROW_OWNER,
-    ROW_PARTIAL,
-    ROW_ROUNDS,
-    ROW_SHORT,
-    ROW_STALE_DROPPED,
-    ROW_VERSION,
     ROW_WAIT_MS,
     GroupRow,
     all_gather_rows,
@@ -37,8 +29,9 @@ from torchrl_post.distributed.transfer import (
 )
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
+from torchrl_post.rollout.base import stamp_versions
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import STALENESS_BINS, Groups, staleness_bin
+from torchrl_post.rollout.streaming import Groups, rollout_metrics
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 
@@ -91,15 +84,7 @@ class RemoteRollouts:
         self.sampler.next_batch()  # the trained batches' count (streaming engines draw their own prompts ahead)
         with self.timer("gen"):  # the wait for the rollout ranks
             table, parts = self.transfer({}, group_rows([]))
-        self._metrics = rollout_table_metrics(table, step, self.streaming, self.group_size)
-        if self.rejection:  # each engine's counts sit on all of its rows
-            engines = {int(row[ROW_OWNER]): row for row in table}
-            for name, col in (
-                ("dropped_groups", ROW_DROPPED),
-                ("extra_rounds", ROW_ROUNDS),
-                ("short_groups", ROW_SHORT),
-            ):
-                self._metrics[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
+        self._metrics = rollout_metrics(table, step, self.group_size, self.streaming, self.rejection)
         return Batch.concat([Batch.from_wire(parts[g]) for g in sorted(parts)], self.pad_id)
 
     def metrics(self) -> dict[str, float]:
@@ -122,27 +107,6 @@ class RemoteRollouts:
 
     def shutdown(self) -> None:
         pass
-
-
-def rollout_table_metrics(table: torch.Tensor, step: int, streaming: bool, group_size: int) -> dict[str, float]:
-    """The step's rollout metrics from the engines' group rows: staleness (the oldest group's, the mean and a
-    histogram by group), the slowest engine's time, the longest wait of a rollout rank in the last step's
-    exchanges; with streaming, partial samples, stale drops and the requests in flight."""
-    staleness = (step - 1) - table[:, ROW_VERSION]
-    engines = {int(row[ROW_OWNER]): row for row in table}  # per-engine counts sit on each of its rows
-    out = {
-        "rollout/staleness": float(staleness.max().item()),
-        "rollout/staleness_mean": float(staleness.double().mean().item()),
-        "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
-        "timing_s/rollout_wait": max(int(r[ROW_WAIT_MS]) for r in engines.values()) / 1000,
-    }
-    bins = [staleness_bin(int(s)) for s in staleness.tolist()]
-    out |= {f"rollout/staleness_groups/{b}": float(bins.count(b)) for b in STALENESS_BINS}
-    if streaming:
-        out["rollout/partial_samples"] = float(table[:, ROW_PARTIAL].sum().item()) / (len(table) * group_size)
-        out["rollout/stale_dropped_groups"] = float(sum(int(r[ROW_STALE_DROPPED]) for r in engines.values()))
-        out["rollout/in_flight"] = float(sum(int(r[ROW_IN_FLIGHT]) for r in engines.values()))
-    return out
 
 
 Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, Any]]
@@ -208,6 +172,7 @@ class RolloutServer:
         """Draw this engine's share of batch `step`, generate and score it, queue its groups."""
         self.timer.reset()
         batch = self.source.produce(step)
+        stamp_versions(batch, self.version)
         ms = int(sum(self.timer.seconds.values()) * 1000)
         items: dict[int, dict[str, torch.Tensor]] = {}
         rows = group_rows([])
@@ -276,23 +241,18 @@ class StreamingServer(RolloutServer):
         lag: int,
         total_steps: int,
         on_arrival: bool = False,
+        agree: Callable[[bool], bool] = bool,
     ) -> None:
+        """`agree`: the engine's first rank's value of a flag on every rank of a tensor-parallel engine (the
+        weights' arrival: rollout/lockstep.py)."""
         super().__init__(source, sync, transfer, timer, rank=rank, lag=lag, total_steps=total_steps)
-        self.groups, self.on_arrival = groups, on_arrival
+        self.groups, self.on_arrival, self.agree = groups, on_arrival, agree
 
     def step(self, step: int) -> dict[str, float]:
         taken = self.groups.take(step)
-        items: dict[int, dict[str, torch.Tensor]] = {}
-        rows = []
-        for done in taken.groups:
-            g = int(done.batch.group_ids[0])
-            items[g] = done.batch.to_wire()
-            rows.append(
-                GroupRow(
-                    g, self.rank, int(done.batch.attention_mask.sum()), done.oldest, int(taken.engine_seconds * 1000),
-                    partial=done.partial, stale_dropped=taken.stale_dropped, in_flight=taken.in_flight,
-                )
-            )  # fmt: skip
+        leader = self.source.engine_leader  # a tensor-parallel engine's other ranks hold the same groups
+        items = {int(d.batch.group_ids[0]): d.batch.to_wire() for d in taken.groups} if leader else {}
+        rows = taken.rows(self.rank) if leader else []
         waited = self._hand_over(items, group_rows(rows))
         # Overlaps the actor's update of `step`; also after the last step, so that the state a checkpoint keeps does
         # not depend on trainer.total_training_steps (a run extended from its last checkpoint goes on exactly).
@@ -300,7 +260,7 @@ class StreamingServer(RolloutServer):
             self.groups.fill(self.lag, step + 1)
         if self.on_arrival:
             incoming = self.sync.incoming()
-            self.groups.generate_until(incoming.arrived, step + 1)
+            self.groups.generate_until(lambda: self.agree(incoming.arrived()), step + 1)
             weights = incoming.weights()
         else:
             weights = self.sync.received()

@@ -24,7 +24,7 @@ from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, stamp_versions
 from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
@@ -154,6 +154,7 @@ class EngineSource:
     def next_batch(self, step: int) -> Batch:
         """Colocated: this rank's share of batch `step`, generated with the current weights, scored."""
         batch = self.produce(step)
+        stamp_versions(batch, step - 1)  # generated whole with the weights of update step - 1
         self.engine.sleep()
         return batch
 

@@ -28,11 +28,25 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from torchrl_post.data.dataset import PromptDataset
-from torchrl_post.logging.reduce import reduce_metrics
-from torchrl_post.rollout.base import collate
-from torchrl_post.rollout.filters import compact_filter
+from torchrl_post.distributed.transfer import (
+    ROW_DROPPED,
+    ROW_GEN_MS,
+    ROW_IN_FLIGHT,
+    ROW_OWNER,
+    ROW_PARTIAL,
+    ROW_ROUNDS,
+    ROW_SHORT,
+    ROW_STALE_DROPPED,
+    ROW_VERSION,
+    ROW_WAIT_MS,
+    GroupRow,
+    group_rows,
+)
+from torchrl_post.rollout.base import collate, version_rows
+from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.types import Batch, Generation
@@ -92,6 +106,31 @@ class TakenGroups:
     """Engine stepping since the last take."""
     in_flight: int
     """Requests generating when the step took its groups."""
+    rejected: int = 0
+    """Uniform groups rejection sampling dropped since the last take (algorithm.rejection_sample)."""
+    short: int = 0
+    """Uniform groups kept at weight 0 since the last take: the dropping budget was spent."""
+    share: int = 1
+    """Groups per step from this engine."""
+
+    def rows(self, owner: int, leader: bool = True, keep: slice = slice(None)) -> list[GroupRow]:
+        """The `keep` groups as the step's group rows (owner: the rank that holds them); the engine's counts on
+        each of its rows, from its first rank only (`leader`: a tensor-parallel engine's other ranks hold the
+        same groups)."""
+        engine = (
+            (self.rejected, -(-self.rejected // self.share), self.short, self.stale_dropped, self.in_flight)
+            if leader
+            else (0, 0, 0, 0, 0)
+        )
+        dropped, rounds, short, stale, in_flight = engine
+        ms = int(self.engine_seconds * 1000)
+        return [
+            GroupRow(
+                int(d.batch.group_ids[0]), owner, int(d.batch.attention_mask.sum()), d.oldest, ms, dropped, rounds,
+                short, partial=d.partial, stale_dropped=stale, in_flight=in_flight,
+            )
+            for d in self.groups[keep]
+        ]  # fmt: skip
 
 
 class Groups(ABC, Generic[M]):
@@ -115,6 +154,11 @@ class Groups(ABC, Generic[M]):
         """This engine's positions in a step's batch (the ids its groups take)."""
         self.stale_dropped = 0
         self.engine_seconds = 0.0
+        self.rejection = source.rejection
+        self.rejected = 0
+        """Uniform groups dropped since the last take (algorithm.rejection_sample)."""
+        self.short = 0
+        """Uniform groups kept at weight 0 since the last take (the budget of drops was spent)."""
 
     # ---- what a member is -----------------------------------------------------------------------------
     @abstractmethod
@@ -167,8 +211,10 @@ class Groups(ABC, Generic[M]):
         taken, self.ready = self.ready[: self.share], self.ready[self.share :]
         for done, g in zip(taken, self.positions, strict=True):
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
-        out = TakenGroups(taken, self.stale_dropped, self.engine_seconds, self._in_flight())
-        self.stale_dropped, self.engine_seconds = 0, 0.0
+        out = TakenGroups(
+            taken, self.stale_dropped, self.engine_seconds, self._in_flight(), self.rejected, self.short, self.share
+        )
+        self.stale_dropped, self.engine_seconds, self.rejected, self.short = 0, 0.0, 0, 0
         return out
 
     def fill(self, batches: int, next_step: int) -> None:
@@ -208,7 +254,20 @@ class Groups(ABC, Generic[M]):
             group.done[int(j)] = member
             if len(group.done) == self.n:
                 del self.pending[key]
-                self.ready.append(self._scored(group))
+                self._admit(self._scored(group))
+
+    def _admit(self, done: DoneGroup) -> None:
+        """A complete group joins the ready ones, except that rejection sampling drops a group whose rewards are all
+        equal (no GRPO signal) and another is drawn in its place; at most rejection_sample.max_extra_rounds x this
+        engine's share are dropped between two steps, after which a uniform group is kept at weight 0 (it leaves
+        every loss and denominator)."""
+        if self.rejection.enable and uniform_groups(done.batch):
+            if self.rejected < self.rejection.max_extra_rounds * max(self.share, 1):
+                self.rejected += 1
+                return
+            done.batch.weights = torch.zeros_like(done.batch.weights)
+            self.short += 1
+        self.ready.append(done)
 
     def _top_up(self) -> None:
         """Draw another share of prompts while it fits in the groups kept in flight (always when idle)."""
@@ -248,6 +307,8 @@ class Groups(ABC, Generic[M]):
             "draws": self.draws,
             "share": self.share,
             "positions": list(self.positions),
+            "rejected": self.rejected,
+            "short": self.short,
             "ready": [{"batch": d.batch.to_wire(), "oldest": d.oldest, "partial": d.partial} for d in self.ready],
         }
 
@@ -255,6 +316,7 @@ class Groups(ABC, Generic[M]):
         self.source.sampler.load_state_dict(state["sampler"])
         self.draws, self.share = int(state["draws"]), int(state["share"])
         self.positions = [int(p) for p in state["positions"]]
+        self.rejected, self.short = int(state["rejected"]), int(state["short"])
         self.ready = [
             DoneGroup(Batch.from_wire(d["batch"]), int(d["oldest"]), int(d["partial"])) for d in state["ready"]
         ]
@@ -304,6 +366,7 @@ class GroupStream(Groups[InflightSample]):
             [s.tokens for s in samples], [s.logprobs for s in samples], [s.finish_reason or "length" for s in samples]
         )
         batch = collate(prompts, gen, self.n, self.source.pad_id)
+        batch.behavior_versions = version_rows([s.versions for s in samples], batch.response_width)
         self.source.score(batch, prompts, self.n)
         if self.source.masked:
             compact_filter(batch, self.source.masked)
@@ -357,12 +420,17 @@ class StreamingSource:
 
     A step takes this rank's share of complete groups, then suspends the requests still generating (the engine
     sleeps and the update runs); the next step adds them again with their tokens so far, so the new weights
-    prefill them (colocated engines always recompute) and they carry on under the new version.
+    prefill them (colocated engines always recompute) and they carry on under the new version. The ranks of a
+    tensor-parallel engine draw the same prompts (the engine's share) and run its groups in lockstep
+    (rollout/lockstep.py); each keeps every tp-th taken group.
     """
 
     def __init__(self, source: EngineSource, groups: Groups[Any]) -> None:
         self.source, self.groups = source, groups
-        self._local: dict[str, tuple[str, float]] = {}
+        group = source.engine_group
+        self.tp = dist.get_world_size(group) if group is not None else 1
+        self.tp_rank = dist.get_rank(group) if group is not None else 0
+        self._metrics: dict[str, float] = {}
 
     def next_batch(self, step: int) -> Batch:
         self.groups.at_version(step - 1)  # the sync after update step - 1 loaded its weights
@@ -372,25 +440,16 @@ class StreamingSource:
         self.source.engine.sleep()
         self.source.timer.seconds["gen"] = time.perf_counter() - start
         self.source.timer.seconds["gen_engine"] = taken.engine_seconds
-        staleness = [(step - 1) - d.oldest for d in taken.groups]
-        bins = [staleness_bin(s) for s in staleness]
-        self._local = {
-            "rollout/staleness": ("max", float(max(staleness))),
-            "staleness_sum": ("sum", float(sum(staleness))),
-            "groups": ("sum", float(len(taken.groups))),
-            "partial": ("sum", float(sum(d.partial for d in taken.groups))),
-            "rollout/stale_dropped_groups": ("sum", float(taken.stale_dropped)),
-            "rollout/in_flight": ("sum", float(taken.in_flight)),
-        } | {f"rollout/staleness_groups/{b}": ("sum", float(bins.count(b))) for b in STALENESS_BINS}
-        return Batch.concat([d.batch for d in taken.groups], self.source.pad_id)
+        keep = slice(self.tp_rank, None, self.tp)
+        rows = taken.rows(dist.get_rank() if dist.is_initialized() else 0, self.tp_rank == 0, keep)
+        table = group_rows(gather_rows(rows))
+        self._metrics = rollout_metrics(table, step, self.groups.n, True, self.groups.rejection.enable)
+        for timing in ("timing_s/rollout_wait", "timing_s/gen_engine"):  # no rollout rank waits; the timer has the rest
+            self._metrics.pop(timing)
+        return Batch.concat([d.batch for d in taken.groups[keep]], self.source.pad_id)
 
     def metrics(self) -> dict[str, float]:
-        """Reduced over the actor's ranks (every rank calls it)."""
-        out = reduce_metrics(self._local)
-        groups = out.pop("groups")
-        out["rollout/staleness_mean"] = out.pop("staleness_sum") / groups
-        out["rollout/partial_samples"] = out.pop("partial") / (groups * self.groups.n)
-        return out
+        return self._metrics
 
     @property
     def epoch(self) -> int:
@@ -411,3 +470,39 @@ class StreamingSource:
 
     def shutdown(self) -> None:
         self.source.shutdown()
+
+
+def gather_rows(rows: list[GroupRow]) -> list[GroupRow]:
+    """Every actor rank's group rows (the cell's default group), in rank order."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return rows
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, rows)
+    return [GroupRow(*r) for part in parts for r in part]
+
+
+def rollout_metrics(
+    table: torch.Tensor, step: int, group_size: int, streaming: bool, rejection: bool
+) -> dict[str, float]:
+    """The step's rollout metrics from the group rows of every engine, wherever the groups were made (colocated
+    or on rollout ranks): staleness (the oldest group's, the mean and a histogram by group), the slowest engine's
+    time, the longest wait of a rollout rank in the last step's exchanges; with streaming, partial samples, stale
+    drops and the requests in flight; with rejection sampling, its counts."""
+    staleness = (step - 1) - table[:, ROW_VERSION]
+    engines = {int(row[ROW_OWNER]): row for row in table}  # per-engine counts sit on each of its rows
+    out = {
+        "rollout/staleness": float(staleness.max().item()),
+        "rollout/staleness_mean": float(staleness.double().mean().item()),
+        "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
+        "timing_s/rollout_wait": max(int(r[ROW_WAIT_MS]) for r in engines.values()) / 1000,
+    }
+    bins = [staleness_bin(int(s)) for s in staleness.tolist()]
+    out |= {f"rollout/staleness_groups/{b}": float(bins.count(b)) for b in STALENESS_BINS}
+    if streaming:
+        out["rollout/partial_samples"] = float(table[:, ROW_PARTIAL].sum().item()) / (len(table) * group_size)
+        out["rollout/stale_dropped_groups"] = float(sum(int(r[ROW_STALE_DROPPED]) for r in engines.values()))
+        out["rollout/in_flight"] = float(sum(int(r[ROW_IN_FLIGHT]) for r in engines.values()))
+    if rejection:
+        for name, col in (("dropped_groups", ROW_DROPPED), ("extra_rounds", ROW_ROUNDS), ("short_groups", ROW_SHORT)):
+            out[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
+    return out

@@ -310,14 +310,21 @@ def test_router_replay_aliases() -> None:
          "keep at least a batch in flight"),
         (["rollout.partial_rollout=true", "trainer.max_off_policy_steps=2", "trainer.max_staleness=1"],
          "set it to 2 or more"),
-        (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=1"),
-        (["rollout.partial_rollout=true", "algorithm.rejection_sample.enable=true"], "rejection sampling"),
-        (["rollout.partial_rollout=true", "actor.router_replay=true"], "actor.router_replay=false"),
+        (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2",
+          "agent.env=torchrl_post.agent.guess_number:GuessNumberEnv",
+          "agent.agent=torchrl_post.agent.guess_number:GuessAgent"], "set agent.env_workers=0"),
         (["rollout.update_on_arrival=true"], "needs rollout.partial_rollout=true"),
     ],
 )  # fmt: skip
 def test_partial_rollout_refusals(overrides: list[str], needle: str) -> None:
     assert needle in _config_error(overrides)
+
+
+def test_partial_rollout_composes_with_tensor_parallel_engines_and_rejection_sampling() -> None:
+    cfg = load_config(
+        ["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2", "algorithm.rejection_sample.enable=true"]
+    )
+    assert cfg.rollout.partial_rollout and cfg.algorithm.rejection_sample.enable
 
 
 def test_partial_rollout_streams_agent_episodes() -> None:

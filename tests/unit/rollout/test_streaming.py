@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
+from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.logging.timing import Timer
 from torchrl_post.rollout.base import SamplingParams
@@ -72,10 +73,13 @@ class SteppedEngine:
 
 
 def _groups(
-    in_flight: int = 4, max_staleness: int | None = None, recompute: bool = False
+    in_flight: int = 4,
+    max_staleness: int | None = None,
+    recompute: bool = False,
+    rejection: RejectionSampleConfig | None = None,
 ) -> tuple[GroupStream, SteppedEngine]:
     engine = SteppedEngine()
-    settings = replace(_settings(prompts=2), max_response_length=8)
+    settings = replace(_settings(prompts=2, rejection=rejection), max_response_length=8)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
     source = EngineSource(
         settings,
@@ -193,3 +197,33 @@ def test_update_on_arrival_generates_until_the_weights_arrive_within_the_prompts
     assert groups.generate_until(lambda: False, next_step=2) == 6
     assert [_texts(d.batch)[0] for d in groups.ready] == ["q1x1", "q41", "q5xx1", "q3xxxxxx1"]
     assert not engine.running and not groups.pending
+
+
+def test_rejection_sampling_admits_complete_groups_within_its_budget() -> None:
+    """The stand-in's two samples of a prompt are the same text, so every group is uniform. With one extra round (2
+    groups: the engine's share) the first two to complete (q0, q2) are dropped and others drawn in their place;
+    then the budget is spent and the next complete groups are kept at weight 0, counted short."""
+    groups, _ = _groups(in_flight=4, rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1))
+    taken = groups.take(1)
+    texts = sorted(_texts(d.batch)[0] for d in taken.groups)
+    assert texts == ["q1x1", "q41"], "q0 and q2 were dropped; q4 was drawn after them"
+    assert (taken.rejected, taken.short) == (2, 2)
+    assert all(float(d.batch.weights.sum()) == 0 for d in taken.groups)
+    rows = taken.rows(owner=0)
+    assert [(r.dropped, r.rounds, r.short) for r in rows] == [(2, 1, 2)] * 2
+    assert groups.take(2).rejected == 2, "each step has its own budget"
+
+
+def test_streamed_samples_carry_each_token_s_policy_version() -> None:
+    """Batch.behavior_versions: each response token's version, the one whose logprob the stand-in gave it."""
+    groups, _ = _groups(in_flight=4)
+    seen = 0
+    for step in range(1, 7):
+        for d in groups.take(step).groups:
+            mask = d.batch.loss_mask.bool()
+            from_logprobs = (-d.batch.rollout_log_probs / 0.1).round().long() - 1
+            assert torch.equal(d.batch.behavior_versions[mask], from_logprobs[mask])
+            assert (d.batch.behavior_versions[~mask] == -1).all()
+            seen += int(len(set(d.batch.behavior_versions[mask].tolist())) > 1)
+        groups.update(iter(()), version=step)
+    assert seen, "some group spanned an update"
