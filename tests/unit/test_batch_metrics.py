@@ -50,5 +50,8 @@ def test_behavior_version_metrics_by_hand() -> None:
     # Unknown versions reduce coverage and never count as fresh: no staleness without coverage.
     none = reduce_metrics(behavior_version_sums(torch.full((1, 2), -1), torch.ones(1, 2), current=2))
     m = behavior_version_metrics(none, samples=1)
-    assert m == {"training/off_policy/behavior_version/token_coverage": 0.0, "training/off_policy/behavior_version/response_coverage": 0.0}
+    assert m == {
+        "training/off_policy/behavior_version/token_coverage": 0.0,
+        "training/off_policy/behavior_version/response_coverage": 0.0,
+    }
     assert none == {}
