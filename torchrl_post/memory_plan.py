@@ -355,10 +355,8 @@ def _micro_tokens(samples: int, row: int, budget: int) -> int:
     return max(budget, row) if budget > 0 else samples * row
 
 
-def _trained_role(
-    role: str, cfg: Config, plan: RunPlan, s: ModelShape, micro: int, chunk: int, value_head: bool
-) -> RoleMemory:
-    fsdp = plan.roles[role].fsdp
+def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: int, value_head: bool) -> RoleMemory:
+    fsdp, micro = plan.roles[role].fsdp, plan.roles[role].micro_batch_samples
     shards = plan.roles[role].mesh_shape[-1]
     m, p = DTYPE_BYTES[cfg.model.dtype], DTYPE_BYTES[fsdp.param_dtype]
     lora = cfg.model.lora_rank > 0 and role == "actor"
@@ -465,11 +463,9 @@ def plan_memory(
             roles_of.setdefault(rank, []).append(role)
     memory: dict[str, RoleMemory] = {}
     if "actor" in plan.roles:
-        memory["actor"] = _trained_role("actor", cfg, plan, shape, plan.micro_batch_samples, loss_chunk_tokens, False)
+        memory["actor"] = _trained_role("actor", cfg, plan, shape, loss_chunk_tokens, False)
     if "critic" in plan.roles:
-        micro = min(cfg.critic.ppo_micro_batch_size_per_gpu, plan.roles["critic"].mini_batch_samples)
-        critic = critic_shape or shape
-        memory["critic"] = _trained_role("critic", cfg, plan, critic, micro, loss_chunk_tokens, True)
+        memory["critic"] = _trained_role("critic", cfg, plan, critic_shape or shape, loss_chunk_tokens, True)
     if "reference" in plan.roles:
         memory["reference"] = _reference(cfg, plan, shape, loss_chunk_tokens)
     ro, row = cfg.rollout, plan.engine.max_model_len
