@@ -27,7 +27,7 @@ from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
-from torchrl_post.rollout.base import EngineSpec
+from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
 
 Where = Literal["none", "colocated", "own_ranks"]
@@ -289,10 +289,6 @@ def lora_sync(cfg: Config) -> LoraSync:
     return "adapter" if cfg.rollout.lora_sync == "adapter" else "merged"
 
 
-DEDICATED_GPU_SHARE = 0.9
-"""gpu_memory_utilization of an engine on GPUs of its own (rollout.gpu_memory_utilization=null)."""
-
-
 def sleep_level(cfg: Config, device: str, colocated: bool) -> int:
     """0: the engine never sleeps (CPU, rollout ranks of its own, free_cache_engine off); 2: weights and KV cache
     discarded (the sync rewrites every weight); 1: weights kept (adapter syncs send the adapter only)."""
@@ -319,7 +315,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
     d, r = cfg.data, cfg.rollout
     util = r.gpu_memory_utilization
     if util is None and not colocated and device == "cuda":
-        util = DEDICATED_GPU_SHARE
+        util = ENGINE_SHARE_OF_FREE  # of a card nothing else holds
     return EngineSpec(
         max_model_len=d.max_prompt_length + d.max_response_length,
         lora_sync=lora_sync(cfg),
