@@ -385,6 +385,7 @@ def memory_plan(ctx: Ctx) -> Result:
         env.device,
         temperature=1.0,
         mini_batch_samples=rows,
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=response_len,
         total_steps=1,
     )
@@ -440,7 +441,7 @@ def actor_offload(ctx: Ctx) -> Result:
         cfg.model.path = str(path)
         cfg.actor.fsdp.param_offload = cfg.actor.fsdp.optimizer_offload = offload
         actor = Actor(cfg.model, cfg.actor, mesh, env.device, temperature=1.0, mini_batch_samples=16,
-                      max_response_length=64, total_steps=1)  # fmt: skip
+                      micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu, max_response_length=64, total_steps=1)  # fmt: skip
         actor.update(batch)  # AdamW state exists from here on
         actor.offload()  # after the weight sync, while the engine generates
         torch.cuda.synchronize()

@@ -53,6 +53,7 @@ def main() -> None:
         env.device,
         temperature=1.0,
         mini_batch_samples=1,
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=8,
         total_steps=1,
     )

@@ -95,6 +95,7 @@ def main() -> None:
         env.device,
         temperature=1.0,
         mini_batch_samples=args.rows,
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=max(lengths),
         total_steps=1,
     )

@@ -88,7 +88,7 @@ def build_actor(model: Path, checkpointing: bool, longest: int, world: int) -> A
     cfg.actor.ppo_micro_batch_size_per_gpu = 1
     return Actor(
         cfg.model, cfg.actor, fsdp_mesh("cpu", world, -1), torch.device("cpu"), temperature=1.0,
-        mini_batch_samples=1, max_response_length=longest, total_steps=1,
+        mini_batch_samples=1, micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu, max_response_length=longest, total_steps=1,
         sequence=sequence_mesh("cpu", world, world) if world > 1 else None,
     )  # fmt: skip
 

@@ -247,6 +247,7 @@ def run(args: argparse.Namespace) -> None:
             env.device,
             temperature=cfg.rollout.temperature,
             mini_batch_samples=1,
+            micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
             max_response_length=cfg.data.max_response_length,
             total_steps=1,
         )

@@ -257,6 +257,7 @@ def measure_mode(
         device,
         temperature=1.0,
         mini_batch_samples=len(local),
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=local.response_width,
         total_steps=1,
     )

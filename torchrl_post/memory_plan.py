@@ -40,7 +40,8 @@ Trained role (actor, critic), per rank:
 Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
-Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T and
+Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T (T in
+    whole blocks of KV_BLOCK_TOKENS: the bytes the engine asks for, `rollout/base.py: kv_cache_bytes`) and
     gets its share - weights - ENGINE_RESERVE (its own activations and graphs, a round guess). The share is
     rollout.gpu_memory_utilization x card, or colocated with it unset, as the engine sizes it at start:
     ENGINE_SHARE_OF_FREE x (card - the trainer's parameters - the optimizer state still to come).
@@ -63,12 +64,11 @@ import torch
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config, FSDPConfig, ModelConfig
 from torchrl_post.plan import RunPlan
-from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE
+from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.workers.fsdp import decoder_layers
 from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS
 from torchrl_post.workers.models import VISION_TOWER, empty_model
 
-GiB = 1 << 30
 F32 = 4
 CHUNK_COPIES = 2
 """[chunk x vocabulary] float32 tensors at the peak of the chunked head's forward and backward
@@ -136,13 +136,14 @@ def model_shape(cfg: ModelConfig) -> ModelShape:
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is model.get_input_embeddings().weight
     heads = int(text.num_attention_heads)
+    n_layers, kv_heads, head_dim = kv_dims(config)
     return ModelShape(
         hidden=int(text.hidden_size),
         intermediate=int(text.intermediate_size),
-        layers=int(text.num_hidden_layers),
+        layers=n_layers,
         heads=heads,
-        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // heads),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         vocab=int(text.vocab_size),
         params=params,
         layer_params=max(layer_counts),
@@ -197,11 +198,6 @@ def gathered_bytes(s: ModelShape, fsdp: FSDPConfig, trained: bool, lora: bool) -
     elif trained:
         total += s.root_params * p + s.layer_params * (p + r if r != p else p)
     return total
-
-
-def kv_cache_bytes(s: ModelShape, engine_bytes: int, sequences: int, row: int) -> int:
-    """K and V of every layer for `sequences` sequences of `row` tokens."""
-    return 2 * s.layers * s.kv_heads * s.head_dim * engine_bytes * sequences * row
 
 
 # ---- the plan -------------------------------------------------------------------------------------------
@@ -355,10 +351,8 @@ def _micro_tokens(samples: int, row: int, budget: int) -> int:
     return max(budget, row) if budget > 0 else samples * row
 
 
-def _trained_role(
-    role: str, cfg: Config, plan: RunPlan, s: ModelShape, micro: int, chunk: int, value_head: bool
-) -> RoleMemory:
-    fsdp = plan.roles[role].fsdp
+def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: int, value_head: bool) -> RoleMemory:
+    fsdp, micro = plan.roles[role].fsdp, plan.roles[role].micro_batch_samples
     shards = plan.roles[role].mesh_shape[-1]
     m, p = DTYPE_BYTES[cfg.model.dtype], DTYPE_BYTES[fsdp.param_dtype]
     lora = cfg.model.lora_rank > 0 and role == "actor"
@@ -465,17 +459,15 @@ def plan_memory(
             roles_of.setdefault(rank, []).append(role)
     memory: dict[str, RoleMemory] = {}
     if "actor" in plan.roles:
-        memory["actor"] = _trained_role("actor", cfg, plan, shape, plan.micro_batch_samples, loss_chunk_tokens, False)
+        memory["actor"] = _trained_role("actor", cfg, plan, shape, loss_chunk_tokens, False)
     if "critic" in plan.roles:
-        micro = min(cfg.critic.ppo_micro_batch_size_per_gpu, plan.roles["critic"].mini_batch_samples)
-        critic = critic_shape or shape
-        memory["critic"] = _trained_role("critic", cfg, plan, critic, micro, loss_chunk_tokens, True)
+        memory["critic"] = _trained_role("critic", cfg, plan, critic_shape or shape, loss_chunk_tokens, True)
     if "reference" in plan.roles:
         memory["reference"] = _reference(cfg, plan, shape, loss_chunk_tokens)
     ro, row = cfg.rollout, plan.engine.max_model_len
     e, tp = DTYPE_BYTES[plan.engine.dtype], plan.tensor_parallel_size
     weights = shape.params * e // tp
-    kv_needed = kv_cache_bytes(shape, e, ro.max_num_seqs, row) // tp
+    kv_needed = kv_cache_bytes(shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row) // tp
 
     def engine_share(trainer: tuple[RoleMemory, ...]) -> int:
         """vLLM's part of the device: rollout.gpu_memory_utilization x card, or (colocated, unset) the share of

@@ -27,7 +27,7 @@ from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
-from torchrl_post.rollout.base import EngineSpec
+from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
 
 Where = Literal["none", "colocated", "own_ranks"]
@@ -53,6 +53,10 @@ class RolePlan:
     ranks of an sp group train the union of theirs)."""
     sequence_parallel: int = 1
     """Ulysses sp group size (model.ulysses_sequence_parallel_size): the (dp, sp) layout over its FSDP ranks."""
+    micro_batch_samples: int = 0
+    """Trained roles: samples per forward and backward of an update (its ppo_micro_batch_size_per_gpu, at most a
+    mini-batch of the rows it splits: the sp group's, each rank holding 1/sp of their tokens); 0 for the reference,
+    which only forwards. Fixed-size micro-batches (actor.use_dynamic_bsz packs by a token budget instead)."""
 
     @property
     def where(self) -> Where:
@@ -94,8 +98,6 @@ class RunPlan:
     total_training_steps: int | None
     engine: EngineSpec
     """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
-    micro_batch_samples: int
-    """Actor samples per forward/backward on each rank (fixed-size micro-batches)."""
     model_dtype: str = "float32"
     """model.dtype: the trained models' weights (the master copy under mixed precision)."""
     device: str = "cpu"
@@ -165,7 +167,8 @@ class RunPlan:
                 if sp > 1
                 else ""
             )
-            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}")
+            micro = f"; micro-batches of {r.micro_batch_samples} samples" if r.micro_batch_samples else ""
+            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}{micro}")
         tp, roll = self.tensor_parallel_size, self.rollout_ranks
         engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
         lines.append(f"  rollout engines ({self.rollout_engine}, tensor_parallel_size={tp}): {engines}")
@@ -196,8 +199,7 @@ class RunPlan:
             + ("the engine's experts replayed in the trainer (R3)" if self.router_replay else "the trainer's own")
             + ("; the engine records them" if self.engine.record_routes else ""),
         ]
-        numbers = self.batch_numbers() | {"micro_batch_per_rank": self.micro_batch_samples}
-        lines += [f"  {k}: {v}" for k, v in numbers.items()]
+        lines += [f"  {k}: {v}" for k, v in self.batch_numbers().items()]
         return "\n".join(lines)
 
 
@@ -287,10 +289,6 @@ def lora_sync(cfg: Config) -> LoraSync:
     return "adapter" if cfg.rollout.lora_sync == "adapter" else "merged"
 
 
-DEDICATED_GPU_SHARE = 0.9
-"""gpu_memory_utilization of an engine on GPUs of its own (rollout.gpu_memory_utilization=null)."""
-
-
 def sleep_level(cfg: Config, device: str, colocated: bool) -> int:
     """0: the engine never sleeps (CPU, rollout ranks of its own, free_cache_engine off); 2: weights and KV cache
     discarded (the sync rewrites every weight); 1: weights kept (adapter syncs send the adapter only)."""
@@ -317,7 +315,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
     d, r = cfg.data, cfg.rollout
     util = r.gpu_memory_utilization
     if util is None and not colocated and device == "cuda":
-        util = DEDICATED_GPU_SHARE
+        util = ENGINE_SHARE_OF_FREE  # of a card nothing else holds
     return EngineSpec(
         max_model_len=d.max_prompt_length + d.max_response_length,
         lora_sync=lora_sync(cfg),
@@ -399,11 +397,13 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     for role in ("actor", "critic", "reference"):
         if role not in placement.ranks:
             continue
-        ranks = placement.ranks[role]
+        ranks, sp = placement.ranks[role], cfg.model.ulysses_sequence_parallel_size
         dims, shape = mesh_shape(len(ranks), fsdp[role].fsdp_size)
+        samples = mini * n // len(ranks)
+        micro = {"actor": cfg.actor.ppo_micro_batch_size_per_gpu, "critic": cfg.critic.ppo_micro_batch_size_per_gpu}
         roles[role] = RolePlan(
-            tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, mini * n // len(ranks),
-            cfg.model.ulysses_sequence_parallel_size,
+            tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, samples, sp,
+            min(micro[role], samples * sp) if role in micro else 0,
         )  # fmt: skip
     lora = cfg.model.lora_rank > 0
     if "reference" in roles:
@@ -436,7 +436,6 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
         engine=engine,
-        micro_batch_samples=min(cfg.actor.ppo_micro_batch_size_per_gpu, roles["actor"].mini_batch_samples),
         model_dtype=cfg.model.dtype,
         device=device,
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),

@@ -49,6 +49,7 @@ def make_actor(
         device or torch.device("cpu"),
         temperature=1.0,
         mini_batch_samples=mini_batch_samples,
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=cfg.data.max_response_length,
         total_steps=1,
         correction=correction,

@@ -94,6 +94,7 @@ def _critic(cfg: Config, mesh: DeviceMesh, batch: Batch, mini: int) -> tuple[Cri
         mesh,
         torch.device("cpu"),
         mini_batch_samples=mini,
+        micro_batch_samples=cfg.critic.ppo_micro_batch_size_per_gpu,
         epochs=1,
         max_response_length=5,
         total_steps=1,

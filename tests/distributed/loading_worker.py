@@ -107,7 +107,15 @@ def roles(cfg: Config, mesh: object) -> dict[str, object]:
             actor = make_actor(cfg, mesh)
             ref = Reference(cfg.model, cfg.reference, cfg.actor.fsdp, mesh, CPU, temperature=1.0)
             critic = Critic(
-                cfg.model, cfg.critic, mesh, CPU, mini_batch_samples=4, epochs=1, max_response_length=4, total_steps=1
+                cfg.model,
+                cfg.critic,
+                mesh,
+                CPU,
+                mini_batch_samples=4,
+                micro_batch_samples=cfg.critic.ppo_micro_batch_size_per_gpu,
+                epochs=1,
+                max_response_length=4,
+                total_steps=1,
             )
         loader_log.removeHandler(notes)
         _KEEP.extend([actor, ref, critic])

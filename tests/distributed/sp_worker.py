@@ -100,7 +100,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(0)
     actor = Actor(
-        cfg.model, cfg.actor, fsdp, device, temperature=1.0, mini_batch_samples=2,
+        cfg.model, cfg.actor, fsdp, device, temperature=1.0, mini_batch_samples=2, micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
         replay=batch.routed_experts is not None,
     )  # fmt: skip
@@ -113,7 +113,7 @@ def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.dev
 def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(0)
     critic = Critic(
-        cfg.model, cfg.critic, fsdp, device, mini_batch_samples=2, epochs=1,
+        cfg.model, cfg.critic, fsdp, device, mini_batch_samples=2, micro_batch_samples=cfg.critic.ppo_micro_batch_size_per_gpu, epochs=1,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
     )  # fmt: skip
     _KEEP.append(critic)

@@ -260,6 +260,22 @@ def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
         assert needle in text, text
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_kv_cache_counted_as_the_engine_asks_for_it(tiny_dir: Path, tp: int) -> None:
+    """One formula: the memory plan's KV need is what the engine asks vLLM for on the same model config (72-token
+    rows in whole blocks of 128), split over the tensor-parallel ranks."""
+    from transformers import AutoConfig
+
+    from torchrl_post.rollout.base import kv_cache_need
+
+    cfg = load_config([f"model.path={tiny_dir}", "rollout.max_num_seqs=3", f"rollout.tensor_parallel_size={tp}"])
+    plan = plan_run(cfg, 2)
+    (group,) = plan_memory(cfg, plan, model_shape(cfg.model), "cpu", 64 * GiB).groups
+    asked = kv_cache_need(AutoConfig.from_pretrained(tiny_dir), 4, sequences=3, max_model_len=72)
+    assert plan.engine.max_model_len == 72 and asked == 2 * 4 * 2 * 32 * 4 * 3 * 128
+    assert group.kv_needed == asked // tp
+
+
 @pytest.mark.parametrize(
     ("overrides", "card_gib", "needle"),
     [

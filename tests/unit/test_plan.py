@@ -179,7 +179,7 @@ def _answers(plan: RunPlan) -> dict[str, Any]:
         "needs_old_log_probs": plan.needs_old_log_probs,
         "rollout_correction": plan.rollout_correction,
         "group_size": plan.group_size,
-        "micro_batch_samples": plan.micro_batch_samples,
+        "micro_batch_samples": plan.roles["actor"].micro_batch_samples,
         "mini_batch_prompts": plan.mini_batch_prompts,
         "max_off_policy_steps": plan.max_off_policy_steps,
         "notes": len(plan.notes),
@@ -302,7 +302,7 @@ def test_batch_numbers_per_rank() -> None:
     numbers = plan.batch_numbers()
     assert numbers["mini_batches_per_epoch"] == 4  # 16 / 4
     assert numbers["samples_per_mini_batch_per_rank"] == 16  # 4 * 8 / 2
-    assert plan.micro_batch_samples == 16  # min(64, 16)
+    assert plan.roles["actor"].micro_batch_samples == 16  # min(64, 16)
 
 
 def test_rollout_is_auto_follows_off_policy_steps() -> None:
@@ -410,3 +410,20 @@ def test_sequence_parallel_in_the_plan() -> None:
     text = plan.describe("cpu", "gloo")
     assert "actor mesh ('dp',) = (4,) (FSDP); Ulysses (dp, sp) = (2, 2): each row's tokens over 2 ranks" in text
     assert plan_run(load_config([]), 4).sequence_parallel == 1
+
+
+def test_micro_batches_decided_per_trained_role() -> None:
+    """Each trained role's update splits a mini-batch into its ppo_micro_batch_size_per_gpu, at most the rows the
+    micro-batches split (with sequence parallelism, the sp group's: each rank holds 1/sp of their tokens)."""
+    base = ["algorithm.adv_estimator=gae", "actor.use_kl_loss=true", "actor.ppo_mini_batch_size=4"]
+    plan = plan_run(load_config([*base, "actor.ppo_micro_batch_size_per_gpu=6"]), 2)  # 16 samples per rank
+    assert {role: r.micro_batch_samples for role, r in plan.roles.items()} == {
+        "actor": 6,
+        "critic": 16,  # critic.ppo_micro_batch_size_per_gpu=32, one mini-batch of 16
+        "reference": 0,  # forwards only
+    }
+    text = plan.describe("cpu", "gloo")
+    assert "actor mesh ('dp',) = (2,) (FSDP); micro-batches of 6 samples" in text
+    assert "critic mesh ('dp',) = (2,) (FSDP); micro-batches of 16 samples" in text
+    sp = plan_run(load_config([*base, "model.ulysses_sequence_parallel_size=2"]), 2)
+    assert (sp.roles["actor"].mini_batch_samples, sp.roles["actor"].micro_batch_samples) == (16, 32)

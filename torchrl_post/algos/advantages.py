@@ -6,11 +6,14 @@ right-padded responses; mask_bt is 1.0 on real response tokens. Outputs are floa
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 
 from torchrl_post.algos.policy_loss import masked_mean
+from torchrl_post.config.enums import GroupEstimator
 
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = get_args(GroupEstimator)
 
 
 def group_advantages(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import torch
 
@@ -17,12 +17,13 @@ from torchrl_post.algos.advantages import (
 )
 from torchrl_post.algos.kl import apply_kl_in_reward, kl_penalty
 from torchrl_post.algos.stepwise import broadcast_advantages, per_step_advantages
+from torchrl_post.config.enums import AdvEstimator
 from torchrl_post.types import Batch
 
-if TYPE_CHECKING:  # the config package imports this module for its enum sets
+if TYPE_CHECKING:
     from torchrl_post.config.schema import AlgorithmConfig
 
-ADV_ESTIMATORS = ("grpo", "gae", "reinforce", "reinforce_plus_plus", "rloo")
+ADV_ESTIMATORS = get_args(AdvEstimator)  # compute_advantages dispatches on each
 NEEDS_VALUES = ("gae",)
 GROUPED = GROUP_ESTIMATORS
 

@@ -5,9 +5,13 @@ Follows verl's kl_penalty / apply_kl_penalty / AdaptiveKLController (Ziegler et 
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+from torchrl_post.config.enums import KLKind
+
+KL_KINDS = get_args(KLKind)
 """verl's names; `kl` is k1, `mse` is k2, `low_var_kl` is k3. The loss and the reward accept every one."""
 
 

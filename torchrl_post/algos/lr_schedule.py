@@ -17,8 +17,11 @@ the floor; a run stepped past T stays on the floor.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
-LR_SCHEDULER_TYPES = ("constant", "cosine")
+from torchrl_post.config.enums import LrSchedulerType
+
+LR_SCHEDULER_TYPES = get_args(LrSchedulerType)
 
 
 def warmup_updates(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total: int) -> int:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 
-IS_LEVELS = ("token", "sequence")
-"""algorithm.rollout_correction.rollout_is (null: no weights)."""
-RS_LEVELS = ("token", "sequence", "geometric")
-"""algorithm.rollout_correction.rollout_rs (null: no rejection)."""
+from torchrl_post.config.enums import RSLevel
+
+RS_LEVELS = get_args(RSLevel)
+"""The levels `_level` computes ratios at (algorithm.rollout_correction.rollout_rs; rollout_is takes the first two)."""
 SAFETY_BOUND = 20.0
 """Largest log-ratio exponentiated (verl's): weights and statistics stay below e^20."""
 

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torchrl_post.algos.advantages import GROUP_ESTIMATORS, group_advantages
-
-STEPWISE_MODES = ("broadcast", "per_step")
-STEPWISE_ESTIMATORS = GROUP_ESTIMATORS  # outcome advantages per trajectory or step
+from torchrl_post.algos.advantages import group_advantages
 
 
 def step_returns(

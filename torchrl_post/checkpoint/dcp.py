@@ -29,8 +29,6 @@ from torchrl_post.faults import maybe_fail_write, maybe_kill
 
 log = logging.getLogger(__name__)
 LATEST = "latest_checkpointed_iteration.txt"
-RESUME_MODES = ("auto", "disable", "resume_path")
-"""trainer.resume_mode: the latest checkpoint if any, none, or trainer.resume_from_path (loop.resume)."""
 Trained = tuple[torch.nn.Module, torch.optim.Optimizer]
 
 

@@ -1,7 +1,7 @@
 """Config schema (dataclasses), loading (Hydra compose) and validation.
 
-`load_config` is imported on first use: validation reads the enum sets from the modules that dispatch on
-them, and those modules import `config.errors` / `config.schema`, so this package must not import them back.
+`load_config` is imported on first use: it brings Hydra, and the validator imports `algos/`, whose modules import
+`config.enums` / `config.errors` back, so importing this package must not import them.
 """
 
 from typing import Any

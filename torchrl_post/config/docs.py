@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrl_post.config import schema
+from torchrl_post.config.validate import enum_fields
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -50,10 +51,18 @@ def _type_name(tp: Any) -> str:
     return str(text).replace("typing.", "")
 
 
+def _type_shown(tp: Any, values: tuple[str | None, ...] | None) -> str:
+    """The type column: the type, or an enum key's values (`list of` them for a list)."""
+    if values is None:
+        return f"`{_type_name(tp)}`"
+    names = " \\| ".join(f"`{'null' if v is None else v}`" for v in values)
+    return f"list of {names}" if typing.get_origin(tp) is list else names
+
+
 def rows(cls: type, prefix: str, docs: dict[tuple[str, str], str], hints: dict[str, Any] | None = None) -> list[str]:
     """One markdown row per leaf key under `cls`, sections (nested dataclasses) expanded in place."""
     out: list[str] = []
-    hints = typing.get_type_hints(cls, vars(schema))
+    hints, enums = typing.get_type_hints(cls, vars(schema)), enum_fields(cls)
     for f in dataclasses.fields(cls):
         key, tp, default = f"{prefix}{f.name}", hints[f.name], _default(f)
         if dataclasses.is_dataclass(tp):
@@ -61,7 +70,7 @@ def rows(cls: type, prefix: str, docs: dict[tuple[str, str], str], hints: dict[s
             continue
         doc = docs.get((cls.__name__, f.name), "").replace("|", "\\|")
         shown = "null" if default is None else repr(default).replace("|", "\\|")
-        out.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {doc} |")
+        out.append(f"| `{key}` | {_type_shown(tp, enums.get(f.name))} | `{shown}` | {doc} |")
     return out
 
 

@@ -2,13 +2,39 @@
 
 Key names follow verl and ROLL where those have one. The defaults are the built-in demo (a tiny Qwen2
 model learning single-digit sums with GRPO), so `torchrun ... -m torchrl_post.train` with no overrides
-runs it. Fields typed `Any` accept a string or a list and are checked in `validate.py`.
+runs it. Fields typed `Any` accept a string or a list and are checked in `validate.py`. A field typed
+`Annotated[str, T]` takes one of the values of the `Literal` type T (`enums.py`): OmegaConf sees a `str` (it has no
+`Literal`), and `validate.check_enums` checks the value against T.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from torchrl_post.config.enums import (
+    AdvEstimator,
+    Device,
+    Dtype,
+    DtypeOrAuto,
+    Engine,
+    EngineLoadFormat,
+    ExpertsImplementation,
+    InflightUpdate,
+    KLControl,
+    KLKind,
+    Logger,
+    LoraSyncMode,
+    LossAggMode,
+    LrSchedulerType,
+    ModelLoadFormat,
+    PolicyLoss,
+    ResumeMode,
+    RolloutIS,
+    RolloutMode,
+    RSLevel,
+    StepwiseMode,
+)
 
 
 @dataclass
@@ -19,7 +45,7 @@ class ModelConfig:
     """Allow the model directory's own Python code. Off unless you trust the directory."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass (activation checkpointing)."""
-    load_format: str = "sharded"
+    load_format: Annotated[str, ModelLoadFormat] = "sharded"
     """How the trained and frozen roles get their weights: `sharded` builds the model with its parameters on the
     meta device, shards it, and each rank reads only its own rows from the safetensors files (host memory per
     rank ~1/ranks of the model); `full` loads the whole model on every rank, then shards it. Tensor names are read
@@ -38,7 +64,7 @@ class ModelConfig:
     (the same logprobs and loss), and taken only where it costs no more attention than separate rows: it pays
     when prompts are long next to responses. Needs an attention that takes a mask (sdpa, eager); with
     flash-attn the samples pack apart."""
-    dtype: str = "float32"
+    dtype: Annotated[str, Dtype] = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""
     ulysses_sequence_parallel_size: int = 1
@@ -58,7 +84,7 @@ class ModelConfig:
     """Modules to adapt: `all-linear` or a list of module names (q_proj, k_proj, v_proj, o_proj, ...)."""
     lora_dropout: float = 0.0
     """Dropout on the adapter's input (PEFT's lora_dropout); 0 keeps the trainer's logprobs equal to the engine's."""
-    experts_implementation: str = "auto"
+    experts_implementation: Annotated[str, ExpertsImplementation] = "auto"
     """How a mixture-of-experts model runs its experts (transformers' experts_implementation), in the actor,
     reference, critic and HF rollout: `auto` is transformers' choice (grouped_mm where it can dispatch, else eager);
     `eager` loops over the experts; `grouped_mm` runs each projection as one grouped matmul
@@ -123,7 +149,7 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "vllm"
+    engine: Annotated[str, Engine] = "vllm"
     """Generation engine: vllm (in-process vllm.LLM per rank) or hf (transformers generate)."""
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
@@ -138,21 +164,22 @@ class RolloutConfig:
     gpu_memory_utilization: float | None = None
     """Fraction of the GPU's memory vLLM may take (vLLM's meaning; GPU only). null sizes it by placement: an engine
     on GPUs of its own takes 0.9; a colocated engine takes 0.9 of what is free when it starts, less the optimizer
-    state the trainer has yet to allocate (`rollout/engines.py: engine_memory_fraction`)."""
+    state the trainer has yet to allocate (`rollout/base.py: engine_memory_fraction`)."""
     cpu_kvcache_space_gb: int = 1
     """Most KV cache vLLM takes on CPU, in whole GiB: it allocates what rollout.max_num_seqs sequences of the
     longest prompt plus response can fill, up to this (VLLM_CPU_KVCACHE_SPACE, when set, wins)."""
     max_num_seqs: int = 256
     """Most sequences vLLM schedules at once."""
-    dtype: str = "auto"
+    dtype: Annotated[str, DtypeOrAuto] = "auto"
     """Engine weight dtype: auto (float32 on CPU, which keeps parity with the trainer exact; bfloat16 on CUDA, the
     dtype vLLM's FlashAttention/FlashInfer backends take), float32, bfloat16 or float16."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size: consecutive rollout ranks that hold one engine (must divide the rollout ranks)."""
-    mode: str = "sync"
-    """sync or async, as verl and rLLM mean it: async is the continuous-batching rollout (the agent loop when an
-    agent is configured); valid in every placement. Without an agent both modes send a step's requests to the
-    engine as one continuous batch. Off-policy look-ahead is trainer.max_off_policy_steps."""
+    mode: Annotated[str, RolloutMode] = "sync"
+    """sync or async, verl's and rLLM's key: every rollout here is continuous batching already (a step's requests
+    sent to the engine as one batch, or the agent loop when an agent is configured), so both values run the same and
+    nothing but the validator reads it; it stays so that verl's configs load (the alias table maps
+    actor_rollout_ref.rollout.mode here). Off-policy look-ahead is trainer.max_off_policy_steps."""
     free_cache_engine: bool = True
     """On GPU, a colocated vLLM sleeps during the update to free its memory: level 2 (weights and KV cache
     discarded; the next sync writes every weight) when the whole model is synced, level 1 (weights kept in host
@@ -166,7 +193,7 @@ class RolloutConfig:
 
     limit_images: int = 1
     """Vision-language models: the most images one prompt may carry (vLLM's limit_mm_per_prompt)."""
-    load_format: str = "dummy"
+    load_format: Annotated[str, EngineLoadFormat] = "dummy"
     """The engine's initial weights (vLLM's load_format; ROLL's and verl's advice): `dummy` starts it with random
     weights and the first weight sync (at every fresh start, as after a resume) gives it the actor's; `auto` reads
     them from model.path as well. With rollout.lora_sync=adapter the base weights are read from disk."""
@@ -188,7 +215,7 @@ class RolloutConfig:
     """rollout.partial_rollout: prompts (groups of rollout.n) generating or completed and not yet trained, over
     all engines; null: max(trainer.max_off_policy_steps + 1, 2) x data.train_batch_size. More than a batch lets a step
     take the groups that finish first while the long ones keep generating."""
-    inflight_update: str = "keep"
+    inflight_update: Annotated[str, InflightUpdate] = "keep"
     """rollout.partial_rollout on rollout ranks of their own: what a weight update does to the requests in flight.
     keep: they continue with their KV cache (keys and values of earlier tokens from the old weights; nothing is
     repeated); recompute: they are re-added with their tokens so far as prompt, so the new weights prefill them
@@ -201,7 +228,7 @@ class RolloutConfig:
     groups get staler (trainer.max_staleness bounds them). The update point then depends on timing: a run is not
     reproducible step for step and a resume goes on from the checkpoint without loss but not bit for bit. false:
     the rollout ranks block for the weights after the fill (counted update points, exact resumes)."""
-    lora_sync: str = "merged"
+    lora_sync: Annotated[str, LoraSyncMode] = "merged"
     """With model.lora_rank > 0: `merged` pushes W + alpha/r * B @ A through the engine's weight reload (full
     engine speed); `adapter` sends only the adapter's tensors and loads them as the engine's own LoRA adapter (a
     fresh adapter id per update; vLLM's LoRA kernels run about 2x slower on CPU)."""
@@ -212,10 +239,10 @@ class FSDPConfig:
     fsdp_size: int = -1
     """Ranks each parameter is sharded over; -1 (or the group size) is plain FSDP, smaller is HSDP: a
     (group / fsdp_size) x fsdp_size mesh, sharded within rows, replicated across them."""
-    param_dtype: str = "auto"
+    param_dtype: Annotated[str, DtypeOrAuto] = "auto"
     """Mixed-precision dtype for parameters in forward/backward: auto (float32 on CPU; bfloat16 on CUDA, over
     master weights kept in model.dtype), float32, bfloat16 or float16."""
-    reduce_dtype: str = "float32"
+    reduce_dtype: Annotated[str, Dtype] = "float32"
     """Dtype for gradient reduce-scatter."""
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2)."""
@@ -247,7 +274,7 @@ class ActorConfig:
     step at the same lr); <= 0: lr_warmup_steps_ratio decides (verl's -1 too)."""
     lr_warmup_steps_ratio: float = 0.0
     """Warmup as a fraction of the run's training steps (int(ratio x steps)), when lr_warmup_steps <= 0."""
-    lr_scheduler_type: str = "constant"
+    lr_scheduler_type: Annotated[str, LrSchedulerType] = "constant"
     """After warmup: constant (lr) or cosine (down to min_lr_ratio x lr at the run's last step). verl's
     lr_scheduler_type (formerly warmup_style), ROLL's training_args.lr_scheduler_type."""
     min_lr_ratio: float = 0.0
@@ -262,7 +289,7 @@ class ActorConfig:
     """Lower clip epsilon (ratio >= 1 - low); defaults to clip_ratio."""
     clip_ratio_high: float | None = None
     """Upper clip epsilon (ratio <= 1 + high); defaults to clip_ratio."""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Annotated[str, LossAggMode] = "token-mean"
     """How token losses become one number: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient (subtracted from the loss)."""
@@ -278,13 +305,13 @@ class ActorConfig:
     """With use_dynamic_bsz: most rows x (trimmed) columns in one micro-batch on one rank."""
     clip_ratio_c: float | None = 3.0
     """Dual-clip bound for negative advantages (loss <= -A * c); null turns dual clip off. Must be > 1."""
-    policy_loss: str = "vanilla"
+    policy_loss: Annotated[str, PolicyLoss] = "vanilla"
     """Policy loss mode: vanilla (token-level PPO ratio) or gspo (sequence-level ratio, use small clip ratios)."""
     use_kl_loss: bool = False
     """Add a KL(actor || reference) term to the loss (GRPO style); builds the reference policy."""
     kl_loss_coef: float = 0.001
     """Coefficient of the KL loss term."""
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: Annotated[str, KLKind] = "low_var_kl"
     """KL estimator for the loss: k1, k2, k3/low_var_kl, abs, mse."""
     router_replay: bool = False
     """Mixture-of-experts models: rollout routing replay (R3). The trainer's routers use the experts the engine
@@ -300,7 +327,7 @@ class ActorConfig:
 
 @dataclass
 class KLControlConfig:
-    type: str = "fixed"
+    type: Annotated[str, KLControl] = "fixed"
     """fixed or adaptive (Ziegler et al.: the coefficient follows target_kl)."""
     kl_coef: float = 0.001
     """(Initial) coefficient of the KL penalty in the reward."""
@@ -342,7 +369,7 @@ class StepwiseAdvantageConfig:
     enable: bool = False
     """Train agent trajectories step by step: each turn is its own sample (its whole context as the prompt,
     its response trained), instead of one sample per trajectory with observations masked."""
-    mode: str = "broadcast"
+    mode: Annotated[str, StepwiseMode] = "broadcast"
     """broadcast: the trajectory's advantage (grpo/rloo over the group's trajectories) on every step's tokens;
     per_step: each step scored by its return (the discounted sum of this and later step rewards) and
     normalised against the same step of the group's other trajectories."""
@@ -353,14 +380,14 @@ class StepwiseAdvantageConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: str | None = "auto"
+    rollout_is: Annotated[str | None, RolloutIS] = "auto"
     """Importance weights on the policy loss, the rollout engine's logprobs being the behaviour policy: token
     multiplies each token's loss by min(pi_old / pi_rollout, rollout_is_threshold) (truncated IS), sequence every
     token of a sample by min(prod_t pi_old / pi_rollout, rollout_is_threshold); null: none; auto: token when
     trainer.max_off_policy_steps > 0, else null."""
     rollout_is_threshold: float = 2.0
     """Cap of the importance weights."""
-    rollout_rs: str | None = None
+    rollout_rs: Annotated[str | None, RSLevel] = None
     """Rejection (IcePop-style masking): token drops each token whose ratio pi_old / pi_rollout leaves
     [rollout_rs_threshold_lower, rollout_rs_threshold], sequence each sample whose product of ratios does,
     geometric each sample whose geometric mean ratio does; dropped tokens leave the losses and their
@@ -375,7 +402,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: Annotated[str, AdvEstimator] = "grpo"
     """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std (false gives Dr.GRPO-style mean-centering only)."""
@@ -385,7 +412,7 @@ class AlgorithmConfig:
     """GAE lambda."""
     use_kl_in_reward: bool = False
     """Subtract kl_ctrl.kl_coef * KL(actor || reference) from the token rewards; builds the reference policy."""
-    kl_penalty: str = "kl"
+    kl_penalty: Annotated[str, KLKind] = "kl"
     """KL estimator for the reward penalty: kl/k1, k2, k3/low_var_kl, abs, mse."""
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     """Coefficient control for the KL in the reward."""
@@ -418,7 +445,7 @@ class CriticConfig:
     """Training steps of linear warmup for the critic; <= 0: lr_warmup_steps_ratio decides (as the actor's)."""
     lr_warmup_steps_ratio: float = 0.0
     """Critic warmup as a fraction of the run's training steps, when lr_warmup_steps <= 0."""
-    lr_scheduler_type: str = "constant"
+    lr_scheduler_type: Annotated[str, LrSchedulerType] = "constant"
     """The critic's schedule after warmup: constant or cosine (as actor.lr_scheduler_type)."""
     min_lr_ratio: float = 0.0
     """cosine: the critic's floor as a fraction of critic.lr, in [0, 1]."""
@@ -428,7 +455,7 @@ class CriticConfig:
     """Clip the critic's gradient norm (<= 0 disables)."""
     cliprange_value: float = 0.5
     """Value clipping around the old values."""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Annotated[str, LossAggMode] = "token-mean"
     """How token value losses become one number (as actor.loss_agg_mode)."""
     ppo_micro_batch_size_per_gpu: int = 32
     """Samples per critic forward/backward on one rank."""
@@ -515,7 +542,7 @@ class TrainerConfig:
     in the run directory at every validation."""
     default_local_dir: str = "outputs/demo"
     """Run directory: metrics.jsonl, checkpoints/, plots/, the resolved config."""
-    resume_mode: str = "auto"
+    resume_mode: Annotated[str, ResumeMode] = "auto"
     """auto (latest checkpoint, if any), disable, or resume_path (trainer.resume_from_path)."""
     resume_from_path: str | None = None
     """Checkpoint directory (global_step_N) to resume from when resume_mode=resume_path."""
@@ -525,12 +552,12 @@ class TrainerConfig:
     """Also write each checkpoint's policy as an HF model (safetensors, config, tokenizer) under hf/."""
     max_nonfinite_skips: int = 3
     """Stop after this many consecutive updates skipped for a non-finite loss or gradient norm."""
-    logger: list[str] = field(default_factory=lambda: ["console"])
+    logger: Annotated[list[str], Logger] = field(default_factory=lambda: ["console"])
     """Loggers besides metrics.jsonl (always written): console, wandb (offline under the run directory with
     WANDB_MODE=offline), tensorboard (event files under tensorboard/)."""
     seed: int = 1
     """Seed for data order, sampling and initialisation."""
-    device: str = "auto"
+    device: Annotated[str, Device] = "auto"
     """auto (cuda when available, else cpu), cpu or cuda; also picks the backend (nccl or gloo)."""
     max_off_policy_steps: int = 0
     """0: on-policy. k > 0 (rollout on ranks of its own): the rollout generates the batch of step i + k while the

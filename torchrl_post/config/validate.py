@@ -3,35 +3,46 @@
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from omegaconf import ListConfig
 
-from torchrl_post.algos.estimators import ADV_ESTIMATORS
-from torchrl_post.algos.kl import KL_KINDS
-from torchrl_post.algos.lr_schedule import LR_SCHEDULER_TYPES
-from torchrl_post.algos.policy_loss import LOSS_AGG_MODES, POLICY_LOSSES
-from torchrl_post.algos.rollout_correction import IS_LEVELS, RS_LEVELS, rs_band
-from torchrl_post.algos.stepwise import STEPWISE_ESTIMATORS, STEPWISE_MODES
-from torchrl_post.checkpoint.dcp import RESUME_MODES
+from torchrl_post.algos.rollout_correction import rs_band
+from torchrl_post.config.enums import GroupEstimator
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import ActorConfig, Config, CriticConfig
-from torchrl_post.distributed.env import DEVICES
-from torchrl_post.logging.metrics import LOGGERS
-from torchrl_post.rollout.engines import ENGINES, ROLLOUT_MODES
-from torchrl_post.sync.lora import LORA_SYNC_MODES
-
-# Each enum set lives beside the code that dispatches on it; this one is dispatched here and in the workers.
-DTYPES = ("float32", "bfloat16", "float16")
-# model.experts_implementation: `auto` or a name transformers' from_pretrained takes (workers/models.py: with_experts).
-EXPERTS_IMPLEMENTATIONS = ("auto", "eager", "grouped_mm", "batched_mm")
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str | None, ...]) -> None:
     if value not in allowed:
         names = ", ".join("null" if a is None else a for a in allowed)
         raise ConfigError(f"{key}={value!r} is not one of {names}")
+
+
+def enum_fields(cls: type) -> dict[str, tuple[str | None, ...]]:
+    """Field name -> the values it takes, for each enum field of schema dataclass `cls`: a field typed
+    `Annotated[str, T]` takes T's values (a `Literal`), and null too where it is optional; a list's elements do."""
+    out: dict[str, tuple[str | None, ...]] = {}
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        if typing.get_origin(hint) is Annotated:
+            base, kind = typing.get_args(hint)[:2]
+            assert typing.get_origin(kind) is Literal, f"{cls.__name__}.{name}: Annotated with {kind}, not a Literal"
+            out[name] = typing.get_args(kind) + ((None,) if type(None) in typing.get_args(base) else ())
+    return out
+
+
+def check_enums(node: Any, prefix: str = "") -> None:
+    """Every enum key of the config tree against its field's `Literal` type (one line: `key=value is not one of`)."""
+    allowed = enum_fields(type(node))
+    for f in fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            check_enums(value, f"{key}.")
+        elif f.name in allowed:
+            for item in value if isinstance(value, (list, tuple, ListConfig)) else [value]:
+                _one_of(key, item, allowed[f.name])
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -64,7 +75,6 @@ def _finite(node: Any, prefix: str = "") -> None:
 
 def _schedule(role: str, cfg: ActorConfig | CriticConfig) -> None:
     """A role's lr schedule keys (lr_warmup_steps may be any integer: <= 0 hands over to the ratio)."""
-    _one_of(f"{role}.lr_scheduler_type", cfg.lr_scheduler_type, LR_SCHEDULER_TYPES)
     for key, of in (("min_lr_ratio", f"{role}.lr"), ("lr_warmup_steps_ratio", "the run's training steps")):
         if not 0 <= getattr(cfg, key) <= 1:
             raise ConfigError(f"{role}.{key}={getattr(cfg, key)} must be in [0, 1] (a fraction of {of})")
@@ -80,9 +90,7 @@ def _named(key: str, value: Any) -> None:
 def _rollout_correction(cfg: Config) -> None:
     """algorithm.rollout_correction.*: the levels, positive thresholds, a band that is not empty."""
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
-    _one_of(f"{key}.rollout_is", rc.rollout_is, ("auto", *IS_LEVELS, None))
     _positive(f"{key}.rollout_is_threshold", rc.rollout_is_threshold)
-    _one_of(f"{key}.rollout_rs", rc.rollout_rs, (*RS_LEVELS, None))
     for name in ("rollout_rs_threshold", "rollout_rs_threshold_lower", "rollout_token_veto_threshold"):
         if getattr(rc, name) is not None:
             _positive(f"{key}.{name}", getattr(rc, name))
@@ -156,8 +164,8 @@ def _partial_rollout(cfg: Config) -> None:
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
+    check_enums(cfg)
     _named("model.path", cfg.model.path)
-    _one_of("model.dtype", cfg.model.dtype, DTYPES)
     for key in ("prompt_key", "answer_key", "data_source_key", "default_data_source"):
         _named(f"data.{key}", getattr(cfg.data, key))
     _named("trainer.default_local_dir", cfg.trainer.default_local_dir)
@@ -168,7 +176,6 @@ def validate(cfg: Config) -> None:
     for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
         _positive(f"data.{key}", getattr(cfg.data, key))
     _positive("data.val_batch_size", cfg.data.val_batch_size, allow_zero=True)
-    _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _positive("rollout.n", cfg.rollout.n)
     _positive("rollout.temperature", cfg.rollout.temperature, allow_zero=True)
     v = cfg.rollout.val_kwargs
@@ -184,11 +191,9 @@ def validate(cfg: Config) -> None:
     _positive(
         "algorithm.rejection_sample.max_extra_rounds", cfg.algorithm.rejection_sample.max_extra_rounds, allow_zero=True
     )
-    _one_of("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
     _rollout_correction(cfg)
     _positive("trainer.max_off_policy_steps", cfg.trainer.max_off_policy_steps, allow_zero=True)
     _partial_rollout(cfg)
-    _one_of("rollout.dtype", cfg.rollout.dtype, ("auto", *DTYPES))
     _positive("rollout.sync_bucket_mb", cfg.rollout.sync_bucket_mb)
     _positive("actor.lr", cfg.actor.lr)
     _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
@@ -207,21 +212,13 @@ def validate(cfg: Config) -> None:
     _positive("rollout.max_num_seqs", cfg.rollout.max_num_seqs)
     if cfg.rollout.gpu_memory_utilization is not None and not 0 < cfg.rollout.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
-    _one_of("actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
-    _one_of("actor.fsdp.param_dtype", cfg.actor.fsdp.param_dtype, ("auto", *DTYPES))
-    _one_of("actor.fsdp.reduce_dtype", cfg.actor.fsdp.reduce_dtype, DTYPES)
-    _one_of("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     est = cfg.algorithm.adv_estimator
     if est in ("grpo", "rloo") and cfg.rollout.n < 2:
         raise ConfigError(
             f"rollout.n=1 with algorithm.adv_estimator={est} gives every sample zero advantage; set rollout.n >= 2"
         )
-    _one_of("actor.policy_loss", cfg.actor.policy_loss, POLICY_LOSSES)
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or null to turn dual clip off)")
-    _one_of("actor.kl_loss_type", cfg.actor.kl_loss_type, KL_KINDS)
-    _one_of("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_KINDS)
-    _one_of("algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive"))
     if cfg.algorithm.kl_ctrl.type == "adaptive":
         _positive("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl)
         _positive("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)
@@ -234,7 +231,6 @@ def validate(cfg: Config) -> None:
     _schedule("critic", cfg.critic)
     _positive("critic.cliprange_value", cfg.critic.cliprange_value)
     _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
-    _one_of("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     _positive("reference.log_prob_micro_batch_size_per_gpu", cfg.reference.log_prob_micro_batch_size_per_gpu)
     a = cfg.agent
     if (a.env is None) != (a.agent is None):
@@ -254,10 +250,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.image_key is empty; name the column that lists each row's images (verl: images)")
     m = cfg.model
     _positive("model.lora_rank", m.lora_rank, allow_zero=True)
-    _one_of("rollout.lora_sync", cfg.rollout.lora_sync, LORA_SYNC_MODES)
-    _one_of("rollout.load_format", cfg.rollout.load_format, ("dummy", "auto"))
-    _one_of("model.load_format", cfg.model.load_format, ("sharded", "full"))
-    _one_of("model.experts_implementation", m.experts_implementation, EXPERTS_IMPLEMENTATIONS)
     if m.lora_rank > 0 and cfg.rollout.lora_sync == "adapter" and cfg.rollout.engine != "vllm":
         raise ConfigError("rollout.lora_sync=adapter needs rollout.engine=vllm (its LoRA support); use merged")
     if m.lora_rank > 0:
@@ -272,23 +264,19 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"model.target_modules={targets!r} must be all-linear or a list of module names")
     _mixture_of_experts(cfg)
     sw = cfg.algorithm.stepwise_advantage
-    _one_of("algorithm.stepwise_advantage.mode", sw.mode, STEPWISE_MODES)
     if sw.enable and a.env is None:
         raise ConfigError("algorithm.stepwise_advantage.enable=true trains agent steps: set agent.env and agent.agent")
-    if sw.enable and cfg.algorithm.adv_estimator not in STEPWISE_ESTIMATORS:
+    grouped = typing.get_args(GroupEstimator)
+    if sw.enable and cfg.algorithm.adv_estimator not in grouped:
         raise ConfigError(
-            f"algorithm.stepwise_advantage works with algorithm.adv_estimator in {', '.join(STEPWISE_ESTIMATORS)} "
+            f"algorithm.stepwise_advantage works with algorithm.adv_estimator in {', '.join(grouped)} "
             f"(outcome advantages per trajectory or step), not {cfg.algorithm.adv_estimator!r}"
         )
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
     t = cfg.trainer
-    _one_of("trainer.resume_mode", t.resume_mode, RESUME_MODES)
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoints/global_step_N>")
-    for name in t.logger:
-        _one_of("trainer.logger", name, LOGGERS)
-    _one_of("trainer.device", t.device, DEVICES)
     _positive("trainer.total_epochs", t.total_epochs)
     if t.total_training_steps is not None:
         _positive("trainer.total_training_steps", t.total_training_steps)

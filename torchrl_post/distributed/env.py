@@ -20,7 +20,6 @@ from torchrl_post.config.errors import ConfigError
 # A c10d backend object (ProcessGroupGloo / ProcessGroupNCCL) used directly: `.broadcast([t], opts)`, `.send`,
 # `.recv`, `.allgather`, `.barrier`. torch's stubs do not declare those methods on Backend, hence Any.
 RawGroup = Any
-DEVICES = ("auto", "cpu", "cuda")  # trainer.device, resolved by resolve_device_type
 
 
 @dataclass(frozen=True)

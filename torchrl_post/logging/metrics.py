@@ -19,14 +19,15 @@ import netrc
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from torchrl_post.config.enums import Logger
 from torchrl_post.config.errors import ConfigError, TrainingError
 from torchrl_post.logging.progress import RunProgress, stdout_is_terminal
 from torchrl_post.logging.tensorboard import TensorBoardLogger
 
 log = logging.getLogger("torchrl_post")
-LOGGERS = ("console", "wandb", "tensorboard")  # besides metrics.jsonl, always written
+LOGGERS = get_args(Logger)  # besides metrics.jsonl, always written
 PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard"}  # logger -> the package it needs
 
 

@@ -53,7 +53,11 @@ class EngineSpec:
 
 
 ENGINE_SHARE_OF_FREE = 0.9
-"""The share of the memory a colocated trainer leaves free that its engine takes (the rest: allocator slack)."""
+"""The share of the memory free when an engine starts that it takes (the rest: allocator slack): of the whole card on
+rollout ranks of their own (their gpu_memory_utilization), of what a colocated trainer leaves (`engine_memory_fraction`;
+the memory plan sizes the engine so too)."""
+KV_BLOCK_TOKENS = 128
+"""vLLM's KV cache block on CPU (its GPU blocks are smaller): a sequence takes whole blocks."""
 GiB = 1 << 30
 
 
@@ -71,15 +75,35 @@ def engine_memory_fraction(free: int, total: int, reserve: int, share: float = E
     return share * left / total
 
 
-def kv_cache_need(hf_config: Any, dtype_bytes: int, sequences: int, max_model_len: int, block_size: int = 128) -> int:
-    """Bytes of K and V for `sequences` sequences of `max_model_len` tokens, each rounded up to whole blocks of
-    `block_size` tokens: all an engine can hold at once (rollout.max_num_seqs running)."""
+def kv_dims(hf_config: Any) -> tuple[int, int, int]:
+    """(layers, key/value heads, head dim) of a model's text config: what its KV cache holds per token."""
     text = hf_config.get_text_config()
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return int(text.num_hidden_layers), kv_heads, int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+
+
+def kv_cache_bytes(
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    sequences: int,
+    max_model_len: int,
+    block_size: int = KV_BLOCK_TOKENS,
+) -> int:
+    """Bytes of K and V in every layer for `sequences` sequences of `max_model_len` tokens, each rounded up to whole
+    blocks of `block_size` tokens: all an engine can hold at once (rollout.max_num_seqs running). The one formula:
+    the engine asks for it (`kv_cache_need`) and the memory plan counts it."""
     tokens = sequences * -(-max_model_len // block_size) * block_size
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes * tokens
+    return 2 * layers * kv_heads * head_dim * dtype_bytes * tokens
+
+
+def kv_cache_need(
+    hf_config: Any, dtype_bytes: int, sequences: int, max_model_len: int, block_size: int = KV_BLOCK_TOKENS
+) -> int:
+    """`kv_cache_bytes` of an HF model config's text model."""
+    return kv_cache_bytes(*kv_dims(hf_config), dtype_bytes, sequences, max_model_len, block_size)
 
 
 class RolloutEngine(Protocol):

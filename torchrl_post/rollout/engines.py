@@ -11,9 +11,6 @@ from torchrl_post.rollout.base import EngineSpec, RolloutEngine
 if TYPE_CHECKING:
     from torchrl_post.config.schema import ModelConfig, RolloutConfig
 
-ENGINES = ("vllm", "hf")  # build_engine
-ROLLOUT_MODES = ("sync", "async")  # rollout.mode; the off-policy look-ahead is trainer.max_off_policy_steps
-
 
 def build_engine(
     model: ModelConfig,

@@ -23,8 +23,6 @@ from pathlib import Path
 import torch
 
 PEFT_PREFIX = "base_model.model."
-LORA_SYNC_MODES = ("merged", "adapter")
-"""`rollout.lora_sync`: merged weights through the engine's reload, or the adapter into the engine's own LoRA."""
 
 
 def is_adapter(name: str) -> bool:

@@ -62,6 +62,7 @@ class Actor:
         *,
         temperature: float,
         mini_batch_samples: int,
+        micro_batch_samples: int,
         max_response_length: int,
         total_steps: int,
         correction: RolloutCorrection | None = None,
@@ -69,7 +70,8 @@ class Actor:
         sequence: DeviceMesh | None = None,
         replay: bool = False,
     ) -> None:
-        """`mini_batch_samples`: samples per optimizer step on this rank; `total_steps`: the run's training steps
+        """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
+        backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
         (one lr-schedule step each: the cosine decays over them); `correction`: the plan's importance weights and
         rejection against the rollout engine's logprobs (default none); `fsdp`: the plan's FSDP
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
@@ -90,6 +92,7 @@ class Actor:
         self.dp_size = self.seq.dp_size if self.seq else mesh.size()
         self.sp = self.seq.size if self.seq else 1
         self.temperature, self.mini_batch_samples = temperature, mini_batch_samples
+        self.micro_batch_samples = micro_batch_samples
         self.max_response_length = max_response_length
         self.correction = correction or RolloutCorrection()
         self.packed = model_cfg.use_remove_padding
@@ -157,7 +160,7 @@ class Actor:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         """Logprobs of every response token under the current weights, [B, R], on CPU."""
         self.onload()
-        micro = self.cfg.ppo_micro_batch_size_per_gpu
+        micro = self.cfg.ppo_micro_batch_size_per_gpu  # a no-grad pass over the whole batch: no mini-batch bounds it
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
             self.model, rows, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
@@ -218,7 +221,7 @@ class Actor:
                 scale = self._scale(mask_all if keep_all is None else mask_all.to(self.device) * keep_all)
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(
-                    mb.attention_mask, mb.response_width, a.ppo_micro_batch_size_per_gpu, self.token_budget, packed,
+                    mb.attention_mask, mb.response_width, self.micro_batch_samples, self.token_budget, packed,
                     self.group, self.device, prompts=mb.input_ids if self.shared else None,
                 )  # fmt: skip
                 for step in plan:

@@ -73,13 +73,15 @@ class Critic:
         device: torch.device,
         *,
         mini_batch_samples: int,
+        micro_batch_samples: int,
         epochs: int,
         max_response_length: int,
         total_steps: int,
         fsdp: FSDPConfig | None = None,
         sequence: DeviceMesh | None = None,
     ) -> None:
-        """`mini_batch_samples` per optimizer step on this rank, `epochs` passes (the actor's ppo_epochs);
+        """`mini_batch_samples` per optimizer step on this rank, `micro_batch_samples` per forward and backward of
+        the update (the plan's: RolePlan.micro_batch_samples), `epochs` passes (the actor's ppo_epochs);
         `total_steps`: the run's training steps (the lr schedule's length);
         `fsdp`: the plan's FSDP settings (default critic.fsdp); `sequence`: the (dp, sp) mesh with Ulysses
         sequence parallelism (`workers/sequence.py`)."""
@@ -93,6 +95,7 @@ class Critic:
         self.group = self.seq.dp if self.seq else dp_group(mesh)
         self.dp_size = self.seq.dp_size if self.seq else mesh.size()
         self.mini_batch_samples, self.epochs, self.max_response_length = mini_batch_samples, epochs, max_response_length
+        self.micro_batch_samples = micro_batch_samples
         path = cfg.model.path or model_cfg.path
         config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         dtype = model_dtype(model_cfg)  # the value model is kept in model.dtype too
@@ -139,7 +142,8 @@ class Critic:
         """V(s_t) for every response token, [B, R], zero outside the loss mask, on CPU."""
         self.model.eval()
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
-        vals = [self._values(rows, sl).cpu() for sl in chunks(len(rows), self.cfg.ppo_micro_batch_size_per_gpu)]
+        micro = self.cfg.ppo_micro_batch_size_per_gpu  # a no-grad pass over the whole batch: no mini-batch bounds it
+        vals = [self._values(rows, sl).cpu() for sl in chunks(len(rows), micro)]
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         out = torch.cat(vals) * rows.loss_mask
         return out if mine is None else SequenceGroup.mine(out, mine, batch)
@@ -161,7 +165,7 @@ class Critic:
                 g_tokens, g_seqs = global_sum(local, self.group, self.device).tolist()
                 scale = LossScale(g_tokens, g_seqs, self.max_response_length, self.dp_size)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in chunks(mini.stop - mini.start, c.ppo_micro_batch_size_per_gpu):
+                for micro in chunks(mini.stop - mini.start, self.micro_batch_samples):
                     rows = slice(mini.start + micro.start, mini.start + micro.stop)
                     mask = mask_all[micro].to(self.device)
                     loss, clipfrac = clipped_value_loss(
