@@ -130,7 +130,6 @@ def _mixture_of_experts(cfg: Config) -> None:
 def _partial_rollout(cfg: Config) -> None:
     """rollout.partial_rollout's keys, and what the streamed rollout does not serve yet (one line each)."""
     r, t = cfg.rollout, cfg.trainer
-    _one_of("rollout.inflight_update", r.inflight_update, ("keep", "recompute"))
     if t.max_staleness is not None:
         _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)
     if r.update_on_arrival and not r.partial_rollout:
