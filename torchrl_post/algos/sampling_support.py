@@ -69,6 +69,14 @@ class Truncation:
         return ", ".join(parts) or "none"
 
 
+def sampler_truncation(temperature: float, top_k: int, top_p: float) -> Truncation | None:
+    """What a sampler at these parameters cuts: None where it keeps every token, and at temperature 0 (greedy
+    decoding ignores top-k and top-p in vLLM and in transformers' generate alike)."""
+    if temperature <= 0 or (top_k <= 0 and top_p >= 1):
+        return None
+    return Truncation(max(top_k, 0), top_p)
+
+
 @torch.no_grad()
 def support_threshold(logits_nv: torch.Tensor, truncation: Truncation) -> torch.Tensor:
     """logits [..., V] (tempered) -> the smallest logit the sampler keeps, [..., 1] float32 (-inf: keeps all)."""
