@@ -122,7 +122,7 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w.addmm_(gz.t(), h)
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
-            del z, logq, p, gz, kept  # before the next chunk's logits exist: one chunk's tensors at a time
+            del z, logq, p, term, gz, kept  # before the next chunk's logits exist: one chunk's tensors at a time
         return (
             grad_h,
             grad_w,

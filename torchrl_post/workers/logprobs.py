@@ -46,10 +46,9 @@ def logits_to_logprobs(
     if temperature > 0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
+    scored = logp_all if truncation is None else support_log_probs(logits, truncation, labels)
+    logp = scored.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    if truncation is not None:
-        logp_all = support_log_probs(logits, truncation, labels)
-    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return logp, entropy
 
 
