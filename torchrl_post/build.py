@@ -67,6 +67,7 @@ def build_trainer(run: Run) -> Trainer:
         fsdp=plan.roles["actor"].fsdp,
         sequence=run.topo.sequence("actor"),
         replay=plan.router_replay,
+        truncation=plan.sampling_support,
     )
     critic: CriticRole | None = None
     if plan.critic == "colocated":
@@ -228,6 +229,7 @@ def build_reference(run: Run) -> Reference:
         temperature=cfg.rollout.temperature,
         sequence=run.topo.sequence("reference"),
         replay=run.plan.router_replay,
+        truncation=run.plan.sampling_support,
     )
 
 

@@ -8,7 +8,8 @@ exist and on which ranks (with their FSDP meshes), the group size, samples per m
 trained role, whether the step needs old logprobs, where the reference comes from (its own model, here or on
 its own ranks, or the actor with its LoRA adapter off), whether a critic exists, how LoRA weights reach the
 engine, which weight sync runs and its bucket size (bytes, the only unit below the config), the rollout
-correction (importance weights and rejection), and the total number of steps once the data's size is known.
+correction (importance weights and rejection), the top-k / top-p support the trainer's logprobs are renormalised
+on, and the total number of steps once the data's size is known.
 
 Every error is one `ConfigError` line naming the key and the fix. The config is never changed: a role the
 algorithm needs but the user did not place is placed in the plan (with a note), one placed but unused is left
@@ -22,6 +23,7 @@ from typing import Literal
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.algos.rollout_correction import RolloutCorrection, rs_band
+from torchrl_post.algos.sampling_support import Truncation, sampler_truncation
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
@@ -107,6 +109,9 @@ class RunPlan:
     router_replay: bool = False
     """Mixture-of-experts models: the actor's and reference's routers use the engine's recorded experts
     (actor.router_replay; the engine records them: `engine.record_routes`)."""
+    sampling_support: Truncation | None = None
+    """The training sampler's top-k / top-p that the actor's and the reference's logprobs are renormalised on, as
+    the engine's processed logprobs are (actor.renormalize_logprobs_on_support); None: the full vocabulary."""
     notes: tuple[str, ...] = field(default=())
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
@@ -198,6 +203,12 @@ class RunPlan:
             "  MoE routing: "
             + ("the engine's experts replayed in the trainer (R3)" if self.router_replay else "the trainer's own")
             + ("; the engine records them" if self.engine.record_routes else ""),
+            "  trainer logprobs: "
+            + (
+                f"renormalised on the sampler's kept set ({self.sampling_support.describe()}), as the engine's"
+                if self.sampling_support is not None
+                else "over the full vocabulary"
+            ),
         ]
         lines += [f"  {k}: {v}" for k, v in self.batch_numbers().items()]
         return "\n".join(lines)
@@ -371,11 +382,33 @@ def rollout_correction(cfg: Config) -> RolloutCorrection:
     return RolloutCorrection(level, rc.rollout_is_threshold, rc.rollout_rs, high, low, rc.rollout_token_veto_threshold)
 
 
+def sampling_support(cfg: Config) -> tuple[Truncation | None, list[str]]:
+    """actor.renormalize_logprobs_on_support resolved (null: on when the training rollouts truncate, i.e. sample at
+    a temperature > 0 with rollout.top_k > 0 or rollout.top_p < 1; greedy sampling keeps no top-k / top-p), and
+    notes on a setting that is ignored or that leaves the ratios biased."""
+    r, key = cfg.rollout, "actor.renormalize_logprobs_on_support"
+    truncation = sampler_truncation(r.temperature, r.top_k, r.top_p)
+    setting = cfg.actor.renormalize_logprobs_on_support
+    if setting and truncation is None:
+        why = (
+            "rollout.temperature=0 samples greedily" if r.temperature <= 0 else "rollout.top_k / top_p keep every token"
+        )
+        return None, [f"{key}=true ignored: {why}"]
+    if setting is False and truncation is not None:
+        return None, [
+            f"{key}=false: the trainer's logprobs are over the full vocabulary while the engine's are over what "
+            f"rollout.top_k={r.top_k} / top_p={r.top_p} keep; each importance ratio carries the kept mass"
+        ]
+    return truncation, []
+
+
 def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     """The plan for `cfg` on `world_size` ranks of `device` (cpu or cuda: the defaults by device; the config's
     world-independent checks already ran when it was loaded: `config.load.load_config`)."""
     placed, notes = _role_placement(cfg)
     notes += ignored_keys(cfg)
+    support, support_notes = sampling_support(cfg)
+    notes += support_notes
     placement = plan_placement(placed, world_size)
     validate_placement(cfg, placement.ranks, placement.colocated)
     if cfg.rollout.update_on_arrival and cfg.rollout.partial_rollout and placement.colocated["rollout"]:
@@ -440,5 +473,6 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         device=device,
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),
         router_replay=cfg.actor.router_replay,
+        sampling_support=support,
         notes=tuple(notes),
     )

@@ -19,6 +19,7 @@ import torch
 from torchrl_post import faults
 from torchrl_post.algos.estimators import estimate_advantages
 from torchrl_post.algos.kl import AdaptiveKLController, FixedKLController
+from torchrl_post.algos.sampling_support import sampler_truncation
 from torchrl_post.batch_metrics import batch_metrics
 from torchrl_post.checkpoint.dcp import Checkpointer, Trained
 from torchrl_post.checkpoint.hf import write_adapter_config, write_hf_meta, write_hf_weights
@@ -206,13 +207,15 @@ def logprob_diff_warning(metrics: Mapping[str, float], plan: RunPlan, rollout: R
     """The warning for a step whose `rollout/logprob_diff` (engine vs trainer logprobs of the same tokens)
     exceeds the plan's threshold (`trainer.max_logprob_diff`, or by the engine's and trainer's precision:
     `plan.mismatch_limit`), or None. Checked only where the two compare like with like: on-policy generation
-    (`rollout/staleness` 0: look-ahead samples older weights on purpose) and untruncated sampling (with
-    top_k/top_p the engine reports logprobs of the truncated distribution). Far above the precision's noise,
-    the engine samples weights the trainer does not have."""
+    (`rollout/staleness` 0: look-ahead samples older weights on purpose), and, where top_k/top_p truncate
+    sampling, trainer logprobs renormalised on the kept set as the engine's are (the plan's sampling_support;
+    actor.renormalize_logprobs_on_support=false leaves them over the full vocabulary). Far above the precision's
+    noise, the engine samples weights the trainer does not have."""
     limit, diff = plan.max_logprob_diff, metrics.get("rollout/logprob_diff")
     if limit <= 0 or diff is None or not diff > limit:
         return None
-    if metrics.get("rollout/staleness", 0.0) > 0 or rollout.top_k > 0 or rollout.top_p < 1.0:
+    truncated = sampler_truncation(rollout.temperature, rollout.top_k, rollout.top_p) is not None
+    if metrics.get("rollout/staleness", 0.0) > 0 or (truncated and plan.sampling_support is None):
         return None
     return (
         f"ENGINE/TRAINER MISMATCH: rollout/logprob_diff = {diff:.3g} > {limit:g}, far above the noise of an "

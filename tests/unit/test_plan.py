@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from torchrl_post.algos.rollout_correction import RolloutCorrection
+from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
 from torchrl_post.plan import RunPlan, engine_spec, plan_run, planned_world, rollout_correction
@@ -427,3 +428,32 @@ def test_micro_batches_decided_per_trained_role() -> None:
     assert "critic mesh ('dp',) = (2,) (FSDP); micro-batches of 16 samples" in text
     sp = plan_run(load_config([*base, "model.ulysses_sequence_parallel_size=2"]), 2)
     assert (sp.roles["actor"].mini_batch_samples, sp.roles["actor"].micro_batch_samples) == (16, 32)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "support", "note"),
+    [
+        ([], None, None),
+        (["rollout.top_p=0.9"], Truncation(0, 0.9), None),
+        (["rollout.top_k=20", "rollout.top_p=0.8"], Truncation(20, 0.8), None),
+        (["rollout.top_k=20", "rollout.temperature=0"], None, None),  # greedy: vLLM ignores top-k / top-p
+        (["rollout.val_kwargs.top_k=5", "rollout.val_kwargs.do_sample=true"], None, None),  # validation's own
+        (["rollout.top_p=0.9", "actor.renormalize_logprobs_on_support=false"], None, "each importance ratio carries"),
+        (["actor.renormalize_logprobs_on_support=true"], None, "=true ignored: rollout.top_k / top_p keep every"),
+        (["actor.renormalize_logprobs_on_support=true", "rollout.temperature=0"], None, "samples greedily"),
+    ],
+)
+def test_sampling_support_is_the_training_samplers_truncation(
+    overrides: list[str], support: Truncation | None, note: str | None
+) -> None:
+    plan = plan_run(load_config(overrides), 1)
+    assert plan.sampling_support == support
+    assert (note is None) == (not any("renormalize_logprobs_on_support" in n for n in plan.notes)), plan.notes
+    assert note is None or any(note in n for n in plan.notes), plan.notes
+    text = plan.describe("cpu", "gloo")
+    want = (
+        "over the full vocabulary"
+        if support is None
+        else f"renormalised on the sampler's kept set ({support.describe()})"
+    )
+    assert f"trainer logprobs: {want}" in text, text

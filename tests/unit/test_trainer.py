@@ -70,27 +70,41 @@ def test_logprob_diff_threshold_follows_the_precision(
     assert _warning(cfg, loud, device) is not None
 
 
-@pytest.mark.parametrize(
-    ("key", "value", "metrics"),
-    [
-        ("trainer.max_logprob_diff", 0.0, {}),
-        ("rollout.top_p", 0.9, {}),
-        ("rollout.top_k", 20, {}),
-        (None, None, {"rollout/staleness": 1.0}),
-    ],
-    ids=["off", "top_p", "top_k", "look-ahead"],
-)
-def test_logprob_diff_check_stays_off_where_engine_and_trainer_differ_by_design(
-    key: str | None, value: object, metrics: dict[str, float]
-) -> None:
-    cfg = Config()
-    if key is not None:
+def _set(cfg: Config, settings: dict[str, object]) -> Config:
+    for key, value in settings.items():
         *path, last = key.split(".")
         node: object = cfg
         for part in path:
             node = getattr(node, part)
         setattr(node, last, value)
-    assert _warning(cfg, 0.5, **metrics) is None
+    return cfg
+
+
+FULL_VOCABULARY = {"actor.renormalize_logprobs_on_support": False}
+
+
+@pytest.mark.parametrize(
+    ("settings", "metrics"),
+    [
+        ({"trainer.max_logprob_diff": 0.0}, {}),
+        ({"rollout.top_p": 0.9} | FULL_VOCABULARY, {}),
+        ({"rollout.top_k": 20} | FULL_VOCABULARY, {}),
+        ({}, {"rollout/staleness": 1.0}),
+    ],
+    ids=["off", "top_p", "top_k", "look-ahead"],
+)
+def test_logprob_diff_check_stays_off_where_engine_and_trainer_differ_by_design(
+    settings: dict[str, object], metrics: dict[str, float]
+) -> None:
+    assert _warning(_set(Config(), settings), 0.5, **metrics) is None
+
+
+@pytest.mark.parametrize("settings", [{"rollout.top_p": 0.9}, {"rollout.top_k": 20}], ids=["top_p", "top_k"])
+def test_logprob_diff_check_stays_on_where_the_trainer_renormalises_on_the_kept_set(
+    settings: dict[str, object],
+) -> None:
+    """Truncated sampling with the plan's renormalisation (the default) compares like with like."""
+    assert _warning(_set(Config(), settings), 0.5) is not None
 
 
 # --- Trainer.train_step / Trainer.step with stand-in roles ------------------------------------------------------

@@ -321,6 +321,8 @@ class ActorConfig:
     router_aux_loss_coef: float = 0.0
     """Mixture-of-experts models: weight of the routers' load-balancing loss (Switch Transformer's, as
     transformers' router_aux_loss_coef) in the update's loss; logged as actor/moe_aux_loss whatever the weight."""
+    renormalize_logprobs_on_support: bool | None = None
+    """Renormalise actor and reference logprobs on the set rollout.top_k/top_p keep; null: on when they truncate."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 

@@ -1,7 +1,9 @@
 """The transformers engine: `generate` on a full (unsharded) replica of the policy on each rollout rank.
 
 The fallback when vLLM is unavailable, and the reference for parity. Logprobs come from one forward pass
-over the finished sequences, at the sampling temperature, exactly as the trainer computes them.
+over the finished sequences, at the sampling temperature, exactly as the trainer computes them; with top-k / top-p
+they are renormalised on the kept set, as vLLM's processed logprobs are (generate's warpers cut as vLLM's sampler
+does: temperature, then top-k keeping ties, then top-p dropping cumulative mass <= 1 - top_p).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
+from torchrl_post.algos.sampling_support import sampler_truncation
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
 from torchrl_post.rollout.base import EngineSpec, SamplingParams, collate
@@ -69,7 +72,7 @@ class HFEngine:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=self.device)
         out = self._sample(params, uids, input_ids=ids, attention_mask=mask, num_return_sequences=params.n)
         prompts = _prompts(prompt_ids, [{}] * len(prompt_ids))
-        return self._finish(out[:, width:].tolist(), prompts, params.n, params.temperature)
+        return self._finish(out[:, width:].tolist(), prompts, params.n, params)
 
     def _generate_with_images(
         self, prompt_ids: list[list[int]], uids: list[int], params: SamplingParams, images: list[list[Any]]
@@ -90,7 +93,7 @@ class HFEngine:
         del inputs["position_ids"]  # generate derives M-RoPE positions (and their deltas for new tokens)
         bias = {(t,): NEVER_GENERATED_BIAS for t in self.vision.never_generated}
         out = self._sample(params, uids, **inputs, sequence_bias=bias)
-        return self._finish(out[:, width:].tolist(), prompts, 1, params.temperature)
+        return self._finish(out[:, width:].tolist(), prompts, 1, params)
 
     def _sample(self, params: SamplingParams, uids: list[int], **inputs: Any) -> torch.Tensor:
         """transformers' generate with `params`, seeded by the first prompt's uid without touching the trainer's
@@ -109,9 +112,10 @@ class HFEngine:
                 eos_token_id=self.eos_ids,
             )
 
-    def _finish(self, rows: list[list[int]], prompts: PromptBatch, n: int, temperature: float) -> Generation:
+    def _finish(self, rows: list[list[int]], prompts: PromptBatch, n: int, params: SamplingParams) -> Generation:
         """Generated rows cut after their first stop token; the kept tokens' logprobs from one forward pass
-        (with the prompts' images, for a vision-language model), exactly as the trainer computes them."""
+        (with the prompts' images, for a vision-language model), exactly as the trainer computes them, on the
+        distribution `params` sampled from (renormalised on its top-k / top-p set)."""
         gen = Generation([], [], [])
         for row in rows:
             stop = next((i for i, t in enumerate(row) if t in self.eos_ids), None)
@@ -119,7 +123,8 @@ class HFEngine:
             gen.finish_reasons.append("stop" if stop is not None else "length")
         gen.logprobs = [[0.0] * len(r) for r in gen.response_ids]
         batch = collate(prompts, gen, n, self.pad_id, self.vision if any(prompts.mm_inputs) else None)
-        logp = batched_log_probs(self.model, batch, temperature, len(batch), self.device)
+        truncation = sampler_truncation(params.temperature, params.top_k, params.top_p)
+        logp = batched_log_probs(self.model, batch, params.temperature, len(batch), self.device, truncation=truncation)
         gen.logprobs = [logp[i, : len(r)].tolist() for i, r in enumerate(gen.response_ids)]
         return gen
 

@@ -19,6 +19,7 @@ from torchrl_post.algos.rollout_correction import (
     correct,
     correction_metrics,
 )
+from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
@@ -69,6 +70,7 @@ class Actor:
         fsdp: FSDPConfig | None = None,
         sequence: DeviceMesh | None = None,
         replay: bool = False,
+        truncation: Truncation | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
         backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
@@ -76,7 +78,8 @@ class Actor:
         rejection against the rollout engine's logprobs (default none); `fsdp`: the plan's FSDP
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
         with Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
-        recorded experts (the plan's router_replay)."""
+        recorded experts (the plan's router_replay); `truncation`: the old and the update's logprobs renormalised
+        on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -95,6 +98,7 @@ class Actor:
         self.micro_batch_samples = micro_batch_samples
         self.max_response_length = max_response_length
         self.correction = correction or RolloutCorrection()
+        self.truncation = truncation
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
@@ -164,7 +168,7 @@ class Actor:
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
             self.model, rows, self.temperature, micro, self.device, self.token_budget, self.packed, self.group,
-            self.shared, self.shard, self.replay,
+            self.shared, self.shard, self.replay, self.truncation,
         )  # fmt: skip
         reshard(self.model)  # no backward follows: free what the root (and ZeRO-2 layers) kept gathered
         return out if mine is None else SequenceGroup.mine(out, mine, batch)
@@ -229,7 +233,7 @@ class Actor:
                     trace = RouteTrace() if self.moe else None
                     logp, ent, cells, placed = forward_log_probs(
                         self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard,
-                        MoeForward(self.replay, trace) if self.moe else None,
+                        MoeForward(self.replay, trace) if self.moe else None, self.truncation,
                     )  # fmt: skip
                     padded_cells += cells
                     placed_cells += placed if step.live else 0  # a stand-in's cells are all padding

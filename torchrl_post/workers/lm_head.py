@@ -13,13 +13,22 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 so peak memory is two [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
 vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
 copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding.
+
+With a `truncation` (the sampler's top-k / top-p, `algos/sampling_support.py`) log p(label) is renormalised on the
+kept set S of each position (the label always in it): lse_S = logsumexp over S, log p(label) = z[label] - lse_S,
+and its gradient onehot(label) - p_S, where p_S = p exp(lse - lse_S) on S and 0 elsewhere. The forward saves each
+position's threshold (N,), so the backward rebuilds S from the recomputed z without sorting again; the entropy
+stays the full distribution's. The forward's threshold sorts SORT_ROWS positions at a time, and S is a bool [c x V].
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+from torchrl_post.algos.sampling_support import Truncation, support_mask, support_threshold
 
 
 def _scaled_logits(
@@ -52,25 +61,35 @@ class _ChunkedHead(torch.autograd.Function):
         never: tuple[int, ...],
         never_bias: float,
         chunk: int,
+        truncation: Truncation | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.empty_like(logp)
         lse = torch.empty_like(logp)
+        lse_kept = torch.empty_like(logp) if truncation is not None else lse  # lse_S: over the kept set
+        thr = torch.empty_like(logp) if truncation is not None else None
         for s in range(0, n, chunk):
             z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
+            label_c = labels[s : s + chunk]
             lse_c = torch.logsumexp(z, dim=-1)
-            logp[s : s + chunk] = z.gather(-1, labels[s : s + chunk, None]).squeeze(-1) - lse_c
             ent[s : s + chunk] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(-1)
             lse[s : s + chunk] = lse_c
+            if truncation is not None:
+                assert thr is not None
+                thr_c = support_threshold(z, truncation)
+                lse_c = torch.logsumexp(z.masked_fill(~support_mask(z, thr_c, label_c), -math.inf), dim=-1)
+                lse_kept[s : s + chunk] = lse_c
+                thr[s : s + chunk] = thr_c.squeeze(-1)
+            logp[s : s + chunk] = z.gather(-1, label_c[:, None]).squeeze(-1) - lse_c
             del z, lse_c  # before the next chunk's logits exist: one chunk's tensors at a time
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, lse_kept, thr)
         ctx.settings = (temperature, never, never_bias, chunk)
         return logp, ent
 
     @staticmethod
     def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor) -> tuple[Any, ...]:
-        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, ent, lse_kept, thr = ctx.saved_tensors
         temperature, never, never_bias, chunk = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -80,11 +99,18 @@ class _ChunkedHead(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
+            label_c = labels[s : s + chunk]
+            kept = support_mask(z, thr[s : s + chunk, None], label_c) if thr is not None else None  # the forward's S
             logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
             gl, ge = g_logp[s : s + chunk, None], g_ent[s : s + chunk, None]
             p = logq.exp()
-            gz = p.mul_(logq.add_(ent[s : s + chunk, None]).mul_(ge).add_(gl)).neg_()  # -p (gl + ge (log p + H))
-            gz.scatter_add_(-1, labels[s : s + chunk, None], gl)
+            term = logq.add_(ent[s : s + chunk, None]).mul_(ge)  # ge (log p + H)
+            if kept is None:
+                term.add_(gl)
+            else:  # p_S = p exp(lse - lse_S) on S
+                term.addcmul_(kept, gl * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp())
+            gz = p.mul_(term).neg_()  # -(gl p_S + ge p (log p + H))
+            gz.scatter_add_(-1, label_c[:, None], gl)
             if temperature > 0:
                 gz /= temperature
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
@@ -96,12 +122,12 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w.addmm_(gz.t(), h)
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
-            del z, logq, p, gz  # before the next chunk's logits exist: one chunk's tensors at a time
+            del z, logq, p, term, gz, kept  # before the next chunk's logits exist: one chunk's tensors at a time
         return (
             grad_h,
             grad_w,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None,
+            None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -114,10 +140,12 @@ def chunked_log_probs(
     never: tuple[int, ...] = (),
     never_bias: float = 0.0,
     chunk: int = 1024,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H] (the final norm's output), the LM head's weight [V, H] (and bias [V]), labels [N] ->
     (log p(label) [N], entropy [N]) in float32, at `temperature`; `never`: token ids whose logits get
-    `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass."""
+    `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass;
+    `truncation`: log p(label) renormalised on the sampler's top-k / top-p set (the entropy stays the full one)."""
     assert chunk > 0, chunk
-    logp, ent = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, never, never_bias, chunk)
+    logp, ent = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, never, never_bias, chunk, truncation)
     return logp, ent

@@ -1,4 +1,9 @@
-"""Per-token logprobs and entropy of the response part of [prompt | response] sequences."""
+"""Per-token logprobs and entropy of the response part of [prompt | response] sequences.
+
+Every function takes an optional `truncation` (the run plan's `sampling_support`): the logprobs are then
+renormalised on the sampler's top-k / top-p kept set (`algos/sampling_support.py`), as the engine's are; the
+entropy is always the full distribution's (a property of the policy, not of the sampler).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrl_post.algos.sampling_support import Truncation, support_log_probs
 from torchrl_post.distributed.ulysses import sum_over
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
 from torchrl_post.types import Batch
@@ -21,12 +27,17 @@ from torchrl_post.workers.ulysses import SequenceShard, sequence_parallel
 
 
 def logits_to_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float, never: tuple[int, ...] = ()
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    never: tuple[int, ...] = (),
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, T, V], labels [B, T] -> (log p(label) [B, T], entropy [B, T]), at `temperature`.
 
     Temperature 0 (greedy) uses the raw logits, as the rollout engine reports them. `never`: token ids whose
     logits get NEVER_GENERATED_BIAS first, as the engines bias them (a vision model's placeholders).
+    `truncation`: log p(label) over the top-k / top-p kept set (`support_log_probs`); the entropy stays full.
     """
     logits = logits.float()
     if never:
@@ -35,7 +46,8 @@ def logits_to_logprobs(
     if temperature > 0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    scored = logp_all if truncation is None else support_log_probs(logits, truncation, labels)
+    logp = scored.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
@@ -133,26 +145,27 @@ def head_log_probs(
     temperature: float,
     shard: SequenceShard | None = None,
     routes: Routes | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward `model` once on `inputs`; log p(label) and entropy [N] of the N positions that `select` takes
     ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`). The head runs chunked from the hidden
     states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits. With a
     sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N results. `routes`:
-    the MoE routers' replay and trace for the call."""
+    the MoE routers' replay and trace for the call; `truncation`: log p(label) on the sampler's kept set."""
     if shard is not None and shard.size > 1:
-        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard, routes)
+        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard, routes, truncation)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
     if head is None:
         with _routed(model, routes, keep.device):
             out = model(**inputs, logits_to_keep=keep)
-        return logits_to_logprobs(select(out.logits), labels, temperature, never)
+        return logits_to_logprobs(select(out.logits), labels, temperature, never, truncation)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         logp, ent = chunked_log_probs(
             # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
             select(hidden), head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS,
-            HEAD_CHUNK_TOKENS,
+            HEAD_CHUNK_TOKENS, truncation,
         )  # fmt: skip
         return torch.stack([logp, ent], dim=-1)
 
@@ -170,6 +183,7 @@ def _sharded_head_log_probs(
     temperature: float,
     shard: SequenceShard,
     routes: Routes | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`head_log_probs` over this rank's contiguous columns of every row: the head runs on the N positions whose
     predicting column is this rank's only (none twice in the group), the results of the others are zero here,
@@ -192,13 +206,13 @@ def _sharded_head_log_probs(
     with sequence_parallel(model, shard, inputs) as local, _routed(model, routes, device, shard):
         if head is None:
             logits = model(**local, logits_to_keep=local_keep).logits
-            logp, ent = logits_to_logprobs(logits[at_row, at_slot], at_label, temperature, never)
+            logp, ent = logits_to_logprobs(logits[at_row, at_slot], at_label, temperature, never, truncation)
         else:
 
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 lp, en = chunked_log_probs(
                     hidden[at_row, at_slot], head.weight, head.bias, at_label, temperature, never,
-                    NEVER_GENERATED_BIAS, HEAD_CHUNK_TOKENS,
+                    NEVER_GENERATED_BIAS, HEAD_CHUNK_TOKENS, truncation,
                 )  # fmt: skip
                 return torch.stack([lp, en], dim=-1)
 
@@ -223,6 +237,7 @@ def response_log_probs(
     temperature: float,
     shard: SequenceShard | None = None,
     routes: Routes | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R].
     Only the R columns that predict response tokens go through the LM head."""
@@ -233,7 +248,7 @@ def response_log_probs(
     labels = ids[:, -response_width:].reshape(-1)
     logp, ent = head_log_probs(
         model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature, shard,
-        routes,
+        routes, truncation,
     )  # fmt: skip
     return logp.view(b, response_width), ent.view(b, response_width)
 
@@ -257,10 +272,11 @@ def batched_log_probs(
     shared: bool = False,
     shard: SequenceShard | None = None,
     replay: bool = False,
+    truncation: Truncation | None = None,
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
     `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards; `replay`: a MoE model's routers
-    use the batch's recorded experts)."""
+    use the batch's recorded experts; `truncation`: renormalised on the sampler's top-k / top-p kept set)."""
     model.eval()
     packed = packed and can_pack(batch)
     out = torch.zeros(batch.loss_mask.shape)
@@ -270,7 +286,7 @@ def batched_log_probs(
     )  # fmt: skip
     for mb in plan:
         moe = MoeForward(replay=True) if replay else None
-        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard, moe)[0]
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard, moe, truncation)[0]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
     return out
@@ -284,6 +300,7 @@ def padded_forward_log_probs(
     device: torch.device,
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed and the
     real tokens among them."""
@@ -294,7 +311,7 @@ def padded_forward_log_probs(
     cells = torch.arange(mask.numel()).view(mask.shape)[:, first:end]
     routes = cell_routes(batch, rows, torch.where(mask[:, first:end].bool(), cells, -1), moe)
     inputs = model_inputs(batch, rows, first, end, device)
-    logp, ent = response_log_probs(model, inputs, kept, temperature, shard, routes)
+    logp, ent = response_log_probs(model, inputs, kept, temperature, shard, routes, truncation)
     pad = width - kept
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))
@@ -314,6 +331,7 @@ def packed_forward_log_probs(
     shared: bool = False,
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
@@ -321,7 +339,7 @@ def packed_forward_log_probs(
     p, inputs = packed_inputs(model, batch, rows, device, shared)
     routes = cell_routes(batch, rows, p.source, moe)
     logp, ent = head_log_probs(
-        model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard, routes
+        model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard, routes, truncation
     )
     return p.unpack(logp), p.unpack(ent), p.cells, p.tokens
 
@@ -336,11 +354,13 @@ def forward_log_probs(
     shared: bool = False,
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The micro-batch's response logprobs and entropy [b, R], the token cells computed and the real tokens
     among them; `packed` only where `can_pack(batch)`, `shared`: packed with each prompt once for the samples
     that share it; `shard`: this rank's part of each row (Ulysses), every rank of its group getting the whole;
-    `moe`: what a MoE model's routers do (replay the batch's recorded experts, record what they chose)."""
+    `moe`: what a MoE model's routers do (replay the batch's recorded experts, record what they chose);
+    `truncation`: the logprobs renormalised on the sampler's top-k / top-p kept set (the plan's sampling_support)."""
     if packed:
-        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard, moe)
-    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard, moe)
+        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard, moe, truncation)
+    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard, moe, truncation)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.config.schema import FSDPConfig, ModelConfig, ReferenceConfig
 from torchrl_post.types import Batch
 from torchrl_post.workers.loading import fsdp_model
@@ -27,13 +28,17 @@ class Reference:
         temperature: float,
         sequence: DeviceMesh | None = None,
         replay: bool = False,
+        truncation: Truncation | None = None,
     ) -> None:
         """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
         a forward-only model has no backward to keep gathered parameters for. `sequence`: the (dp, sp) mesh with
         Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
-        recorded experts (actor.router_replay)."""
+        recorded experts (actor.router_replay); `truncation`: the plan's sampling_support, as the actor's: the KL
+        then compares the two policies' sampling distributions, each renormalised on its own top-k / top-p set
+        (the actor's alone renormalised would add -log of its kept mass to every k1 term)."""
         self.cfg, self.device, self.temperature, self.replay = cfg, device, temperature, replay
+        self.truncation = truncation
         self.seq = SequenceGroup.of(sequence)
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
@@ -54,6 +59,6 @@ class Reference:
         rows, mine = self.seq.union(batch) if self.seq else (batch, None)
         out = batched_log_probs(
             self.model, rows, self.temperature, micro, self.device, packed=self.packed, shared=self.shared,
-            shard=self.seq.shard if self.seq else None, replay=self.replay,
+            shard=self.seq.shard if self.seq else None, replay=self.replay, truncation=self.truncation,
         )  # fmt: skip
         return out if mine is None else SequenceGroup.mine(out, mine, batch)

@@ -1,4 +1,5 @@
-"""Tests of torchrl_post/rollout/hf_engine.py: the engine loads the sync's stream and names what it did not get."""
+"""Tests of torchrl_post/rollout/hf_engine.py: the engine loads the sync's stream and names what it did not get;
+its logprobs under top-p are those of the truncated distribution it sampled from."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 import torch
 
 from tests.unit.sync_helpers import stream, tied_llama, untied_qwen
+from torchrl_post.algos.sampling_support import Truncation, support_log_probs
+from torchrl_post.rollout.base import SamplingParams
 from torchrl_post.rollout.hf_engine import HFEngine
 
 # --- the HF engine's accounting ---------------------------------------------------------------------------------
@@ -36,3 +39,26 @@ def test_hf_engine_untied_lm_head_left_out_is_an_error() -> None:
     engine = hf_engine(untied_qwen(seed=2))
     with pytest.raises(RuntimeError, match=r"lm_head\.weight"):
         engine.load_weights((n, t) for n, t in stream(untied_qwen(seed=1)) if n != "lm_head.weight")
+
+
+# --- the HF engine's logprobs under top-k / top-p ----------------------------------------------------------------
+
+
+def test_hf_engine_reports_logprobs_on_the_top_p_set_as_vllm_does() -> None:
+    """Sampling at top_p < 1, the engine's logprob of each token is log pi_S (`support_log_probs` of the model's
+    tempered logits), vLLM's processed logprobs; each above the full-vocabulary logprob by the log of the kept mass."""
+    model = untied_qwen(seed=1).eval()
+    engine = hf_engine(model)
+    engine.vision, engine.device, engine.pad_id, engine.eos_ids = None, torch.device("cpu"), 0, [1]
+    params = SamplingParams(n=2, temperature=0.8, top_p=0.5, top_k=-1, max_tokens=5, seed=3)
+    prompt = [5, 9, 14, 3]
+    gen = engine.generate([prompt], [0], params)
+    for ids, lps in zip(gen.response_ids, gen.logprobs, strict=True):
+        seq = torch.tensor([prompt + ids])
+        with torch.no_grad():
+            z = model(seq).logits[0, len(prompt) - 1 : -1].float() / 0.8
+        labels = torch.tensor(ids)
+        want = support_log_probs(z, Truncation(top_p=0.5), labels).gather(-1, labels[:, None]).squeeze(-1)
+        full = torch.log_softmax(z, -1).gather(-1, labels[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(lps), want, atol=1e-5), (lps, want)
+        assert (want > full).all()

@@ -10,18 +10,33 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.unit.workers.helpers import CPU, RAGGED, _batch
+from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.workers import logprobs
 from torchrl_post.workers.lm_head import chunked_log_probs
 from torchrl_post.workers.logprobs import logits_to_logprobs, packed_forward_log_probs, padded_forward_log_probs
 
 
-def _full(hidden, weight, bias, labels, temperature, never):  # type: ignore[no-untyped-def]
+def _full(hidden, weight, bias, labels, temperature, never, truncation):  # type: ignore[no-untyped-def]
     logits = torch.nn.functional.linear(hidden, weight, bias)
-    return logits_to_logprobs(logits, labels, temperature, never)
+    return logits_to_logprobs(logits, labels, temperature, never, truncation)
 
 
-@pytest.mark.parametrize(("temperature", "never", "chunk"), [(1.0, (), 3), (0.7, (5, 9), 4), (0.0, (), 100)])
-def test_chunked_head_equals_full_logits(temperature: float, never: tuple[int, ...], chunk: int) -> None:
+@pytest.mark.parametrize(
+    ("temperature", "never", "chunk", "truncation"),
+    [
+        (1.0, (), 3, None),
+        (0.7, (5, 9), 4, None),
+        (0.0, (), 100, None),
+        (0.7, (5, 9), 4, Truncation(top_k=5)),
+        (1.0, (), 3, Truncation(top_p=0.6)),
+        (0.8, (), 100, Truncation(top_k=20, top_p=0.7)),
+    ],
+)
+def test_chunked_head_equals_full_logits(
+    temperature: float, never: tuple[int, ...], chunk: int, truncation: Truncation | None
+) -> None:
+    """Values and gradients; with a truncation, log p(label) renormalised on the kept set (labels drawn at random
+    fall outside it often, so the label's inclusion is exercised) while the entropy stays the full one."""
     gen = torch.Generator().manual_seed(0)
     n, h, v = 11, 8, 37
     leaves = [torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen), torch.randn(v, generator=gen)]
@@ -31,9 +46,9 @@ def test_chunked_head_equals_full_logits(temperature: float, never: tuple[int, .
     for chunked in (False, True):
         xs = [t.clone().requires_grad_() for t in leaves]
         if chunked:
-            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, temperature, never, -1e4, chunk)
+            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, temperature, never, -1e4, chunk, truncation)
         else:
-            logp, ent = _full(*xs, labels, temperature, never)
+            logp, ent = _full(*xs, labels, temperature, never, truncation)
         ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
         results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
     for name, a, b in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):

@@ -1,4 +1,5 @@
-"""Tests of torchrl_post/workers/logprobs.py: the packed and shared-prompt forwards equal the padded one."""
+"""Tests of torchrl_post/workers/logprobs.py: the packed and shared-prompt forwards equal the padded one; with a
+top-k / top-p truncation every forward gives the renormalised logprobs of `algos/sampling_support.py`."""
 
 from __future__ import annotations
 
@@ -6,10 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from tests.unit.workers.helpers import CPU, RAGGED, _batch, _groups
-from torchrl_post.workers.logprobs import batched_log_probs, packed_forward_log_probs, padded_forward_log_probs
+from torchrl_post.algos.sampling_support import Truncation, support_log_probs
+from torchrl_post.types import Batch
+from torchrl_post.workers import logprobs
+from torchrl_post.workers.logprobs import (
+    batched_log_probs,
+    forward_log_probs,
+    packed_forward_log_probs,
+    padded_forward_log_probs,
+)
+from torchrl_post.workers.micro_batches import plan_micro_batches
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +142,48 @@ def test_packed_rows_without_a_mask_keep_samples_apart(
     monkeypatch.setattr(Pack, "varlen", lambda self, device: {})  # the rows without their boundaries (before)
     crossed = packed_forward_log_probs(maskless, b, rows, 1.0, CPU, shared=True)[0].detach()
     assert ((padded - crossed) * mask).abs().max() > 1e-2
+
+
+def _reference_log_probs(model: torch.nn.Module, b: Batch, temperature: float, truncation: Truncation | None) -> Tensor:
+    """log p(response token) [B, R] straight from the model's full logits: the pure function on them."""
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    r = b.response_width
+    z = logits[:, -r - 1 : -1].float() / temperature
+    labels = b.input_ids[:, -r:]
+    logp_all = torch.log_softmax(z, -1) if truncation is None else support_log_probs(z, truncation, labels)
+    return logp_all.gather(-1, labels[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("truncation", [Truncation(top_k=8), Truncation(top_p=0.3), Truncation(top_k=40, top_p=0.5)])
+def test_truncated_log_probs_are_the_pure_function_of_the_logits(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, truncation: Truncation
+) -> None:
+    """With a truncation, every forward (padded and packed; the chunked head and the full logits) gives
+    `support_log_probs` of the model's own logits; without one, the full log-softmax, as before. The entropy is
+    the full distribution's either way."""
+    b = _batch(RAGGED)
+    rows, mask, t = slice(0, len(b)), b.loss_mask, 0.7
+    want_on = _reference_log_probs(model, b, t, truncation)
+    want_off = _reference_log_probs(model, b, t, None)
+    assert ((want_on - want_off) * mask).abs().max() > 0.1  # the truncation matters on these tokens
+    for chunk in (0, 3):
+        monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", chunk)
+        for forward in (padded_forward_log_probs, packed_forward_log_probs):
+            on, ent_on, *_ = forward(model, b, rows, t, CPU, truncation=truncation)
+            off, ent_off, *_ = forward(model, b, rows, t, CPU)
+            assert ((on - want_on) * mask).abs().max() < 2e-5, (chunk, forward)
+            assert ((off - want_off) * mask).abs().max() < 2e-5, (chunk, forward)
+            assert ((ent_on - ent_off) * mask).abs().max() == 0
+
+
+def test_ratio_of_identical_policies_is_one_under_top_p(model: torch.nn.Module) -> None:
+    """The old logprobs (no graph, `batched_log_probs`) and the update's (`forward_log_probs` with its graph) of
+    the same weights on the same tokens: exp(new - old) is 1 on every response token."""
+    b = _batch(RAGGED)
+    truncation = Truncation(top_p=0.3)
+    old = batched_log_probs(model, b, 0.7, len(b), CPU, truncation=truncation)
+    plan = plan_micro_batches(b.attention_mask, b.response_width, len(b), 0, False, None, CPU)
+    new = forward_log_probs(model, b, plan[0], 0.7, CPU, packed=False, truncation=truncation)[0]
+    ratio = torch.exp(new.detach() - old) * b.loss_mask + (1 - b.loss_mask)
+    assert torch.equal(ratio, torch.ones_like(ratio))
