@@ -2,7 +2,7 @@
 the plan's values, never the whole config or the set-up object.
 
     actor ranks           Trainer(actor, rollouts, weights, critic?, reference?)        trainer.py
-    rollout-only ranks    RolloutServer(engine source, broadcast sync, transfer)        rollout/remote.py
+    rollout-only ranks    RolloutServer(engine source, producer, broadcast sync, transfer) rollout/remote.py
     critic/reference-only RoleServer(link, critic?, reference?, transfer?)              workers/remote.py
 
 What each rank holds follows from the plan: a role is local where the rank is one of its ranks, a proxy where
@@ -20,13 +20,16 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
+from torchrl_post.rollout.batches import AheadBatches
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.lockstep import Lockstep
-from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer, StreamingServer
-from torchrl_post.rollout.source import EngineSource, RolloutSource, SourceSettings
-from torchrl_post.rollout.streaming import Groups, GroupStream, StreamingSource, StreamSettings
+from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
+from torchrl_post.rollout.source import EngineSource, SourceSettings
+from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
 from torchrl_post.rollout.streaming_episodes import EpisodeGroupStream
+from torchrl_post.rollout.taken import Producer
 from torchrl_post.run import Run
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
@@ -95,10 +98,11 @@ def build_trainer(run: Run) -> Trainer:
     else:
         dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
         share = plan.actor_ranks.index(run.env.rank)
-        # Streamed groups: the ranks of one engine draw its share together (rollout/streaming.py: StreamingSource).
-        sampler = run.sampler(share, dp) if plan.streaming is None else run.sampler(share // tp, dp // tp)
+        streamed = plan.streaming is not None
+        # Streamed groups: the ranks of one engine draw its share together (rollout/local.py).
+        sampler = run.sampler(share // tp, dp // tp) if streamed else run.sampler(share, dp)
         source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
-        local: RolloutSource = source if plan.streaming is None else StreamingSource(source, group_stream(run, source))
+        local = LocalRollouts(source, producer(run, source), streamed, shared=streamed)
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
@@ -116,13 +120,21 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     source = engine_source(run, sampler, timer)
     dtype = getattr(torch, plan.engine.dtype)
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
-    steps = {"rank": run.env.rank, "lag": plan.max_off_policy_steps, "total_steps": run.total_steps}
-    if plan.streaming is not None:
-        on_arrival = plan.streaming.on_arrival
-        groups = group_stream(run, source)
-        agree = Lockstep(source.engine, source.engine_group).agree
-        return StreamingServer(source, groups, sync, transfer, timer, **steps, on_arrival=on_arrival, agree=agree)
-    return RolloutServer(source, sync, transfer, timer, **steps)
+    on_arrival = plan.streaming is not None and plan.streaming.on_arrival
+    agree = Lockstep(source.engine, source.engine_group).agree
+    lag = plan.max_off_policy_steps
+    return RolloutServer(
+        source, producer(run, source), sync, transfer, rank=run.env.rank, lag=lag, on_arrival=on_arrival, agree=agree
+    )
+
+
+def producer(run: Run, source: EngineSource) -> Producer:
+    """This engine's producer: streamed groups with rollout.partial_rollout, else whole batches (made up to
+    trainer.max_off_policy_steps ahead on rollout ranks)."""
+    if run.plan.streaming is not None:
+        return group_stream(run, source)
+    lag = run.plan.max_off_policy_steps if run.plan.disaggregated else 0
+    return AheadBatches(source, lag, run.total_steps)
 
 
 def group_stream(run: Run, source: EngineSource) -> Groups[Any]:

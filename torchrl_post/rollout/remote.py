@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.distributed.transfer import (
     ROW_WAIT_MS,
-    GroupRow,
     all_gather_rows,
     group_rows,
     plan_transfer,
@@ -29,9 +27,8 @@ from torchrl_post.distributed.transfer import (
 )
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
-from torchrl_post.rollout.base import stamp_versions
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import Groups, rollout_metrics
+from torchrl_post.rollout.taken import Producer, rollout_metrics
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 
@@ -109,84 +106,64 @@ class RemoteRollouts:
         pass
 
 
-Ahead = tuple[int, dict[int, dict[str, torch.Tensor]], torch.Tensor, dict[str, Any]]
-"""A batch generated ahead: (step, group -> wire batch, its group rows, the source's state after making it)."""
-
-
 class RolloutServer:
-    """Rank program of rollout-only ranks: hand over batch k, generate ahead, take the new weights.
+    """Rank program of rollout-only ranks: hand over step k's groups, generate ahead while the actor trains, take
+    update k. What the engine makes is its producer's (rollout/taken.py: whole batches, rollout/batches.py, or
+    streamed groups, rollout/streaming.py); the run plan's fill policy sets how far ahead (`lag`) and when the
+    update is taken.
 
-    On-policy, it generates batch k with the weights of update k-1 (staleness 0); with look-ahead it generates batch k + s
-    while the actor updates step k, with the weights of update k-1 (staleness s = trainer.max_off_policy_steps).
-    The queue of batches generated ahead and the engine's policy version are checkpointed: a resumed async
-    run continues with the very batches the uninterrupted run would have used.
+    The update comes after a counted amount of generation, never on arrival, so a run is reproducible and resumes
+    exactly; with rollout.update_on_arrival the engine goes on generating after the fill until the weights are here
+    (`Producer.generate_until`): no wait while there is work, at the cost of that reproducibility.
     """
 
     def __init__(
         self,
         source: EngineSource,
+        producer: Producer,
         sync: BroadcastSync,
         transfer: RolloutTransfer,
-        timer: Timer,
         *,
         rank: int,
         lag: int,
-        total_steps: int,
+        on_arrival: bool = False,
+        agree: Callable[[bool], bool] = bool,
     ) -> None:
-        """`source`: this rank's engine and its share of the prompts; `lag`: trainer.max_off_policy_steps."""
-        self.source, self.sync, self.transfer, self.timer = source, sync, transfer, timer
-        self.rank, self.lag, self.total_steps = rank, lag, total_steps
-        self.ahead: deque[Ahead] = deque()
+        """`source`: this rank's engine and its share of the prompts; `lag`: trainer.max_off_policy_steps;
+        `agree`: the engine's first rank's value of a flag on every rank of a tensor-parallel engine (the weights'
+        arrival: rollout/lockstep.py)."""
+        self.source, self.producer, self.sync, self.transfer = source, producer, sync, transfer
+        self.rank, self.lag, self.on_arrival, self.agree = rank, lag, on_arrival, agree
         self.version = 0
-        self.sent_state: dict[str, Any] = self.source.state_dict()
         self.waited = 0.0
         """Seconds this rank spent blocked in the last step's exchanges (reported with the next step's rows)."""
 
     def step(self, step: int) -> dict[str, float]:
-        total = self.total_steps
-        nxt = self.ahead[-1][0] + 1 if self.ahead else step
-        while nxt <= min(step + max(self.lag, 1) - 1, total):  # after a start or resume
-            self._generate_ahead(nxt)
-            nxt += 1
-        got, items, rows, source_state = self.ahead.popleft()
-        assert got == step, f"rollout queue holds step {got}, the actor is at {step}"
-        waited = self._hand_over(items, rows)
-        self.sent_state = source_state
-        if self.lag and step + self.lag <= total:
-            self._generate_ahead(step + self.lag)  # overlaps the actor's update of `step`
+        taken = self.producer.take(step)
+        leader = self.source.engine_leader  # a tensor-parallel engine's other ranks hold the same groups
+        items = {g: part.to_wire() for g, (part, _) in taken.parts().items()} if leader else {}
+        rows = group_rows(taken.rows(self.rank)) if leader else group_rows([])
+        rows[:, ROW_WAIT_MS] = int(self.waited * 1000)
         t = time.perf_counter()
-        self.sync.receive(self.source.engine)
+        self.transfer(items, rows)
+        waited = time.perf_counter() - t
+        # Overlaps the actor's update of `step`. Streamed groups fill also after the last step, so that the state a
+        # checkpoint keeps does not depend on trainer.total_training_steps (an extended run goes on exactly).
+        self.producer.fill(self.lag, step + 1)
+        if self.on_arrival:
+            incoming = self.sync.incoming()
+            self.producer.generate_until(lambda: self.agree(incoming.arrived()), step + 1)
+            weights = incoming.weights()
+        else:
+            weights = self.sync.received()
+        t = time.perf_counter()
+        self.producer.update(weights, version=step)
         self.waited = waited + time.perf_counter() - t
         self.version = step
         return {}
 
-    def _hand_over(self, items: dict[int, Any], rows: torch.Tensor) -> float:
-        """The step's groups to the actor ranks, with the last step's wait; returns the seconds it took."""
-        rows = rows.clone()
-        rows[:, ROW_WAIT_MS] = int(self.waited * 1000)
-        t = time.perf_counter()
-        self.transfer(items, rows)
-        return time.perf_counter() - t
-
-    def _generate_ahead(self, step: int) -> None:
-        """Draw this engine's share of batch `step`, generate and score it, queue its groups."""
-        self.timer.reset()
-        batch = self.source.produce(step)
-        stamp_versions(batch, self.version)
-        ms = int(sum(self.timer.seconds.values()) * 1000)
-        items: dict[int, dict[str, torch.Tensor]] = {}
-        rows = group_rows([])
-        if self.source.engine_leader:  # the other ranks of a tensor-parallel engine hold the same samples
-            parts = batch.split_groups()
-            items = {g: part.to_wire() for g, part in parts.items()}
-            rank, counts = self.rank, self.source.filter_counts
-            filtered = (counts["dropped_groups"], counts["extra_rounds"], counts["short_groups"])
-            rows = group_rows(
-                [GroupRow(g, rank, int(p.attention_mask.sum()), self.version, ms, *filtered) for g, p in parts.items()]
-            )
-        self.ahead.append((step, items, rows, self.source.state_dict()))
-
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
+        self.producer.suspend()  # the engine's batch generation would run the requests in flight to their end
         return self.source.validation_totals(data, sources)
 
     def val_samples(self) -> list[dict[str, Any]]:
@@ -196,90 +173,17 @@ class RolloutServer:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        # The source may have drawn batches ahead: keep its state after the last one sent, and the queue.
-        return {"source": self.sent_state, "version": self.version, "ahead": [list(a) for a in self.ahead]}
+        return {"producer": self.producer.state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        self.sent_state = state["source"]
+        self.producer.load_state_dict(state["producer"])
         self.version = int(state["version"])
-        self.ahead = deque((int(s), items, rows, ss) for s, items, rows, ss in state["ahead"])
-        # The source continues after the last batch made, not the last one sent.
-        self.source.load_state_dict(self.ahead[-1][3] if self.ahead else self.sent_state)
 
     def after_resume(self) -> None:
-        self.sync.receive(self.source.engine)
+        self.producer.update(self.sync.received(), version=self.version)
 
     def write_hf(self, ckpt_tmp: Path) -> None:
         pass
 
     def shutdown(self) -> None:
         self.source.shutdown()
-
-
-class StreamingServer(RolloutServer):
-    """Rank program of rollout-only ranks with rollout.partial_rollout: the engine streams groups (`Groups`: single
-    samples, or agent episodes).
-
-    Step k hands over the first complete groups of this engine's share (within trainer.max_staleness), fills
-    trainer.max_off_policy_steps batches ahead while the actor trains (the requests that do not finish in time carry
-    on), then takes update k between two engine steps: the requests in flight continue under it, their KV cache kept
-    or recomputed (rollout.inflight_update). The update comes after a counted amount of generation, never on
-    arrival, so a run is reproducible and resumes exactly; with rollout.update_on_arrival the engine goes on
-    generating after the fill until the weights are here (`Groups.generate_until`): no wait while there is work,
-    at the cost of that reproducibility.
-    """
-
-    def __init__(
-        self,
-        source: EngineSource,
-        groups: Groups[Any],
-        sync: BroadcastSync,
-        transfer: RolloutTransfer,
-        timer: Timer,
-        *,
-        rank: int,
-        lag: int,
-        total_steps: int,
-        on_arrival: bool = False,
-        agree: Callable[[bool], bool] = bool,
-    ) -> None:
-        """`agree`: the engine's first rank's value of a flag on every rank of a tensor-parallel engine (the
-        weights' arrival: rollout/lockstep.py)."""
-        super().__init__(source, sync, transfer, timer, rank=rank, lag=lag, total_steps=total_steps)
-        self.groups, self.on_arrival, self.agree = groups, on_arrival, agree
-
-    def step(self, step: int) -> dict[str, float]:
-        taken = self.groups.take(step)
-        leader = self.source.engine_leader  # a tensor-parallel engine's other ranks hold the same groups
-        items = {int(d.batch.group_ids[0]): d.batch.to_wire() for d in taken.groups} if leader else {}
-        rows = taken.rows(self.rank) if leader else []
-        waited = self._hand_over(items, group_rows(rows))
-        # Overlaps the actor's update of `step`; also after the last step, so that the state a checkpoint keeps does
-        # not depend on trainer.total_training_steps (a run extended from its last checkpoint goes on exactly).
-        if self.lag:
-            self.groups.fill(self.lag, step + 1)
-        if self.on_arrival:
-            incoming = self.sync.incoming()
-            self.groups.generate_until(lambda: self.agree(incoming.arrived()), step + 1)
-            weights = incoming.weights()
-        else:
-            weights = self.sync.received()
-        t = time.perf_counter()
-        self.groups.update(weights, version=step)
-        self.waited = waited + time.perf_counter() - t
-        self.version = step
-        return {}
-
-    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        self.groups.suspend()  # the engine's batch generation would run the requests in flight to their end
-        return self.source.validation_totals(data, sources)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"groups": self.groups.state_dict(), "version": self.version}
-
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        self.groups.load_state_dict(state["groups"])
-        self.version = int(state["version"])
-
-    def after_resume(self) -> None:
-        self.groups.update(self.sync.received(), version=self.version)

@@ -1,10 +1,11 @@
 """The rollout source: "give me step k's batch, scored". Prompts are drawn, generated on this rank's engine
 and scored here, on the side that generated, so anything that filters a batch acts before it is shipped.
 
-`EngineSource` serves a colocated actor directly (`next_batch`) and the rollout ranks' program
-(`rollout/remote.py: RolloutServer`), which queues `produce`d batches ahead in async mode; the actor side of
-that placement is `RemoteRollouts`, with the same `next_batch` / `metrics` / state interface. It takes its
-settings (`SourceSettings`: the rollout section and the plan's values) and an agent loop already built.
+`EngineSource` makes a batch (`produce`) for the producers (rollout/batches.py: whole batches; rollout/streaming.py
+draws its prompts and scores its groups here), validates, and keeps the data position. What a step's actor sees is
+a `RolloutSource`: rollout/local.py's on the engine's own ranks, rollout/remote.py's `RemoteRollouts` on others.
+It takes its settings (`SourceSettings`: the rollout section and the plan's values) and an agent loop already
+built.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import torch.distributed as dist
 from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
-from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, stamp_versions
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
 from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
@@ -151,21 +151,6 @@ class EngineSource:
         self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
 
     # ---- one step ---------------------------------------------------------------------------------
-    def next_batch(self, step: int) -> Batch:
-        """Colocated: this rank's share of batch `step`, generated with the current weights, scored."""
-        batch = self.produce(step)
-        stamp_versions(batch, step - 1)  # generated whole with the weights of update step - 1
-        self.engine.sleep()
-        return batch
-
-    def metrics(self) -> dict[str, float]:
-        """Colocated (every actor rank calls it): staleness 0 and the filters' counts over all ranks."""
-        out = {"rollout/staleness": 0.0}
-        if self.rejection.enable:
-            counts = {f"filter/rejection/{k}": ("sum", float(v)) for k, v in self.filter_counts.items()}
-            out |= reduce_metrics(counts)
-        return out
-
     @property
     def epoch(self) -> int:
         return self.sampler.epoch

@@ -28,35 +28,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
-import torch.distributed as dist
 
-from torchrl_post.data.dataset import PromptDataset
-from torchrl_post.distributed.transfer import (
-    ROW_DROPPED,
-    ROW_GEN_MS,
-    ROW_IN_FLIGHT,
-    ROW_OWNER,
-    ROW_PARTIAL,
-    ROW_ROUNDS,
-    ROW_SHORT,
-    ROW_STALE_DROPPED,
-    ROW_VERSION,
-    ROW_WAIT_MS,
-    GroupRow,
-    group_rows,
-)
 from torchrl_post.rollout.base import collate, version_rows
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
+from torchrl_post.rollout.taken import DoneGroup, TakenGroups
 from torchrl_post.types import Batch, Generation
-
-STALENESS_BINS = ("0", "1", "2", "3", "4+")
-"""rollout/staleness_groups/<bin>: the step's groups by staleness (the same names on every rank)."""
-
-
-def staleness_bin(staleness: int) -> str:
-    return STALENESS_BINS[max(0, min(staleness, len(STALENESS_BINS) - 1))]
 
 
 @dataclass(frozen=True)
@@ -82,55 +60,6 @@ class PendingGroup(Generic[M]):
     draw: int
     done: dict[int, M] = field(default_factory=dict)
     """Ended members by their index in the group."""
-
-
-@dataclass
-class DoneGroup:
-    """A complete, scored group waiting for a step to take it."""
-
-    batch: Batch
-    oldest: int
-    """The oldest policy version among its tokens."""
-    partial: int
-    """Its samples whose tokens came from more than one policy version."""
-
-
-@dataclass
-class TakenGroups:
-    """One step's share of an engine: whole groups, with what the step's metrics need."""
-
-    groups: list[DoneGroup]
-    stale_dropped: int
-    """Groups dropped since the last take for exceeding trainer.max_staleness."""
-    engine_seconds: float
-    """Engine stepping since the last take."""
-    in_flight: int
-    """Requests generating when the step took its groups."""
-    rejected: int = 0
-    """Uniform groups rejection sampling dropped since the last take (algorithm.rejection_sample)."""
-    short: int = 0
-    """Uniform groups kept at weight 0 since the last take: the dropping budget was spent."""
-    share: int = 1
-    """Groups per step from this engine."""
-
-    def rows(self, owner: int, leader: bool = True, keep: slice = slice(None)) -> list[GroupRow]:
-        """The `keep` groups as the step's group rows (owner: the rank that holds them); the engine's counts on
-        each of its rows, from its first rank only (`leader`: a tensor-parallel engine's other ranks hold the
-        same groups)."""
-        engine = (
-            (self.rejected, -(-self.rejected // self.share), self.short, self.stale_dropped, self.in_flight)
-            if leader
-            else (0, 0, 0, 0, 0)
-        )
-        dropped, rounds, short, stale, in_flight = engine
-        ms = int(self.engine_seconds * 1000)
-        return [
-            GroupRow(
-                int(d.batch.group_ids[0]), owner, int(d.batch.attention_mask.sum()), d.oldest, ms, dropped, rounds,
-                short, partial=d.partial, stale_dropped=stale, in_flight=in_flight,
-            )
-            for d in self.groups[keep]
-        ]  # fmt: skip
 
 
 class Groups(ABC, Generic[M]):
@@ -211,8 +140,9 @@ class Groups(ABC, Generic[M]):
         taken, self.ready = self.ready[: self.share], self.ready[self.share :]
         for done, g in zip(taken, self.positions, strict=True):
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
+        rounds = -(-self.rejected // max(self.share, 1))
         out = TakenGroups(
-            taken, self.stale_dropped, self.engine_seconds, self._in_flight(), self.rejected, self.short, self.share
+            taken, self.engine_seconds, self.stale_dropped, self._in_flight(), self.rejected, rounds, self.short
         )
         self.stale_dropped, self.engine_seconds, self.rejected, self.short = 0, 0.0, 0, 0
         return out
@@ -413,96 +343,3 @@ class GroupStream(Groups[InflightSample]):
             group.done = {int(j): sample_from_state(s) for j, s in g["done"].items()}
             self.pending[g["key"]] = group
         self.stream.adopt(state["live"], int(state["version"]))
-
-
-class StreamingSource:
-    """Colocated rollout.partial_rollout: the actor's ranks stream their engines' groups between updates.
-
-    A step takes this rank's share of complete groups, then suspends the requests still generating (the engine
-    sleeps and the update runs); the next step adds them again with their tokens so far, so the new weights
-    prefill them (colocated engines always recompute) and they carry on under the new version. The ranks of a
-    tensor-parallel engine draw the same prompts (the engine's share) and run its groups in lockstep
-    (rollout/lockstep.py); each keeps every tp-th taken group.
-    """
-
-    def __init__(self, source: EngineSource, groups: Groups[Any]) -> None:
-        self.source, self.groups = source, groups
-        group = source.engine_group
-        self.tp = dist.get_world_size(group) if group is not None else 1
-        self.tp_rank = dist.get_rank(group) if group is not None else 0
-        self._metrics: dict[str, float] = {}
-
-    def next_batch(self, step: int) -> Batch:
-        self.groups.at_version(step - 1)  # the sync after update step - 1 loaded its weights
-        start = time.perf_counter()
-        taken = self.groups.take(step)
-        self.groups.suspend()
-        self.source.engine.sleep()
-        self.source.timer.seconds["gen"] = time.perf_counter() - start
-        self.source.timer.seconds["gen_engine"] = taken.engine_seconds
-        keep = slice(self.tp_rank, None, self.tp)
-        rows = taken.rows(dist.get_rank() if dist.is_initialized() else 0, self.tp_rank == 0, keep)
-        table = group_rows(gather_rows(rows))
-        self._metrics = rollout_metrics(table, step, self.groups.n, True, self.groups.rejection.enable)
-        for timing in ("timing_s/rollout_wait", "timing_s/gen_engine"):  # no rollout rank waits; the timer has the rest
-            self._metrics.pop(timing)
-        return Batch.concat([d.batch for d in taken.groups[keep]], self.source.pad_id)
-
-    def metrics(self) -> dict[str, float]:
-        return self._metrics
-
-    @property
-    def epoch(self) -> int:
-        return self.source.epoch
-
-    def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        return self.source.validation_totals(data, sources)  # the stream is suspended between steps
-
-    @property
-    def val_samples(self) -> list[dict[str, Any]]:
-        return self.source.val_samples
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"groups": self.groups.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.groups.load_state_dict(state["groups"])
-
-    def shutdown(self) -> None:
-        self.source.shutdown()
-
-
-def gather_rows(rows: list[GroupRow]) -> list[GroupRow]:
-    """Every actor rank's group rows (the cell's default group), in rank order."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return rows
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, rows)
-    return [GroupRow(*r) for part in parts for r in part]
-
-
-def rollout_metrics(
-    table: torch.Tensor, step: int, group_size: int, streaming: bool, rejection: bool
-) -> dict[str, float]:
-    """The step's rollout metrics from the group rows of every engine, wherever the groups were made (colocated
-    or on rollout ranks): staleness (the oldest group's, the mean and a histogram by group), the slowest engine's
-    time, the longest wait of a rollout rank in the last step's exchanges; with streaming, partial samples, stale
-    drops and the requests in flight; with rejection sampling, its counts."""
-    staleness = (step - 1) - table[:, ROW_VERSION]
-    engines = {int(row[ROW_OWNER]): row for row in table}  # per-engine counts sit on each of its rows
-    out = {
-        "rollout/staleness": float(staleness.max().item()),
-        "rollout/staleness_mean": float(staleness.double().mean().item()),
-        "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
-        "timing_s/rollout_wait": max(int(r[ROW_WAIT_MS]) for r in engines.values()) / 1000,
-    }
-    bins = [staleness_bin(int(s)) for s in staleness.tolist()]
-    out |= {f"rollout/staleness_groups/{b}": float(bins.count(b)) for b in STALENESS_BINS}
-    if streaming:
-        out["rollout/partial_samples"] = float(table[:, ROW_PARTIAL].sum().item()) / (len(table) * group_size)
-        out["rollout/stale_dropped_groups"] = float(sum(int(r[ROW_STALE_DROPPED]) for r in engines.values()))
-        out["rollout/in_flight"] = float(sum(int(r[ROW_IN_FLIGHT]) for r in engines.values()))
-    if rejection:
-        for name, col in (("dropped_groups", ROW_DROPPED), ("extra_rounds", ROW_ROUNDS), ("short_groups", ROW_SHORT)):
-            out[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
-    return out

@@ -14,6 +14,7 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.transfer import ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, GroupRow, group_rows
 from torchrl_post.logging.timing import Timer
 from torchrl_post.rollout.base import collate
+from torchrl_post.rollout.batches import AheadBatches
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
 from torchrl_post.types import Batch, Generation, PromptBatch
 
@@ -40,7 +41,7 @@ class _Source:
 
     def __init__(self, log: list[tuple[Any, ...]], leader: bool = True) -> None:
         self.log, self.engine_leader = log, leader
-        self.engine = object()
+        self.engine = _Engine()
         self.made = 0
         self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
 
@@ -61,12 +62,18 @@ class _Source:
         pass
 
 
+class _Engine:
+    def load_weights(self, weights: Any) -> None:
+        list(weights)
+
+
 class _Sync:
     def __init__(self, log: list[tuple[Any, ...]]) -> None:
         self.log = log
 
-    def receive(self, engine: object) -> None:
+    def received(self) -> Any:
         self.log.append(("receive",))
+        return iter(())
 
 
 class _Transfer:
@@ -89,10 +96,15 @@ def _number(items: Items) -> int:
 
 def _server(lag: int, total: int, log: list[tuple[Any, ...]]) -> tuple[RolloutServer, _Source, _Transfer]:
     source, transfer = _Source(log), _Transfer(log)
-    server = RolloutServer(
-        cast(Any, source), cast(Any, _Sync(log)), cast(Any, transfer), Timer(), rank=RANK, lag=lag, total_steps=total
+    return _serving(source, transfer, lag, total), source, transfer
+
+
+def _serving(source: _Source, transfer: _Transfer, lag: int, total: int) -> RolloutServer:
+    """The rollout rank's program over whole batches made up to `lag` steps ahead (rollout/batches.py)."""
+    batches = AheadBatches(cast(Any, source), lag, total)
+    return RolloutServer(
+        cast(Any, source), batches, cast(Any, _Sync(source.log)), cast(Any, transfer), rank=RANK, lag=lag
     )
-    return server, source, transfer
 
 
 def _through_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
@@ -157,15 +169,7 @@ def test_handed_over_groups_and_their_rows() -> None:
 def test_a_non_leader_rank_of_an_engine_sends_nothing() -> None:
     log: list[tuple[Any, ...]] = []
     transfer = _Transfer(log)
-    server = RolloutServer(
-        cast(Any, _Source(log, leader=False)),
-        cast(Any, _Sync(log)),
-        cast(Any, transfer),
-        Timer(),
-        rank=RANK,
-        lag=0,
-        total_steps=1,
-    )
+    server = _serving(_Source(log, leader=False), transfer, lag=0, total=1)
     server.step(1)
     ((items, rows),) = transfer.sent
     assert items == {} and rows.shape == (0, len(GroupRow._fields))

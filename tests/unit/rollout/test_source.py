@@ -16,6 +16,8 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.logging.timing import Timer
 from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.batches import AheadBatches
+from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.types import Batch, Generation
 
@@ -118,7 +120,8 @@ def _source(
     dp_size: int = 1,
     engine_index: int = 0,
     n_engines: int = 1,
-) -> tuple[EngineSource, ScriptedEngine]:
+) -> tuple[LocalRollouts, ScriptedEngine]:
+    """The source as a colocated step drives it: whole batches (rollout/batches.py) through rollout/local.py."""
     settings = settings or _settings()
     engine = ScriptedEngine()
     sampler = ShardedBatchSampler(len(TRAIN), settings.prompts_per_step, dp_rank, dp_size, seed=0, shuffle=False)
@@ -134,7 +137,7 @@ def _source(
         n_engines=n_engines,
         engine_leader=True,
     )
-    return source, engine
+    return LocalRollouts(source, AheadBatches(source), streaming=False, shared=False), engine
 
 
 def _texts(batch: Batch) -> list[str]:
@@ -227,31 +230,34 @@ def test_rejection_keeps_informative_groups_draws_extra_rounds_and_counts_them()
     assert [c[2].seed for c in engine.calls] == [SEED * 7919 + 1] * 2
     assert _texts(batch) == ["1", "2", "22", "1"]
     assert batch.group_ids.tolist() == [0, 0, 1, 1] and batch.weights.tolist() == [1.0] * 4
-    assert source.filter_counts == {"dropped_groups": 1, "extra_rounds": 1, "short_groups": 0}
+    assert source.source.filter_counts == {"dropped_groups": 1, "extra_rounds": 1, "short_groups": 0}
     assert source.metrics() == {
         "rollout/staleness": 0.0,
+        "rollout/staleness_mean": 0.0,
+        "rollout/staleness_groups/0": 2.0,
+        **{f"rollout/staleness_groups/{b}": 0.0 for b in ("1", "2", "3", "4+")},
         "filter/rejection/dropped_groups": 1.0,
         "filter/rejection/extra_rounds": 1.0,
         "filter/rejection/short_groups": 0.0,
     }
-    assert len(source.reserve) == 1 and _texts(source.reserve[0]) == ["1", "333"]
+    assert len(source.source.reserve) == 1 and _texts(source.source.reserve[0]) == ["1", "333"]
     batch = source.next_batch(2)  # the reserve first, then q4 (q5 left over)
     assert _texts(batch) == ["1", "333", "x", "1"]
     assert batch.group_ids.tolist() == [0, 0, 1, 1]
-    assert source.filter_counts == {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
-    assert len(engine.calls) == 3 and [_texts(r) for r in source.reserve] == [["1", "yy"]]
+    assert source.source.filter_counts == {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
+    assert len(engine.calls) == 3 and [_texts(r) for r in source.source.reserve] == [["1", "yy"]]
 
 
 def test_rejection_fills_with_dropped_groups_at_weight_zero_when_the_rounds_are_spent() -> None:
     settings = _settings(rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1))
     source, engine = _source(settings)
-    source.sampler.batch_in_epoch = 3  # q6, q7 (both uniform), then an extra round from the next epoch: q0, q1
+    source.source.sampler.batch_in_epoch = 3  # q6, q7 (both uniform), then an extra round from the next epoch: q0, q1
     batch = source.next_batch(1)
     assert len(engine.calls) == 2
     assert _texts(batch) == ["1", "2", "2", "2"]  # q1 (informative) first, then q6 at weight 0
     assert batch.weights.tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert source.filter_counts == {"dropped_groups": 3, "extra_rounds": 1, "short_groups": 1}
-    assert source.reserve == []
+    assert source.source.filter_counts == {"dropped_groups": 3, "extra_rounds": 1, "short_groups": 1}
+    assert source.source.reserve == []
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------------
@@ -269,16 +275,16 @@ def test_state_dict_round_trips_the_sampler_position_and_the_reserve() -> None:
     settings = _settings(rejection=RejectionSampleConfig(enable=True, max_extra_rounds=2))
     source, _ = _source(settings)
     source.next_batch(1)
-    assert len(source.reserve) == 1
+    assert len(source.source.reserve) == 1
     state = _through_checkpoint(source.state_dict())
     restored, _ = _source(settings)
     restored.load_state_dict(state)
     assert (
-        restored.sampler.state_dict()
-        == source.sampler.state_dict()
+        restored.source.sampler.state_dict()
+        == source.source.sampler.state_dict()
         == {"epoch": 0, "batch_in_epoch": 2, "num_items": 8}
     )
-    assert len(restored.reserve) == 1 and _same(restored.reserve[0], source.reserve[0])
+    assert len(restored.source.reserve) == 1 and _same(restored.source.reserve[0], source.source.reserve[0])
     for step in (2, 3, 4):  # the resumed source makes the batches the uninterrupted one makes
         assert _same(restored.next_batch(step), source.next_batch(step)), step
 

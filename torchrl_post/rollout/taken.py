@@ -1,0 +1,165 @@
+"""What a rollout producer hands a step, wherever it runs: whole scored groups and the counts its metrics need.
+
+    producer.take(step) -> TakenGroups       # rollout/batches.py (whole batches), rollout/streaming.py (streamed)
+    taken.parts()                            # group id -> (its rows, trimmed; the group it came from)
+    taken.rows(owner)                        # one GroupRow per group: what the transfer plans with
+    rollout_metrics(table, step, ...)        # the step's rollout/* metrics from every engine's rows
+
+A colocated actor keeps its groups (rollout/local.py); rollout ranks hand them to the actor ranks
+(rollout/remote.py); both compute the metrics with `rollout_metrics` from the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from torchrl_post.distributed.transfer import (
+    ROW_DROPPED,
+    ROW_GEN_MS,
+    ROW_IN_FLIGHT,
+    ROW_OWNER,
+    ROW_PARTIAL,
+    ROW_ROUNDS,
+    ROW_SHORT,
+    ROW_STALE_DROPPED,
+    ROW_VERSION,
+    ROW_WAIT_MS,
+    GroupRow,
+)
+from torchrl_post.types import Batch
+
+STALENESS_BINS = ("0", "1", "2", "3", "4+")
+"""rollout/staleness_groups/<bin>: the step's groups by staleness (the same names on every rank)."""
+
+
+def staleness_bin(staleness: int) -> str:
+    return STALENESS_BINS[max(0, min(staleness, len(STALENESS_BINS) - 1))]
+
+
+@dataclass
+class DoneGroup:
+    """Complete, scored groups waiting for a step to take them (one streamed group, or a whole batch)."""
+
+    batch: Batch
+    oldest: int
+    """The oldest policy version among its tokens."""
+    partial: int = 0
+    """Its samples whose tokens came from more than one policy version."""
+
+
+@dataclass
+class TakenGroups:
+    """One step's share of an engine: whole groups, with what the step's metrics need."""
+
+    groups: list[DoneGroup]
+    engine_seconds: float
+    """Generation since the last take."""
+    stale_dropped: int = 0
+    """Groups dropped since the last take for exceeding trainer.max_staleness."""
+    in_flight: int = 0
+    """Requests generating when the step took its groups."""
+    rejected: int = 0
+    """Uniform groups rejection sampling dropped since the last take (algorithm.rejection_sample)..."""
+    rounds: int = 0
+    """... the extra rounds of prompts that took (streamed: the engine's shares of replacements) ..."""
+    short: int = 0
+    """... and the uniform groups kept at weight 0 because the budget was spent."""
+
+    def batch(self, pad_id: int, keep: slice = slice(None)) -> Batch:
+        """The `keep` groups as one batch."""
+        kept = self.groups[keep]
+        return kept[0].batch if len(kept) == 1 else Batch.concat([d.batch for d in kept], pad_id)
+
+    def parts(self, keep: slice = slice(None)) -> dict[int, tuple[Batch, DoneGroup]]:
+        """Group id -> (its rows, trimmed; where they came from), for the `keep` groups."""
+        return {g: (part, d) for d in self.groups[keep] for g, part in d.batch.split_groups().items()}
+
+    def rows(self, owner: int, leader: bool = True, keep: slice = slice(None)) -> list[GroupRow]:
+        """The `keep` groups as the step's group rows (owner: the rank that holds them); the engine's counts on
+        each of its rows, from its first rank only (`leader`: a tensor-parallel engine's other ranks hold the
+        same groups)."""
+        counts = (self.rejected, self.rounds, self.short, self.stale_dropped, self.in_flight) if leader else (0,) * 5
+        dropped, rounds, short, stale, in_flight = counts
+        ms = int(self.engine_seconds * 1000)
+        return [
+            GroupRow(
+                g, owner, int(part.attention_mask.sum()), d.oldest, ms, dropped, rounds, short,
+                partial=int(d.partial) if len(d.batch.group_ids.unique()) == 1 else 0, stale_dropped=stale,
+                in_flight=in_flight,
+            )
+            for g, (part, d) in self.parts(keep).items()
+        ]  # fmt: skip
+
+
+class Producer(Protocol):
+    """An engine's rollouts as a step takes them: whole batches (rollout/batches.py) or streamed groups
+    (rollout/streaming.py). The run plan's fill policy is theirs: how far ahead, what survives an update."""
+
+    def take(self, step: int) -> TakenGroups:
+        """This engine's share of step `step`, scored (and filtered)."""
+        ...
+
+    def fill(self, batches: int, next_step: int) -> None:
+        """Generate ahead while the actor trains (rollout ranks): up to `batches` steps, the next at `next_step`."""
+        ...
+
+    def generate_until(self, arrived: Callable[[], bool], next_step: int) -> int:
+        """rollout.update_on_arrival: generate until `arrived()`; returns the engine steps taken."""
+        ...
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights for the engine (rollout ranks); what is in flight goes on under `version`."""
+        ...
+
+    def at_version(self, version: int) -> None:
+        """The engine's weights were replaced outside the producer (a colocated sync)."""
+        ...
+
+    def suspend(self) -> None:
+        """Take the requests out of the engine (it sleeps, or validates)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def gather_rows(rows: list[GroupRow]) -> list[GroupRow]:
+    """Every actor rank's group rows (the cell's default group), in rank order."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return rows
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, rows)
+    return [GroupRow(*r) for part in parts for r in part]
+
+
+def rollout_metrics(
+    table: torch.Tensor, step: int, group_size: int, streaming: bool, rejection: bool
+) -> dict[str, float]:
+    """The step's rollout metrics from the group rows of every engine, wherever the groups were made (colocated
+    or on rollout ranks): staleness (the oldest group's, the mean and a histogram by group), the slowest engine's
+    time, the longest wait of a rollout rank in the last step's exchanges; with streaming, partial samples, stale
+    drops and the requests in flight; with rejection sampling, its counts."""
+    staleness = (step - 1) - table[:, ROW_VERSION]
+    engines = {int(row[ROW_OWNER]): row for row in table}  # per-engine counts sit on each of its rows
+    out = {
+        "rollout/staleness": float(staleness.max().item()),
+        "rollout/staleness_mean": float(staleness.double().mean().item()),
+        "timing_s/gen_engine": table[:, ROW_GEN_MS].max().item() / 1000,
+        "timing_s/rollout_wait": max(int(r[ROW_WAIT_MS]) for r in engines.values()) / 1000,
+    }
+    bins = [staleness_bin(int(s)) for s in staleness.tolist()]
+    out |= {f"rollout/staleness_groups/{b}": float(bins.count(b)) for b in STALENESS_BINS}
+    if streaming:
+        out["rollout/partial_samples"] = float(table[:, ROW_PARTIAL].sum().item()) / (len(table) * group_size)
+        out["rollout/stale_dropped_groups"] = float(sum(int(r[ROW_STALE_DROPPED]) for r in engines.values()))
+        out["rollout/in_flight"] = float(sum(int(r[ROW_IN_FLIGHT]) for r in engines.values()))
+    if rejection:
+        for name, col in (("dropped_groups", ROW_DROPPED), ("extra_rounds", ROW_ROUNDS), ("short_groups", ROW_SHORT)):
+            out[f"filter/rejection/{name}"] = float(sum(int(r[col]) for r in engines.values()))
+    return out
