@@ -149,7 +149,6 @@ def _partial_rollout(cfg: Config) -> None:
         (r.tensor_parallel_size > 1, "a tensor-parallel engine is not streamed yet; set rollout.tensor_parallel_size=1"),
         (cfg.algorithm.rejection_sample.enable, "rejection sampling is not streamed yet; set it to false or "
          "set algorithm.rejection_sample.enable=false"),
-        (cfg.actor.router_replay, "the streamed engine steps record no routed experts; set actor.router_replay=false"),
     )  # fmt: skip
     for refused, why in refusals:
         if refused:

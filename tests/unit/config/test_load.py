@@ -312,7 +312,6 @@ def test_router_replay_aliases() -> None:
          "set it to 2 or more"),
         (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=1"),
         (["rollout.partial_rollout=true", "algorithm.rejection_sample.enable=true"], "rejection sampling"),
-        (["rollout.partial_rollout=true", "actor.router_replay=true"], "actor.router_replay=false"),
         (["rollout.update_on_arrival=true"], "needs rollout.partial_rollout=true"),
     ],
 )  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, StepOutput
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
@@ -33,35 +33,55 @@ def logprob_of(version: int) -> float:
 
 class SteppedEngine:
     """One token per request and step: "1" as the last token, "x" before it; a re-added request (its tokens so far
-    appended to the prompt) goes on where it stopped. `weights` counts the loads."""
+    appended to the prompt) goes on where it stopped. `weights` counts the loads. With `record_routes`, a finished
+    request's "experts" ([prompt + tokens - 1, 1, 1]) are the weights that computed each position: its first step
+    prefills the prompt, each later one feeds the last token."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_routes: bool = False) -> None:
         self.weights = 0
+        self.record_routes = record_routes
         self.running: dict[str, tuple[list[int], int]] = {}  # id -> (tokens so far in this request, tokens left)
         self.added: list[tuple[str, int]] = []  # (request id, seed uid)
+        self.images: dict[str, list[list[Any]]] = {}  # request id -> the images of each of its adds
         self.aborted: list[str] = []
+        self._prompt: dict[str, int] = {}  # request id -> its prompt's length
+        self._rows: dict[str, list[int]] = {}  # request id -> the weights that computed each position
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
         text = TOK.decode(prompt_ids)
         done = len(text) - PROMPT_CHARS
-        self.running[request_id] = ([], min(LENGTHS[text[:PROMPT_CHARS]] - done, params.max_tokens))
-        self.added.append((request_id, uid))
+        self._queue(request_id, prompt_ids, min(LENGTHS[text[:PROMPT_CHARS]] - done, params.max_tokens), uid, images)
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+    def _queue(self, request_id: str, prompt_ids: list[int], left: int, uid: int, images: Any) -> None:
+        self.running[request_id] = ([], left)
+        self.added.append((request_id, uid))
+        self.images.setdefault(request_id, []).append(list(images or []))
+        self._prompt[request_id], self._rows[request_id] = len(prompt_ids), []
+
+    def step(self) -> list[StepOutput]:
         out = []
         for rid, (ids, left) in list(self.running.items()):
+            rows = self._rows[rid]
+            rows += [self.weights] * (1 if rows else self._prompt[rid])
             ids.append(TOK.encode("1" if left == 1 else "x")[0])
             left -= 1
             self.running[rid] = (ids, left)
+            step = StepOutput(rid, list(ids), [logprob_of(self.weights)] * len(ids))
             if not left:
                 del self.running[rid]
-            out.append((rid, list(ids), [logprob_of(self.weights)] * len(ids), None if left else "stop"))
+                step.finish_reason = "stop"
+                routes = torch.tensor(self._rows.pop(rid), dtype=torch.int16).view(-1, 1, 1)
+                step.routes = routes if self.record_routes else None
+            out.append(step)
         return out
 
     def abort(self, request_ids: list[str]) -> None:
         self.aborted += request_ids
         for rid in request_ids:
             self.running.pop(rid, None)
+            self._rows.pop(rid, None)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         list(weights)
