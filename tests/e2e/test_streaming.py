@@ -115,3 +115,20 @@ def test_streamed_agent_episodes_on_a_rollout_rank_carry_across_updates_and_resu
     rows = _straight_and_resumed(3, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path, *extra)
     _check_streamed(rows, groups=4)
     assert all(rows[s]["agent/num_turns/mean"] > 1 for s in (1, 2, 3, 4)), "multi-turn episodes"
+
+
+def test_streamed_routing_replay_on_a_moe_model_resumes_exactly(
+    tiny_moe_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes, the actor on rank 0 and an engine on rank 1 streaming one batch ahead, re-adding its requests in
+    flight at each update (rollout.inflight_update=recompute), on the tiny MoE model with routing replay: each
+    request's experts are recorded by its last add, whose prefill recomputes every position, and replayed in the
+    trainer."""
+    replay = ["actor.router_replay=true", "actor.router_aux_loss_coef=0.01", "trainer.test_freq=0"]
+    place = ["placement.actor=[0]", "placement.rollout=[1]", "trainer.max_off_policy_steps=1"]
+    recompute = "rollout.inflight_update=recompute"
+    rows = _straight_and_resumed(2, tiny_moe_model, task_data, tmp_path, *replay, *place, recompute)
+    _check_streamed(rows, groups=4)
+    # Present only where the batch holds recorded experts; later steps train on groups recorded by earlier weights.
+    assert all("rollout/router_mismatch" in rows[s] for s in (1, 2, 3, 4))
+    assert rows[1]["rollout/router_mismatch"] < 0.01 and rows[1]["rollout/logprob_diff"] < 1e-5, rows[1]
