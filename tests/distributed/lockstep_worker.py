@@ -27,7 +27,9 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[Any] = []
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
         self.calls.append(["add", request_id, uid])
 
     def abort(self, request_ids: list[str]) -> None:

@@ -140,3 +140,20 @@ def test_streamed_groups_on_a_tensor_parallel_engine_with_rejection_sampling_res
         assert rows[s]["filter/rejection/extra_rounds"] == -(-rows[s]["filter/rejection/dropped_groups"] // 4)
         assert rows[s]["training/off_policy/behavior_version/token_coverage"] == 1
         assert 0 <= rows[s]["training/off_policy/token_staleness/mean"] <= rows[s]["rollout/staleness"]
+
+
+def test_streamed_routing_replay_on_a_moe_model_resumes_exactly(
+    tiny_moe_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes, the actor on rank 0 and an engine on rank 1 streaming one batch ahead, re-adding its requests in
+    flight at each update (rollout.inflight_update=recompute), on the tiny MoE model with routing replay: each
+    request's experts are recorded by its last add, whose prefill recomputes every position, and replayed in the
+    trainer."""
+    replay = ["actor.router_replay=true", "actor.router_aux_loss_coef=0.01", "trainer.test_freq=0"]
+    place = ["placement.actor=[0]", "placement.rollout=[1]", "trainer.max_off_policy_steps=1"]
+    recompute = "rollout.inflight_update=recompute"
+    rows = _straight_and_resumed(2, tiny_moe_model, task_data, tmp_path, *replay, *place, recompute)
+    _check_streamed(rows, groups=4)
+    # Present only where the batch holds recorded experts; later steps train on groups recorded by earlier weights.
+    assert all("rollout/router_mismatch" in rows[s] for s in (1, 2, 3, 4))
+    assert rows[1]["rollout/router_mismatch"] < 0.01 and rows[1]["rollout/logprob_diff"] < 1e-5, rows[1]

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from tests.conftest import BIN, assert_ok, run_cmd, run_config, run_example
+from tests.e2e.test_streaming import _check_streamed, _straight_and_resumed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -80,3 +81,16 @@ def test_vlm_trains_with_critic_and_reference(
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in steps), _diffs(rows)
     assert steps[0]["actor/kl_loss"] < 1e-6 < steps[-1]["actor/kl_loss"]  # the reference is the initial policy
     assert all(torch.isfinite(torch.tensor(r["critic/loss"])) for r in steps)
+
+
+def test_vlm_partial_rollouts_resume_exactly(vlm_demo: tuple[Path, Path], tmp_path: Path) -> None:
+    """rollout.partial_rollout on the warm-started tiny Qwen2-VL, colocated on 2 processes: every streamed request
+    (added, and re-added with its tokens so far after each update and at the checkpoint) carries its prompt's image;
+    4 steps straight equal 2 + resume + 2."""
+    model, data = vlm_demo
+    vlm = ["data.image_key=images", "data.return_multi_modal_inputs=true", "data.max_prompt_length=48"]
+    vlm += ["rollout.limit_images=1", "reward.function=torchrl_post.demo.vlm_task:colour_reward", "trainer.test_freq=0"]
+    rows = _straight_and_resumed(2, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path, *vlm)
+    _check_streamed(rows, groups=4)
+    # The first step's samples are the first weights' own: the engine saw the images the trainer sees.
+    assert rows[1]["rollout/staleness"] == 0 and rows[1]["rollout/logprob_diff"] < 1e-3, rows[1]

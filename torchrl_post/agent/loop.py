@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.config.schema import AgentConfig
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, StepOutput
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch
@@ -185,7 +185,7 @@ class AgentLoop:
             episodes.close()
         return [done[rid] for rid, *_ in starts]
 
-    def _step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+    def _step(self) -> list[StepOutput]:
         if self.group is not None:
             self._share(self._ops)
             self._ops = []
@@ -296,17 +296,24 @@ class _Driven:
     def __init__(self, loop: AgentLoop) -> None:
         self.loop = loop
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
-        self.loop.engine.add_request(request_id, prompt_ids, params, uid)
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        self.loop.engine.add_request(request_id, prompt_ids, params, uid, images)
         if self.loop.group is not None:
-            self.loop._ops.append(("add", request_id, prompt_ids, params, uid))
+            self.loop._ops.append(("add", request_id, prompt_ids, params, uid, images))
 
     def abort(self, request_ids: list[str]) -> None:
         self.loop.engine.abort(request_ids)
         if self.loop.group is not None:
             self.loop._ops.append(("abort", request_ids))
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+    def step(self) -> list[StepOutput]:
         return self.loop._step()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -8,7 +8,6 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_length_budget(cfg, model_config)
     check_sequence_parallel(cfg, model_config)
     check_experts(cfg, model_config)
-    check_streamed(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     check_lora_targets(cfg, model_config)       # model.lora_rank > 0
@@ -220,15 +219,6 @@ def check_sequence_parallel(cfg: Config, model_config: Any, key: str = "model.pa
         raise ConfigError(f"{name} runs sdpa or eager attention; {key}={path!r} asks for {impl}")
 
 
-def check_streamed(cfg: Config, model_config: Any) -> None:
-    """rollout.partial_rollout against the model: text only (the engine's stepped requests carry no images)."""
-    if cfg.rollout.partial_rollout and getattr(model_config, "vision_config", None) is not None:
-        raise ConfigError(
-            f"rollout.partial_rollout=true: model.path={cfg.model.path!r} is a vision-language model, and the "
-            "streamed requests carry no images yet; set it to false"
-        )
-
-
 def check_experts(cfg: Config, model_config: Any) -> None:
     """actor.router_replay against the model: a text mixture-of-experts model (the engine records the experts of
     a text prompt's tokens; a vision model's placeholders are collapsed there, so rows would not line up)."""
@@ -387,7 +377,6 @@ def preflight(cfg: Config) -> Any:
     check_length_budget(cfg, model_config)
     check_sequence_parallel(cfg, model_config)
     check_experts(cfg, model_config)
-    check_streamed(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
     check_resume_path(cfg)
     if cfg.model.lora_rank > 0:

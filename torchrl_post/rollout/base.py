@@ -52,6 +52,22 @@ class EngineSpec:
     """A mixture-of-experts model's engine returns each token's experts (rollout.return_routed_experts)."""
 
 
+@dataclass
+class StepOutput:
+    """One request's progress in a stepped engine's step (`add_request` / `step`, rollout/inflight.py)."""
+
+    request_id: str
+    token_ids: list[int]
+    """Every token generated since the request was (last) added."""
+    logprobs: list[float]
+    """The engine's logprob of each of them."""
+    finish_reason: str | None = None
+    """stop or length once finished; None while it runs."""
+    routes: torch.Tensor | None = None
+    """A finished request's experts ([prompt + tokens - 1, layers, k], `RouteRecorder.take`) where the engine
+    records them (rollout.return_routed_experts on a mixture-of-experts model); else None."""
+
+
 ENGINE_SHARE_OF_FREE = 0.9
 """The share of the memory free when an engine starts that it takes (the rest: allocator slack): of the whole card on
 rollout ranks of their own (their gpu_memory_utilization), of what a colocated trainer leaves (`engine_memory_fraction`;

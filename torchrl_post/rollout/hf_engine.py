@@ -18,7 +18,7 @@ from transformers import AutoConfig
 from torchrl_post.algos.sampling_support import sampler_truncation
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
-from torchrl_post.rollout.base import EngineSpec, SamplingParams, collate
+from torchrl_post.rollout.base import EngineSpec, SamplingParams, StepOutput, collate
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation, PromptBatch
 from torchrl_post.workers.logprobs import batched_log_probs
@@ -55,7 +55,7 @@ class HFEngine:
         self.pad_id = pad_id
         self.eos_ids = eos_ids
         self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if spec.lora_sync != "none" else 0.0
-        self._queue: list[tuple[str, list[int], SamplingParams, int]] = []
+        self._queue: list[tuple[str, list[int], SamplingParams, int, list[Any]]] = []
 
     @torch.no_grad()
     def generate(
@@ -129,20 +129,30 @@ class HFEngine:
         return gen
 
     # ---- step-driven generation (the agent loop): one step answers every queued turn in one batch ----------
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
-        self._queue.append((request_id, list(prompt_ids), params, uid))
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        self._queue.append((request_id, list(prompt_ids), params, uid, list(images or [])))
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
-        """Every queued request to its end, as one batch: per-turn batches, not continuous batching."""
+    def step(self) -> list[StepOutput]:
+        """Every queued request to its end, as one batch (with the prompts' images, where any has some): per-turn
+        batches, not continuous batching. No experts are recorded (routing replay needs the vLLM engine)."""
         if not self._queue:
             return []
         queue, self._queue = self._queue, []
-        longest = max(p.max_tokens for _, _, p, _ in queue)
-        gen = self.generate([q[1] for q in queue], [q[3] for q in queue], replace(queue[0][2], n=1, max_tokens=longest))
-        out: list[tuple[str, list[int], list[float], str | None]] = []
-        for (rid, _, p, _), ids, lps in zip(queue, gen.response_ids, gen.logprobs, strict=True):
+        longest = max(q[2].max_tokens for q in queue)
+        params = replace(queue[0][2], n=1, max_tokens=longest)
+        images = [q[4] for q in queue] if any(q[4] for q in queue) else None
+        gen = self.generate([q[1] for q in queue], [q[3] for q in queue], params, images)
+        out = []
+        for (rid, _, p, _, _), ids, lps in zip(queue, gen.response_ids, gen.logprobs, strict=True):
             ids, lps = ids[: p.max_tokens], lps[: p.max_tokens]
-            out.append((rid, ids, lps, "stop" if ids and ids[-1] in self.eos_ids else "length"))
+            out.append(StepOutput(rid, ids, lps, "stop" if ids and ids[-1] in self.eos_ids else "length"))
         return out
 
     def abort(self, request_ids: list[str]) -> None:

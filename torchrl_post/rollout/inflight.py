@@ -22,6 +22,13 @@ What an update does to the requests in flight (`recompute`):
   prompt, so the new weights prefill the whole context (one prefill per request); every token after the update
   is then exactly the new policy's. A re-added request draws from a seed of its own (uid and the tokens so far),
   so it does not replay the random draws its first part used.
+
+A vision-language prompt's images go with each add and re-add. A mixture-of-experts engine that records routed
+experts (rollout.return_routed_experts) gives a finished request's experts for every position of its sequence
+(`InflightSample.routes`). A re-added request's prefill recomputes every position with the weights of that moment
+(the engine reads no cached prefix where it records), so the experts of its last add cover the whole sequence, as
+a request vLLM preempts and recomputes is recorded; under keep the request is never re-added at an update, and the
+experts of the positions computed before it stay the old weights' (those that the later tokens attended to).
 """
 
 from __future__ import annotations
@@ -32,13 +39,23 @@ from typing import Any, Protocol
 
 import torch
 
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, StepOutput
 
 
 class SteppedEngine(Protocol):
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        """Queue one sample of `prompt_ids` seeded by `uid`; `images`: the prompt's (vision-language models), whose
+        placeholder tokens the ids hold expanded."""
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]: ...
+    def step(self) -> list[StepOutput]:
+        """One engine step: the requests that progressed (a finished one with its experts, where recorded)."""
 
     def abort(self, request_ids: list[str]) -> None: ...
 
@@ -61,6 +78,12 @@ class InflightSample:
     """stop or length once finished."""
     restarts: int = 0
     """Times the request was re-added after an update (recompute)."""
+    images: list[Any] = field(default_factory=list)
+    """The prompt's images (PIL; vision-language models), sent again with each re-add. Not in `sample_state`: they
+    are the data set's, and whoever adopts the state attaches them again (GroupStream.load_state_dict)."""
+    routes: torch.Tensor | None = None
+    """Once finished, where the engine records them: the experts of each position, [prompt + tokens - 1, layers,
+    k], from its last add (see the module docstring)."""
 
     @property
     def spans(self) -> int:
@@ -71,6 +94,7 @@ class InflightSample:
 def sample_state(s: InflightSample) -> dict[str, Any]:
     """A sample as plain values (what `torch.load(weights_only=True)` reads back)."""
     state = {k: getattr(s, k) for k in ("request_id", "prompt_ids", "uid", "tokens", "logprobs", "versions")}
+    state |= {"routes": s.routes} if s.routes is not None else {}
     return state | {"params": asdict(s.params), "finish_reason": s.finish_reason, "restarts": s.restarts}
 
 
@@ -85,6 +109,7 @@ def sample_from_state(state: dict[str, Any]) -> InflightSample:
         list(state["versions"]),
         state["finish_reason"],
         int(state["restarts"]),
+        routes=state.get("routes"),
     )
 
 
@@ -111,13 +136,21 @@ class InflightStream:
     def running(self) -> bool:
         return bool(self.live)
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
         if request_id in self.live:
             raise ValueError(f"request {request_id!r} is already in flight")
-        self.live[request_id] = InflightSample(request_id, list(prompt_ids), uid, replace(params, n=1))
+        sample = InflightSample(request_id, list(prompt_ids), uid, replace(params, n=1), images=list(images or []))
+        self.live[request_id] = sample
         self._offset[request_id] = 0
         if not self.suspended:
-            self.engine.add_request(request_id, list(prompt_ids), replace(params, n=1), uid)
+            self.engine.add_request(request_id, list(prompt_ids), sample.params, uid, sample.images or None)
 
     def step(self) -> list[InflightSample]:
         """One engine step: the tokens each running request gained carry the current version; returns the
@@ -125,7 +158,8 @@ class InflightStream:
         self.resume()
         self.engine_steps += 1
         finished = []
-        for rid, ids, lps, reason in self.engine.step():
+        for out in self.engine.step():
+            rid, ids, lps = out.request_id, out.token_ids, out.logprobs
             s = self.live.get(rid)
             if s is None:
                 continue
@@ -135,8 +169,8 @@ class InflightStream:
                 s.tokens += ids[len(ids) - new :]
                 s.logprobs += lps[len(lps) - new :]
                 s.versions += [self.version] * new
-            if reason is not None:
-                s.finish_reason = reason
+            if out.finish_reason is not None:
+                s.finish_reason, s.routes = out.finish_reason, out.routes
                 finished.append(self.live.pop(rid))
                 self._offset.pop(rid)
         return finished
@@ -181,7 +215,8 @@ class InflightStream:
         # A request that has no tokens yet starts as it first would; one with tokens draws from a seed of its own.
         uid = restart_seed_uid(s.uid, len(s.tokens)) if s.tokens else s.uid
         s.restarts += bool(s.tokens)
-        self.engine.add_request(s.request_id, s.prompt_ids + s.tokens, replace(s.params, max_tokens=left), uid)
+        params = replace(s.params, max_tokens=left)
+        self.engine.add_request(s.request_id, s.prompt_ids + s.tokens, params, uid, s.images or None)
 
     # ---- checkpoints: the requests in flight as plain values ------------------------------------------
     def export(self) -> list[dict[str, Any]]:

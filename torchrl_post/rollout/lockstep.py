@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, StepOutput
 
 DONE = "done"
 """What the leader's `finish` sends a `follow`ing rank."""
@@ -44,13 +44,20 @@ class Lockstep:
         """Engine steps taken (every rank counts the same)."""
 
     # ---- the stepped protocol -------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
-        self._record(("add", request_id, prompt_ids, params, uid))
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        self._record(("add", request_id, prompt_ids, params, uid, images))
 
     def abort(self, request_ids: list[str]) -> None:
         self._record(("abort", list(request_ids)))
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+    def step(self) -> list[StepOutput]:
         if self.group is not None:
             if self.mirrored:  # every rank applied its own: compare what identifies them
                 _check_same(self._share([_signature(op) for op in self._ops]), self._ops, dist.get_rank())

@@ -283,19 +283,28 @@ class GroupStream(Groups[InflightSample]):
         self.stream.suspend()
 
     def _start(self, key: str, group: PendingGroup[InflightSample]) -> None:
-        """The group's samples, each a request seeded by its position and index in the group."""
-        (prompt,) = self.source.prompt_batch([group.index], [group.position]).prompt_ids
+        """The group's samples, each a request seeded by its position and index in the group, with the prompt's
+        images."""
+        prompt = self.source.data.prompt_ids[group.index]
         params = replace(self.source.sampling(group.draw, validation=False), n=1)
         for j in range(self.n):
-            self.stream.add(f"{key}.{j}", prompt, params, uid=group.position * self.n + j)
+            self.stream.add(f"{key}.{j}", prompt, params, group.position * self.n + j, self._images(group.index))
+
+    def _images(self, index: int) -> list[Any]:
+        """The images of the training set's row `index` (none for a text-only model)."""
+        return self.source.data.images[index] if self.source.data.images else []
 
     def _scored(self, group: PendingGroup[InflightSample]) -> DoneGroup:
         samples = [group.done[j] for j in range(self.n)]
         prompts = self.source.prompt_batch([group.index], [group.position])
+        routes = [s.routes for s in samples if s.routes is not None]  # recorded for all or none
         gen = Generation(
-            [s.tokens for s in samples], [s.logprobs for s in samples], [s.finish_reason or "length" for s in samples]
+            [s.tokens for s in samples],
+            [s.logprobs for s in samples],
+            [s.finish_reason or "length" for s in samples],
+            routed_experts=routes or None,
         )
-        batch = collate(prompts, gen, self.n, self.source.pad_id)
+        batch = collate(prompts, gen, self.n, self.source.pad_id, self.source.vision)
         batch.behavior_versions = version_rows([s.versions for s in samples], batch.response_width)
         self.source.score(batch, prompts, self.n)
         if self.source.masked:
@@ -343,3 +352,5 @@ class GroupStream(Groups[InflightSample]):
             group.done = {int(j): sample_from_state(s) for j, s in g["done"].items()}
             self.pending[g["key"]] = group
         self.stream.adopt(state["live"], int(state["version"]))
+        for rid, s in self.stream.live.items():  # the images are the data set's, not the state's
+            s.images = self._images(self.pending[rid.rsplit(".", 1)[0]].index)

@@ -24,7 +24,14 @@ from transformers import AutoConfig
 
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
-from torchrl_post.rollout.base import EngineSpec, GiB, SamplingParams, engine_memory_fraction, kv_cache_need
+from torchrl_post.rollout.base import (
+    EngineSpec,
+    GiB,
+    SamplingParams,
+    StepOutput,
+    engine_memory_fraction,
+    kv_cache_need,
+)
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 from torchrl_post.types import Generation
 
@@ -153,13 +160,8 @@ class VLLMEngine:
     ) -> Generation:
         self.wake_up()
         sps = [self._sampling(params, uid, params.n) for uid in uids]
-        prompts: list[dict[str, Any]] = [{"prompt_token_ids": p} for p in prompt_ids]
-        for prompt, imgs in zip(prompts, images, strict=True) if images is not None else ():
-            if imgs and self.vision is not None:  # one placeholder per image: vLLM expands it to the patches
-                prompt["prompt_token_ids"] = collapse_image_tokens(
-                    prompt["prompt_token_ids"], self.vision.image_token_id
-                )
-                prompt["multi_modal_data"] = {"image": imgs}
+        every = images if images is not None else [None] * len(prompt_ids)
+        prompts = [self._prompt(p, imgs) for p, imgs in zip(prompt_ids, every, strict=True)]
         if self.routes is not None:
             self.routes.clear()
         outs = self.llm.generate(prompts, sps, use_tqdm=False, lora_request=self.lora_request)  # type: ignore[arg-type]
@@ -176,29 +178,59 @@ class VLLMEngine:
                     gen.routed_experts.append(self.routes.take(sample, tokens - 1))
         return gen
 
+    def _prompt(self, prompt_ids: list[int], images: list[Any] | None) -> dict[str, Any]:
+        """vLLM's prompt: a vision-language prompt's image tokens collapsed to one placeholder per image (vLLM
+        expands it to the patches) with its images."""
+        if not images or self.vision is None:
+            return {"prompt_token_ids": prompt_ids}
+        ids = collapse_image_tokens(prompt_ids, self.vision.image_token_id)
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+
     # ---- step-driven generation (the agent loop adds a turn as soon as the previous one finished) ----
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
-        """Queue one sample of `prompt_ids` (n is ignored) seeded by `uid`; `step` advances every request."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        """Queue one sample of `prompt_ids` (n is ignored) seeded by `uid`, with the prompt's `images`; `step`
+        advances every request. Where experts are recorded, the request reads no cached prefix: its prefill
+        computes (and records) every position, a re-added request's with the weights of now."""
         from vllm.inputs.engine import tokens_input
 
         self.wake_up()
         sampling = self._sampling(params, uid, 1)
-        self.llm.llm_engine.add_request(request_id, tokens_input(prompt_ids), sampling, lora_request=self.lora_request)
+        if self.routes is not None:
+            sampling.skip_reading_prefix_cache = True
+        prompt: Any = self._prompt(prompt_ids, images)
+        if "multi_modal_data" in prompt:  # through vLLM's renderer (its multi-modal processor), as `generate` goes
+            prompt = self.llm._preprocess_cmpl_one(prompt)
+        else:
+            prompt = tokens_input(prompt_ids)
+        self.llm.llm_engine.add_request(request_id, prompt, sampling, lora_request=self.lora_request)
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
-        """One engine step: (request id, tokens so far, their logprobs, finish reason or None) per request
-        that progressed."""
+    def step(self) -> list[StepOutput]:
+        """One engine step: each request that progressed, with its tokens so far (since it was added) and their
+        logprobs; a finished one with its finish reason and, where recorded, its experts."""
         out = []
         for o in self.llm.llm_engine.step():
             c: Any = o.outputs[0]  # type: ignore[index]
             lps: Any = c.logprobs or []
             ids = list(c.token_ids)
-            reason = None if not o.finished else ("length" if c.finish_reason == "length" else "stop")
-            out.append((o.request_id, ids, [lp[t].logprob for lp, t in zip(lps, ids, strict=False)], reason))
+            step = StepOutput(o.request_id, ids, [lp[t].logprob for lp, t in zip(lps, ids, strict=False)])
+            if o.finished:
+                step.finish_reason = "length" if c.finish_reason == "length" else "stop"
+                if self.routes is not None:
+                    step.routes = self.routes.take(o.request_id, len(o.prompt_token_ids or []) + len(ids) - 1)
+            out.append(step)
         return out
 
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
+        if self.routes is not None:  # a re-add under the same id records afresh
+            self.routes.forget(request_ids)
 
     def reset_prefix_cache(self) -> None:
         """Forget the cached KV blocks: those of requests that ran across an update (rollout.inflight_update=keep)
@@ -294,6 +326,12 @@ class RouteRecorder:
 
     def clear(self) -> None:
         self.chunks.clear()
+
+    def forget(self, samples: list[str]) -> None:
+        """Drop the rows of the requests vLLM knows as `samples` (aborted ones)."""
+        gone = set(samples)
+        for key in [k for k in self.chunks if k.rsplit("-", 1)[0] in gone]:
+            del self.chunks[key]
 
     def capture(self, layer: int, ids: torch.Tensor) -> None:
         self.step[layer] = ids.detach().to("cpu", torch.int16)

@@ -15,10 +15,11 @@ import torch
 
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
 from torchrl_post.config.schema import RejectionSampleConfig
+from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams
-from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.base import SamplingParams, StepOutput
+from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
 
@@ -34,35 +35,55 @@ def logprob_of(version: int) -> float:
 
 class SteppedEngine:
     """One token per request and step: "1" as the last token, "x" before it; a re-added request (its tokens so far
-    appended to the prompt) goes on where it stopped. `weights` counts the loads."""
+    appended to the prompt) goes on where it stopped. `weights` counts the loads. With `record_routes`, a finished
+    request's "experts" ([prompt + tokens - 1, 1, 1]) are the weights that computed each position: its first step
+    prefills the prompt, each later one feeds the last token."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_routes: bool = False) -> None:
         self.weights = 0
+        self.record_routes = record_routes
         self.running: dict[str, tuple[list[int], int]] = {}  # id -> (tokens so far in this request, tokens left)
         self.added: list[tuple[str, int]] = []  # (request id, seed uid)
+        self.images: dict[str, list[tuple[str, list[Any]]]] = {}  # request id -> (prompt, images) of each add
         self.aborted: list[str] = []
+        self._prompt: dict[str, int] = {}  # request id -> its prompt's length
+        self._rows: dict[str, list[int]] = {}  # request id -> the weights that computed each position
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
         text = TOK.decode(prompt_ids)
         done = len(text) - PROMPT_CHARS
-        self.running[request_id] = ([], min(LENGTHS[text[:PROMPT_CHARS]] - done, params.max_tokens))
-        self.added.append((request_id, uid))
+        self._queue(request_id, prompt_ids, min(LENGTHS[text[:PROMPT_CHARS]] - done, params.max_tokens), uid, images)
 
-    def step(self) -> list[tuple[str, list[int], list[float], str | None]]:
+    def _queue(self, request_id: str, prompt_ids: list[int], left: int, uid: int, images: Any) -> None:
+        self.running[request_id] = ([], left)
+        self.added.append((request_id, uid))
+        self.images.setdefault(request_id, []).append((TOK.decode(prompt_ids[:PROMPT_CHARS]), list(images or [])))
+        self._prompt[request_id], self._rows[request_id] = len(prompt_ids), []
+
+    def step(self) -> list[StepOutput]:
         out = []
         for rid, (ids, left) in list(self.running.items()):
+            rows = self._rows[rid]
+            rows += [self.weights] * (1 if rows else self._prompt[rid])
             ids.append(TOK.encode("1" if left == 1 else "x")[0])
             left -= 1
             self.running[rid] = (ids, left)
+            step = StepOutput(rid, list(ids), [logprob_of(self.weights)] * len(ids))
             if not left:
                 del self.running[rid]
-            out.append((rid, list(ids), [logprob_of(self.weights)] * len(ids), None if left else "stop"))
+                step.finish_reason = "stop"
+                routes = torch.tensor(self._rows.pop(rid), dtype=torch.int16).view(-1, 1, 1)
+                step.routes = routes if self.record_routes else None
+            out.append(step)
         return out
 
     def abort(self, request_ids: list[str]) -> None:
         self.aborted += request_ids
         for rid in request_ids:
             self.running.pop(rid, None)
+            self._rows.pop(rid, None)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         list(weights)
@@ -77,15 +98,17 @@ def _groups(
     max_staleness: int | None = None,
     recompute: bool = False,
     rejection: RejectionSampleConfig | None = None,
+    record_routes: bool = False,
+    data: PromptDataset = TRAIN,
 ) -> tuple[GroupStream, SteppedEngine]:
-    engine = SteppedEngine()
+    engine = SteppedEngine(record_routes)
     settings = replace(_settings(prompts=2, rejection=rejection), max_response_length=8)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
     source = EngineSource(
         settings,
         engine,
         TOK,
-        TRAIN,
+        data,
         lambda _: reward,
         sampler,
         Timer(),
@@ -227,3 +250,81 @@ def test_streamed_samples_carry_each_token_s_policy_version() -> None:
             seen += int(len(set(d.batch.behavior_versions[mask].tolist())) > 1)
         groups.update(iter(()), version=step)
     assert seen, "some group spanned an update"
+
+
+def _saved(state: Any) -> Any:
+    """`state` through torch.save and a weights_only load, as a checkpoint holds it."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_the_prompts_images_reach_the_engine_on_every_add_and_re_add() -> None:
+    """A vision-language data set (stand-in images, no processor: its pixel inputs given empty): each request is
+    added with its prompt's images, re-added with them after a recompute update, and after a resume from a
+    checkpoint (which holds no images: they are attached again from the data set)."""
+    names = [TOK.decode(p) for p in TRAIN.prompt_ids]
+    data = replace(TRAIN, images=[[f"image of {q}"] for q in names], mm_inputs=[{}] * len(TRAIN))
+    groups, engine = _groups(in_flight=4, recompute=True, data=data)
+    groups.take(1)
+    live = list(groups.stream.live)
+    groups.update(iter(()), version=1)
+    groups.take(2)  # the re-adds happen at its first engine step
+    assert live and all(len(engine.images[rid]) == 2 for rid in live), "re-added after the update"
+    state = _saved(groups.state_dict())
+    live = list(groups.stream.live)
+    resumed, engine_after = _groups(in_flight=4, recompute=True, data=data)
+    resumed.load_state_dict(state)
+    resumed.take(3)
+    assert live and all(rid in engine_after.images for rid in live), "re-added after the resume"
+    adds = [add for e in (engine, engine_after) for each in e.images.values() for add in each]
+    assert len(adds) > 2 * 4 * 2 and all(images == [f"image of {q}"] for q, images in adds)
+
+
+def _routes(batch: Any) -> list[list[int]]:
+    """Each row's recorded "experts" (the weights that computed each position) under its real tokens but the last."""
+    out = []
+    for routed, mask in zip(batch.routed_experts, batch.attention_mask, strict=True):
+        real = mask.nonzero().flatten()[:-1]
+        assert (routed[0, 0, real[-1] + 1 :] == -1).all(), "nothing past the last computed position"
+        out.append(routed[0, 0, real].tolist())
+    return out
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_routes_cover_every_position_from_the_last_add(recompute: bool) -> None:
+    """q3 (7 tokens) spans updates. Recompute: each update re-adds it, whose prefill computes every position again,
+    so all its rows are the last weights'. Keep: one add, each position computed by the weights of its step."""
+    groups, _ = _groups(in_flight=4, recompute=recompute, record_routes=True)
+    taken = [(routes, lps) for routes, _, lps in _run(groups, range(1, 8), lag=0, name=_routes) if len(routes[0]) == 8]
+    assert taken, "q3 was taken"
+    (routes, lps) = taken[0]
+    versions = sorted({round(-lp / 0.1) - 1 for lp in lps[0]})
+    assert len(versions) > 1, "it spans updates"
+    if recompute:
+        assert routes == [[versions[-1]] * 8] * 2
+    else:
+        assert routes[0][:2] == [0, 0] and routes[0] == sorted(routes[0]) and routes[0][-1] == versions[-1]
+        assert routes[1] == routes[0]
+
+
+def test_routes_survive_a_checkpoint_and_a_resume() -> None:
+    """Routes through the exact-resume check of the test above (a fresh stream from the state), and a finished
+    sample's routes through its state."""
+    straight, _ = _groups(in_flight=6, recompute=True, record_routes=True)
+    _run(straight, range(1, 3), name=_routes)
+    state = _saved(straight.state_dict())
+    second_half = _run(straight, range(3, 5), name=_routes)
+    resumed, engine = _groups(in_flight=6, recompute=True, record_routes=True)
+    resumed.load_state_dict(state)
+    engine.weights = 1
+    resumed.update(iter(()), version=2)
+    assert _run(resumed, range(3, 5), name=_routes) == second_half
+    assert any(len(set(r[0])) == 1 and r[0][0] > 0 for r, _, _ in second_half), "some rows recomputed"
+
+    routes = torch.tensor([[[3]], [[4]]], dtype=torch.int16)
+    sample = InflightSample("1.0.0", [1, 2], 0, SamplingParams(1, 1.0, 1.0, 0, 4, 0), [5], [-0.1], [0], "stop")
+    sample.routes = routes
+    back = sample_from_state(_saved(sample_state(sample)))
+    assert back.routes is not None and torch.equal(back.routes, routes) and back == replace(sample, routes=back.routes)

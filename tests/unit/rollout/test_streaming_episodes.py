@@ -65,13 +65,14 @@ class EpisodeEngine(SteppedEngine):
         super().__init__()
         self.resets = 0
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int) -> None:
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
         text = TOK.decode(prompt_ids)
         name = re.search(r"user\n(q\d)", text)
         assert name is not None
         done = len(text.rpartition(ASSISTANT)[2])
-        self.running[request_id] = ([], min(SCRIPT[name.group(1)][1] - done, params.max_tokens))
-        self.added.append((request_id, uid))
+        self._queue(request_id, prompt_ids, min(SCRIPT[name.group(1)][1] - done, params.max_tokens), uid, images)
 
     def reset_prefix_cache(self) -> None:
         assert not self.running, "nothing in flight"
