@@ -36,7 +36,7 @@ from transformers import AutoTokenizer
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, generate
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.hf_engine import HFEngine
 
@@ -135,7 +135,7 @@ def generate_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_t
     uids = list(range(len(prompts)))
 
     def call() -> int:
-        gen = engine.generate(prompts, uids, params)
+        gen = generate(engine, prompts, uids, params)
         return sum(len(r) for r in gen.response_ids)
 
     return call

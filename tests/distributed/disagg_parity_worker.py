@@ -22,7 +22,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import route
 from torchrl_post.plan import engine_spec, lora_sync
-from torchrl_post.rollout.base import SamplingParams, collate
+from torchrl_post.rollout.base import SamplingParams, collate, generate
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync
@@ -85,7 +85,7 @@ def main() -> None:
                 sync.receive(engine)
         items = {}
         if engine is not None:
-            g_out = engine.generate(pb.prompt_ids, pb.uids, greedy, pb.images or None)
+            g_out = generate(engine, pb.prompt_ids, pb.uids, greedy, pb.images or None)
             if env.rank == 2:
                 for i in range(4):
                     one = ([g_out.response_ids[i]], [g_out.logprobs[i]], [g_out.finish_reasons[i]])

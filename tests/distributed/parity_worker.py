@@ -32,7 +32,7 @@ from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.multimodal.vision import VisionSpec
 from torchrl_post.plan import engine_spec, lora_sync
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, generate
 from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights
 from torchrl_post.sync.weights import Keep, iter_full_weights, sync_weights, tied_aliases, with_aliases
@@ -73,7 +73,7 @@ def main() -> None:
     # seeded prefill crashes vLLM 0.32 ("CPU Generator does not use offset").
     if spec is None:
         big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]
-        big_gen = engine.generate(big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
+        big_gen = generate(engine, big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
         assert len(big_gen.response_ids) == 400
     out = {"rank": env.rank, "results": results, "greedy_tokens_changed": moved(results)}
     out["aliases"] = tied_aliases(actor.model)
@@ -118,11 +118,11 @@ def parity_run(
     results = []
     for update in range(updates):
         if update > 0:
-            rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, sample, images), 2, pad, spec)
+            rb = collate(pb, generate(engine, pb.prompt_ids, pb.uids, sample, images), 2, pad, spec)
             rb.advantages = torch.randn(len(rb), 1, generator=gen) * rb.loss_mask
             actor.update(rb)
             sync_weights(actor.model, engine, bucket_bytes=1 << 20, keep=keep)
-        rb = collate(pb, engine.generate(pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
+        rb = collate(pb, generate(engine, pb.prompt_ids, pb.uids, greedy, images), 1, pad, spec)
         results.append({"update": update, **engine_vs_trainer(actor.model, rb)})
     return results
 

@@ -290,7 +290,7 @@ class AgentLoop:
 
 
 class _Driven:
-    """The engine as the loop's first rank drives it (`SteppedEngine`): on a tensor-parallel engine its adds and
+    """The engine as the loop's first rank drives it (`rollout/base.py: Stepped`): on a tensor-parallel engine its adds and
     aborts are recorded and broadcast to the other ranks before each step; steps are counted."""
 
     def __init__(self, loop: AgentLoop) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -22,9 +22,12 @@ class SamplingParams:
     max_tokens: int
     seed: int
     """Base seed; each prompt's seed is derived from it and the prompt's uid, independent of batching."""
+    sample: int = 0
+    """Which of a prompt's samples a request is: its seed is the prompt's plus `sample`, as vLLM seeds the j-th
+    sample of an n-sample request (`generate`)."""
 
     def prompt_seed(self, uid: int) -> int:
-        return (self.seed * 1_000_003 + uid) % (2**31 - 1)
+        return (self.seed * 1_000_003 + uid) % (2**31 - 1) + self.sample
 
 
 @dataclass(frozen=True)
@@ -122,21 +125,40 @@ def kv_cache_need(
     return kv_cache_bytes(*kv_dims(hf_config), dtype_bytes, sequences, max_model_len, block_size)
 
 
-class RolloutEngine(Protocol):
-    def generate(
+class Stepped(Protocol):
+    """The stepped calls: requests are added, each engine step advances all of them, weights load between two steps.
+    A whole batch is a driver over them (`generate`), a stream of groups carried across updates another
+    (rollout/inflight.py), an agent's turns a third (agent/loop.py). An engine, or rollout/lockstep.py's wrapper of
+    one."""
+
+    def add_request(
         self,
-        prompt_ids: list[list[int]],
-        uids: list[int],
+        request_id: str,
+        prompt_ids: list[int],
         params: SamplingParams,
-        images: list[list[Any]] | None = None,
-    ) -> Generation:
-        """n samples per prompt, prompt-major; `images`: each prompt's images (vision-language models), whose
-        placeholder tokens the prompt ids already hold expanded."""
+        uid: int,
+        images: list[Any] | None = None,
+    ) -> None:
+        """Queue one sample of `prompt_ids` (`params.n` is ignored) seeded by `params.prompt_seed(uid)`; `images`:
+        the prompt's (vision-language models), whose placeholder tokens the ids hold expanded."""
         ...
+
+    def step(self) -> list[StepOutput]:
+        """One engine step: every request that progressed, with its tokens since it was added."""
+        ...
+
+    def abort(self, request_ids: list[str]) -> None: ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with (HF name, full tensor) pairs, consumed in order."""
         ...
+
+
+class RolloutEngine(Stepped, Protocol):
+    """The one engine protocol (rollout/vllm_engine.py, rollout/hf_engine.py): the stepped calls and the engine's
+    life around them."""
+
+    def reset_prefix_cache(self) -> None: ...
 
     def sleep(self) -> None:
         """Free accelerator memory before the update (no-op where unsupported)."""
@@ -145,6 +167,46 @@ class RolloutEngine(Protocol):
     def wake_up(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+IDLE_STEPS = 10_000
+"""Engine steps without any progress after which `generate` gives up (an engine that lost requests)."""
+
+
+def generate(
+    engine: Stepped,
+    prompt_ids: list[list[int]],
+    uids: list[int],
+    params: SamplingParams,
+    images: list[list[Any]] | None = None,
+) -> Generation:
+    """`params.n` samples of each prompt, prompt-major, as one batch through the stepped calls: every request added
+    first, in the order vLLM's `LLM.generate` adds an n-sample request's samples (sample j seeded by the prompt's seed
+    plus j), then engine steps until every one finished. Each prompt's images go with each of its samples. With
+    recorded experts, `Generation.routed_experts` holds each sample's."""
+    order: list[str] = []
+    for i, (ids, uid) in enumerate(zip(prompt_ids, uids, strict=True)):
+        for j in range(params.n):
+            rid = f"batch-{i}-{j}"
+            engine.add_request(rid, ids, replace(params, n=1, sample=j), uid, images[i] if images else None)
+            order.append(rid)
+    done: dict[str, StepOutput] = {}
+    idle = 0
+    while len(done) < len(order):
+        outs = engine.step()
+        done |= {o.request_id: o for o in outs if o.finish_reason is not None}
+        idle = 0 if outs else idle + 1
+        if idle > IDLE_STEPS:
+            lost = [rid for rid in order if rid not in done]
+            raise RuntimeError(f"the rollout engine stopped advancing requests {lost[:4]} ({len(lost)} in all)")
+    outs = [done[rid] for rid in order]
+    routes = [o.routes for o in outs]
+    return Generation(
+        [o.token_ids for o in outs],
+        [o.logprobs for o in outs],
+        [o.finish_reason or "length" for o in outs],
+        routed_experts=None if any(r is None for r in routes) else [r for r in routes if r is not None],
+    )
 
 
 def collate(prompts: PromptBatch, gen: Generation, n: int, pad_id: int, vision: VisionSpec | None = None) -> Batch:

@@ -58,7 +58,7 @@ class HFEngine:
         self._queue: list[tuple[str, list[int], SamplingParams, int, list[Any]]] = []
 
     @torch.no_grad()
-    def generate(
+    def _batch(
         self,
         prompt_ids: list[list[int]],
         uids: list[int],
@@ -148,7 +148,7 @@ class HFEngine:
         longest = max(q[2].max_tokens for q in queue)
         params = replace(queue[0][2], n=1, max_tokens=longest)
         images = [q[4] for q in queue] if any(q[4] for q in queue) else None
-        gen = self.generate([q[1] for q in queue], [q[3] for q in queue], params, images)
+        gen = self._batch([q[1] for q in queue], [q[3] for q in queue], params, images)
         out = []
         for (rid, _, p, _, _), ids, lps in zip(queue, gen.response_ids, gen.logprobs, strict=True):
             ids, lps = ids[: p.max_tokens], lps[: p.max_tokens]

@@ -35,31 +35,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from torchrl_post.rollout.base import SamplingParams, StepOutput
-
-
-class SteppedEngine(Protocol):
-    def add_request(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        uid: int,
-        images: list[Any] | None = None,
-    ) -> None:
-        """Queue one sample of `prompt_ids` seeded by `uid`; `images`: the prompt's (vision-language models), whose
-        placeholder tokens the ids hold expanded."""
-
-    def step(self) -> list[StepOutput]:
-        """One engine step: the requests that progressed (a finished one with its experts, where recorded)."""
-
-    def abort(self, request_ids: list[str]) -> None: ...
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+from torchrl_post.rollout.base import SamplingParams, Stepped
 
 
 @dataclass
@@ -122,7 +102,7 @@ def restart_seed_uid(uid: int, generated: int) -> int:
 class InflightStream:
     """Requests in the engine, with the policy `version` their next tokens will come from."""
 
-    def __init__(self, engine: SteppedEngine, recompute: bool = False, version: int = 0) -> None:
+    def __init__(self, engine: Stepped, recompute: bool = False, version: int = 0) -> None:
         self.engine, self.recompute, self.version = engine, recompute, version
         self.live: dict[str, InflightSample] = {}
         self._offset: dict[str, int] = {}

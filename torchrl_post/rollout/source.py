@@ -24,7 +24,7 @@ from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate
+from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, generate
 from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
@@ -257,14 +257,14 @@ class EngineSource:
         requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
         group = self.engine_group
         if group is None or shared or not self.union:
-            gen = self.engine.generate(prompts.prompt_ids, prompts.uids, params, prompts.images or None)
+            gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
             return collate(prompts, gen, params.n, self.pad_id, self.vision)
         parts: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids, prompts.images), group=group)
         ids = [p for part_ids, _, _ in parts for p in part_ids]
         uids = [u for _, part_uids, _ in parts for u in part_uids]
         images = [img for _, _, part_images in parts for img in part_images]
-        every = self.engine.generate(ids, uids, params, images or None)
+        every = generate(self.engine, ids, uids, params, images or None)
         start = sum(len(part_ids) for part_ids, _, _ in parts[: dist.get_rank(group)]) * params.n
         end = start + len(prompts) * params.n
         gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])

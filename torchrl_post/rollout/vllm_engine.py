@@ -33,7 +33,6 @@ from torchrl_post.rollout.base import (
     kv_cache_need,
 )
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
-from torchrl_post.types import Generation
 
 log = logging.getLogger(__name__)
 
@@ -151,33 +150,6 @@ class VLLMEngine:
             logit_bias=dict.fromkeys(self.vision.never_generated, NEVER_GENERATED_BIAS) if self.vision else None,
         )
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        uids: list[int],
-        params: SamplingParams,
-        images: list[list[Any]] | None = None,
-    ) -> Generation:
-        self.wake_up()
-        sps = [self._sampling(params, uid, params.n) for uid in uids]
-        every = images if images is not None else [None] * len(prompt_ids)
-        prompts = [self._prompt(p, imgs) for p, imgs in zip(prompt_ids, every, strict=True)]
-        if self.routes is not None:
-            self.routes.clear()
-        outs = self.llm.generate(prompts, sps, use_tqdm=False, lora_request=self.lora_request)  # type: ignore[arg-type]
-        gen = Generation([], [], [], routed_experts=[] if self.routes is not None else None)
-        for out in outs:
-            for c in out.outputs:
-                gen.response_ids.append(list(c.token_ids))
-                lps: Any = c.logprobs or []
-                gen.logprobs.append([lp[t].logprob for lp, t in zip(lps, c.token_ids, strict=True)])
-                gen.finish_reasons.append("length" if c.finish_reason == "length" else "stop")
-                if self.routes is not None and gen.routed_experts is not None:
-                    sample = f"{c.index}_{out.request_id}" if params.n > 1 else out.request_id
-                    tokens = len(out.prompt_token_ids or []) + len(c.token_ids)
-                    gen.routed_experts.append(self.routes.take(sample, tokens - 1))
-        return gen
-
     def _prompt(self, prompt_ids: list[int], images: list[Any] | None) -> dict[str, Any]:
         """vLLM's prompt: a vision-language prompt's image tokens collapsed to one placeholder per image (vLLM
         expands it to the patches) with its images."""
@@ -205,7 +177,9 @@ class VLLMEngine:
         if self.routes is not None:
             sampling.skip_reading_prefix_cache = True
         prompt: Any = self._prompt(prompt_ids, images)
-        if "multi_modal_data" in prompt:  # through vLLM's renderer (its multi-modal processor), as `generate` goes
+        if (
+            "multi_modal_data" in prompt
+        ):  # through vLLM's renderer (its multi-modal processor), as LLM.generate's prompts go
             prompt = self.llm._preprocess_cmpl_one(prompt)
         else:
             prompt = tokens_input(prompt_ids)

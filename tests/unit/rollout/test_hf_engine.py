@@ -8,7 +8,7 @@ import torch
 
 from tests.unit.sync_helpers import stream, tied_llama, untied_qwen
 from torchrl_post.algos.sampling_support import Truncation, support_log_probs
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, generate
 from torchrl_post.rollout.hf_engine import HFEngine
 
 # --- the HF engine's accounting ---------------------------------------------------------------------------------
@@ -50,9 +50,10 @@ def test_hf_engine_reports_logprobs_on_the_top_p_set_as_vllm_does() -> None:
     model = untied_qwen(seed=1).eval()
     engine = hf_engine(model)
     engine.vision, engine.device, engine.pad_id, engine.eos_ids = None, torch.device("cpu"), 0, [1]
+    engine._queue = []
     params = SamplingParams(n=2, temperature=0.8, top_p=0.5, top_k=-1, max_tokens=5, seed=3)
     prompt = [5, 9, 14, 3]
-    gen = engine.generate([prompt], [0], params)
+    gen = generate(engine, [prompt], [0], params)
     for ids, lps in zip(gen.response_ids, gen.logprobs, strict=True):
         seq = torch.tensor([prompt + ids])
         with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,11 +16,11 @@ from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams
+from torchrl_post.rollout.base import SamplingParams, StepOutput
 from torchrl_post.rollout.batches import AheadBatches
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.source import EngineSource, SourceSettings
-from torchrl_post.types import Batch, Generation
+from torchrl_post.types import Batch
 
 TOK = build_char_tokenizer()
 N = 2  # samples per prompt
@@ -50,26 +51,36 @@ def _logprobs(tokens: list[int]) -> list[float]:
 
 
 class ScriptedEngine:
-    """The RolloutEngine protocol: each prompt's scripted responses, deterministic logprobs; records every call."""
+    """The RolloutEngine protocol: each prompt's scripted responses (sample j gets the j-th), deterministic logprobs,
+    every request finished at the next step; records each batch of requests added between two steps as one call
+    (its prompts, their uids, the sampling parameters of its first sample with n samples per prompt)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[list[int]], list[int], SamplingParams]] = []
         self.sleeps = 0
         self.shut = False
+        self._added: list[tuple[str, list[int], SamplingParams, int]] = []
 
-    def generate(
-        self,
-        prompt_ids: list[list[int]],
-        uids: list[int],
-        params: SamplingParams,
-        images: list[list[Any]] | None = None,
-    ) -> Generation:
-        self.calls.append(([list(p) for p in prompt_ids], list(uids), params))
-        ids: list[list[int]] = []
-        for p in prompt_ids:
-            script = RESPONSES[TOK.decode(p)]
-            ids += [TOK.encode(script[j % len(script)]) for j in range(params.n)]
-        return Generation(ids, [_logprobs(r) for r in ids], ["stop"] * len(ids))
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
+        self._added.append((request_id, list(prompt_ids), params, uid))
+
+    def step(self) -> list[StepOutput]:
+        added, self._added = self._added, []
+        if added:
+            firsts = [a for a in added if a[2].sample == 0]
+            n = len(added) // len(firsts)
+            self.calls.append(([a[1] for a in firsts], [a[3] for a in firsts], replace(firsts[0][2], n=n)))
+        out = []
+        for rid, prompt, params, _ in added:
+            script = RESPONSES[TOK.decode(prompt)]
+            ids = TOK.encode(script[params.sample % len(script)])
+            out.append(StepOutput(rid, ids, _logprobs(ids), "stop"))
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        pass
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         pass
