@@ -141,6 +141,20 @@ def generate_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_t
     return call
 
 
+def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
+    """vLLM's own batch call (`LLM.generate`) on the same engine, with the sampling parameters the stepped driver
+    gives each request: the reference the stepped protocol (`rollout.base.generate`) must keep up with."""
+    params = SamplingParams(n=n, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=1)
+    inputs: Any = [{"prompt_token_ids": p} for p in prompts]
+
+    def call() -> int:
+        sampling = [engine._sampling(params, uid, n) for uid in range(len(prompts))]
+        outs = engine.llm.generate(inputs, sampling, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+    return call
+
+
 def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: int) -> dict[str, Any]:
     batches, lengths = parse_batches(args.batches), [int(x) for x in args.lengths.split(",")]
     one = make_prompts(1, args.prompt_len, vocab, seed=0)
@@ -151,7 +165,9 @@ def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: 
         prompts = make_prompts(prompts_count, args.prompt_len, vocab, seed=prompts_count)
         first = timed_turns({e: generate_call(engines[e], prompts, n, 1) for e in ENGINES}, args.repeats)
         for length in lengths:
-            full = timed_turns({e: generate_call(engines[e], prompts, n, length) for e in ENGINES}, args.repeats)
+            calls = {e: generate_call(engines[e], prompts, n, length) for e in ENGINES}
+            calls["llm_generate"] = llm_generate_call(engines["vllm"], prompts, n, length)
+            full = timed_turns(calls, args.repeats)
             row: dict[str, Any] = {"prompts": prompts_count, "n": n, "batch": prompts_count * n, "length": length}
             for e in ENGINES:
                 t, t1 = full[e]["s"], first[e]["s"]
@@ -165,10 +181,13 @@ def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: 
                     f"{e}_decode_share": max(t - t1, 0.0) / t,
                 }
             row["ratio"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
+            row["llm_generate_tokens_per_s"] = full["llm_generate"]["tokens"] / full["llm_generate"]["s"]
+            row["stepped_vs_llm_generate"] = row["vllm_tokens_per_s"] / row["llm_generate_tokens_per_s"]
             rows.append(row)
             print(
                 f"  {prompts_count}x{n} len {length}: vllm {row['vllm_tokens_per_s']:.0f} tok/s, "
-                f"hf {row['hf_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}",
+                f"hf {row['hf_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}; LLM.generate "
+                f"{row['llm_generate_tokens_per_s']:.0f} tok/s, stepped/LLM.generate {row['stepped_vs_llm_generate']:.3f}",
                 flush=True,
             )
     return {"fixed_call_s": {e: fixed[e]["s"] for e in ENGINES}, "rows": rows}

@@ -26,6 +26,10 @@ class SamplingParams:
     """Which of a prompt's samples a request is: its seed is the prompt's plus `sample`, as vLLM seeds the j-th
     sample of an n-sample request (`generate`)."""
 
+    progress: bool = True
+    """`step` reports the request's tokens as they come (streams: each token's policy version); False: only when it
+    finishes (a whole batch, `generate`: no output is built per step, as `LLM.generate` builds none)."""
+
     def prompt_seed(self, uid: int) -> int:
         return (self.seed * 1_000_003 + uid) % (2**31 - 1) + self.sample
 
@@ -169,10 +173,6 @@ class RolloutEngine(Stepped, Protocol):
     def shutdown(self) -> None: ...
 
 
-IDLE_STEPS = 10_000
-"""Engine steps without any progress after which `generate` gives up (an engine that lost requests)."""
-
-
 def generate(
     engine: Stepped,
     prompt_ids: list[list[int]],
@@ -188,15 +188,17 @@ def generate(
     for i, (ids, uid) in enumerate(zip(prompt_ids, uids, strict=True)):
         for j in range(params.n):
             rid = f"batch-{i}-{j}"
-            engine.add_request(rid, ids, replace(params, n=1, sample=j), uid, images[i] if images else None)
+            one = replace(params, n=1, sample=j, progress=False)
+            engine.add_request(rid, ids, one, uid, images[i] if images else None)
             order.append(rid)
     done: dict[str, StepOutput] = {}
-    idle = 0
+    # Every step advances each running request by a token (or a prefill); past this many the engine lost some.
+    bound = len(order) * (params.max_tokens + max(map(len, prompt_ids), default=0) + 1)
+    steps = 0
     while len(done) < len(order):
-        outs = engine.step()
-        done |= {o.request_id: o for o in outs if o.finish_reason is not None}
-        idle = 0 if outs else idle + 1
-        if idle > IDLE_STEPS:
+        done |= {o.request_id: o for o in engine.step() if o.finish_reason is not None}
+        steps += 1
+        if steps > bound:
             lost = [rid for rid in order if rid not in done]
             raise RuntimeError(f"the rollout engine stopped advancing requests {lost[:4]} ({len(lost)} in all)")
     outs = [done[rid] for rid in order]

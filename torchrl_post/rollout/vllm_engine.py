@@ -147,6 +147,7 @@ class VLLMEngine:
             seed=params.prompt_seed(uid),
             logprobs=0,
             detokenize=False,
+            output_kind=self._vllm.sampling_params.RequestOutputKind["CUMULATIVE" if params.progress else "FINAL_ONLY"],
             logit_bias=dict.fromkeys(self.vision.never_generated, NEVER_GENERATED_BIAS) if self.vision else None,
         )
 
