@@ -31,9 +31,9 @@ from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
+from torchrl_post.engines.base import RolloutEngine, SamplingParams
+from torchrl_post.engines.build import build_engine
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams
-from torchrl_post.rollout.engines import build_engine
 
 MODES = {"step": False, "turn_batches": True}
 MAX_MODEL_LEN = 256  # the demo model's max_position_embeddings

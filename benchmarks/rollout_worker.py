@@ -35,10 +35,10 @@ from transformers import AutoTokenizer
 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
+from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
+from torchrl_post.engines.build import build_engine
+from torchrl_post.engines.hf import HFEngine
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, generate
-from torchrl_post.rollout.engines import build_engine
-from torchrl_post.rollout.hf_engine import HFEngine
 
 ENGINES = ("vllm", "hf")
 
@@ -78,7 +78,7 @@ def build_config(args: argparse.Namespace, device: torch.device, lengths: list[i
 
 def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
     """The project's vLLM engine with `ignore_eos` on every request: each sample runs to max_tokens."""
-    from torchrl_post.rollout.vllm_engine import VLLMEngine
+    from torchrl_post.engines.vllm import VLLMEngine
 
     class FixedLengthVLLM(VLLMEngine):
         def _sampling(self, params: SamplingParams, uid: int, n: int) -> Any:

@@ -35,9 +35,9 @@ from torchrl_post.config import load_config
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import DistEnv, read_env
 from torchrl_post.distributed.placement import Topology, plan_placement
+from torchrl_post.engines.base import RolloutEngine
+from torchrl_post.engines.build import build_engine
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import RolloutEngine
-from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.weights import BroadcastSync, iter_full_weights, param_specs, plan_wire, sync_weights
 from torchrl_post.workers.actor import Actor
 

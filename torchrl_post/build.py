@@ -18,13 +18,13 @@ import torch
 from torchrl_post.agent.loop import build_agent_loop
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
+from torchrl_post.engines.build import build_engine
+from torchrl_post.engines.lockstep import Lockstep
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.rollout.batches import AheadBatches
-from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
-from torchrl_post.rollout.lockstep import Lockstep
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings

@@ -41,7 +41,7 @@ Reference (frozen): parameters P m / S (host with reference.param_offload), gath
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
 Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T (T in
-    whole blocks of KV_BLOCK_TOKENS: the bytes the engine asks for, `rollout/base.py: kv_cache_bytes`) and
+    whole blocks of KV_BLOCK_TOKENS: the bytes the engine asks for, `engines/base.py: kv_cache_bytes`) and
     gets its share - weights - ENGINE_RESERVE (its own activations and graphs, a round guess). The share is
     rollout.gpu_memory_utilization x card, or colocated with it unset, as the engine sizes it at start:
     ENGINE_SHARE_OF_FREE x (card - the trainer's parameters - the optimizer state still to come).
@@ -63,8 +63,8 @@ import torch
 
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config, FSDPConfig, ModelConfig
+from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.plan import RunPlan
-from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.workers.fsdp import decoder_layers
 from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS
 from torchrl_post.workers.models import VISION_TOWER, empty_model

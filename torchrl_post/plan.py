@@ -29,7 +29,7 @@ from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
-from torchrl_post.rollout.base import ENGINE_SHARE_OF_FREE, EngineSpec
+from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
 
 Where = Literal["none", "colocated", "own_ranks"]

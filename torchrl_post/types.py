@@ -61,7 +61,7 @@ class Generation:
     finish_reasons: list[str]
     """A name from TERMINATIONS: engines give `stop` or `length`."""
     routed_experts: list[torch.Tensor] | None = None
-    """Mixture-of-experts models, when asked (`rollout/vllm_engine.py`): each sample's experts, int16
+    """Mixture-of-experts models, when asked (`engines/vllm.py`): each sample's experts, int16
     [prompt + response - 1, MoE layers, top-k]: the row of position t is what routed token t (the last token
     routes nothing the sample needs); -1 where the engine computed no row (a prompt token served from its
     prefix cache)."""

@@ -21,9 +21,10 @@ from tests.distributed.checks import actor_rollout_topology, engine_vs_trainer, 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, read_env
 from torchrl_post.distributed.transfer import route
+from torchrl_post.engines.base import SamplingParams, generate
+from torchrl_post.engines.batch import collate
+from torchrl_post.engines.build import build_engine
 from torchrl_post.plan import engine_spec, lora_sync
-from torchrl_post.rollout.base import SamplingParams, collate, generate
-from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch, Generation

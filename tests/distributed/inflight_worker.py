@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM
 
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.engines.base import SamplingParams
+from torchrl_post.engines.build import build_engine
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import SamplingParams
-from torchrl_post.rollout.engines import build_engine
 from torchrl_post.rollout.inflight import InflightSample, InflightStream
 
 UPDATE_AT = 5  # engine steps before the new weights arrive

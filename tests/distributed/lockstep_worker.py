@@ -1,4 +1,4 @@
-"""Run under torchrun by test_lockstep.py: two ranks share one stand-in engine group (rollout/lockstep.py) and
+"""Run under torchrun by test_lockstep.py: two ranks share one stand-in engine group (engines/lockstep.py) and
 report what each engine was asked.
 
 torchrun --nproc-per-node 2 tests/distributed/lockstep_worker.py <out_dir>
@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from tests.distributed.device import worker_env
 from torchrl_post.distributed.env import end_process, init_world
-from torchrl_post.rollout.base import SamplingParams
-from torchrl_post.rollout.lockstep import Lockstep
+from torchrl_post.engines.base import SamplingParams
+from torchrl_post.engines.lockstep import Lockstep
 
 PARAMS = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4, seed=0)
 

@@ -30,10 +30,11 @@ from tests.distributed.checks import engine_vs_trainer, make_actor, parity_promp
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh
+from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
+from torchrl_post.engines.batch import collate
+from torchrl_post.engines.build import build_engine
 from torchrl_post.multimodal.vision import VisionSpec
 from torchrl_post.plan import engine_spec, lora_sync
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, generate
-from torchrl_post.rollout.engines import build_engine
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights
 from torchrl_post.sync.weights import Keep, iter_full_weights, sync_weights, tied_aliases, with_aliases
 from torchrl_post.types import PromptBatch

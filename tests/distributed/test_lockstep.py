@@ -1,4 +1,4 @@
-"""Tensor-parallel lockstep (rollout/lockstep.py) on two gloo ranks with a recording stand-in engine: mirrored
+"""Tensor-parallel lockstep (engines/lockstep.py) on two gloo ranks with a recording stand-in engine: mirrored
 ranks apply their own calls and are checked against the first rank's at every step; a following rank applies the
 first rank's; a timing decision is the first rank's everywhere."""
 

@@ -24,10 +24,10 @@ from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.agent.math_agent import MathEnv, ToolAgent
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.engines.base import SamplingParams
+from torchrl_post.engines.build import build_engine
+from torchrl_post.engines.vllm import tool_call_parser
 from torchrl_post.plan import engine_spec
-from torchrl_post.rollout.base import SamplingParams
-from torchrl_post.rollout.engines import build_engine
-from torchrl_post.rollout.vllm_engine import tool_call_parser
 from torchrl_post.tools import ToolBox
 from torchrl_post.workers.logprobs import batched_log_probs
 

@@ -121,7 +121,7 @@ def test_streamed_groups_on_a_tensor_parallel_engine_with_rejection_sampling_res
     tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """2 processes colocated, one vLLM engine of TP=2 over both: its ranks draw the engine's groups together and
-    step in lockstep (rollout/lockstep.py checks every add and abort alike), each trains every other taken group.
+    step in lockstep (engines/lockstep.py checks every add and abort alike), each trains every other taken group.
     Rejection sampling admits complete groups: a uniform group (a binary reward, pairs of samples) is dropped as it
     completes and another drawn in its place, within the budget, then kept at weight 0."""
     rejection = [

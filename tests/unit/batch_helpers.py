@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchrl_post.rollout.base import collate
+from torchrl_post.engines.batch import collate
 from torchrl_post.types import Batch, Generation, PromptBatch
 
 PAD = 99  # not 0, so a pad filled with 0 where pad_id belongs (or the reverse) shows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchrl_post.demo.tokenizer import build_char_tokenizer
-from torchrl_post.rollout.vllm_engine import tool_call_parser
+from torchrl_post.engines.vllm import tool_call_parser
 
 
 @pytest.fixture(scope="module")

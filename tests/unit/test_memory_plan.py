@@ -252,7 +252,7 @@ def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
     assert items["optimizer"].bytes == 2 * items["parameters"].bytes
     (group,) = memory.groups
     resident = items["parameters"].bytes + items["optimizer"].bytes
-    # rollout.gpu_memory_utilization unset: the engine takes 0.9 of what the trainer leaves (vllm_engine sizes it so)
+    # rollout.gpu_memory_utilization unset: the engine takes 0.9 of what the trainer leaves (engines/vllm.py sizes it so)
     assert group.ranks == tuple(range(8)) and group.engine_share == int(0.9 * (80 * GiB - resident))
     assert group.phases()["generation"] == resident + group.engine_share
     text = memory.describe()
@@ -266,7 +266,7 @@ def test_kv_cache_counted_as_the_engine_asks_for_it(tiny_dir: Path, tp: int) -> 
     rows in whole blocks of 128), split over the tensor-parallel ranks."""
     from transformers import AutoConfig
 
-    from torchrl_post.rollout.base import kv_cache_need
+    from torchrl_post.engines.base import kv_cache_need
 
     cfg = load_config([f"model.path={tiny_dir}", "rollout.max_num_seqs=3", f"rollout.tensor_parallel_size={tp}"])
     plan = plan_run(cfg, 2)

@@ -11,7 +11,7 @@ import torch
 
 from tests.unit.batch_helpers import PAD, _prompts, _two_prompt_batch
 from tests.unit.vision_helpers import _batch
-from torchrl_post.rollout.base import collate
+from torchrl_post.engines.batch import collate
 from torchrl_post.types import TERMINATIONS, Batch, Generation, termination_codes
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from torchrl_post.engines.batch import collate
 from torchrl_post.multimodal.vision import VisionSpec
-from torchrl_post.rollout.base import collate
 from torchrl_post.types import Batch, Generation, PromptBatch
 
 PAD, IMG = 99, 7

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from torchrl_post.rollout.base import pad_samples
+from torchrl_post.engines.batch import pad_samples
 from torchrl_post.types import Batch
 
 AGENT_TERMINATIONS = ("env_done", "max_turns", "length", "max_prompt_length", "timeout", "error")

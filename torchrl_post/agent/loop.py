@@ -4,7 +4,7 @@ one finished and its environment (or tool) answered, while other trajectories ar
     loop = AgentLoop(engine, tokenizer, make_env, agent, limits, tools=box, parse_calls=parser)
     trajectories = loop.run([(uid, task), ...], params)      # n trajectories per task when params.n > 1
 
-Drives the engine step by step (`add_request` / `step` / `abort`: rollout/vllm_engine.py; the hf engine
+Drives the engine step by step (`add_request` / `step` / `abort`: engines/vllm.py; the hf engine
 answers every queued turn in one batch). Environments and tools run on `env_workers` threads, so a slow
 tool overlaps the decoding of the other trajectories (0: inline, which also makes the engine's batches
 reproducible). Token in, token out (agent/chat.py). A response that calls tools (in the chat format
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.config.schema import AgentConfig
-from torchrl_post.rollout.base import SamplingParams, StepOutput
+from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch
@@ -290,7 +290,7 @@ class AgentLoop:
 
 
 class _Driven:
-    """The engine as the loop's first rank drives it (`rollout/base.py: Stepped`): on a tensor-parallel engine its adds and
+    """The engine as the loop's first rank drives it (`engines/base.py: Stepped`): on a tensor-parallel engine its adds and
     aborts are recorded and broadcast to the other ranks before each step; steps are counted."""
 
     def __init__(self, loop: AgentLoop) -> None:
@@ -498,7 +498,7 @@ def build_agent_loop(
     """The agent loop over `engine`: `parts`' environments, agent and tools, tool calls read with vLLM's
     `agent.tool_parser`; `group`: a tensor-parallel engine's ranks; `turn_batches`: one batch per turn (the hf
     engine's generate runs a batch to its end)."""
-    from torchrl_post.rollout.vllm_engine import tool_call_parser
+    from torchrl_post.engines.vllm import tool_call_parser
 
     max_len = max_prompt_length + max_response_length
     limits = LoopLimits(a.max_turns, max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)

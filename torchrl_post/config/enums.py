@@ -19,7 +19,7 @@ ModelLoadFormat = Literal["sharded", "full"]
 ExpertsImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm"]
 """model.experts_implementation: `auto` or a name transformers' from_pretrained takes (workers/models.py)."""
 Engine = Literal["vllm", "hf"]
-"""rollout.engine (rollout/engines.py: build_engine)."""
+"""rollout.engine (engines/build.py: build_engine)."""
 RolloutMode = Literal["sync", "async"]
 """rollout.mode: verl's and rLLM's key, accepted as they mean it; both run the same rollout."""
 EngineLoadFormat = Literal["dummy", "auto"]

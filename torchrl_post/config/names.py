@@ -91,12 +91,12 @@ def check_lora_targets(cfg: Config, model_config: Any) -> None:
 
 def check_tool_parser(cfg: Config) -> None:
     """With agent.env set, agent.tool_parser is one of vLLM's tool parsers (the agent loop reads the model's
-    tool calls with it). vLLM is imported here, lazily, through rollout/vllm_engine.py (its only importer)."""
+    tool calls with it). vLLM is imported here, lazily, through engines/vllm.py (its only importer)."""
     a = cfg.agent
     if a.env is None:
         return
     try:
-        from torchrl_post.rollout.vllm_engine import tool_parser_names
+        from torchrl_post.engines.vllm import tool_parser_names
 
         names = tool_parser_names()
     except ImportError as e:

@@ -164,7 +164,7 @@ class RolloutConfig:
     gpu_memory_utilization: float | None = None
     """Fraction of the GPU's memory vLLM may take (vLLM's meaning; GPU only). null sizes it by placement: an engine
     on GPUs of its own takes 0.9; a colocated engine takes 0.9 of what is free when it starts, less the optimizer
-    state the trainer has yet to allocate (`rollout/base.py: engine_memory_fraction`)."""
+    state the trainer has yet to allocate (`engines/base.py: engine_memory_fraction`)."""
     cpu_kvcache_space_gb: int = 1
     """Most KV cache vLLM takes on CPU, in whole GiB: it allocates what rollout.max_num_seqs sequences of the
     longest prompt plus response can fill, up to this (VLLM_CPU_KVCACHE_SPACE, when set, wins)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torchrl_post.rollout.base import stamp_versions
+from torchrl_post.engines.batch import stamp_versions
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.taken import DoneGroup, TakenGroups
 from torchrl_post.types import Batch

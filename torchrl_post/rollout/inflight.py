@@ -9,7 +9,7 @@ between two engine steps, the unfinished requests continued with them.
         if weights_ready():
             stream.update(weights, version)      # at an engine-step boundary: nothing is lost
 
-The engine (rollout/vllm_engine.py; the hf engine answers a whole queue per step) is driven with `add_request`,
+The engine (engines/vllm.py; the hf engine answers a whole queue per step) is driven with `add_request`,
 `step` and `abort`, as the agent loop drives it. Every generated token carries the policy version that produced
 it and the engine's logprob of it: the behaviour policy of that token, what the rollout correction weighs
 against (algos/rollout_correction.py).
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from torchrl_post.rollout.base import SamplingParams, Stepped
+from torchrl_post.engines.base import SamplingParams, Stepped
 
 
 @dataclass

@@ -4,7 +4,7 @@ groups from its engine's producer, whole batches (rollout/batches.py) or streame
 A step takes the groups, then suspends what still generates (the engine sleeps and the update runs); streamed
 requests come back at the next step with their tokens so far, so the new weights prefill them (colocated engines
 always recompute) and they carry on under the new version. The ranks of a tensor-parallel engine that stream draw
-the engine's groups together and run them in lockstep (rollout/lockstep.py); each keeps every tp-th taken group.
+the engine's groups together and run them in lockstep (engines/lockstep.py); each keeps every tp-th taken group.
 Whole batches keep the union layout: each rank draws its own prompts and the engine generates them all.
 """
 

@@ -131,7 +131,7 @@ class RolloutServer:
     ) -> None:
         """`source`: this rank's engine and its share of the prompts; `lag`: trainer.max_off_policy_steps;
         `agree`: the engine's first rank's value of a flag on every rank of a tensor-parallel engine (the weights'
-        arrival: rollout/lockstep.py)."""
+        arrival: engines/lockstep.py)."""
         self.source, self.producer, self.sync, self.transfer = source, producer, sync, transfer
         self.rank, self.lag, self.on_arrival, self.agree = rank, lag, on_arrival, agree
         self.version = 0

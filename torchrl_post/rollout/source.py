@@ -19,12 +19,13 @@ import torch.distributed as dist
 from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
+from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
 from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
-from torchrl_post.rollout.base import RolloutEngine, SamplingParams, collate, generate
 from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
 from torchrl_post.types import Batch, Generation, PromptBatch
 

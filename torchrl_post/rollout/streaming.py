@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from torchrl_post.rollout.base import collate, version_rows
+from torchrl_post.engines.batch import collate, version_rows
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from torchrl_post.distributed.env import RawGroup
-from torchrl_post.rollout.base import RolloutEngine
+from torchrl_post.engines.base import RolloutEngine
 
 Entry = tuple[str, tuple[int, ...], int, int]  # name, full shape, rows per rank slot, elements per rank slot
 ParamSpec = tuple[str, tuple[int, ...], torch.dtype, int]  # name, full shape, dtype on the wire, shard ranks

@@ -120,7 +120,7 @@ def _agent(tiny_model: Path, tmp_path: Path, *extra: str) -> Config:
 
 
 def test_unknown_tool_parser(tiny_model: Path, tmp_path: Path) -> None:
-    from torchrl_post.rollout.vllm_engine import tool_parser_names
+    from torchrl_post.engines.vllm import tool_parser_names
 
     names = tool_parser_names()
     assert "hermes" in names

@@ -10,6 +10,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText
 
 from tests.unit.vision_helpers import BLUE, IMG, RED, SPEC, _batch
+from torchrl_post.engines.batch import collate
 from torchrl_post.multimodal.vision import (
     VisionSpec,
     collapse_image_tokens,
@@ -18,7 +19,6 @@ from torchrl_post.multimodal.vision import (
     mrope_position_ids,
     with_image_items,
 )
-from torchrl_post.rollout.base import collate
 from torchrl_post.types import Generation, PromptBatch
 
 

@@ -12,8 +12,8 @@ import torch
 
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.transfer import ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, GroupRow, group_rows
+from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import collate
 from torchrl_post.rollout.batches import AheadBatches
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
 from torchrl_post.types import Batch, Generation, PromptBatch

@@ -15,8 +15,8 @@ from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig, Val
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
+from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams, StepOutput
 from torchrl_post.rollout.batches import AheadBatches
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.source import EngineSource, SourceSettings

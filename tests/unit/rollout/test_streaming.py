@@ -17,8 +17,8 @@ from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
 from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams, StepOutput
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
@@ -127,7 +127,7 @@ def _texts(batch: Any) -> list[str]:
 def _run(
     groups: Groups[Any], steps: range, lag: int = 1, name: Callable[[Any], Any] = _texts
 ) -> list[tuple[Any, list[int], list[list[float]]]]:
-    """What a rollout rank does per step (rollout/remote.py: StreamingServer): take, fill ahead, update; each taken
+    """What a rollout rank does per step (rollout/remote.py: RolloutServer): take, fill ahead, update; each taken
     group as (`name` of its batch, group ids, rollout logprobs)."""
     out = []
     for step in steps:

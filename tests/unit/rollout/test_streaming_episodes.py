@@ -19,8 +19,8 @@ from tests.unit.rollout.test_streaming import SteppedEngine, _run
 from torchrl_post.agent.chat import ChatAgent
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.engines.base import SamplingParams
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.base import SamplingParams
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.streaming import StreamSettings
 from torchrl_post.rollout.streaming_episodes import EpisodeGroupStream
@@ -133,7 +133,7 @@ def test_groups_come_in_completion_order_and_turns_spanning_an_update_carry_both
 
 
 def test_colocated_turns_leave_the_engine_for_the_update_and_come_back_with_their_tokens() -> None:
-    """What a colocated step does (rollout/streaming.py: StreamingSource): take, suspend (the engine sleeps and the
+    """What a colocated step does (rollout/local.py: LocalRollouts): take, suspend (the engine sleeps and the
     sync loads the weights outside the stream), then the next step at the new version re-adds the turns in flight
     with their tokens so far."""
     groups, engine = _groups(in_flight=4, recompute=True)

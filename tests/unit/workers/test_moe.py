@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 
 from tests.unit.workers.helpers import CPU, RAGGED, _batch, _groups
-from torchrl_post.rollout.base import pad_samples
+from torchrl_post.engines.batch import pad_samples
 from torchrl_post.types import Batch
 from torchrl_post.workers.logprobs import MoeForward, packed_forward_log_probs, padded_forward_log_probs
 from torchrl_post.workers.moe import RouteTrace, load_balancing_loss, route_top_k, routers, routing

@@ -23,15 +23,8 @@ import torch
 from transformers import AutoConfig
 
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
+from torchrl_post.engines.base import EngineSpec, GiB, SamplingParams, StepOutput, engine_memory_fraction, kv_cache_need
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
-from torchrl_post.rollout.base import (
-    EngineSpec,
-    GiB,
-    SamplingParams,
-    StepOutput,
-    engine_memory_fraction,
-    kv_cache_need,
-)
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,9 @@ from transformers import AutoConfig
 
 from torchrl_post.algos.sampling_support import sampler_truncation
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
+from torchrl_post.engines.base import EngineSpec, SamplingParams, StepOutput
+from torchrl_post.engines.batch import collate
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
-from torchrl_post.rollout.base import EngineSpec, SamplingParams, StepOutput, collate
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation, PromptBatch
 from torchrl_post.workers.logprobs import batched_log_probs

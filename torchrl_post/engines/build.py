@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchrl_post.rollout.base import EngineSpec, RolloutEngine
+from torchrl_post.engines.base import EngineSpec, RolloutEngine
 
 if TYPE_CHECKING:
     from torchrl_post.config.schema import ModelConfig, RolloutConfig
@@ -26,9 +26,9 @@ def build_engine(
     the caller's first sync; see `plan.RunPlan.engine_spec`); `reserve_bytes`: GPU memory vLLM must leave to a
     colocated trainer beyond what it holds when the engine starts."""
     if rollout.engine == "vllm":
-        from torchrl_post.rollout.vllm_engine import VLLMEngine
+        from torchrl_post.engines.vllm import VLLMEngine
 
         return VLLMEngine(model, rollout, spec, device, seed, reserve_bytes)
-    from torchrl_post.rollout.hf_engine import HFEngine
+    from torchrl_post.engines.hf import HFEngine
 
     return HFEngine(model, rollout, spec, device, pad_id, eos_ids)

@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/rollout/vllm_engine.py: the dummy start keeps buffers, vLLM's reload reports accounted, and
+"""Tests of torchrl_post/engines/vllm.py: the dummy start keeps buffers, vLLM's reload reports accounted, and
 its hermes tool-call parser."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from torchrl_post.rollout.vllm_engine import (
+from torchrl_post.engines.vllm import (
     RELOAD_LOGGERS,
     ReloadAccount,
     dummy_keeping_buffers,
@@ -121,7 +121,7 @@ def test_hermes_calls_parsed(parse) -> None:  # type: ignore[no-untyped-def]
 def test_kv_cache_need_counts_k_and_v_of_every_layer_in_whole_blocks() -> None:
     from transformers import Qwen2Config, Qwen2VLConfig
 
-    from torchrl_post.rollout.base import kv_cache_need
+    from torchrl_post.engines.base import kv_cache_need
 
     cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
     # 2 (K, V) x 2 layers x 1 KV head x head_dim 32 x 4 bytes = 512 bytes a token; 100 tokens fill one block of 128
@@ -136,7 +136,7 @@ def test_the_rank_count_runs_eagerly_and_counts_the_same() -> None:
     from vllm.v1.sample import sampler
     from vllm.v1.sample.ops import logprobs
 
-    from torchrl_post.rollout.vllm_engine import _eager_rank_count
+    from torchrl_post.engines.vllm import _eager_rank_count
 
     compiled = logprobs.batched_count_greater_than
     _eager_rank_count()

@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/rollout/base.py: collate's padding, masks, positions and groups; SamplingParams' seeds."""
+"""Tests of torchrl_post/engines/base.py: collate's padding, masks, positions and groups; SamplingParams' seeds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.unit.batch_helpers import _two_prompt_batch
-from torchrl_post.rollout.base import SamplingParams, collate
+from torchrl_post.engines.base import SamplingParams
+from torchrl_post.engines.batch import collate
 from torchrl_post.types import TERMINATIONS, Generation, PromptBatch
 
 PAD = 0
@@ -167,7 +168,7 @@ def test_sampling_params_prompt_seed_depends_on_uid_only():
 
 def test_engine_memory_fraction_leaves_the_trainer_its_optimizer_state() -> None:
     from torchrl_post.config.errors import ConfigError
-    from torchrl_post.rollout.base import GiB, engine_memory_fraction
+    from torchrl_post.engines.base import GiB, engine_memory_fraction
 
     # an 80 GiB card, 60 GiB free after the trainer's shards, 12 GiB of AdamW moments still to come:
     # 0.9 x (60 - 12) / 80 = 0.54 of the card

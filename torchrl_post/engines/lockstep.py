@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchrl_post.rollout.base import SamplingParams, StepOutput
+from torchrl_post.engines.base import SamplingParams, StepOutput
 
 DONE = "done"
 """What the leader's `finish` sends a `follow`ing rank."""

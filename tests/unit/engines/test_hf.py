@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/rollout/hf_engine.py: the engine loads the sync's stream and names what it did not get;
+"""Tests of torchrl_post/engines/hf.py: the engine loads the sync's stream and names what it did not get;
 its logprobs under top-p are those of the truncated distribution it sampled from."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from tests.unit.sync_helpers import stream, tied_llama, untied_qwen
 from torchrl_post.algos.sampling_support import Truncation, support_log_probs
-from torchrl_post.rollout.base import SamplingParams, generate
-from torchrl_post.rollout.hf_engine import HFEngine
+from torchrl_post.engines.base import SamplingParams, generate
+from torchrl_post.engines.hf import HFEngine
 
 # --- the HF engine's accounting ---------------------------------------------------------------------------------
 
