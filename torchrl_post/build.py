@@ -144,7 +144,8 @@ def group_stream(run: Run, source: EngineSource) -> Groups[Any]:
     assert plan is not None
     settings = StreamSettings(plan.per_engine, plan.max_staleness)
     if source.loop is not None:
-        return EpisodeGroupStream(source, source.loop.episodes(plan.recompute), settings, source.stepwise)
+        episodes = source.loop.episodes(plan.recompute, mirrored=True)
+        return EpisodeGroupStream(source, episodes, settings, source.stepwise)
     # The ranks of a tensor-parallel engine run the same groups: every add and abort checked alike at each step.
     stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=plan.recompute)
     return GroupStream(source, stream, settings)

@@ -157,3 +157,20 @@ def test_streamed_routing_replay_on_a_moe_model_resumes_exactly(
     # Present only where the batch holds recorded experts; later steps train on groups recorded by earlier weights.
     assert all("rollout/router_mismatch" in rows[s] for s in (1, 2, 3, 4))
     assert rows[1]["rollout/router_mismatch"] < 0.01 and rows[1]["rollout/logprob_diff"] < 1e-5, rows[1]
+
+
+def test_streamed_agent_episodes_on_a_tensor_parallel_engine_with_environment_threads(
+    demo: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """2 processes colocated, one TP=2 engine over both, guess-the-number episodes streamed with environments on
+    threads (agent.env_workers=4): the ranks run the same episodes and take the first rank's view of which answers
+    arrived and which turns ran out of time (engines/lockstep.py: agreed), so their engines see the same requests
+    (the lockstep check fails the run otherwise). Thread order makes two runs differ, so no resume is compared."""
+    model, data = demo
+    agent = [a for a in AGENT if not a.startswith("data.max_response_length")]
+    extra = [*STREAM, *agent, "rollout.tensor_parallel_size=2", "agent.env_workers=4", "rollout.n=2"]
+    rows = _train(
+        2, model, (data / "train.jsonl", data / "val.jsonl"), tmp_path / "run", 3, *extra, "trainer.test_freq=0"
+    )
+    _check_streamed(rows, groups=4, spans=False)
+    assert all(rows[s]["agent/num_turns/mean"] > 1 for s in (1, 2, 3)), "multi-turn episodes"

@@ -22,10 +22,11 @@ the weights between two engine steps, `suspend` or `drop` them; each turn is a r
 `run` drives it to the end; rollout.partial_rollout carries episodes across updates
 (`rollout/streaming_episodes.py`).
 
-A tensor-parallel engine (`group`: its ranks) stays in lockstep: the group's first rank runs the loop,
-decides every add and abort, and broadcasts them before each engine step; the other ranks apply them and
-step, then receive the trajectories. Their engines see identical request streams (a different add order
-on one rank gives silently wrong results, not an error).
+A tensor-parallel engine (`group`: its ranks) stays in lockstep through engines/lockstep.py: in `run` the group's
+first rank runs the loop and its adds and aborts go to the others before each engine step (they follow, then
+receive the trajectories); streamed episodes (`episodes(mirrored=True)`) run on every rank, which take the first
+rank's view of the answers that arrived and the turns that ran out of time, and the lockstep checks at each step
+that their requests are the first rank's.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import torch.distributed as dist
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.config.schema import AgentConfig
-from torchrl_post.engines.base import SamplingParams, StepOutput
+from torchrl_post.engines.base import SamplingParams
+from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
 from torchrl_post.types import Batch
@@ -120,20 +122,28 @@ class AgentLoop:
         self.env_workers, self.group, self.turn_batches = env_workers, group, turn_batches
         self.eos_id = tokenizer.eos_token_id
         self.env_seconds = 0.0
-        self.engine_steps = 0
-        self._ops: list[tuple[Any, ...]] = []
+        # The one tensor-parallel mechanism (engines/lockstep.py): the first rank leads a batch and the others follow
+        # it (`run`), or every rank runs the same streamed episodes (`episodes(mirrored=True)`).
+        self._lead_lock = Lockstep(engine, group, mirrored=False)
+        self._mirror_lock = Lockstep(engine, group, mirrored=True)
 
     # ---- entry ----------------------------------------------------------------------------------------
+    @property
+    def engine_steps(self) -> int:
+        """Engine steps taken by this rank's loop."""
+        return self._lead_lock.steps + self._mirror_lock.steps
+
     def run(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         """`params.n` trajectories per task, in task-major order. On a tensor-parallel engine every rank
         calls it; the first rank's `tasks` are the ones run, and every rank returns the same trajectories."""
-        if self.group is not None and dist.get_rank(self.group) != 0:
-            return self._follow()
+        if not self._lead_lock.leader:
+            self._lead_lock.follow()  # apply the first rank's adds and aborts, step with it
+            done: list[Trajectory] = agreed([], self.group)
+            return done
         trajectories = self._lead(tasks, params)
         if self.group is not None:
-            self._share("done")
-            box: list[Any] = [trajectories]
-            dist.broadcast_object_list(box, group=self.group, group_src=0)
+            self._lead_lock.finish()
+            agreed(trajectories, self.group)
         return trajectories
 
     def run_batch(
@@ -145,33 +155,17 @@ class AgentLoop:
         pad_id = self.tokenizer.pad_token_id
         return steps_to_batch(trajectories, pad_id) if stepwise else trajectories_to_batch(trajectories, pad_id)
 
-    def _share(self, ops: Any) -> Any:
-        box = [ops]
-        dist.broadcast_object_list(box, group=self.group, group_src=0)
-        return box[0]
-
-    def _follow(self) -> list[Trajectory]:
-        """A tensor-parallel engine's other rank: apply the first rank's adds and aborts, step with it."""
-        while True:
-            ops = self._share(None)
-            if ops == "done":
-                break
-            for op in ops:
-                if op[0] == "add":
-                    self.engine.add_request(*op[1:])
-                else:
-                    self.engine.abort(op[1])
-            self.engine.step()
-            self.engine_steps += 1
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, group=self.group, group_src=0)
-        return list(box[0])
-
     # ---- the first (or only) rank ---------------------------------------------------------------------
-    def episodes(self, recompute: bool = False, version: int = 0) -> Episodes:
+    def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
         """Episodes driven engine step by engine step over this loop's engine, with policy `version`; an
-        update between two engine steps keeps their KV cache or (`recompute`) re-prefills them."""
-        return Episodes(self, InflightStream(_Driven(self), recompute, version))
+        update between two engine steps keeps their KV cache or (`recompute`) re-prefills them. `mirrored`: every
+        rank of a tensor-parallel engine runs them (streamed groups), taking the first rank's view of what arrived
+        and what ran out of time (engines/lockstep.py: agreed), so their requests stay alike."""
+        if mirrored:
+            return Episodes(
+                self, InflightStream(self._mirror_lock, recompute, version), lambda v: agreed(v, self.group)
+            )
+        return Episodes(self, InflightStream(self._lead_lock, recompute, version))
 
     def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         episodes = self.episodes()
@@ -184,13 +178,6 @@ class AgentLoop:
         finally:
             episodes.close()
         return [done[rid] for rid, *_ in starts]
-
-    def _step(self) -> list[StepOutput]:
-        if self.group is not None:
-            self._share(self._ops)
-            self._ops = []
-        self.engine_steps += 1
-        return list(self.engine.step())
 
     def _start(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> _Live | Trajectory:
         traj = Trajectory(uid, task)
@@ -289,37 +276,6 @@ class AgentLoop:
             self.env_seconds += time.perf_counter() - t
 
 
-class _Driven:
-    """The engine as the loop's first rank drives it (`engines/base.py: Stepped`): on a tensor-parallel engine its adds and
-    aborts are recorded and broadcast to the other ranks before each step; steps are counted."""
-
-    def __init__(self, loop: AgentLoop) -> None:
-        self.loop = loop
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        uid: int,
-        images: list[Any] | None = None,
-    ) -> None:
-        self.loop.engine.add_request(request_id, prompt_ids, params, uid, images)
-        if self.loop.group is not None:
-            self.loop._ops.append(("add", request_id, prompt_ids, params, uid, images))
-
-    def abort(self, request_ids: list[str]) -> None:
-        self.loop.engine.abort(request_ids)
-        if self.loop.group is not None:
-            self.loop._ops.append(("abort", request_ids))
-
-    def step(self) -> list[StepOutput]:
-        return self.loop._step()
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.loop.engine.load_weights(weights)
-
-
 class Episodes:
     """Agent episodes in flight, advanced one engine step at a time, so that they can be carried across weight
     updates (rollout/streaming_episodes.py) or run to their end (`AgentLoop.run`).
@@ -335,8 +291,8 @@ class Episodes:
     (`Step.versions`) and the engine's logprob of each (the behaviour policy).
     """
 
-    def __init__(self, loop: AgentLoop, stream: InflightStream) -> None:
-        self.loop, self.stream = loop, stream
+    def __init__(self, loop: AgentLoop, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
+        self.loop, self.stream, self.agree = loop, stream, agree
         self.live: dict[str, _Live] = {}
         self.queued: list[str] = []
         """Episodes ready for their next turn."""
@@ -397,8 +353,11 @@ class Episodes:
 
     def _collect(self) -> None:
         """The answers that arrived: each episode ends or queues its next turn."""
-        for fut in [f for f in self.pending if f.done()]:
-            rid, step = self.pending.pop(fut)
+        by_id = {rid: fut for fut, (rid, _) in self.pending.items()}
+        for rid in self.agree([rid for rid, fut in by_id.items() if fut.done()]):
+            fut = by_id[rid]
+            fut.result()  # (a mirrored rank may not have its answer yet: it waits for it)
+            _, step = self.pending.pop(fut)
             if rid in self.live:  # not already timed out
                 end = self.loop._answered(self.live[rid], step, fut.result())
                 if end is None:
@@ -452,7 +411,7 @@ class Episodes:
         """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
         environment call; the trajectory ends with `timeout`."""
         now = self.clock + time.perf_counter() - self._since
-        late = [rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s]
+        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s])
         if not late:
             return
         for rid in late:

@@ -139,7 +139,6 @@ def _partial_rollout(cfg: Config) -> None:
         )
     if not r.partial_rollout:
         return
-    key = "rollout.partial_rollout=true"
     if r.prompts_in_flight is not None and r.prompts_in_flight < cfg.data.train_batch_size:
         raise ConfigError(
             f"rollout.prompts_in_flight={r.prompts_in_flight} is less than a step's data.train_batch_size="
@@ -151,12 +150,6 @@ def _partial_rollout(cfg: Config) -> None:
             f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
             f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
             f"set it to {t.max_off_policy_steps} or more (or null)"
-        )
-    if r.tensor_parallel_size > 1 and cfg.agent.env is not None and cfg.agent.env_workers > 0:
-        raise ConfigError(
-            f"{key} with rollout.tensor_parallel_size={r.tensor_parallel_size}: the engine's ranks run the same "
-            f"agent episodes in lockstep, so their environments must answer in a fixed order; set "
-            f"agent.env_workers=0 (now {cfg.agent.env_workers})"
         )
 
 

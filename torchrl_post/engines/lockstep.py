@@ -22,13 +22,14 @@ rank of a tensor-parallel engine makes them already (they are collectives inside
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from torchrl_post.engines.base import SamplingParams, StepOutput
 
+T = TypeVar("T")
 DONE = "done"
 """What the leader's `finish` sends a `follow`ing rank."""
 
@@ -78,11 +79,7 @@ class Lockstep:
     # ---- decisions and followers ------------------------------------------------------------------------
     def agree(self, flag: bool) -> bool:
         """The leader's `flag` on every rank."""
-        if self.group is None:
-            return flag
-        box = torch.tensor([int(flag)])
-        dist.broadcast(box, group=self.group, group_src=0)
-        return bool(box.item())
+        return bool(agreed(flag, self.group))
 
     def follow(self) -> int:
         """A rank that runs no program of its own: apply the leader's adds and aborts and step, until `finish`.
@@ -121,6 +118,16 @@ class Lockstep:
         box = [ops]
         dist.broadcast_object_list(box, group=self.group, group_src=0)
         return box[0]
+
+
+def agreed(value: T, group: dist.ProcessGroup | None) -> T:
+    """The first rank of `group`'s `value` on every rank of it (None: this rank's): a decision made from timing
+    (which answers have arrived, which turns ran out of time) taken alike by ranks that run the same program."""
+    if group is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]  # type: ignore[no-any-return]
 
 
 def _signature(op: tuple[Any, ...]) -> tuple[Any, ...]:

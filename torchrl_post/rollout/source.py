@@ -63,8 +63,9 @@ class EpisodeRunner(Protocol):
         step with `stepwise`)."""
         ...
 
-    def episodes(self, recompute: bool = False, version: int = 0) -> Episodes:
-        """Episodes stepped one engine step at a time, carried across weight updates (rollout.partial_rollout)."""
+    def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
+        """Episodes stepped one engine step at a time, carried across weight updates (rollout.partial_rollout);
+        `mirrored`: run alike on every rank of a tensor-parallel engine."""
         ...
 
 

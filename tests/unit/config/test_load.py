@@ -310,9 +310,6 @@ def test_router_replay_aliases() -> None:
          "keep at least a batch in flight"),
         (["rollout.partial_rollout=true", "trainer.max_off_policy_steps=2", "trainer.max_staleness=1"],
          "set it to 2 or more"),
-        (["rollout.partial_rollout=true", "rollout.tensor_parallel_size=2",
-          "agent.env=torchrl_post.agent.guess_number:GuessNumberEnv",
-          "agent.agent=torchrl_post.agent.guess_number:GuessAgent"], "set agent.env_workers=0"),
         (["rollout.update_on_arrival=true"], "needs rollout.partial_rollout=true"),
     ],
 )  # fmt: skip
