@@ -102,6 +102,7 @@ COLUMNS = [
     ("ratio", "ratio", "{:.2f}"),
     ("LLM.generate tok/s", "llm_generate_tokens_per_s", "{:.0f}"),
     ("stepped / LLM.generate", "stepped_vs_llm_generate", "{:.3f}"),
+    ("streamed / LLM.generate", "stream_vs_llm_generate", "{:.3f}"),
     ("vllm s", "vllm_s", "{:.3f}"),
     ("vllm first token s", "vllm_first_token_s", "{:.3f}"),
     ("vllm decode ms/step", "vllm_decode_step_ms", "{:.2f}"),

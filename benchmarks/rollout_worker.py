@@ -27,6 +27,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
 from torchrl_post.engines.build import build_engine
 from torchrl_post.engines.hf import HFEngine
 from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.inflight import InflightStream
 
 ENGINES = ("vllm", "hf")
 
@@ -155,6 +157,21 @@ def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens:
     return call
 
 
+def stream_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
+    """The same samples as requests of a stream (rollout/inflight.py), each step reporting its new tokens: what
+    partial rollouts and agents drive."""
+    params = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=1)
+
+    def call() -> int:
+        stream = InflightStream(engine)
+        for i, p in enumerate(prompts):
+            for j in range(n):
+                stream.add(f"{i}.{j}", p, replace(params, sample=j), uid=i)
+        return sum(len(s.tokens) for s in stream.run())
+
+    return call
+
+
 def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: int) -> dict[str, Any]:
     batches, lengths = parse_batches(args.batches), [int(x) for x in args.lengths.split(",")]
     one = make_prompts(1, args.prompt_len, vocab, seed=0)
@@ -167,6 +184,7 @@ def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: 
         for length in lengths:
             calls = {e: generate_call(engines[e], prompts, n, length) for e in ENGINES}
             calls["llm_generate"] = llm_generate_call(engines["vllm"], prompts, n, length)
+            calls["stream"] = stream_call(engines["vllm"], prompts, n, length)
             full = timed_turns(calls, args.repeats)
             row: dict[str, Any] = {"prompts": prompts_count, "n": n, "batch": prompts_count * n, "length": length}
             for e in ENGINES:
@@ -183,11 +201,14 @@ def measure(args: argparse.Namespace, engines: dict[str, RolloutEngine], vocab: 
             row["ratio"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
             row["llm_generate_tokens_per_s"] = full["llm_generate"]["tokens"] / full["llm_generate"]["s"]
             row["stepped_vs_llm_generate"] = row["vllm_tokens_per_s"] / row["llm_generate_tokens_per_s"]
+            row["stream_tokens_per_s"] = full["stream"]["tokens"] / full["stream"]["s"]
+            row["stream_vs_llm_generate"] = row["stream_tokens_per_s"] / row["llm_generate_tokens_per_s"]
             rows.append(row)
             print(
                 f"  {prompts_count}x{n} len {length}: vllm {row['vllm_tokens_per_s']:.0f} tok/s, "
                 f"hf {row['hf_tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}; LLM.generate "
-                f"{row['llm_generate_tokens_per_s']:.0f} tok/s, stepped/LLM.generate {row['stepped_vs_llm_generate']:.3f}",
+                f"{row['llm_generate_tokens_per_s']:.0f} tok/s, stepped/LLM.generate {row['stepped_vs_llm_generate']:.3f}, "
+                f"streamed/LLM.generate {row['stream_vs_llm_generate']:.3f}",
                 flush=True,
             )
     return {"fixed_call_s": {e: fixed[e]["s"] for e in ENGINES}, "rows": rows}

@@ -29,8 +29,8 @@ class SamplingParams:
     sample of an n-sample request (`generate`)."""
 
     progress: bool = True
-    """`step` reports the request's tokens as they come (streams: each token's policy version); False: only when it
-    finishes (a whole batch, `generate`: no output is built per step, as `LLM.generate` builds none)."""
+    """`step` reports the request's new tokens as they come (streams: each token's policy version); False: all of them
+    when it finishes (a whole batch, `generate`: no output is built per step, as `LLM.generate` builds none)."""
 
     def prompt_seed(self, uid: int) -> int:
         return (self.seed * 1_000_003 + uid) % (2**31 - 1) + self.sample
@@ -67,7 +67,8 @@ class StepOutput:
 
     request_id: str
     token_ids: list[int]
-    """Every token generated since the request was (last) added."""
+    """The tokens generated since this request's last output (all of them for one that reports only at its end,
+    `SamplingParams.progress=False`)."""
     logprobs: list[float]
     """The engine's logprob of each of them."""
     finish_reason: str | None = None
@@ -150,7 +151,7 @@ class Stepped(Protocol):
         ...
 
     def step(self) -> list[StepOutput]:
-        """One engine step: every request that progressed, with its tokens since it was added."""
+        """One engine step: every request that progressed, with the tokens it gained."""
         ...
 
     def abort(self, request_ids: list[str]) -> None: ...

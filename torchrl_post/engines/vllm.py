@@ -50,6 +50,8 @@ class VLLMEngine:
         if device.type != "cuda" and rollout.free_cache_engine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
+        self._lengths: dict[str, int] = {}
+        """Tokens each request in flight has generated so far (its steps report the new ones)."""
         m = model
         self.adapter_mode = spec.lora_sync == "adapter"
         self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if spec.lora_sync == "merged" else 0.0
@@ -140,7 +142,7 @@ class VLLMEngine:
             seed=params.prompt_seed(uid),
             logprobs=0,
             detokenize=False,
-            output_kind=self._vllm.sampling_params.RequestOutputKind["CUMULATIVE" if params.progress else "FINAL_ONLY"],
+            output_kind=self._vllm.sampling_params.RequestOutputKind["DELTA" if params.progress else "FINAL_ONLY"],
             logit_bias=dict.fromkeys(self.vision.never_generated, NEVER_GENERATED_BIAS) if self.vision else None,
         )
 
@@ -180,23 +182,28 @@ class VLLMEngine:
         self.llm.llm_engine.add_request(request_id, prompt, sampling, lora_request=self.lora_request)
 
     def step(self) -> list[StepOutput]:
-        """One engine step: each request that progressed, with its tokens so far (since it was added) and their
-        logprobs; a finished one with its finish reason and, where recorded, its experts."""
+        """One engine step: each request that progressed, with the tokens it gained (a request that reports only at
+        its end: all of them) and their logprobs; a finished one with its finish reason and, where recorded, its
+        experts."""
         out = []
         for o in self.llm.llm_engine.step():
             c: Any = o.outputs[0]  # type: ignore[index]
             lps: Any = c.logprobs or []
             ids = list(c.token_ids)
             step = StepOutput(o.request_id, ids, [lp[t].logprob for lp, t in zip(lps, ids, strict=False)])
+            self._lengths[o.request_id] = self._lengths.get(o.request_id, 0) + len(ids)
             if o.finished:
                 step.finish_reason = "length" if c.finish_reason == "length" else "stop"
+                length = self._lengths.pop(o.request_id)
                 if self.routes is not None:
-                    step.routes = self.routes.take(o.request_id, len(o.prompt_token_ids or []) + len(ids) - 1)
+                    step.routes = self.routes.take(o.request_id, len(o.prompt_token_ids or []) + length - 1)
             out.append(step)
         return out
 
     def abort(self, request_ids: list[str]) -> None:
         self.llm.llm_engine.abort_request(request_ids)
+        for rid in request_ids:
+            self._lengths.pop(rid, None)
         if self.routes is not None:  # a re-add under the same id records afresh
             self.routes.forget(request_ids)
 

@@ -105,8 +105,6 @@ class InflightStream:
     def __init__(self, engine: Stepped, recompute: bool = False, version: int = 0) -> None:
         self.engine, self.recompute, self.version = engine, recompute, version
         self.live: dict[str, InflightSample] = {}
-        self._offset: dict[str, int] = {}
-        """Tokens a re-added request had before it was re-added (the engine counts from its new start)."""
         self.engine_steps = 0
         self.updates = 0
         self.suspended = False
@@ -128,7 +126,6 @@ class InflightStream:
             raise ValueError(f"request {request_id!r} is already in flight")
         sample = InflightSample(request_id, list(prompt_ids), uid, replace(params, n=1), images=list(images or []))
         self.live[request_id] = sample
-        self._offset[request_id] = 0
         if not self.suspended:
             self.engine.add_request(request_id, list(prompt_ids), sample.params, uid, sample.images or None)
 
@@ -143,16 +140,13 @@ class InflightStream:
             s = self.live.get(rid)
             if s is None:
                 continue
-            total = self._offset[rid] + len(ids)
-            new = total - len(s.tokens)
-            if new > 0:
-                s.tokens += ids[len(ids) - new :]
-                s.logprobs += lps[len(lps) - new :]
-                s.versions += [self.version] * new
+            if ids:  # the tokens this engine step (or, reported at its end, its whole response) gave
+                s.tokens += ids
+                s.logprobs += lps
+                s.versions += [self.version] * len(ids)
             if out.finish_reason is not None:
                 s.finish_reason, s.routes = out.finish_reason, out.routes
                 finished.append(self.live.pop(rid))
-                self._offset.pop(rid)
         return finished
 
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -166,8 +160,6 @@ class InflightStream:
     def drop(self, request_ids: list[str]) -> None:
         """Stop these requests for good (their samples are not wanted any more)."""
         gone = [rid for rid in request_ids if self.live.pop(rid, None) is not None]
-        for rid in gone:
-            self._offset.pop(rid)
         if gone and not self.suspended:
             self.engine.abort(gone)
         self.suspended = self.suspended and bool(self.live)
@@ -191,7 +183,6 @@ class InflightStream:
     def _readd(self, s: InflightSample) -> None:
         left = s.params.max_tokens - len(s.tokens)
         assert left > 0, "a request at its budget finished in the step that reached it"
-        self._offset[s.request_id] = len(s.tokens)
         # A request that has no tokens yet starts as it first would; one with tokens draws from a seed of its own.
         uid = restart_seed_uid(s.uid, len(s.tokens)) if s.tokens else s.uid
         s.restarts += bool(s.tokens)
@@ -209,8 +200,7 @@ class InflightStream:
         for state in states:
             s = sample_from_state(state)
             self.live[s.request_id] = s
-            self._offset[s.request_id] = len(s.tokens)
-        self.suspended = bool(self.live)
+            self.suspended = bool(self.live)
 
     def run(self, until: Any = None) -> list[InflightSample]:
         """Step until every request finished; `until(stream)` is asked after each engine step and may call

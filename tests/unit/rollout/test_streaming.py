@@ -70,7 +70,7 @@ class SteppedEngine:
             ids.append(TOK.encode("1" if left == 1 else "x")[0])
             left -= 1
             self.running[rid] = (ids, left)
-            step = StepOutput(rid, list(ids), [logprob_of(self.weights)] * len(ids))
+            step = StepOutput(rid, ids[-1:], [logprob_of(self.weights)])  # the token this step gave
             if not left:
                 del self.running[rid]
                 step.finish_reason = "stop"
