@@ -81,7 +81,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: setup lint
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q tests --durations=25
 
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit

@@ -43,6 +43,23 @@ from torchrl_post.workers.actor import Actor
 MODES = ("lora", "lora-adapter", "then-lora")
 
 
+def driver_matches_llm_generate(engine: Any, prompts: list[list[int]]) -> bool:
+    """The stepped driver (`engines.base.generate`) against vLLM's own `LLM.generate` with the same seeds: the same
+    tokens and logprobs, bit for bit (what keeps whole-batch runs as they were)."""
+    params = SamplingParams(4, 1.0, 1.0, -1, 6, seed=5)
+    uids = list(range(len(prompts)))
+    ours = generate(engine, prompts, uids, params)
+    outs = engine.llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        [engine._sampling(params, u, 4) for u in uids],
+        use_tqdm=False,
+        lora_request=engine.lora_request,
+    )
+    ids = [list(c.token_ids) for o in outs for c in o.outputs]
+    lps = [[lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)] for o in outs for c in o.outputs]
+    return ours.response_ids == ids and ours.logprobs == lps
+
+
 def main() -> None:
     model_dir, engine_name, out_path = sys.argv[1:4]
     cfg = Config()
@@ -76,7 +93,11 @@ def main() -> None:
         big = [torch.randint(5, 100, (25,), generator=gen).tolist() for _ in range(100)]
         big_gen = generate(engine, big, list(range(100)), SamplingParams(4, 1.0, 1.0, -1, 6, seed=3))
         assert len(big_gen.response_ids) == 400
+    if spec is None and engine_name == "vllm":
+        out_driver = driver_matches_llm_generate(engine, big[:8])
     out = {"rank": env.rank, "results": results, "greedy_tokens_changed": moved(results)}
+    if spec is None and engine_name == "vllm":
+        out["driver_equals_llm_generate"] = out_driver
     out["aliases"] = tied_aliases(actor.model)
     if spec is None and mode in ("", "then-lora"):
         out["left_out"] = left_out_errors(actor.model, engine)

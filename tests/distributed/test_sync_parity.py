@@ -52,6 +52,8 @@ def test_engine_matches_trainer_after_updates(
                 f"{engine} logprob off by {r['max_logprob_diff']} at update {r['update']}"
             )
         assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"
+        # The whole-batch driver over the stepped protocol gives what vLLM's LLM.generate gives, bit for bit.
+        assert rank.get("driver_equals_llm_generate") is (True if engine == "vllm" else None)
         tied = model == "tiny_tied_model"
         assert rank["aliases"] == ([["lm_head.weight", "model.embed_tokens.weight"]] if tied else [])
         if lora in ("", "then-lora"):
