@@ -336,7 +336,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
         enforce_eager=r.enforce_eager if r.enforce_eager is not None else device != "cuda",
         gpu_memory_utilization=util,
         sleep_level=sleep_level(cfg, device, colocated),
-        record_routes=r.return_routed_experts and cfg.agent.env is None,  # agent turns are not recorded yet
+        record_routes=r.return_routed_experts,
     )
 
 

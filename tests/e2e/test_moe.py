@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+from tests.e2e.test_agent import AGENT
 from tests.e2e.test_recovery import _role_weights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -65,11 +66,18 @@ def test_moe_replay_trains_and_resumes_exactly(runs: dict[str, Path], tmp_path: 
     assert all(not torch.equal(w0[k], wa[k]) for k in experts)  # every expert tensor trained
 
 
-def test_moe_replay_on_a_rollout_rank(tiny_moe_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
-    """The engine on a rank of its own: the routes cross to the actor with the batch, the experts' weights
-    reach the engine by broadcast."""
+def test_moe_replay_of_agent_turns_on_a_rollout_rank(
+    tiny_moe_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The engine on a rank of its own running multi-turn agent episodes: each turn records the experts of its whole
+    sequence (it reads no cached prefix), a trajectory's row takes its last turn's, the routes cross to the actor with
+    the batch and the experts' weights reach the engine by broadcast. (Plain samples on a rollout rank:
+    tests/e2e/test_streaming.py's streamed routing replay.)"""
     run = tmp_path / "run"
-    assert_ok(torchrun(2, _args(tiny_moe_model, task_data, run, 2, "placement.actor=[0]", "placement.rollout=[1]")))
+    agent = [a for a in AGENT if a != "rollout.mode=async"]
+    place = ["placement.actor=[0]", "placement.rollout=[1]"]
+    assert_ok(torchrun(2, _args(tiny_moe_model, task_data, run, 2, *place, *agent)))
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("training/global_step", 0) >= 1]
     assert len(rows) == 2
     _check_routing(rows)
+    assert all(r["agent/num_turns/mean"] > 1 for r in rows), "multi-turn episodes"

@@ -61,6 +61,9 @@ class Step:
     tool_errors: int = 0
     versions: list[int] = field(default_factory=list)
     """The policy version that generated each response token (several when the turn spans a weight update)."""
+    routes: torch.Tensor | None = None
+    """A mixture-of-experts engine's experts of the turn's whole sequence (context and response, [tokens - 1, L, k]:
+    its request reads no cached prefix, so its prefill computed every position); None where not recorded."""
 
 
 @dataclass
@@ -117,6 +120,10 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         [t.uid for t in trajectories],
         [t.termination for t in trajectories],
         pad_id,
+        routes=_routes(
+            [t.steps[-1] if t.steps else None for t in trajectories],
+            [len(t.prompt or [pad_id]) + len(r[0]) for t, r in zip(trajectories, rows, strict=True)],
+        ),
         versions=[t.token_versions() for t in trajectories],
     )
     _trajectory_fields(batch, trajectories)
@@ -146,6 +153,10 @@ def steps_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         [trajectories[j].uid for j in owners],
         [trajectories[j].termination for j in owners],
         pad_id,
+        routes=_routes(
+            [t.steps[k] if t.steps else None for t, k in zip((trajectories[j] for j in owners), steps, strict=True)],
+            [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)],
+        ),
         versions=versions,
     )
     _trajectory_fields(batch, [trajectories[j] for j in owners])
@@ -153,6 +164,25 @@ def steps_to_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
     batch.step_ids = torch.tensor(steps, dtype=torch.long)
     batch.step_rewards = torch.tensor(rewards, dtype=torch.float32)
     return batch
+
+
+def _routes(steps: list[Step | None], lengths: list[int]) -> list[torch.Tensor] | None:
+    """Each row's recorded experts ([tokens - 1, L, k]): a whole trajectory's are its last turn's (whose prefill
+    computed every position of the row), a step's its own; -1 (the trainer's router chooses) for a row whose turn
+    recorded none (a turn cut by the timeout). None when no row has any."""
+    known = [s.routes for s in steps if s is not None and s.routes is not None]
+    if not known:
+        return None
+    layers, k = known[0].shape[1:]
+    out = []
+    for step, length in zip(steps, lengths, strict=True):
+        routes = step.routes if step is not None and step.routes is not None else None
+        rows = torch.full((max(length - 1, 0), layers, k), -1, dtype=torch.int16)
+        if routes is not None:
+            n = min(len(routes), len(rows))
+            rows[:n] = routes[:n]
+        out.append(rows)
+    return out
 
 
 def _trajectory_fields(batch: Batch, per_row: list[Trajectory]) -> None:

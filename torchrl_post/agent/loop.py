@@ -341,6 +341,7 @@ class Episodes:
             for sample in self.stream.step():
                 s = self.live[sample.request_id]
                 step = Step(list(s.context), sample.tokens, sample.logprobs, versions=sample.versions)
+                step.routes = sample.routes
                 s.traj.steps.append(step)
                 fut = self.loop._answer_async(self.pool, s.env, sample.tokens)
                 self.pending[fut] = (sample.request_id, step)

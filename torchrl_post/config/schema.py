@@ -200,8 +200,8 @@ class RolloutConfig:
     return_routed_experts: bool = True
     """Mixture-of-experts models on the vLLM engine: record each token's experts per MoE layer (vLLM's
     enable_return_routed_experts): actor.router_replay needs them, and rollout/router_mismatch compares them with
-    the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]. Not for agent
-    episodes yet (their turns run step by step)."""
+    the trainer's own routing. They travel with the batch as int16 [samples, layers, top-k, tokens]; an agent
+    trajectory's are its last turn's (each recorded turn prefills its whole context)."""
     partial_rollout: bool = False
     """Streaming generation with partial rollouts (verl's async_training.partial_rollout): the engine keeps
     rollout.prompts_in_flight prompts generating, a step takes the first data.train_batch_size groups that

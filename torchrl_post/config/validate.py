@@ -121,10 +121,6 @@ def _mixture_of_experts(cfg: Config) -> None:
         )
     if not cfg.rollout.return_routed_experts:
         raise ConfigError("actor.router_replay=true needs the engine's experts: set rollout.return_routed_experts=true")
-    if cfg.agent.env is not None:
-        raise ConfigError(
-            "actor.router_replay=true: agent episodes do not record their turns' experts yet; set it to false"
-        )
 
 
 def _partial_rollout(cfg: Config) -> None:
