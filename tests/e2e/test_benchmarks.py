@@ -63,6 +63,9 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
             assert row[f"{engine}_tokens"] == row["batch"] * row["length"], row
             assert row[f"{engine}_tokens_per_s"] > 0 and row[f"{engine}_first_token_s"] > 0
         assert row["ratio"] > 0
+        # vLLM's own LLM.generate and a stream of the same requests beside the stepped driver, on the same engine.
+        assert row["llm_generate_tokens_per_s"] > 0 and row["stream_tokens_per_s"] > 0
+        assert row["stepped_vs_llm_generate"] > 0 and row["stream_vs_llm_generate"] > 0
     assert run["fixed_call_s"]["vllm"] > 0 and run["fixed_call_s"]["hf"] > 0
 
     memory = record(results, "memory")
