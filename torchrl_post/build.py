@@ -19,7 +19,7 @@ from torchrl_post.agent.loop import build_agent_loop
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.engines.build import build_engine
-from torchrl_post.engines.lockstep import Lockstep
+from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.rollout.batches import AheadBatches
@@ -102,7 +102,7 @@ def build_trainer(run: Run) -> Trainer:
         # Streamed groups: the ranks of one engine draw its share together (rollout/local.py).
         sampler = run.sampler(share // tp, dp // tp) if streamed else run.sampler(share, dp)
         source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
-        local = LocalRollouts(source, producer(run, source), streamed, shared=streamed)
+        local = LocalRollouts(source, producer(run, source), streamed)
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
@@ -121,10 +121,17 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     dtype = getattr(torch, plan.engine.dtype)
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
     on_arrival = plan.streaming is not None and plan.streaming.on_arrival
-    agree = Lockstep(source.engine, source.engine_group).agree
+    group = source.engine_group
     lag = plan.max_off_policy_steps
     return RolloutServer(
-        source, producer(run, source), sync, transfer, rank=run.env.rank, lag=lag, on_arrival=on_arrival, agree=agree
+        source,
+        producer(run, source),
+        sync,
+        transfer,
+        rank=run.env.rank,
+        lag=lag,
+        on_arrival=on_arrival,
+        agree=lambda flag: bool(agreed(flag, group)),
     )
 
 

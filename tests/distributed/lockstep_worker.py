@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tests.distributed.device import worker_env
 from torchrl_post.distributed.env import end_process, init_world
 from torchrl_post.engines.base import SamplingParams
-from torchrl_post.engines.lockstep import Lockstep
+from torchrl_post.engines.lockstep import Lockstep, agreed
 
 PARAMS = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4, seed=0)
 
@@ -73,7 +73,7 @@ def main(out: Path) -> None:
     report["followed"] = engine.calls
 
     # A decision made from timing: the leader's value everywhere.
-    report["agreed"] = Lockstep(Recorder(), group).agree(env.rank == 0)
+    report["agreed"] = agreed(env.rank == 0, group)
 
     # Diverged: rank 1 adds another request; it fails at the step, naming the first difference.
     lock = Lockstep(Recorder(), group)

@@ -357,10 +357,10 @@ class Episodes:
         by_id = {rid: fut for fut, (rid, _) in self.pending.items()}
         for rid in self.agree([rid for rid, fut in by_id.items() if fut.done()]):
             fut = by_id[rid]
-            fut.result()  # (a mirrored rank may not have its answer yet: it waits for it)
+            answer = fut.result()  # (a mirrored rank may not have its answer yet: it waits for it)
             _, step = self.pending.pop(fut)
             if rid in self.live:  # not already timed out
-                end = self.loop._answered(self.live[rid], step, fut.result())
+                end = self.loop._answered(self.live[rid], step, answer)
                 if end is None:
                     self.queued.append(rid)
                 else:

@@ -14,7 +14,7 @@ follows in one of two ways:
 - `follow()` (the agent loop, whose environments answer in thread order): it runs no program of its own; it applies
   the leader's record and steps until the leader's `finish()`.
 
-`agree(flag)` gives every rank the leader's value of a decision made from timing (the weights' arrival with
+`agreed(value, group)` gives every rank the leader's value of a decision made from timing (the weights' arrival with
 rollout.update_on_arrival), so that the ranks still step alike. Weight loads, sleep and wake are the caller's: every
 rank of a tensor-parallel engine makes them already (they are collectives inside the engine).
 """
@@ -77,10 +77,6 @@ class Lockstep:
         self.engine.reset_prefix_cache()
 
     # ---- decisions and followers ------------------------------------------------------------------------
-    def agree(self, flag: bool) -> bool:
-        """The leader's `flag` on every rank."""
-        return bool(agreed(flag, self.group))
-
     def follow(self) -> int:
         """A rank that runs no program of its own: apply the leader's adds and aborts and step, until `finish`.
         Returns the engine steps taken."""
@@ -115,9 +111,7 @@ class Lockstep:
             self.engine.abort(op[1])
 
     def _share(self, ops: Any) -> Any:
-        box = [ops]
-        dist.broadcast_object_list(box, group=self.group, group_src=0)
-        return box[0]
+        return agreed(ops, self.group)
 
 
 def agreed(value: T, group: dist.ProcessGroup | None) -> T:

@@ -26,11 +26,11 @@ from torchrl_post.types import Batch
 class LocalRollouts:
     """The actor side's `RolloutSource` (rollout/source.py) when its ranks hold the engines."""
 
-    def __init__(self, source: EngineSource, producer: Producer, streaming: bool, shared: bool) -> None:
-        """`streaming`: groups carried across updates (rollout.partial_rollout); `shared`: the ranks of a
-        tensor-parallel engine take its groups together (each keeps every tp-th)."""
+    def __init__(self, source: EngineSource, producer: Producer, streaming: bool) -> None:
+        """`streaming`: groups carried across updates (rollout.partial_rollout), which the ranks of a
+        tensor-parallel engine take together (each keeps every tp-th)."""
         self.source, self.producer, self.streaming = source, producer, streaming
-        group = source.engine_group if shared else None
+        group = source.engine_group if streaming else None
         tp = dist.get_world_size(group) if group is not None else 1
         self.first = group is None or dist.get_rank(group) == 0
         self.keep = slice(dist.get_rank(group) if group is not None else 0, None, tp)

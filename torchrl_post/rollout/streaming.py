@@ -63,8 +63,8 @@ class PendingGroup(Generic[M]):
 
 
 class Groups(ABC, Generic[M]):
-    """An engine's streamed groups as the rollout ranks' program (rollout/remote.py: StreamingServer) and a
-    colocated actor (`StreamingSource`) drive them: single samples (`GroupStream`) or agent episodes
+    """An engine's streamed groups as the rollout ranks' program (rollout/remote.py: RolloutServer) and a
+    colocated actor (rollout/local.py: LocalRollouts) drive them: single samples (`GroupStream`) or agent episodes
     (rollout/streaming_episodes.py: EpisodeGroupStream). Drawing the engine's shares of the sampler's batches,
     taking the first complete groups, filling ahead, generating until the weights arrive and the staleness bound
     are the same for both; what a member is, and how it steps, is the subclass's."""

@@ -86,14 +86,16 @@ class TakenGroups:
         counts = (self.rejected, self.rounds, self.short, self.stale_dropped, self.in_flight) if leader else (0,) * 5
         dropped, rounds, short, stale, in_flight = counts
         ms = int(self.engine_seconds * 1000)
-        return [
-            GroupRow(
-                g, owner, int(part.attention_mask.sum()), d.oldest, ms, dropped, rounds, short,
-                partial=int(d.partial) if len(d.batch.group_ids.unique()) == 1 else 0, stale_dropped=stale,
-                in_flight=in_flight,
-            )
-            for g, (part, d) in self.parts(keep).items()
-        ]  # fmt: skip
+        rows = []
+        for d in self.groups[keep]:  # (a whole batch's DoneGroup holds many groups; a streamed one, one)
+            tokens = d.batch.attention_mask.sum(-1)
+            for g in d.batch.group_ids.unique().tolist():
+                real = int(tokens[d.batch.group_ids == g].sum())
+                rows.append(
+                    GroupRow(g, owner, real, d.oldest, ms, dropped, rounds, short, partial=d.partial,
+                             stale_dropped=stale, in_flight=in_flight)
+                )  # fmt: skip
+        return rows
 
 
 class Producer(Protocol):

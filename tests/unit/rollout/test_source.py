@@ -148,7 +148,7 @@ def _source(
         n_engines=n_engines,
         engine_leader=True,
     )
-    return LocalRollouts(source, AheadBatches(source), streaming=False, shared=False), engine
+    return LocalRollouts(source, AheadBatches(source), streaming=False), engine
 
 
 def _texts(batch: Batch) -> list[str]:
