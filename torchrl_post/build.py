@@ -22,14 +22,11 @@ from torchrl_post.engines.build import build_engine
 from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
-from torchrl_post.rollout.batches import AheadBatches
+from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
-from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
-from torchrl_post.rollout.streaming_episodes import EpisodeGroupStream
-from torchrl_post.rollout.taken import Producer
 from torchrl_post.run import Run
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
@@ -87,10 +84,9 @@ def build_trainer(run: Run) -> Trainer:
     keep: Keep | None = is_adapter if plan.lora_sync == "adapter" else None
     if plan.disaggregated:
         rejection = cfg.algorithm.rejection_sample.enable
-        streamed = plan.streaming is not None
         sampler = run.sampler(0, 1)
         rollouts = RemoteRollouts(
-            rollout_transfer(run), sampler, timer, rejection, run.pad_id, streamed, plan.group_size
+            rollout_transfer(run), sampler, timer, rejection, run.pad_id, plan.fill.carry, plan.group_size
         )
         dtype = getattr(torch, plan.engine.dtype)
         weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
@@ -98,11 +94,10 @@ def build_trainer(run: Run) -> Trainer:
     else:
         dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
         share = plan.actor_ranks.index(run.env.rank)
-        streamed = plan.streaming is not None
-        # Streamed groups: the ranks of one engine draw its share together (rollout/local.py).
-        sampler = run.sampler(share // tp, dp // tp) if streamed else run.sampler(share, dp)
+        # The ranks of one engine draw its share together (rollout/local.py).
+        sampler = run.sampler(share // tp, dp // tp)
         source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
-        local = LocalRollouts(source, producer(run, source), streamed)
+        local = LocalRollouts(source, producer(run, source), plan.fill.carry)
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
@@ -120,42 +115,32 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     source = engine_source(run, sampler, timer)
     dtype = getattr(torch, plan.engine.dtype)
     sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
-    on_arrival = plan.streaming is not None and plan.streaming.on_arrival
     group = source.engine_group
-    lag = plan.max_off_policy_steps
     return RolloutServer(
         source,
         producer(run, source),
         sync,
         transfer,
         rank=run.env.rank,
-        lag=lag,
-        on_arrival=on_arrival,
+        lag=plan.fill.lag,
+        on_arrival=plan.fill.on_arrival,
         agree=lambda flag: bool(agreed(flag, group)),
     )
 
 
-def producer(run: Run, source: EngineSource) -> Producer:
-    """This engine's producer: streamed groups with rollout.partial_rollout, else whole batches (made up to
-    trainer.max_off_policy_steps ahead on rollout ranks)."""
-    if run.plan.streaming is not None:
-        return group_stream(run, source)
-    lag = run.plan.max_off_policy_steps if run.plan.disaggregated else 0
-    return AheadBatches(source, lag, run.total_steps)
-
-
-def group_stream(run: Run, source: EngineSource) -> Groups[Any]:
-    """rollout.partial_rollout: this engine's streamed groups (rollout/streaming.py), of agent episodes when the
-    source runs them (rollout/streaming_episodes.py)."""
-    plan = run.plan.streaming
-    assert plan is not None
-    settings = StreamSettings(plan.per_engine, plan.max_staleness)
+def producer(run: Run, source: EngineSource) -> Groups[Any]:
+    """This engine's groups (rollout/groups.py) by the plan's fill policy: of agent episodes when the source runs
+    them, else of single samples. The ranks of a tensor-parallel engine run the same groups: every add and abort
+    checked alike at each step (engines/lockstep.py)."""
+    fill = run.plan.fill
+    members: Any
     if source.loop is not None:
-        episodes = source.loop.episodes(plan.recompute, mirrored=True)
-        return EpisodeGroupStream(source, episodes, settings, source.stepwise)
-    # The ranks of a tensor-parallel engine run the same groups: every add and abort checked alike at each step.
-    stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=plan.recompute)
-    return GroupStream(source, stream, settings)
+        episodes = source.loop.episodes(fill.recompute, mirrored=True)
+        members = EpisodeMembers(source, episodes, source.stepwise)
+    else:
+        stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=fill.recompute)
+        members = Samples(source, stream, fill.carry)
+    return Groups(source, members, fill, run.total_steps)
 
 
 def rollout_transfer(run: Run) -> RolloutTransfer:
@@ -213,7 +198,6 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
         n_engines=len(plan.rollout_ranks) // tp,
         engine_leader=index % tp == 0,
         engine_group=run.topo.engine_group,
-        union=not plan.disaggregated,
         processor=run.processor,
         vision=run.vision,
         episodes=episodes,

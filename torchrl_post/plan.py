@@ -31,6 +31,7 @@ from torchrl_post.config.validate import validate_batch, validate_placement
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
+from torchrl_post.rollout.taken import Fill
 
 Where = Literal["none", "colocated", "own_ranks"]
 ReferenceSource = Literal["none", "colocated", "own_ranks", "adapter_off"]
@@ -94,8 +95,8 @@ class RunPlan:
     masked_reasons: tuple[str, ...]
     """Termination reasons whose samples compact filtering masks (none unless it is on)."""
     max_off_policy_steps: int
-    streaming: Streaming | None
-    """rollout.partial_rollout: groups streamed with partial rollouts (rollout/streaming.py); None: whole batches."""
+    fill: Fill
+    """How the rollout producer fills (rollout/groups.py): whole batches or partial rollouts, how far ahead."""
     total_epochs: int
     total_training_steps: int | None
     engine: EngineSpec
@@ -181,8 +182,7 @@ class RunPlan:
             f"  off-policy look-ahead: trainer.max_off_policy_steps={self.max_off_policy_steps}"
             + (" (on-policy)" if not self.max_off_policy_steps else "")
         )
-        if self.streaming is not None:
-            lines.append(f"  {self.streaming.describe()}")
+        lines.append(f"  {self.fill.describe()}")
         if self.disaggregated:
             lines.append(
                 f"  batch transfer: whole prompt groups ({self.group_size} samples) from {self.engines} engine(s) "
@@ -214,41 +214,16 @@ class RunPlan:
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class Streaming:
-    """rollout.partial_rollout resolved."""
-
-    prompts_in_flight: int
-    """Over all engines (rollout.prompts_in_flight; null: max(max_off_policy_steps + 1, 2) x the batch)."""
-    per_engine: int
-    recompute: bool
-    """Requests in flight are re-prefilled at an update (rollout.inflight_update=recompute; always colocated)."""
-    max_staleness: int | None
-    on_arrival: bool
-    """Rollout ranks generate until the new weights arrive (rollout.update_on_arrival; never colocated)."""
-
-    def describe(self) -> str:
-        kv = "re-prefilled under the new weights" if self.recompute else "continue with their KV cache"
-        bound = "no bound" if self.max_staleness is None else f"groups older than {self.max_staleness} dropped"
-        when = "when they arrive (not reproducible step for step)" if self.on_arrival else "after the fill"
-        return (
-            f"partial rollouts: {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine); weights "
-            f"taken {when}; at an update the requests in flight {kv}; staleness: {bound}"
-        )
-
-
-def streaming(cfg: Config, engines: int, colocated: bool) -> Streaming | None:
-    r = cfg.rollout
+def fill_policy(cfg: Config, engines: int, colocated: bool) -> Fill:
+    r, t = cfg.rollout, cfg.trainer
+    lag = 0 if colocated else t.max_off_policy_steps
     if not r.partial_rollout:
-        return None
-    total = r.prompts_in_flight or max(cfg.trainer.max_off_policy_steps + 1, 2) * cfg.data.train_batch_size
-    return Streaming(
-        total,
-        -(-total // engines),
-        colocated or r.inflight_update == "recompute",
-        cfg.trainer.max_staleness,
-        on_arrival=r.update_on_arrival and not colocated,
-    )
+        batch = cfg.data.train_batch_size
+        return Fill(False, lag, batch, -(-batch // engines), colocated, t.max_staleness, on_arrival=False)
+    total = r.prompts_in_flight or max(t.max_off_policy_steps + 1, 2) * cfg.data.train_batch_size
+    recompute = colocated or r.inflight_update == "recompute"
+    on_arrival = r.update_on_arrival and not colocated
+    return Fill(True, lag, total, -(-total // engines), recompute, t.max_staleness, on_arrival)
 
 
 def needs_critic(cfg: Config) -> bool:
@@ -465,7 +440,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         rollout_correction=correction,
         masked_reasons=tuple(masked_reasons(cfg.algorithm.compact_filtering)),
         max_off_policy_steps=cfg.trainer.max_off_policy_steps,
-        streaming=streaming(cfg, engines, placement.colocated["rollout"]),
+        fill=fill_policy(cfg, engines, placement.colocated["rollout"]),
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
         engine=engine,

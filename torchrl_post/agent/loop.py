@@ -16,11 +16,11 @@ Limits end only their own trajectory: `max_turns`, the response token budget (`l
 environment call that hangs is abandoned on its thread), and an environment or agent that raises (`error`).
 Seeds are per (uid, sample, turn), so a run is reproducible.
 
-`Episodes` (`loop.episodes()`) is the loop one engine step at a time: `start` episodes, `advance` them, `update`
-the weights between two engine steps, `suspend` or `drop` them; each turn is a request of
-`rollout/inflight.py`'s stream, so each token keeps the policy version that generated it (`Step.versions`).
-`run` drives it to the end; rollout.partial_rollout carries episodes across updates
-(`rollout/streaming_episodes.py`).
+This module is the turn logic (`rollout/episodes.py: Turns`): an episode's start, each turn's request, the
+answer to a response and when the episode ends. rollout/episodes.py's `Episodes` (`loop.episodes()`) steps them
+one engine step at a time; each turn is a request of `rollout/inflight.py`'s stream, so each token keeps the policy
+version that generated it (`Step.versions`). `run` drives them to the end (validation); training rollouts are groups
+of episodes (rollout/groups.py), carried across updates with rollout.partial_rollout.
 
 A tensor-parallel engine (`group`: its ranks) stays in lockstep through engines/lockstep.py: in `run` the group's
 first rank runs the loop and its adds and aborts go to the others before each engine step (they follow, then
@@ -33,28 +33,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-from torchrl_post.agent.base import Agent, Env, Step, Trajectory, steps_to_batch, trajectories_to_batch
+from torchrl_post.agent.base import Agent, Env, Step, Trajectory
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.config.schema import AgentConfig
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.engines.lockstep import Lockstep, agreed
+from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes, Live
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
-from torchrl_post.types import Batch
 
 log = logging.getLogger(__name__)
 
 ParseCalls = Callable[[str], tuple[bool, list[tuple[str, str]]]]
-EPISODE_SEED = 1_000_003
-"""Episode k of a task with uid u starts from seed uid k * EPISODE_SEED + u (turn t adds 7919 t)."""
 
 
 @dataclass(frozen=True)
@@ -68,20 +65,6 @@ class LoopLimits:
     """Wall clock per trajectory."""
     max_tokens_per_turn: int = 0
     """Response tokens of one turn; 0: only the trajectory's budget limits it."""
-
-
-@dataclass
-class _Live:
-    traj: Trajectory
-    env: Env
-    context: list[int]
-    seed_uid: int
-    started: float
-    """`Episodes.clock` when it started."""
-    params: SamplingParams
-    """The episode's sampling parameters (each turn's budget is set from them)."""
-    turn: int = 0
-    used: int = 0  # response tokens so far
 
 
 @dataclass
@@ -127,6 +110,10 @@ class AgentLoop:
         self._lead_lock = Lockstep(engine, group, mirrored=False)
         self._mirror_lock = Lockstep(engine, group, mirrored=True)
 
+    @property
+    def timeout_s(self) -> float:
+        return self.limits.timeout_s
+
     # ---- entry ----------------------------------------------------------------------------------------
     @property
     def engine_steps(self) -> int:
@@ -145,15 +132,6 @@ class AgentLoop:
             self._lead_lock.finish()
             agreed(trajectories, self.group)
         return trajectories
-
-    def run_batch(
-        self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams, stepwise: bool, keep: slice
-    ) -> Batch:
-        """`run`, then the `keep` slice of its trajectories as one batch: a row per trajectory, or per step
-        with `stepwise` (algorithm.stepwise_advantage)."""
-        trajectories = self.run(tasks, params)[keep]
-        pad_id = self.tokenizer.pad_token_id
-        return steps_to_batch(trajectories, pad_id) if stepwise else trajectories_to_batch(trajectories, pad_id)
 
     # ---- the first (or only) rank ---------------------------------------------------------------------
     def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
@@ -179,7 +157,7 @@ class AgentLoop:
             episodes.close()
         return [done[rid] for rid, *_ in starts]
 
-    def _start(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> _Live | Trajectory:
+    def begin(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> Live | Trajectory:
         traj = Trajectory(uid, task)
         try:
             env = self.make_env()
@@ -193,9 +171,9 @@ class AgentLoop:
         if len(context) + 1 > self.limits.max_model_len:
             traj.termination = "max_prompt_length"
             return traj
-        return _Live(traj, env, context, seed_uid, 0.0, params)
+        return Live(traj, env, context, seed_uid, 0.0, params)
 
-    def _turn(self, s: _Live) -> tuple[list[int], SamplingParams, int]:
+    def request(self, s: Live) -> tuple[list[int], SamplingParams, int]:
         """The next turn's request: its prompt, its parameters (the token budget left) and its seed uid."""
         budget = min(self.limits.max_response_length - s.used, self.limits.max_model_len - len(s.context))
         if self.limits.max_tokens_per_turn:
@@ -204,7 +182,7 @@ class AgentLoop:
         return list(s.context), turn_params, s.seed_uid + 7919 * s.turn
 
     # ---- a finished turn ---------------------------------------------------------------------------------
-    def _answer_async(self, pool: ThreadPoolExecutor | None, env: Env, ids: list[int]) -> Future[_Answer]:
+    def answer_async(self, pool: ThreadPoolExecutor | None, env: Env, ids: list[int]) -> Future[_Answer]:
         """The environment's (or the tools') answer to a response, on a worker thread. The text is decoded
         here: tokenizers are not shared across threads."""
         raw = self.tokenizer.decode(ids, skip_special_tokens=False) if self.tools is not None else ""
@@ -242,7 +220,7 @@ class AgentLoop:
         out.seconds = time.perf_counter() - t
         return out
 
-    def _answered(self, s: _Live, step: Step, a: _Answer) -> str | None:
+    def answered(self, s: Live, step: Step, a: _Answer) -> str | None:
         """Record the answer to a turn; returns why the trajectory ends, or None when it goes on (its context
         then holds the response and the observation)."""
         self.env_seconds += a.seconds
@@ -274,163 +252,6 @@ class AgentLoop:
             return fn(*args)
         finally:
             self.env_seconds += time.perf_counter() - t
-
-
-class Episodes:
-    """Agent episodes in flight, advanced one engine step at a time, so that they can be carried across weight
-    updates (rollout/streaming_episodes.py) or run to their end (`AgentLoop.run`).
-
-        episodes = loop.episodes()
-        episodes.start([(episode_id, uid, task, seed_uid), ...], params)
-        while episodes.running:
-            for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
-                ...
-            episodes.update(weights, version)                    # between two engine steps (streamed)
-
-    Each turn is a request of an `InflightStream`: its tokens keep the policy version that generated them
-    (`Step.versions`) and the engine's logprob of each (the behaviour policy).
-    """
-
-    def __init__(self, loop: AgentLoop, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
-        self.loop, self.stream, self.agree = loop, stream, agree
-        self.live: dict[str, _Live] = {}
-        self.queued: list[str] = []
-        """Episodes ready for their next turn."""
-        self.pending: dict[Future[_Answer], tuple[str, Step]] = {}
-        """Turns waiting for their environment's (or tools') answer."""
-        self.ended: list[tuple[str, Trajectory]] = []
-        self.clock = 0.0
-        """Seconds spent advancing the episodes: agent.timeout_s counts these, not the waits between two calls
-        (a streamed episode waits for the trainer's updates)."""
-        self._since = 0.0
-        n = loop.env_workers
-        self.pool = ThreadPoolExecutor(n, thread_name_prefix="agent-env") if n else None
-
-    @property
-    def running(self) -> bool:
-        """Episodes are live, or ended and not yet returned by `advance`."""
-        return bool(self.live or self.ended)
-
-    @property
-    def version(self) -> int:
-        """The policy version the next generated tokens come from."""
-        return self.stream.version
-
-    def start(self, episodes: list[tuple[str, int, dict[str, Any], int]], params: SamplingParams) -> None:
-        """New episodes (id, uid, task, seed uid), reset now; their first turns go to the engine at the next
-        `advance`. An episode whose reset fails ends at once."""
-        for rid, uid, task, seed_uid in episodes:
-            state = self.loop._start(uid, task, seed_uid, params)
-            if isinstance(state, Trajectory):
-                self.ended.append((rid, state))
-            else:
-                state.started = self.clock
-                self.live[rid] = state
-                self.queued.append(rid)
-
-    def advance(self) -> list[tuple[str, Trajectory]]:
-        """Send the next turns, one engine step (or a short wait for an answer), then the environments' answers
-        that arrived; returns the episodes that ended, in the order they ended."""
-        self._since = time.perf_counter()
-        if self.queued and (not self.loop.turn_batches or not (self.stream.live or self.pending)):
-            for rid in self.queued:
-                self.stream.add(rid, *self.loop._turn(self.live[rid]))
-            self.queued.clear()
-        self._check_timeouts()
-        if self.stream.live:
-            for sample in self.stream.step():
-                s = self.live[sample.request_id]
-                step = Step(list(s.context), sample.tokens, sample.logprobs, versions=sample.versions)
-                step.routes = sample.routes
-                s.traj.steps.append(step)
-                fut = self.loop._answer_async(self.pool, s.env, sample.tokens)
-                self.pending[fut] = (sample.request_id, step)
-        elif self.pending:
-            wait(list(self.pending), timeout=0.05, return_when=FIRST_COMPLETED)
-        self._collect()
-        self.clock += time.perf_counter() - self._since
-        out, self.ended = self.ended, []
-        return out
-
-    def _collect(self) -> None:
-        """The answers that arrived: each episode ends or queues its next turn."""
-        by_id = {rid: fut for fut, (rid, _) in self.pending.items()}
-        for rid in self.agree([rid for rid, fut in by_id.items() if fut.done()]):
-            fut = by_id[rid]
-            answer = fut.result()  # (a mirrored rank may not have its answer yet: it waits for it)
-            _, step = self.pending.pop(fut)
-            if rid in self.live:  # not already timed out
-                end = self.loop._answered(self.live[rid], step, answer)
-                if end is None:
-                    self.queued.append(rid)
-                else:
-                    self._end(rid, end)
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """New weights at this engine-step boundary: the turns in flight go on under `version`."""
-        self.stream.update(weights, version)
-
-    def suspend(self) -> None:
-        """Take the turns in flight out of the engine; the next `advance` adds them again with their tokens."""
-        self.stream.suspend()
-
-    def drop(self, episode_ids: list[str]) -> None:
-        """Stop these episodes for good: their turns in flight are aborted, their answers abandoned."""
-        gone = set(episode_ids)
-        self._abandon(episode_ids)
-        self.ended = [(rid, t) for rid, t in self.ended if rid not in gone]
-        for rid in gone:
-            self.live.pop(rid, None)
-
-    def _abandon(self, episode_ids: list[str]) -> None:
-        """Abort these episodes' turns in flight, cancel their environment calls, unqueue their next turns."""
-        gone = set(episode_ids)
-        self.stream.drop([rid for rid in episode_ids if rid in self.stream.live])
-        for fut in [f for f, (rid, _) in self.pending.items() if rid in gone]:
-            fut.cancel()
-            del self.pending[fut]
-        self.queued = [rid for rid in self.queued if rid not in gone]
-
-    def forget_cache(self) -> None:
-        """Clear the engine's prefix cache (nothing may be in flight): a run that restarts here from a checkpoint
-        starts with an empty one, and blocks computed by earlier weights would serve the restarted turns."""
-        assert not self.stream.live, "the engine's requests hold their cached blocks"
-        self.loop.engine.reset_prefix_cache()
-
-    def oldest(self, episode_id: str) -> int | None:
-        """The oldest policy version among a live episode's tokens so far (None: none generated yet)."""
-        versions = self.live[episode_id].traj.versions()
-        if episode_id in self.stream.live:
-            versions += self.stream.live[episode_id].versions
-        return min(versions, default=None)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-
-    def _check_timeouts(self) -> None:
-        """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
-        environment call; the trajectory ends with `timeout`."""
-        now = self.clock + time.perf_counter() - self._since
-        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s])
-        if not late:
-            return
-        for rid in late:
-            turn = self.stream.live.get(rid)
-            if turn is not None and turn.tokens:
-                s = self.live[rid]
-                s.traj.steps.append(
-                    Step(list(s.context), list(turn.tokens), list(turn.logprobs), versions=turn.versions)
-                )
-        self._abandon(late)
-        for rid in late:
-            self._end(rid, "timeout")
-
-    def _end(self, rid: str, termination: str) -> None:
-        s = self.live.pop(rid)
-        s.traj.termination = termination
-        s.traj.reward = sum(step.reward for step in s.traj.steps)
-        self.ended.append((rid, s.traj))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
   weight 0, so they stay in the batch (groups stay whole, ranks stay in step) but leave every loss and
   denominator.
 - Rejection sampling (rLLM's `rejection_sample`, DAPO's dynamic sampling): a group whose rewards are all
-  equal carries no GRPO signal; `pick_groups` keeps the informative groups first and fills up with dropped
-  ones at weight 0 only when the extra generation rounds are spent.
+  equal carries no GRPO signal (`uniform_groups`); rollout/groups.py drops such a group as it completes and draws
+  another, within a budget, after which it keeps one at weight 0.
 """
 
 from __future__ import annotations
@@ -47,26 +47,3 @@ def uniform_groups(batch: Batch) -> set[int]:
         if bool((s == s[0]).all()):
             out.add(int(g))
     return out
-
-
-def pick_groups(kept: list[Batch], dropped: list[Batch], need: int) -> tuple[list[Batch], list[Batch], int]:
-    """(the `need` groups to train on, informative groups left over, how many dropped groups filled in).
-
-    Informative groups come first, in the order they were generated; the left-over ones carry to the next
-    step. Dropped groups fill what is missing, at weight 0.
-    """
-    take, rest = kept[:need], kept[need:]
-    short = need - len(take)
-    for part in dropped[:short]:
-        part.weights = torch.zeros_like(part.weights)
-        take.append(part)
-    if len(take) < need:  # more groups were asked for than exist: a caller error
-        raise RuntimeError(f"{len(take)} groups generated, {need} needed")
-    return take, rest, short
-
-
-def relabel(parts: list[Batch], group_ids: list[int]) -> list[Batch]:
-    """Give the i-th group the i-th id (the positions this rank's share holds in the step's batch)."""
-    for part, g in zip(parts, group_ids, strict=True):
-        part.group_ids = torch.full_like(part.group_ids, g)
-    return parts

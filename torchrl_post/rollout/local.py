@@ -1,11 +1,10 @@
 """Rollouts on the actor's own ranks (the engine colocated, time-sliced with the update): a step takes this rank's
-groups from its engine's producer, whole batches (rollout/batches.py) or streamed groups (rollout/streaming.py).
+groups from its engine's producer (rollout/groups.py).
 
-A step takes the groups, then suspends what still generates (the engine sleeps and the update runs); streamed
-requests come back at the next step with their tokens so far, so the new weights prefill them (colocated engines
-always recompute) and they carry on under the new version. The ranks of a tensor-parallel engine that stream draw
-the engine's groups together and run them in lockstep (engines/lockstep.py); each keeps every tp-th taken group.
-Whole batches keep the union layout: each rank draws its own prompts and the engine generates them all.
+A step takes the groups, then suspends what still generates (the engine sleeps and the update runs); with partial
+rollouts the requests come back at the next step with their tokens so far, so the new weights prefill them
+(colocated engines always recompute) and they carry on under the new version. The ranks of a tensor-parallel engine
+draw the engine's groups together and run them in lockstep (engines/lockstep.py); each keeps every tp-th taken group.
 """
 
 from __future__ import annotations
@@ -27,10 +26,9 @@ class LocalRollouts:
     """The actor side's `RolloutSource` (rollout/source.py) when its ranks hold the engines."""
 
     def __init__(self, source: EngineSource, producer: Producer, streaming: bool) -> None:
-        """`streaming`: groups carried across updates (rollout.partial_rollout), which the ranks of a
-        tensor-parallel engine take together (each keeps every tp-th)."""
+        """`streaming`: groups carried across updates (rollout.partial_rollout), whose metrics the step reports."""
         self.source, self.producer, self.streaming = source, producer, streaming
-        group = source.engine_group if streaming else None
+        group = source.engine_group
         tp = dist.get_world_size(group) if group is not None else 1
         self.first = group is None or dist.get_rank(group) == 0
         self.keep = slice(dist.get_rank(group) if group is not None else 0, None, tp)
@@ -42,9 +40,9 @@ class LocalRollouts:
         taken = self.producer.take(step)
         self.producer.suspend()
         self.source.engine.sleep()
-        if self.streaming:  # (whole batches time their generation and reward inside)
-            self.source.timer.seconds["gen"] = time.perf_counter() - start
-            self.source.timer.seconds["gen_engine"] = taken.engine_seconds
+        seconds = self.source.timer.seconds
+        seconds["gen"], seconds["gen_engine"] = time.perf_counter() - start, taken.engine_seconds
+        seconds["reward"] = taken.reward_seconds
         rank = dist.get_rank() if dist.is_initialized() else 0
         table = group_rows(gather_rows(taken.rows(rank, self.first, self.keep)))
         rejection = self.source.rejection.enable

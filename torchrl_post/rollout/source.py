@@ -1,11 +1,10 @@
-"""The rollout source: "give me step k's batch, scored". Prompts are drawn, generated on this rank's engine
-and scored here, on the side that generated, so anything that filters a batch acts before it is shipped.
+"""The rollout source: an engine, the training prompts it draws from, and how samples are scored, on the side
+that generated them, so anything that filters a group acts before it is shipped.
 
-`EngineSource` makes a batch (`produce`) for the producers (rollout/batches.py: whole batches; rollout/streaming.py
-draws its prompts and scores its groups here), validates, and keeps the data position. What a step's actor sees is
-a `RolloutSource`: rollout/local.py's on the engine's own ranks, rollout/remote.py's `RemoteRollouts` on others.
-It takes its settings (`SourceSettings`: the rollout section and the plan's values) and an agent loop already
-built.
+`EngineSource` holds what the producer (rollout/groups.py) draws, samples and scores with, and runs validation.
+What a step's actor sees is a `RolloutSource`: rollout/local.py's on the engine's own ranks, rollout/remote.py's
+`RemoteRollouts` on others. It takes its settings (`SourceSettings`: the rollout section and the plan's values) and
+an agent loop already built.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
+from torchrl_post.agent.base import Trajectory, trajectories_to_batch
 from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
@@ -26,11 +26,11 @@ from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.scoring import RewardFn
-from torchrl_post.rollout.filters import compact_filter, pick_groups, relabel, uniform_groups
-from torchrl_post.types import Batch, Generation, PromptBatch
+from torchrl_post.rollout.filters import compact_filter
+from torchrl_post.types import Batch, PromptBatch
 
 if TYPE_CHECKING:
-    from torchrl_post.agent.loop import Episodes
+    from torchrl_post.rollout.episodes import Episodes
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,13 @@ class EpisodeRunner(Protocol):
 
     env_seconds: float
 
-    def run_batch(
-        self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams, stepwise: bool, keep: slice
-    ) -> Batch:
-        """`params.n` episodes per task, the `keep` slice of them as one batch (one row per trajectory, or per
-        step with `stepwise`)."""
+    def run(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
+        """`params.n` episodes per task, driven to their end (validation)."""
         ...
 
     def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
-        """Episodes stepped one engine step at a time, carried across weight updates (rollout.partial_rollout);
-        `mirrored`: run alike on every rank of a tensor-parallel engine."""
+        """Episodes stepped one engine step at a time (rollout/groups.py); `mirrored`: run alike on every rank of
+        a tensor-parallel engine."""
         ...
 
 
@@ -127,29 +124,25 @@ class EngineSource:
         n_engines: int,
         engine_leader: bool,
         engine_group: dist.ProcessGroup | None = None,
-        union: bool = True,
         processor: Any = None,
         vision: VisionSpec | None = None,
         episodes: EpisodeRunner | None = None,
         stepwise: bool = False,
     ) -> None:
-        """`sampler` draws this rank's prompts; `engine_group`: the ranks of one tensor-parallel engine;
-        `union`: they hold different prompts and generate the union (colocated actor ranks; rollout ranks of
-        one engine draw the same prompts). `engine_leader`: the first rank of its engine, which counts the
-        engine's validation samples. `episodes`: the agent loop over this engine (agent.env set), trained per
-        step with `stepwise` (algorithm.stepwise_advantage.enable)."""
+        """`sampler` draws this engine's prompts (the ranks of a tensor-parallel engine, `engine_group`, draw
+        alike); `engine_leader`: the first rank of its engine, which counts the engine's validation samples.
+        `episodes`: the agent loop over this engine (agent.env set), trained per step with `stepwise`
+        (algorithm.stepwise_advantage.enable)."""
         self.settings, self.engine, self.tokenizer, self.data = settings, engine, tokenizer, data
         self.reward_fn_for: RewardFn = reward_fn_for
         self.sampler, self.timer = sampler, timer
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
-        self.engine_group, self.union = engine_group, union
+        self.engine_group = engine_group
         self.pad_id = tokenizer.pad_token_id
         self.processor, self.vision = processor, vision
         self.loop, self.stepwise = episodes, stepwise
         self.masked = list(settings.masked)
         self.rejection = settings.rejection
-        self.reserve: list[Batch] = []  # informative groups generated beyond a step's need: the next step's first
-        self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
         self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
 
     # ---- one step ---------------------------------------------------------------------------------
@@ -157,68 +150,13 @@ class EngineSource:
     def epoch(self) -> int:
         return self.sampler.epoch
 
-    def produce(self, step: int) -> Batch:
-        """Draw this rank's prompts of batch `step`, generate `rollout.n` samples each, score and filter them."""
-        idx, uids = self.sampler.next_batch()
-        batch = self._generate_scored(step, idx, uids)
-        if not self.rejection.enable:
-            return batch
-        return self._reject_uniform(step, batch, uids)
-
-    def _generate_scored(self, step: int, idx: list[int], uids: list[int]) -> Batch:
-        prompts = self.prompt_batch(idx, uids)
-        if self.loop is not None:  # episodes: the environments give the rewards
-            return self._episodes(prompts, self.sampling(step, validation=False))
-        with self.timer("gen"):
-            batch = self.generate(prompts, self.sampling(step, validation=False))
-        with self.timer("reward"):
-            self.score(batch, prompts, self.settings.group_size)
-        if self.masked:
-            compact_filter(batch, self.masked)
-        return batch
-
-    def _reject_uniform(self, step: int, batch: Batch, uids: list[int]) -> Batch:
-        """Keep informative groups (the reserve first), generating extra rounds of prompts while short; fill
-        what is still missing with dropped groups at weight 0. Ranks of one engine do the same rounds."""
-        kept, dropped = self.reserve, list[Batch]()
-        self.reserve = []
-        rounds, bsz = 0, self.settings.prompts_per_step
-        while True:
-            uniform = uniform_groups(batch)
-            for g, part in batch.split_groups().items():
-                (dropped if g in uniform else kept).append(part)
-            more = len(kept) < len(uids) and rounds < self.rejection.max_extra_rounds
-            if self.engine_group is not None and self.union:  # an engine's ranks submit the same requests
-                flag = torch.tensor([int(more)])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.engine_group)
-                more = bool(flag.item())
-            if not more:
-                break
-            rounds += 1
-            idx, positions = self.sampler.next_batch()
-            # Seeds follow the uid: an extra round's prompts get uids of their own.
-            batch = self._generate_scored(step, idx, [p + rounds * bsz for p in positions])
-        take, self.reserve, short = pick_groups(kept, dropped, len(uids))
-        self.filter_counts = {"dropped_groups": len(dropped), "extra_rounds": rounds, "short_groups": short}
-        return Batch.concat(relabel(take, uids), self.pad_id)
-
-    def _episodes(self, prompts: PromptBatch, params: SamplingParams, validation: bool = False) -> Batch:
-        """`params.n` agent trajectories per prompt, turns of all of them decoding together. A colocated
-        tensor-parallel engine runs the union of its ranks' tasks (validation prompts are already the
-        engine's). Validation keeps one row per trajectory."""
+    def _episodes(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
+        """`params.n` agent trajectories per prompt, one row each, turns of all of them decoding together."""
         assert self.loop is not None
-        tasks = episode_tasks(prompts)
-        mine = slice(0, len(tasks) * params.n)
-        if self.engine_group is not None and self.union and not validation:
-            parts: list[Any] = [None] * dist.get_world_size(self.engine_group)
-            dist.all_gather_object(parts, tasks, group=self.engine_group)
-            before = sum(len(p) for p in parts[: dist.get_rank(self.engine_group)]) * params.n
-            mine = slice(before, before + len(tasks) * params.n)
-            tasks = [t for part in parts for t in part]
         env_before = self.loop.env_seconds
-        with self.timer("gen"):
-            batch = self.loop.run_batch(tasks, params, self.stepwise and not validation, mine)
+        trajectories = self.loop.run(episode_tasks(prompts), params)
         self.timer.seconds["env"] = self.loop.env_seconds - env_before
+        batch = trajectories_to_batch(trajectories, self.pad_id)
         if self.masked:
             compact_filter(batch, self.masked)
         return batch
@@ -253,23 +191,9 @@ class EngineSource:
             mm,
         )
 
-    def generate(self, prompts: PromptBatch, params: SamplingParams, shared: bool = False) -> Batch:
-        """This rank's prompts through its engine. A colocated tensor-parallel engine spans several actor
-        ranks with different prompts: they generate the union (every rank of an engine must submit the same
-        requests) and each keeps its own. `shared`: the prompts are already the engine's (validation)."""
-        group = self.engine_group
-        if group is None or shared or not self.union:
-            gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
-            return collate(prompts, gen, params.n, self.pad_id, self.vision)
-        parts: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, (prompts.prompt_ids, prompts.uids, prompts.images), group=group)
-        ids = [p for part_ids, _, _ in parts for p in part_ids]
-        uids = [u for _, part_uids, _ in parts for u in part_uids]
-        images = [img for _, _, part_images in parts for img in part_images]
-        every = generate(self.engine, ids, uids, params, images or None)
-        start = sum(len(part_ids) for part_ids, _, _ in parts[: dist.get_rank(group)]) * params.n
-        end = start + len(prompts) * params.n
-        gen = Generation(every.response_ids[start:end], every.logprobs[start:end], every.finish_reasons[start:end])
+    def generate(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
+        """`params.n` samples of each prompt through this engine, as one batch (validation)."""
+        gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
         return collate(prompts, gen, params.n, self.pad_id, self.vision)
 
     def score(self, batch: Batch, prompts: PromptBatch, n: int) -> None:
@@ -303,9 +227,9 @@ class EngineSource:
             idx = mine[start : start + chunk]
             prompts = self.prompt_batch(idx, idx, data)
             if self.loop is not None:
-                batch = self._episodes(prompts, params, validation=True)
+                batch = self._episodes(prompts, params)
             else:
-                batch = self.generate(prompts, params, shared=True)
+                batch = self.generate(prompts, params)
                 self.score(batch, prompts, params.n)
             if not self.engine_leader:
                 continue
@@ -340,12 +264,3 @@ class EngineSource:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-    # ---- checkpoints -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The data position and the reserve of informative groups (named tensors: `weights_only` loads them)."""
-        return {"sampler": self.sampler.state_dict(), "reserve": [part.to_wire() for part in self.reserve]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
-        self.reserve = [Batch.from_wire(wire) for wire in state.get("reserve", [])]

@@ -1,6 +1,6 @@
 """What a rollout producer hands a step, wherever it runs: whole scored groups and the counts its metrics need.
 
-    producer.take(step) -> TakenGroups       # rollout/batches.py (whole batches), rollout/streaming.py (streamed)
+    producer.take(step) -> TakenGroups       # rollout/groups.py: whole batches or partial rollouts
     taken.parts()                            # group id -> (its rows, trimmed; the group it came from)
     taken.rows(owner)                        # one GroupRow per group: what the transfer plans with
     rollout_metrics(table, step, ...)        # the step's rollout/* metrics from every engine's rows
@@ -43,13 +43,16 @@ def staleness_bin(staleness: int) -> str:
 
 @dataclass
 class DoneGroup:
-    """Complete, scored groups waiting for a step to take them (one streamed group, or a whole batch)."""
+    """A complete, scored group waiting for a step to take it."""
 
     batch: Batch
     oldest: int
     """The oldest policy version among its tokens."""
     partial: int = 0
     """Its samples whose tokens came from more than one policy version."""
+    draw: int = 0
+    position: int = 0
+    """The draw it came from and its position in that draw's batch (whole batches are taken in this order)."""
 
 
 @dataclass
@@ -69,6 +72,8 @@ class TakenGroups:
     """... the extra rounds of prompts that took (streamed: the engine's shares of replacements) ..."""
     short: int = 0
     """... and the uniform groups kept at weight 0 because the budget was spent."""
+    reward_seconds: float = 0.0
+    """Scoring and filtering complete groups since the last take."""
 
     def batch(self, pad_id: int, keep: slice = slice(None)) -> Batch:
         """The `keep` groups as one batch."""
@@ -87,7 +92,7 @@ class TakenGroups:
         dropped, rounds, short, stale, in_flight = counts
         ms = int(self.engine_seconds * 1000)
         rows = []
-        for d in self.groups[keep]:  # (a whole batch's DoneGroup holds many groups; a streamed one, one)
+        for d in self.groups[keep]:
             tokens = d.batch.attention_mask.sum(-1)
             for g in d.batch.group_ids.unique().tolist():
                 real = int(tokens[d.batch.group_ids == g].sum())
@@ -98,9 +103,40 @@ class TakenGroups:
         return rows
 
 
+@dataclass(frozen=True)
+class Fill:
+    """The rollout producer's fill policy: the run plan decides it (plan.py: fill_policy), rollout/groups.py reads it."""
+
+    carry: bool
+    """Unfinished members survive an update (rollout.partial_rollout); else whole batches, each to its end."""
+    lag: int
+    """Batches made ahead while the actor trains (trainer.max_off_policy_steps; rollout ranks only, 0 colocated)."""
+    prompts_in_flight: int
+    """Partial rollouts: groups generating or complete-and-untaken over all engines (rollout.prompts_in_flight;
+    null: max(max_off_policy_steps + 1, 2) x the batch); whole batches: the batch."""
+    per_engine: int
+    recompute: bool
+    """Requests in flight are re-prefilled at an update (rollout.inflight_update=recompute; always colocated)."""
+    max_staleness: int | None
+    on_arrival: bool
+    """Rollout ranks generate until the new weights arrive (rollout.update_on_arrival; never colocated)."""
+
+    def describe(self) -> str:
+        ahead = f", {self.lag} ahead while the actor trains" if self.lag else ""
+        bound = "no bound" if self.max_staleness is None else f"groups older than {self.max_staleness} dropped"
+        if not self.carry:
+            return f"rollouts: whole batches, each generated to its end with one set of weights{ahead}"
+        kv = "re-prefilled under the new weights" if self.recompute else "continue with their KV cache"
+        when = "when they arrive (not reproducible step for step)" if self.on_arrival else "after the fill"
+        return (
+            f"rollouts: partial, {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine){ahead}; "
+            f"weights taken {when}; at an update the requests in flight {kv}; staleness: {bound}"
+        )
+
+
 class Producer(Protocol):
-    """An engine's rollouts as a step takes them: whole batches (rollout/batches.py) or streamed groups
-    (rollout/streaming.py). The run plan's fill policy is theirs: how far ahead, what survives an update."""
+    """An engine's rollouts as a step takes them (rollout/groups.py), by the run plan's fill policy: how far
+    ahead, what survives an update."""
 
     def take(self, step: int) -> TakenGroups:
         """This engine's share of step `step`, scored (and filtered)."""

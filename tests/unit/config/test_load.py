@@ -338,20 +338,23 @@ def test_partial_rollout_aliases_and_plan() -> None:
     assert cfg.rollout.partial_rollout and cfg.trainer.max_staleness == 3
     assert load_config(["max_staleness=2"]).trainer.max_staleness == 2  # TRL's name
     plan = plan_run(load_config(["rollout.partial_rollout=true", "data.train_batch_size=4"]), 2)
-    assert plan.streaming is not None and plan.streaming.prompts_in_flight == 2 * 4  # null: two batches
-    assert plan.streaming.per_engine == 4 and plan.streaming.recompute  # colocated: re-prefilled after the update
+    assert plan.fill.carry and plan.fill.prompts_in_flight == 2 * 4  # null: two batches
+    assert plan.fill.per_engine == 4 and plan.fill.recompute  # colocated: re-prefilled after the update
+    assert plan.fill.lag == 0  # colocated: nothing made ahead
     assert plan.rollout_correction.rollout_is == "token"  # rollout_is=auto corrects streamed (off-policy) tokens
-    assert "partial rollouts: 8 prompts in flight" in plan.describe("cpu", "gloo")
+    assert "rollouts: partial, 8 prompts in flight" in plan.describe("cpu", "gloo")
     own = ["rollout.partial_rollout=true", "data.train_batch_size=4", "placement.actor=[0,1]", "placement.rollout=[2]"]
     lagged = plan_run(load_config([*own, "trainer.max_off_policy_steps=2"]), 3)
-    assert lagged.streaming is not None and lagged.streaming.prompts_in_flight == 3 * 4
-    assert not lagged.streaming.recompute  # rollout.inflight_update=keep by default
-    assert not lagged.streaming.on_arrival and "weights taken after the fill" in lagged.describe("cpu", "gloo")
+    assert lagged.fill.carry and lagged.fill.prompts_in_flight == 3 * 4 and lagged.fill.lag == 2
+    assert not lagged.fill.recompute  # rollout.inflight_update=keep by default
+    assert not lagged.fill.on_arrival and "weights taken after the fill" in lagged.describe("cpu", "gloo")
     arrival = plan_run(load_config([*own, "rollout.update_on_arrival=true"]), 3)
-    assert arrival.streaming is not None and arrival.streaming.on_arrival
+    assert arrival.fill.on_arrival
     assert "weights taken when they arrive" in arrival.describe("cpu", "gloo")
     colocated = plan_run(load_config(["rollout.partial_rollout=true", "rollout.update_on_arrival=true"]), 2)
-    assert colocated.streaming is not None and not colocated.streaming.on_arrival
+    assert colocated.fill.carry and not colocated.fill.on_arrival
+    whole = plan_run(load_config([*own[1:], "trainer.max_off_policy_steps=1"]), 3).fill
+    assert (whole.carry, whole.lag) == (False, 1) and "whole batches" in whole.describe()
     assert any("rollout.update_on_arrival=true ignored" in n for n in colocated.notes)
     notes = plan_run(load_config(["trainer.max_staleness=2"]), 2).notes
     assert any("trainer.max_staleness=2 ignored" in n for n in notes)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from torchrl_post.config.schema import CompactFilteringConfig
-from torchrl_post.rollout.filters import compact_filter, masked_reasons, pick_groups, relabel, uniform_groups
+from torchrl_post.rollout.filters import compact_filter, masked_reasons, uniform_groups
 from torchrl_post.types import Batch, termination_codes
 
 
@@ -43,27 +42,3 @@ def test_compact_filter_zeroes_only_the_flagged_samples() -> None:
 def test_uniform_groups() -> None:
     b = _batch([1, 1, 0, 1, 0, 0], [0, 0, 1, 1, 2, 2], ["stop"] * 6)
     assert uniform_groups(b) == {0, 2}
-
-
-def test_pick_groups_keeps_informative_first_and_carries_the_rest() -> None:
-    parts = _batch([1, 0, 1, 0, 1, 1, 0, 1], [0, 0, 1, 1, 2, 2, 3, 3], ["stop"] * 8).split_groups()
-    kept = [parts[0], parts[1], parts[3]]
-    take, rest, short = pick_groups(kept, [parts[2]], 2)
-    assert [int(p.group_ids[0]) for p in take] == [0, 1] and [int(p.group_ids[0]) for p in rest] == [3]
-    assert short == 0 and all(p.weights.tolist() == [1.0, 1.0] for p in take)
-
-
-def test_pick_groups_fills_with_dropped_groups_at_weight_zero() -> None:
-    parts = _batch([1, 0, 1, 1, 0, 0], [0, 0, 1, 1, 2, 2], ["stop"] * 6).split_groups()
-    take, rest, short = pick_groups([parts[0]], [parts[1], parts[2]], 2)
-    assert short == 1 and rest == []
-    assert [p.weights.tolist() for p in take] == [[1.0, 1.0], [0.0, 0.0]]
-    with pytest.raises(RuntimeError, match="3 needed"):
-        pick_groups([parts[0]], [parts[1]], 3)
-
-
-def test_relabel_gives_the_share_positions() -> None:
-    parts = _batch([1, 0, 1, 0], [7, 7, 9, 9], ["stop"] * 4).split_groups()
-    joined = Batch.concat(relabel([parts[9], parts[7]], [4, 5]), pad_id=0)
-    assert joined.group_ids.tolist() == [4, 4, 5, 5]
-    assert joined.scores is not None and joined.scores.tolist() == [1.0, 0.0, 1.0, 0.0]

@@ -1,6 +1,7 @@
-"""Tests of torchrl_post/rollout/remote.py: the rollout ranks' program (RolloutServer: the queue of batches generated
-ahead, policy versions, resume) and its actor-side proxy (RemoteRollouts: staleness and rejection metrics), with
-stand-ins for the source, the weight sync and the transfer (no process group)."""
+"""Tests of torchrl_post/rollout/remote.py: the rollout ranks' program (RolloutServer over whole batches of
+rollout/groups.py: batches made ahead, policy versions, resume) and its actor-side proxy (RemoteRollouts: staleness
+and rejection metrics), over test_source.py's scripted engine, with stand-ins for the weight sync and the transfer
+(no process group)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,24 @@ from typing import Any, cast
 import pytest
 import torch
 
+from tests.unit.rollout.test_source import SEED, TOK, TRAIN, ScriptedEngine, _settings, reward, whole_batches
 from torchrl_post.data.sampler import ShardedBatchSampler
-from torchrl_post.distributed.transfer import ROW_INDEX, ROW_OWNER, ROW_TOKENS, ROW_VERSION, GroupRow, group_rows
+from torchrl_post.distributed.transfer import (
+    ROW_GEN_MS,
+    ROW_INDEX,
+    ROW_OWNER,
+    ROW_TOKENS,
+    ROW_VERSION,
+    ROW_WAIT_MS,
+    GroupRow,
+    group_rows,
+)
 from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.batches import AheadBatches
+from torchrl_post.rollout.groups import Groups, Samples
+from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
+from torchrl_post.rollout.source import EngineSource
 from torchrl_post.types import Batch, Generation, PromptBatch
 
 PAD = 99
@@ -25,7 +38,7 @@ Items = dict[int, Wire]
 
 
 def _made(number: int) -> Batch:
-    """The `number`-th batch a source makes: groups 0 and 1 (n = 2), told apart by their tokens and scores."""
+    """Groups 0 and 1 (n = 2), told apart by their tokens and scores `number` (the proxy's tests)."""
     prompts = PromptBatch([[5, 6], [7]], ["a", "a"], ["src"] * 2, [{}, {}], [0, 1])
     t = 20 + number
     gen = Generation([[t], [t, t], [t, t, t], []], [[-0.5], [-0.5] * 2, [-0.5] * 3, []], ["stop"] * 4)
@@ -35,36 +48,19 @@ def _made(number: int) -> Batch:
     return batch
 
 
-class _Source:
-    """EngineSource as RolloutServer uses it: produce(step) makes its next batch (what it makes depends on its own
-    position, which its state holds, not on `step`)."""
+class _Engine(ScriptedEngine):
+    """The scripted engine, logging each draw it generates (the draw's number, from its seed)."""
 
-    def __init__(self, log: list[tuple[Any, ...]], leader: bool = True) -> None:
-        self.log, self.engine_leader = log, leader
-        self.engine = _Engine()
-        self.made = 0
-        self.filter_counts = {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
+    def __init__(self, log: list[tuple[Any, ...]]) -> None:
+        super().__init__()
+        self.log = log
 
-    def produce(self, step: int) -> Batch:
-        self.log.append(("produce", step, self.made))
-        batch = _made(self.made)
-        self.made += 1
-        self.filter_counts = {"dropped_groups": self.made, "extra_rounds": 1, "short_groups": 0}
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"made": self.made}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.made = state["made"]
-
-    def shutdown(self) -> None:
-        pass
-
-
-class _Engine:
-    def load_weights(self, weights: Any) -> None:
-        list(weights)
+    def step(self) -> Any:
+        calls = len(self.calls)
+        out = super().step()
+        if len(self.calls) > calls:
+            self.log.append(("gen", self.calls[-1][2].seed - SEED * 7919))
+        return out
 
 
 class _Sync:
@@ -88,23 +84,30 @@ class _Transfer:
 
 
 def _number(items: Items) -> int:
-    """Which of the source's batches these groups are (from their scores)."""
-    numbers = {int(w["scores"][0]) for w in items.values()}
-    assert len(numbers) == 1
-    return numbers.pop()
+    """Which draw these groups are, in an epoch of 4 (from the prompt of group 0: q0 q1 first, then q2 q3, ...)."""
+    ids = Batch.from_wire(items[min(items)]).input_ids[0].tolist()
+    return int(TOK.decode([t for t in ids if t != TOK.pad_token_id])[1]) // 2
 
 
-def _server(lag: int, total: int, log: list[tuple[Any, ...]]) -> tuple[RolloutServer, _Source, _Transfer]:
-    source, transfer = _Source(log), _Transfer(log)
-    return _serving(source, transfer, lag, total), source, transfer
+def _server(
+    lag: int, total: int, log: list[tuple[Any, ...]], leader: bool = True
+) -> tuple[RolloutServer, Groups[Any], _Transfer]:
+    """The rollout rank's program over whole batches made up to `lag` steps ahead (rollout/groups.py)."""
+    engine, transfer = _Engine(log), _Transfer(log)
+    sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
+    source = EngineSource(
+        _settings(), engine, TOK, TRAIN, lambda _: reward, sampler, Timer(), engine_index=0, n_engines=1,
+        engine_leader=leader,
+    )  # type: ignore[arg-type]  # fmt: skip
+    groups = Groups(source, Samples(source, InflightStream(engine), carry=False), whole_batches(lag), total)
+    server = RolloutServer(source, groups, cast(Any, _Sync(log)), cast(Any, transfer), rank=RANK, lag=lag)
+    return server, groups, transfer
 
 
-def _serving(source: _Source, transfer: _Transfer, lag: int, total: int) -> RolloutServer:
-    """The rollout rank's program over whole batches made up to `lag` steps ahead (rollout/batches.py)."""
-    batches = AheadBatches(cast(Any, source), lag, total)
-    return RolloutServer(
-        cast(Any, source), batches, cast(Any, _Sync(source.log)), cast(Any, transfer), rank=RANK, lag=lag
-    )
+def _untimed(rows: torch.Tensor) -> torch.Tensor:
+    """The rows without their times (engine seconds, waits)."""
+    keep = [c for c in range(rows.shape[1]) if c not in (ROW_GEN_MS, ROW_WAIT_MS)]
+    return rows[:, keep]
 
 
 def _through_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
@@ -123,8 +126,8 @@ def test_on_policy_generates_step_k_at_step_k_with_the_weights_of_update_k_minus
     server, _, transfer = _server(lag=0, total=3, log=log)
     for step in (1, 2, 3):
         assert server.step(step) == {}
-    P, T, R = "produce", "transfer", "receive"
-    assert log == [(P, 1, 0), (T, 0), (R,), (P, 2, 1), (T, 1), (R,), (P, 3, 2), (T, 2), (R,)]
+    G, T, R = "gen", "transfer", "receive"
+    assert log == [(G, 1), (T, 0), (R,), (G, 2), (T, 1), (R,), (G, 3), (T, 2), (R,)]
     versions = [int(rows[:, ROW_VERSION].unique().item()) for _, rows in transfer.sent]
     assert versions == [0, 1, 2]  # batch k made after the weights of update k - 1 arrived
     assert server.version == 3
@@ -135,14 +138,14 @@ def test_look_ahead_one_queues_step_k_plus_1_while_handing_over_step_k() -> None
     server, _, transfer = _server(lag=1, total=3, log=log)
     for step in (1, 2, 3):
         server.step(step)
-    P, T, R = "produce", "transfer", "receive"
+    G, T, R = "gen", "transfer", "receive"
     assert log == [
-        (P, 1, 0),  # the first step has nothing queued
+        (G, 1),  # the first step has nothing made ahead
         (T, 0),
-        (P, 2, 1),  # made while the actor updates step 1
+        (G, 2),  # made while the actor updates step 1
         (R,),
         (T, 1),
-        (P, 3, 2),
+        (G, 3),
         (R,),
         (T, 2),
         (R,),  # nothing past total_steps
@@ -155,21 +158,19 @@ def test_handed_over_groups_and_their_rows() -> None:
     server, _, transfer = _server(lag=0, total=1, log=[])
     server.step(1)
     ((items, rows),) = transfer.sent
-    batch = _made(0)
     assert sorted(items) == [0, 1]
-    for g, part in batch.split_groups().items():
-        got = Batch.from_wire(items[g])
-        assert torch.equal(got.input_ids, part.input_ids) and torch.equal(got.scores, part.scores)  # type: ignore[arg-type]
+    texts = {
+        g: TOK.batch_decode(Batch.from_wire(w).responses.tolist(), skip_special_tokens=True) for g, w in items.items()
+    }
+    assert texts == {0: ["1", "1"], 1: ["1", "2"]}  # q0's and q1's scripted responses
     assert rows[:, ROW_INDEX].tolist() == [0, 1] and rows[:, ROW_OWNER].tolist() == [RANK, RANK]
-    # real tokens per group: prompt [5, 6] twice with responses of 1 and 2 tokens; prompt [7] with 3 and 0
-    assert rows[:, ROW_TOKENS].tolist() == [(2 + 1) + (2 + 2), (1 + 3) + (1 + 0)]
-    assert rows[0].tolist() == list(GroupRow(0, RANK, 7, 0, 0, 1, 1, 0))  # the source's filter counts
+    # real tokens per group: a prompt of 2 characters twice, each with a response of 1
+    assert rows[:, ROW_TOKENS].tolist() == [(2 + 1) * 2, (2 + 1) * 2]
+    assert rows[:, ROW_VERSION].tolist() == [0, 0]
 
 
 def test_a_non_leader_rank_of_an_engine_sends_nothing() -> None:
-    log: list[tuple[Any, ...]] = []
-    transfer = _Transfer(log)
-    server = _serving(_Source(log, leader=False), transfer, lag=0, total=1)
+    server, _, transfer = _server(lag=0, total=1, log=[], leader=False)
     server.step(1)
     ((items, rows),) = transfer.sent
     assert items == {} and rows.shape == (0, len(GroupRow._fields))
@@ -185,15 +186,15 @@ def test_resume_continues_the_queue_and_versions_exactly(lag: int) -> None:
     for step in range(1, stop + 1):
         first.step(step)
     state = _through_checkpoint(first.state_dict())
-    resumed, source, resent = _server(lag, total, [])  # a fresh source at its start
+    resumed, groups, resent = _server(lag, total, [])  # a fresh producer at its start
     resumed.load_state_dict(state, stop)
-    assert source.made == min(stop + lag, total)  # continues after the last batch made, not the last one sent
+    assert groups.draws == min(stop + lag, total)  # continues after the last batch made, not the last one sent
     for step in range(stop + 1, total + 1):
         resumed.step(step)
     after = sent.sent[stop:]
     assert [_number(items) for items, _ in resent.sent] == [_number(items) for items, _ in after]
     for (items, rows), (want_items, want_rows) in zip(resent.sent, after, strict=True):
-        assert torch.equal(rows, want_rows)  # versions included
+        assert torch.equal(_untimed(rows), _untimed(want_rows))  # versions included
         assert items.keys() == want_items.keys()
         for g in items:
             assert items[g].keys() == want_items[g].keys()
@@ -301,7 +302,7 @@ def test_server_and_proxy_together_give_the_documented_staleness(lag: int) -> No
     for step in range(1, 6):
         server.step(step)
         batch = rollouts.next_batch(step)
-        assert _number({0: batch.to_wire()}) == step - 1  # the source's batches in order
+        assert _number({0: batch.to_wire()}) == (step - 1) % 4  # the draws in order
         staleness.append(rollouts.metrics()["rollout/staleness"])
     assert staleness == [float(min(step - 1, lag)) for step in range(1, 6)]
 

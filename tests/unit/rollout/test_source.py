@@ -17,9 +17,11 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
-from torchrl_post.rollout.batches import AheadBatches
+from torchrl_post.rollout.groups import Groups, Samples
+from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.source import EngineSource, SourceSettings
+from torchrl_post.rollout.taken import Fill
 from torchrl_post.types import Batch
 
 TOK = build_char_tokenizer()
@@ -125,6 +127,11 @@ def _settings(
     )
 
 
+def whole_batches(lag: int = 0) -> Fill:
+    """The fill policy of whole batches (no partial rollouts), `lag` batches ahead."""
+    return Fill(False, lag, 0, 0, recompute=False, max_staleness=None, on_arrival=False)
+
+
 def _source(
     settings: SourceSettings | None = None,
     dp_rank: int = 0,
@@ -132,7 +139,7 @@ def _source(
     engine_index: int = 0,
     n_engines: int = 1,
 ) -> tuple[LocalRollouts, ScriptedEngine]:
-    """The source as a colocated step drives it: whole batches (rollout/batches.py) through rollout/local.py."""
+    """The source as a colocated step drives it: whole batches (rollout/groups.py) through rollout/local.py."""
     settings = settings or _settings()
     engine = ScriptedEngine()
     sampler = ShardedBatchSampler(len(TRAIN), settings.prompts_per_step, dp_rank, dp_size, seed=0, shuffle=False)
@@ -148,7 +155,8 @@ def _source(
         n_engines=n_engines,
         engine_leader=True,
     )
-    return LocalRollouts(source, AheadBatches(source), streaming=False), engine
+    groups = Groups(source, Samples(source, InflightStream(engine), carry=False), whole_batches())
+    return LocalRollouts(source, groups, streaming=False), engine
 
 
 def _texts(batch: Batch) -> list[str]:
@@ -193,12 +201,12 @@ def test_a_ranks_share_keeps_its_positions_in_the_global_batch_as_group_ids() ->
     assert engine.calls[0][0] == [TOK.encode("q2"), TOK.encode("q3")] and engine.calls[0][1] == [2, 3]
 
 
-@pytest.mark.parametrize("step", [1, 4])
-def test_sampling_seed_follows_the_trainer_seed_and_step(step: int) -> None:
+def test_sampling_seed_follows_the_trainer_seed_and_the_draw() -> None:
     source, engine = _source()
-    source.next_batch(step)
+    for step in (1, 2, 3):
+        source.next_batch(step)
+    assert [c[2].seed for c in engine.calls] == [SEED * 7919 + k for k in (1, 2, 3)]  # one draw per step
     params = engine.calls[0][2]
-    assert params.seed == SEED * 7919 + step
     assert (params.n, params.temperature, params.max_tokens) == (N, 0.7, 5)
 
 
@@ -232,17 +240,19 @@ def test_validation_splits_the_set_over_engines() -> None:
 # --- rejection sampling -----------------------------------------------------------------------------------------
 
 
-def test_rejection_keeps_informative_groups_draws_extra_rounds_and_counts_them() -> None:
+def test_rejection_drops_uniform_groups_as_they_complete_draws_more_and_counts_them() -> None:
     source, engine = _source(_settings(rejection=RejectionSampleConfig(enable=True, max_extra_rounds=2)))
     batch = source.next_batch(1)
-    # q0 is uniform: dropped; one extra round draws q2, q3 (uids 2, 3: an extra round's own seeds); q1 and q2 are
-    # taken as groups 0 and 1; q3 waits in the reserve.
-    assert [c[1] for c in engine.calls] == [[0, 1], [2, 3]]
-    assert [c[2].seed for c in engine.calls] == [SEED * 7919 + 1] * 2
+    # q0 is uniform: dropped; another share is drawn (q2, q3: the draw's own seed, the same positions); q1 and q2
+    # are taken in the order drawn, as groups 0 and 1; q3 waits for the next step.
+    assert [c[1] for c in engine.calls] == [[0, 1], [0, 1]]
+    assert [c[2].seed for c in engine.calls] == [SEED * 7919 + 1, SEED * 7919 + 2]
     assert _texts(batch) == ["1", "2", "22", "1"]
     assert batch.group_ids.tolist() == [0, 0, 1, 1] and batch.weights.tolist() == [1.0] * 4
-    assert source.source.filter_counts == {"dropped_groups": 1, "extra_rounds": 1, "short_groups": 0}
-    assert source.metrics() == {
+    metrics = dict(source.metrics())
+    for timing in ("timing_s/gen_engine", "timing_s/rollout_wait"):
+        metrics.pop(timing, None)
+    assert metrics == {
         "rollout/staleness": 0.0,
         "rollout/staleness_mean": 0.0,
         "rollout/staleness_groups/0": 2.0,
@@ -251,24 +261,26 @@ def test_rejection_keeps_informative_groups_draws_extra_rounds_and_counts_them()
         "filter/rejection/extra_rounds": 1.0,
         "filter/rejection/short_groups": 0.0,
     }
-    assert len(source.source.reserve) == 1 and _texts(source.source.reserve[0]) == ["1", "333"]
-    batch = source.next_batch(2)  # the reserve first, then q4 (q5 left over)
+    assert [_texts(d.batch) for d in source.producer.ready] == [["1", "333"]]  # type: ignore[attr-defined]
+    batch = source.next_batch(2)  # q3 first, then q4 (q5 left over)
     assert _texts(batch) == ["1", "333", "x", "1"]
     assert batch.group_ids.tolist() == [0, 0, 1, 1]
-    assert source.source.filter_counts == {"dropped_groups": 0, "extra_rounds": 0, "short_groups": 0}
-    assert len(engine.calls) == 3 and [_texts(r) for r in source.source.reserve] == [["1", "yy"]]
+    assert source.metrics()["filter/rejection/dropped_groups"] == 0.0
+    assert len(engine.calls) == 3 and [_texts(d.batch) for d in source.producer.ready] == [["1", "yy"]]  # type: ignore[attr-defined]
 
 
-def test_rejection_fills_with_dropped_groups_at_weight_zero_when_the_rounds_are_spent() -> None:
+def test_rejection_keeps_uniform_groups_at_weight_zero_once_its_budget_is_spent() -> None:
     settings = _settings(rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1))
     source, engine = _source(settings)
-    source.source.sampler.batch_in_epoch = 3  # q6, q7 (both uniform), then an extra round from the next epoch: q0, q1
+    source.source.sampler.batch_in_epoch = 3  # q6, q7 (both uniform), then the next epoch: q0 (uniform), q1
     batch = source.next_batch(1)
     assert len(engine.calls) == 2
-    assert _texts(batch) == ["1", "2", "2", "2"]  # q1 (informative) first, then q6 at weight 0
-    assert batch.weights.tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert source.source.filter_counts == {"dropped_groups": 3, "extra_rounds": 1, "short_groups": 1}
-    assert source.source.reserve == []
+    # The budget (1 round x a share of 2) drops q6 and q7; q0, drawn after, is kept at weight 0, in draw order.
+    assert _texts(batch) == ["1", "1", "1", "2"]
+    assert batch.weights.tolist() == [0.0, 0.0, 1.0, 1.0]
+    m = source.metrics()
+    counts = [m[f"filter/rejection/{k}"] for k in ("dropped_groups", "extra_rounds", "short_groups")]
+    assert counts == [2.0, 1.0, 1.0]
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------------
@@ -282,11 +294,10 @@ def _through_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buf, weights_only=True)
 
 
-def test_state_dict_round_trips_the_sampler_position_and_the_reserve() -> None:
+def test_state_dict_round_trips_the_sampler_position_and_the_groups_left_over() -> None:
     settings = _settings(rejection=RejectionSampleConfig(enable=True, max_extra_rounds=2))
     source, _ = _source(settings)
     source.next_batch(1)
-    assert len(source.source.reserve) == 1
     state = _through_checkpoint(source.state_dict())
     restored, _ = _source(settings)
     restored.load_state_dict(state)
@@ -295,7 +306,8 @@ def test_state_dict_round_trips_the_sampler_position_and_the_reserve() -> None:
         == source.source.sampler.state_dict()
         == {"epoch": 0, "batch_in_epoch": 2, "num_items": 8}
     )
-    assert len(restored.source.reserve) == 1 and _same(restored.source.reserve[0], source.source.reserve[0])
+    left, kept = restored.producer.ready, source.producer.ready  # type: ignore[attr-defined]
+    assert len(left) == 1 and _same(left[0].batch, kept[0].batch)
     for step in (2, 3, 4):  # the resumed source makes the batches the uninterrupted one makes
         assert _same(restored.next_batch(step), source.next_batch(step)), step
 

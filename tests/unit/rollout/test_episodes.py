@@ -1,5 +1,5 @@
-"""Tests of torchrl_post/rollout/streaming_episodes.py (and agent/loop.py's Episodes under it): groups of multi-turn
-agent episodes streamed over a stepped stand-in engine. Each prompt's episodes last a scripted number of turns of a
+"""Tests of torchrl_post/rollout/episodes.py and rollout/groups.py's EpisodeMembers (the turn logic of
+agent/loop.py): groups of multi-turn agent episodes streamed over a stepped stand-in engine. Each prompt's episodes last a scripted number of turns of a
 scripted number of tokens; each token's logprob names the weights that produced it. The streamed training run is
 tests/e2e/test_streaming.py."""
 
@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import torch
 
+from tests.unit.rollout.test_groups import SteppedEngine, _run, partial
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings
-from tests.unit.rollout.test_streaming import SteppedEngine, _run
 from torchrl_post.agent.chat import ChatAgent
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.logging.timing import Timer
+from torchrl_post.rollout.episodes import Episodes
+from torchrl_post.rollout.groups import EpisodeMembers, Groups
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import StreamSettings
-from torchrl_post.rollout.streaming_episodes import EpisodeGroupStream
 
 # Each prompt's episodes: (turns, tokens per turn). q3 runs 3 turns of 2 tokens: it spans weight updates.
 SCRIPT = {
@@ -57,7 +57,7 @@ class TurnsEnv:
 
 
 class EpisodeEngine(SteppedEngine):
-    """test_streaming.py's stepped engine (one token per request and step: "1" as a turn's last token, "x" before
+    """test_groups.py's stepped engine (one token per request and step: "1" as a turn's last token, "x" before
     it), for chat prompts: the first user message names the script; a re-added turn (its tokens so far after the
     last generation prompt) goes on where it stopped."""
 
@@ -86,7 +86,7 @@ def _loop(engine: EpisodeEngine) -> AgentLoop:
 
 def _groups(
     in_flight: int = 4, max_staleness: int | None = None, recompute: bool = False
-) -> tuple[EpisodeGroupStream, EpisodeEngine]:
+) -> tuple[Groups[Any], EpisodeEngine]:
     engine = EpisodeEngine()
     settings = replace(_settings(prompts=2), max_response_length=16)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
@@ -96,7 +96,14 @@ def _groups(
         episodes=loop,
     )  # type: ignore[arg-type]  # fmt: skip
     episodes = loop.episodes(recompute)
-    return EpisodeGroupStream(source, episodes, StreamSettings(in_flight, max_staleness), stepwise=False), engine
+    members = EpisodeMembers(source, episodes, stepwise=False)
+    return Groups(source, members, partial(in_flight, max_staleness, recompute)), engine
+
+
+def _episodes(groups: Groups[Any]) -> Episodes:
+    members = groups.members
+    assert isinstance(members, EpisodeMembers)
+    return members.episodes
 
 
 def _name(batch: Any) -> str:
@@ -116,7 +123,7 @@ def test_groups_come_in_completion_order_and_turns_spanning_an_update_carry_both
     second = groups.take(2)
     assert [_name(d.batch) for d in second.groups] == ["q1", "q4"]
     assert [d.partial for d in second.groups] == [2, 0] and [d.oldest for d in second.groups] == [0, 1]
-    q3 = groups.episodes.live["2.1.0"].traj
+    q3 = _episodes(groups).live["2.1.0"].traj
     assert [s.versions for s in q3.steps] == [[0, 1]], "the first turn spans the update"
     taken = []
     for step in range(3, 8):
@@ -150,7 +157,7 @@ def test_colocated_turns_leave_the_engine_for_the_update_and_come_back_with_thei
     first = dict(engine.added[:before])
     assert all(readded[rid] != first[rid] for rid in ("1.1.0", "1.1.1", "2.1.0", "2.1.1"))
     assert [_name(d.batch) for d in second.groups] == ["q1", "q4"] and second.groups[0].partial == 2
-    assert [s.versions for s in groups.episodes.live["2.1.0"].traj.steps] == [[0, 1]]
+    assert [s.versions for s in _episodes(groups).live["2.1.0"].traj.steps] == [[0, 1]]
 
 
 def test_max_staleness_drops_episode_groups_too_old_and_stops_them() -> None:
@@ -161,7 +168,7 @@ def test_max_staleness_drops_episode_groups_too_old_and_stops_them() -> None:
     assert "q3" not in [name for name, _, _ in kept], "bounded at 1, it is dropped"
     # q3 (draw 2, position 1) was dropped between two turns: its episodes stop, nothing to abort. q7 (draw 4,
     # position 1) was dropped in the middle of a turn: its requests are aborted.
-    assert "2.1" not in stale.pending and not {"2.1.0", "2.1.1"} & set(stale.episodes.live)
+    assert "2.1" not in stale.pending and not {"2.1.0", "2.1.1"} & set(_episodes(stale).live)
     assert {"4.1.0", "4.1.1"} <= set(engine.aborted) and "2.1.0" not in engine.aborted
     assert len(kept) == len(plain) == 8 * 2  # every step still takes its share
 

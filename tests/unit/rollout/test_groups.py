@@ -1,5 +1,5 @@
-"""Tests of torchrl_post/rollout/streaming.py (and the stream of rollout/inflight.py under it): groups streamed
-over a stepped stand-in engine whose responses have scripted lengths (a long tail), each token's logprob naming the
+"""Tests of torchrl_post/rollout/groups.py with partial rollouts (and the stream of rollout/inflight.py under it):
+groups streamed over a stepped stand-in engine whose responses have scripted lengths (a long tail), each token's logprob naming the
 weights that produced it. The real vLLM engine's in-flight update is tests/distributed/test_inflight.py; the
 streamed training runs are tests/e2e/test_streaming.py."""
 
@@ -19,9 +19,10 @@ from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
+from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.streaming import Groups, GroupStream, StreamSettings
+from torchrl_post.rollout.taken import Fill
 
 # Response length of each prompt's samples (tokens): most short, q3 long (it spans weight updates).
 LENGTHS = {"q0": 1, "q1": 2, "q2": 1, "q3": 7, "q4": 1, "q5": 3, "q6": 1, "q7": 2}
@@ -100,7 +101,7 @@ def _groups(
     rejection: RejectionSampleConfig | None = None,
     record_routes: bool = False,
     data: PromptDataset = TRAIN,
-) -> tuple[GroupStream, SteppedEngine]:
+) -> tuple[Groups[InflightSample], SteppedEngine]:
     engine = SteppedEngine(record_routes)
     settings = replace(_settings(prompts=2, rejection=rejection), max_response_length=8)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
@@ -117,7 +118,18 @@ def _groups(
         engine_leader=True,
     )  # type: ignore[arg-type]
     stream = InflightStream(engine, recompute=recompute)  # type: ignore[arg-type]
-    return GroupStream(source, stream, StreamSettings(in_flight, max_staleness)), engine
+    return Groups(source, Samples(source, stream, carry=True), partial(in_flight, max_staleness, recompute)), engine
+
+
+def _stream(groups: Groups[InflightSample]) -> InflightStream:
+    members = groups.members
+    assert isinstance(members, Samples)
+    return members.stream
+
+
+def partial(in_flight: int, max_staleness: int | None = None, recompute: bool = False) -> Fill:
+    """The fill policy of partial rollouts: `in_flight` groups on the one engine."""
+    return Fill(True, 0, in_flight, in_flight, recompute, max_staleness, on_arrival=False)
 
 
 def _texts(batch: Any) -> list[str]:
@@ -162,7 +174,7 @@ def test_a_step_takes_the_first_groups_to_complete_and_long_ones_carry_on_across
 def test_recompute_re_adds_the_requests_in_flight_at_an_update_with_their_tokens() -> None:
     groups, engine = _groups(in_flight=4, recompute=True)
     groups.take(1)
-    live = {rid: len(s.tokens) for rid, s in groups.stream.live.items()}
+    live = {rid: len(s.tokens) for rid, s in _stream(groups).live.items()}
     before = len(engine.added)
     groups.update(iter(()), version=1)
     assert sorted(engine.aborted) == sorted(live)
@@ -268,12 +280,12 @@ def test_the_prompts_images_reach_the_engine_on_every_add_and_re_add() -> None:
     data = replace(TRAIN, images=[[f"image of {q}"] for q in names], mm_inputs=[{}] * len(TRAIN))
     groups, engine = _groups(in_flight=4, recompute=True, data=data)
     groups.take(1)
-    live = list(groups.stream.live)
+    live = list(_stream(groups).live)
     groups.update(iter(()), version=1)
     groups.take(2)  # the re-adds happen at its first engine step
     assert live and all(len(engine.images[rid]) == 2 for rid in live), "re-added after the update"
     state = _saved(groups.state_dict())
-    live = list(groups.stream.live)
+    live = list(_stream(groups).live)
     resumed, engine_after = _groups(in_flight=4, recompute=True, data=data)
     resumed.load_state_dict(state)
     resumed.take(3)

@@ -1,0 +1,470 @@
+"""The one rollout producer: an engine's prompt groups, drawn in its share of the sampler's batches, generated member
+by member (a member is one sample, or one agent episode of several turns), scored when the last member ends,
+admitted (rejection sampling), and taken by the steps. How far ahead, and whether unfinished members survive an
+update, is the run plan's fill policy (`rollout.taken.Fill`), which this class only reads:
+
+    groups = Groups(source, Samples(source, stream, fill.carry), fill)   # or EpisodeMembers: agent episodes
+    part = groups.take(step)              # engine steps until this engine's share of complete groups is ready
+    groups.fill(ahead=1, next_step=...)   # rollout ranks: fill the next batch(es) while the actor trains
+    groups.update(weights, version)       # at an engine-step boundary
+
+Whole batches (`fill.carry` false): a draw is generated to its end before the next is drawn, a step takes its groups
+in the order they were drawn, and nothing is in flight at an update: batch k is made at step k with the weights of
+update k - 1, or `fill.lag` steps ahead on rollout ranks. Partial rollouts (`fill.carry`, rollout.partial_rollout): the
+engine keeps `fill.in_flight` groups generating or complete-and-untaken, a step takes the first groups to complete,
+and the unfinished members carry on across updates.
+
+Every member is a request of `rollout/inflight.py`'s stream (a turn of an episode is one), so every token keeps the
+policy version that sampled it and the engine's logprob of it (`Batch.rollout_log_probs`). A group's staleness at
+step k is (k - 1) minus the oldest version among its tokens; `fill.max_staleness` drops a group before a step would
+take it, and stops generating one that can no longer make it. Rejection sampling is admission: a complete group
+whose rewards are all equal is dropped and another share drawn, at most rejection_sample.max_extra_rounds x the
+share between two steps, after which such a group is kept at weight 0.
+
+Seeds follow the draw and the group's position in its batch (sample j of a group seeded as `LLM.generate` seeds an
+n-sample request's j-th), so whole batches are the very samples of one `generate` call, and a run resumes exactly:
+the engine steps between two updates are counted, not timed, and a checkpoint re-adds the requests in flight with
+their tokens so far in the run that saves as in the run that resumes (2 steps + resume + 2 equals 4 straight).
+rollout.update_on_arrival trades that for rollout ranks that never wait while they have work (`generate_until`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
+from torchrl_post.engines.batch import collate, version_rows
+from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
+from torchrl_post.rollout.filters import compact_filter, uniform_groups
+from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
+from torchrl_post.rollout.source import EngineSource, episode_tasks
+from torchrl_post.rollout.taken import DoneGroup, Fill, TakenGroups
+from torchrl_post.types import Batch, Generation
+
+M = TypeVar("M")
+"""What a group's members are when they end: finished samples (InflightSample) or episodes (Trajectory)."""
+
+
+@dataclass
+class PendingGroup(Generic[M]):
+    """A prompt's group while its members generate."""
+
+    index: int
+    """Its row in the training set."""
+    position: int
+    """Its position in the draw's batch (with the draw, its members' seeds)."""
+    draw: int
+    done: dict[int, M] = field(default_factory=dict)
+    """Ended members by their index in the group."""
+
+
+class Members(Protocol[M]):
+    """What a member is and how it steps: single samples (`Samples`) or agent episodes (`EpisodeMembers`)."""
+
+    version: int
+    """The policy version the next generated tokens come from."""
+
+    def live(self) -> int:
+        """Requests generating now."""
+        ...
+
+    def busy(self) -> bool:
+        """Some member still generates (or waits for its environment)."""
+        ...
+
+    def advance(self) -> list[tuple[str, M]]:
+        """One engine step: (member id "{group key}.{j}", member) of the members that ended."""
+        ...
+
+    def start(self, key: str, group: PendingGroup[M], n: int) -> None:
+        """Start the group's `n` members from the beginning."""
+        ...
+
+    def batch(self, group: PendingGroup[M], members: list[M]) -> Batch:
+        """The complete group as a scored batch."""
+        ...
+
+    def versions(self, member: M) -> list[int]:
+        """The policy version of each of an ended member's tokens."""
+        ...
+
+    def oldest(self, member_id: str) -> int | None:
+        """The oldest version among a running member's tokens so far (None: none yet)."""
+        ...
+
+    def drop(self, member_ids: list[str]) -> None:
+        """Stop these running members for good."""
+        ...
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def suspend(self) -> None:
+        """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
+        ...
+
+    def save(self, pending: dict[str, PendingGroup[M]], n: int) -> dict[str, Any]:
+        """The groups generating as plain values; the run that saves continues as the run that resumes will."""
+        ...
+
+    def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[M]], n: int) -> None: ...
+
+
+class Groups(Generic[M]):
+    """One engine's groups as the rollout ranks' program (rollout/remote.py: RolloutServer) and a colocated actor
+    (rollout/local.py: LocalRollouts) drive them; the `Producer` of rollout/taken.py."""
+
+    def __init__(self, source: EngineSource, members: Members[M], fill: Fill, total_steps: int = 1 << 62) -> None:
+        self.source, self.members, self.policy, self.total_steps = source, members, fill, total_steps
+        self.n = source.settings.group_size
+        """Members per group (rollout.n)."""
+        self.draws = 0
+        self.pending: dict[str, PendingGroup[M]] = {}
+        """group key (draw.position) -> its group."""
+        self.ready: list[DoneGroup] = []
+        self.share = 0
+        """Groups per step from this engine (its share of the sampler's batch)."""
+        self.positions: list[int] = []
+        """This engine's positions in a step's batch (the ids its groups take)."""
+        self.rejection = source.rejection
+        self.stale_dropped, self.rejected, self.short = 0, 0, 0
+        """Since the last take: groups dropped as too stale, uniform groups dropped (rejection sampling), uniform
+        groups kept at weight 0 (the budget of drops was spent)."""
+        self.engine_seconds = self.reward_seconds = 0.0
+
+    # ---- a step ---------------------------------------------------------------------------------------
+    def take(self, step: int) -> TakenGroups:
+        """This engine's share of step `step`, relabelled with the engine's positions in the batch: the first
+        groups to complete (partial rollouts) or the first drawn (whole batches), within the staleness bound."""
+        self.fill(1, step)
+        if not self.policy.carry:
+            self.ready.sort(key=lambda d: (d.draw, d.position))
+        taken, self.ready = self.ready[: self.share], self.ready[self.share :]
+        for done, g in zip(taken, self.positions, strict=True):
+            done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
+        rounds = -(-self.rejected // max(self.share, 1))
+        out = TakenGroups(
+            taken, self.engine_seconds, self.stale_dropped, self.members.live(), self.rejected, rounds, self.short,
+            self.reward_seconds,
+        )  # fmt: skip
+        self.stale_dropped, self.rejected, self.short = 0, 0, 0
+        self.engine_seconds = self.reward_seconds = 0.0
+        return out
+
+    def fill(self, batches: int, next_step: int) -> None:
+        """Generate until `batches` steps' shares of complete groups are ready, the next taken at `next_step`
+        (whole batches: never past the last step, and every draw to its end)."""
+        carry = self.policy.carry
+        if not carry:
+            batches = min(batches, self.total_steps - next_step + 1)
+            if batches <= 0:
+                return
+        else:
+            self._top_up(0)
+        while True:
+            self._drop_stale(next_step)
+            need = batches * self.share
+            if self.share and len(self.ready) >= need and (carry or not self.pending):
+                return
+            self._top_up(need)
+            if not self.members.busy():  # everything in flight was dropped as stale: more prompts, whatever fits
+                self._draw()
+            self._step()
+
+    def generate_until(self, arrived: Callable[[], bool], next_step: int) -> int:
+        """rollout.update_on_arrival: engine steps until `arrived()` (polled between them), starting new prompts
+        while the groups kept in flight allow. Returns the engine steps taken; stops early when nothing is left
+        to generate (every group in flight is complete and untaken: the caller waits)."""
+        steps = 0
+        while not arrived():
+            self._drop_stale(next_step)
+            self._top_up(0)
+            if not self.members.busy():
+                break
+            self._step()
+            steps += 1
+        return steps
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """New weights at an engine-step boundary (rollout ranks); what is in flight goes on under `version`."""
+        self.members.update(weights, version)
+        self._drop_stale(version + 1)
+
+    def at_version(self, version: int) -> None:
+        """The engine's weights were replaced outside the producer (a colocated sync) while it was suspended."""
+        self.members.version = version
+
+    def suspend(self) -> None:
+        """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
+        self.members.suspend()
+
+    # ---- drawing and completing -------------------------------------------------------------------------
+    def _step(self) -> None:
+        t = time.perf_counter()
+        ended = self.members.advance()
+        self.engine_seconds += time.perf_counter() - t
+        for rid, member in ended:
+            key, j = rid.rsplit(".", 1)
+            group = self.pending[key]
+            group.done[int(j)] = member
+            if len(group.done) == self.n:
+                del self.pending[key]
+                self._admit(self._scored(group))
+
+    def _scored(self, group: PendingGroup[M]) -> DoneGroup:
+        t = time.perf_counter()
+        members = [group.done[j] for j in range(self.n)]
+        batch = self.members.batch(group, members)
+        versions = [self.members.versions(m) for m in members]
+        if self.source.masked:
+            compact_filter(batch, self.source.masked)
+        self.reward_seconds += time.perf_counter() - t
+        oldest = min((v for vs in versions for v in vs), default=self.members.version)
+        return DoneGroup(batch, oldest, sum(len(set(vs)) > 1 for vs in versions), group.draw, group.position)
+
+    def _admit(self, done: DoneGroup) -> None:
+        """A complete group joins the ready ones, except that rejection sampling drops a group whose rewards are
+        all equal (no GRPO signal) and another is drawn in its place; at most rejection_sample.max_extra_rounds x
+        this engine's share are dropped between two steps, after which a uniform group is kept at weight 0 (it
+        leaves every loss and denominator)."""
+        if self.rejection.enable and uniform_groups(done.batch):
+            if self.rejected < self.rejection.max_extra_rounds * max(self.share, 1):
+                self.rejected += 1
+                return
+            done.batch.weights = torch.zeros_like(done.batch.weights)
+            self.short += 1
+        self.ready.append(done)
+
+    def _top_up(self, need: int) -> None:
+        """Partial rollouts: draw another share while it fits in the groups kept in flight (always when idle).
+        Whole batches: draw a share when the last one is complete and `need` groups are not ready."""
+        if not self.policy.carry:
+            if not self.pending and (not self.share or len(self.ready) < need):
+                self._draw()
+            return
+        while not self.share or len(self.pending) + len(self.ready) + self.share <= self.policy.per_engine:
+            self._draw()
+            if not self.share:
+                break
+
+    def _draw(self) -> None:
+        idx, positions = self.source.sampler.next_batch()
+        self.share, self.positions = len(idx), positions
+        self.draws += 1
+        for index, position in zip(idx, positions, strict=True):
+            key = f"{self.draws}.{position}"
+            self.pending[key] = PendingGroup(index, position, self.draws)
+            self.members.start(key, self.pending[key], self.n)
+
+    def _drop_stale(self, next_step: int) -> None:
+        """Drop what would exceed trainer.max_staleness when taken at `next_step` or later: complete groups, and
+        groups still generating whose oldest token is already too old (their members are stopped)."""
+        bound = self.policy.max_staleness
+        if bound is None:
+            return
+        oldest_allowed = (next_step - 1) - bound
+        kept = [d for d in self.ready if d.oldest >= oldest_allowed]
+        self.stale_dropped += len(self.ready) - len(kept)
+        self.ready = kept
+        for key, group in list(self.pending.items()):
+            running = [f"{key}.{j}" for j in range(self.n) if j not in group.done]
+            versions = [v for m in group.done.values() for v in self.members.versions(m)]
+            versions += [v for rid in running if (v := self.members.oldest(rid)) is not None]
+            if versions and min(versions) < oldest_allowed:
+                self.members.drop(running)
+                del self.pending[key]
+                self.stale_dropped += 1
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values: the sampler's position, the draws, the groups generating (the members' own format) and
+        the complete ones."""
+        return {
+            "sampler": self.source.sampler.state_dict(),
+            "draws": self.draws,
+            "share": self.share,
+            "positions": list(self.positions),
+            "counts": [self.rejected, self.short],
+            "ready": [
+                {"batch": d.batch.to_wire(), "at": [d.oldest, d.partial, d.draw, d.position]} for d in self.ready
+            ],
+            "members": self.members.save(self.pending, self.n),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.source.sampler.load_state_dict(state["sampler"])
+        self.draws, self.share = int(state["draws"]), int(state["share"])
+        self.positions = [int(p) for p in state["positions"]]
+        self.rejected, self.short = (int(c) for c in state["counts"])
+        self.ready = [DoneGroup(Batch.from_wire(d["batch"]), *(int(v) for v in d["at"])) for d in state["ready"]]
+        self.pending = {}
+        self.members.load(state["members"], self.pending, self.n)
+
+
+def _group_state(key: str, g: PendingGroup[Any]) -> dict[str, Any]:
+    return {"key": key, "index": g.index, "position": g.position, "draw": g.draw}
+
+
+class Samples:
+    """Members that are single samples: one request each, seeded by the group's position and the sample's index,
+    with the prompt's images; a group is scored by the reward function when its last sample finishes."""
+
+    def __init__(self, source: EngineSource, stream: InflightStream, carry: bool) -> None:
+        """`carry`: the requests report their tokens at each engine step (partial rollouts), else at their end."""
+        self.source, self.stream, self.carry = source, stream, carry
+
+    @property
+    def version(self) -> int:
+        return self.stream.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.stream.version = version
+
+    def live(self) -> int:
+        return len(self.stream.live)
+
+    def busy(self) -> bool:
+        return bool(self.stream.live)
+
+    def advance(self) -> list[tuple[str, InflightSample]]:
+        return [(s.request_id, s) for s in self.stream.step()]
+
+    def start(self, key: str, group: PendingGroup[InflightSample], n: int) -> None:
+        prompt = self.source.data.prompt_ids[group.index]
+        params = self.source.sampling(group.draw, validation=False)
+        for j in range(n):
+            one = replace(params, n=1, sample=j, progress=self.carry)
+            self.stream.add(f"{key}.{j}", prompt, one, group.position, self._images(group.index))
+
+    def _images(self, index: int) -> list[Any]:
+        """The images of the training set's row `index` (none for a text-only model)."""
+        return self.source.data.images[index] if self.source.data.images else []
+
+    def batch(self, group: PendingGroup[InflightSample], members: list[InflightSample]) -> Batch:
+        prompts = self.source.prompt_batch([group.index], [group.position])
+        routes = [s.routes for s in members if s.routes is not None]  # recorded for all or none
+        gen = Generation(
+            [s.tokens for s in members],
+            [s.logprobs for s in members],
+            [s.finish_reason or "length" for s in members],
+            routed_experts=routes or None,
+        )
+        n = len(members)
+        batch = collate(prompts, gen, n, self.source.pad_id, self.source.vision)
+        batch.behavior_versions = version_rows([s.versions for s in members], batch.response_width)
+        self.source.score(batch, prompts, n)
+        return batch
+
+    def versions(self, member: InflightSample) -> list[int]:
+        return member.versions
+
+    def oldest(self, member_id: str) -> int | None:
+        s = self.stream.live.get(member_id)
+        return s.versions[0] if s is not None and s.versions else None
+
+    def drop(self, member_ids: list[str]) -> None:
+        self.stream.drop(member_ids)
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.stream.update(weights, version)
+
+    def suspend(self) -> None:
+        self.stream.suspend()
+
+    def save(self, pending: dict[str, PendingGroup[InflightSample]], n: int) -> dict[str, Any]:
+        """The groups generating with their finished samples, and the requests in flight; those are re-added here
+        (as after a resume), so the run that saves continues exactly as the run that resumes from it."""
+        self.stream.suspend()
+        groups = [
+            _group_state(key, g) | {"done": {str(j): sample_state(s) for j, s in g.done.items()}}
+            for key, g in pending.items()
+        ]
+        return {"version": self.stream.version, "pending": groups, "live": self.stream.export()}
+
+    def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[InflightSample]], n: int) -> None:
+        for g in state["pending"]:
+            group: PendingGroup[InflightSample] = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
+            group.done = {int(j): sample_from_state(s) for j, s in g["done"].items()}
+            pending[g["key"]] = group
+        self.stream.adopt(state["live"], int(state["version"]))
+        for rid, s in self.stream.live.items():  # the images are the data set's, not the state's
+            s.images = self._images(pending[rid.rsplit(".", 1)[0]].index)
+
+
+class EpisodeMembers:
+    """Members that are agent episodes (rollout/episodes.py), run turn by turn; a group is made into a batch as
+    agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'.
+
+    A checkpoint restarts the groups still generating from their first turn (their environments reset, their seeds
+    as before), in the run that saves as in the run that resumes, so the two continue alike; the saving run's engine
+    also forgets its prefix cache (agent runs enable it), whose blocks may come from earlier weights. That is exact
+    when the environments answer in a fixed order: agent.env_workers=0 (a thread pool's answers arrive when they
+    are ready)."""
+
+    def __init__(self, source: EngineSource, episodes: Episodes, stepwise: bool) -> None:
+        """`stepwise`: a row per turn (algorithm.stepwise_advantage), else one per trajectory."""
+        self.source, self.episodes, self.stepwise = source, episodes, stepwise
+
+    @property
+    def version(self) -> int:
+        return self.episodes.stream.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.episodes.stream.version = version
+
+    def live(self) -> int:
+        return len(self.episodes.live)
+
+    def busy(self) -> bool:
+        return self.episodes.running
+
+    def advance(self) -> list[tuple[str, Trajectory]]:
+        return self.episodes.advance()
+
+    def start(self, key: str, group: PendingGroup[Trajectory], n: int) -> None:
+        """The group's episodes from their first turn, seeded by its position and episode index."""
+        prompts = self.source.prompt_batch([group.index], [group.position])
+        ((uid, task),) = episode_tasks(prompts)
+        starts = [(f"{key}.{j}", uid, task, j * EPISODE_SEED + uid) for j in range(n)]
+        self.episodes.start(starts, self.source.sampling(group.draw, validation=False))
+
+    def batch(self, group: PendingGroup[Trajectory], members: list[Trajectory]) -> Batch:
+        pad_id = self.source.pad_id
+        return steps_to_batch(members, pad_id) if self.stepwise else trajectories_to_batch(members, pad_id)
+
+    def versions(self, member: Trajectory) -> list[int]:
+        return member.versions()
+
+    def oldest(self, member_id: str) -> int | None:
+        return self.episodes.oldest(member_id) if member_id in self.episodes.live else None
+
+    def drop(self, member_ids: list[str]) -> None:
+        self.episodes.drop(member_ids)
+
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.episodes.update(weights, version)
+
+    def suspend(self) -> None:
+        self.episodes.suspend()
+
+    def save(self, pending: dict[str, PendingGroup[Trajectory]], n: int) -> dict[str, Any]:
+        """The groups still running, restarted here from their first turn (as the run that resumes restarts them)."""
+        if pending:
+            self.episodes.drop([f"{key}.{j}" for key in pending for j in range(n)])
+            self.episodes.forget_cache()
+            for key, group in pending.items():
+                group.done = {}
+                self.start(key, group, n)
+        return {"version": self.version, "pending": [_group_state(key, g) for key, g in pending.items()]}
+
+    def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[Trajectory]], n: int) -> None:
+        self.version = int(state["version"])
+        for g in state["pending"]:
+            pending[g["key"]] = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
+            self.start(g["key"], pending[g["key"]], n)
