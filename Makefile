@@ -80,8 +80,11 @@ lint: setup
 	$(VENV)/bin/mypy torchrl_post
 	$(VENV)/bin/lint-imports
 
-test: setup lint
-	$(VENV)/bin/pytest -q tests --durations=25
+# Every test; prints the 25 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
+test:
+	@t=$$(date +%s) && $(MAKE) --no-print-directory setup && setup=$$(( $$(date +%s) - t )) && \
+	t=$$(date +%s) && $(MAKE) --no-print-directory lint && lint=$$(( $$(date +%s) - t )) && \
+	TORCHRL_POST_PHASES="setup=$$setup lint=$$lint" $(VENV)/bin/pytest -q tests --durations=25
 
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit

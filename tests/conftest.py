@@ -13,6 +13,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+TIERS = ("unit", "distributed", "e2e", "gpu")
+_tier_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's set-up, call and tear-down seconds, summed by tier (its directory under tests/)."""
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The suite's phases with their seconds: setup and lint (from `make test`, TORCHRL_POST_PHASES="setup=12
+    lint=40") and pytest's tiers (docs/tests.md keeps the table)."""
+    phases = [p.split("=") for p in os.environ.get("TORCHRL_POST_PHASES", "").split()]
+    rows = [(name, float(secs)) for name, secs in phases]
+    rows += [(t, _tier_seconds[t]) for t in (*TIERS, "other") if t in _tier_seconds]
+    if not rows:
+        return
+    terminalreporter.write_sep("=", "suite phases (seconds)")
+    for name, secs in rows:
+        terminalreporter.write_line(f"{name:<12} {secs:8.0f}")
+    terminalreporter.write_line(f"{'total':<12} {sum(s for _, s in rows):8.0f}")
 
 
 def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
