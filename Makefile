@@ -97,13 +97,15 @@ bench: demo
 bench-quick: demo
 	$(PY) -m benchmarks --quick $(ARGS)
 
-# The GPU acceptance list (benchmarks/gpu_check.py, docs/gpu.md): under 10 minutes on one GPU, a report in
-# benchmarks/results/gpu_check_*. No `setup` prerequisite: on a GPU machine it runs on that machine's own python
-# (its CUDA torch; `make setup` would install the CPU stack), the venv's only when one was built here. Without a
-# CUDA device it says so in one line and exits 0. `make gpu-check ARGS="--only packed_rows_sdpa"`.
+# The GPU tier (tests/gpu, docs/gpu.md): the GPU acceptance list as pytest tests, one per check, each in a process
+# of its own; under 10 minutes on one GPU, a report in benchmarks/results/gpu_check_*. No `setup` prerequisite: on
+# a GPU machine it runs on that machine's own python (its CUDA torch, and pytest; `make setup` would install the
+# CPU stack), the venv's only when one was built here. Without a CUDA device it says so in one line and exits 0
+# (`make test` skips the tier there). ARGS go to pytest: `make gpu-check ARGS="-k packed_rows"`,
+# `ARGS="--gpu-budget 570 --gpu-results DIR"`, `ARGS="-k cuda_nccl --gpu-device cpu"` (the plumbing, on CPU).
 PY_GPU ?= $(if $(wildcard $(PY)),$(PY),$(PY_SYS))
 gpu-check:
-	$(PY_GPU) -m benchmarks.gpu_check $(ARGS)
+	$(PY_GPU) -m pytest tests/gpu --gpu-check -v $(ARGS)
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -8,7 +8,8 @@ process, no torchrl_post import (only the gsm8k reward, loaded from torchrl_post
 both sides score alike). GRPOTrainer is configured as the project's run: `prompts` x `n` samples per step
 (per_device_train_batch_size = prompts * n, num_generations = n, one optimizer step per generation), at most
 `response_length` new tokens, temperature 1, beta 0 (no reference model), one iteration (no old-logprob
-pass), float32 (`--bf16`: bf16 autocast over float32 weights, as benchmarks/gpu_check.py runs it on a GPU),
+pass), float32 (`--bf16`: bf16 autocast over float32 weights, as the GPU tier's speed check runs it:
+tests/gpu/checks.py),
 torch AdamW at a constant learning rate, gradient clipping at 1.0. Generation is transformers' `generate` (use_vllm=False): TRL's vLLM colocate mode does not run on the CPU build of vLLM.
 
 Per step it records the wall time between on_step_begin and on_step_end (a TrainerCallback) and TRL's own

@@ -1,7 +1,7 @@
 """Where a distributed test worker computes: CPU and gloo unless TORCHRL_POST_TEST_DEVICE=cuda asks for a GPU.
 
 The CPU tests set nothing and get what they always got (`read_env("cpu")`, float32). The GPU acceptance check
-(benchmarks/gpu_check.py, `sequence_parallel`) sets `cuda`: each rank computes on cuda:LOCAL_RANK, or on
+(tests/gpu/checks.py, `sequence_parallel`) sets `cuda`: each rank computes on cuda:LOCAL_RANK, or on
 cuda:(LOCAL_RANK mod the GPUs) where there are fewer GPUs than ranks (one GPU hosts both ranks), and its process
 group is gloo all the same: NCCL cannot host two ranks on one GPU, and gloo's all_to_all_single, all_reduce,
 all_gather and broadcast take CUDA tensors (through pinned host copies; slow, and the point is parity, not

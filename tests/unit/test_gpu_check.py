@@ -1,5 +1,6 @@
-"""`make gpu-check` (benchmarks/gpu_check.py) without a GPU: the skip rules, the budget guard, the report's
-assembly, a check run in its own process (and killed at its limit), and the one line on a machine with no CUDA.
+"""The GPU tier's driver (tests/gpu/driver.py, tests/gpu/conftest.py, `make gpu-check`) without a GPU: the skip
+rules, the budget guard, the report's assembly, a check run in its own process (and killed at its limit), the
+one line on a machine with no CUDA, and the tier's tests skipped there without starting anything.
 
     .venv/bin/pytest -q tests/unit/test_gpu_check.py
 """
@@ -7,15 +8,21 @@ assembly, a check run in its own process (and killed at its limit), and the one 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from benchmarks import common, gpu_check
-from benchmarks.gpu_check import CHECKS, Check, Record, assemble, exit_code, skip_reason
+from benchmarks import common
+from tests.gpu import conftest as gpu_conftest
+from tests.gpu import driver
+from tests.gpu.driver import CHECKS, Check, Record, assemble, exit_code, skip_reason
 
 BY_NAME = {c.name: c for c in CHECKS}
 
@@ -32,10 +39,10 @@ def test_skip_reasons_name_the_missing_package_or_the_gpus() -> None:
 
 
 def test_every_check_has_a_worker_function() -> None:
-    from benchmarks import gpu_check_worker
+    from tests.gpu import checks
 
-    assert [c.name for c in CHECKS] == list(gpu_check_worker.CHECKS)
-    assert sum(c.timeout_s for c in CHECKS if not c.needs and c.min_gpus == 1) < gpu_check.BUDGET_S
+    assert [c.name for c in CHECKS] == list(checks.CHECKS)
+    assert sum(c.timeout_s for c in CHECKS if not c.needs and c.min_gpus == 1) < driver.BUDGET_S
 
 
 def test_budget_spent_fails_the_rest_and_skips_stay_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,14 +52,14 @@ def test_budget_spent_fails_the_rest_and_skips_stay_skipped(monkeypatch: pytest.
         ran.append(check.name)
         return Record(check.name, "passed", numbers={"limit": limit_s})
 
-    monkeypatch.setattr(gpu_check, "run_child", fake_child)
-    monkeypatch.setattr(gpu_check, "importable", lambda module: module != "vllm")
+    monkeypatch.setattr(driver, "run_child", fake_child)
+    monkeypatch.setattr(driver, "importable", lambda module: module != "vllm")
     checks = [BY_NAME["cuda_nccl"], BY_NAME["train_vllm_colocated"], BY_NAME["packed_rows_sdpa"]]
-    records = gpu_check.run_checks(checks, "cpu", budget_s=100)
+    records = driver.run_checks(checks, "cpu", budget_s=100)
     assert [r.status for r in records] == ["passed", "skipped", "passed"]
     assert records[0].numbers["limit"] == 60  # the check's own limit, below what is left of the budget
     assert records[2].numbers["limit"] <= 90
-    records = gpu_check.run_checks(checks, "cpu", budget_s=5)  # too little left to start anything
+    records = driver.run_checks(checks, "cpu", budget_s=5)  # too little left to start anything
     assert [r.status for r in records] == ["failed", "skipped", "failed"]
     assert "budget" in records[0].reason and ran == ["cuda_nccl", "packed_rows_sdpa"]
 
@@ -85,7 +92,7 @@ def test_report_counts_statuses_and_renders(tmp_path: Path) -> None:
     assert exit_code(records) == 1 and not rec["ok"] and rec["counts"]["failed"] == 1
     h100 = {"cpu": "Intel Xeon", "cpu_count": 16, "gpu": "1x NVIDIA H100", "torch": "2.11.0", "vllm": "not installed"}
     rec |= {"machine": h100, "date": "2026-11-26"}  # common.machine() would import vLLM: seconds
-    path = common.write_report(tmp_path, gpu_check.NAME, rec, gpu_check.markdown, gpu_check.plot)
+    path = common.write_report(tmp_path, driver.NAME, rec, driver.markdown, driver.plot)
     assert path.name == f"gpu_check_{common.machine_tag(rec['machine'])}_2026-11-26.json"
     md = path.with_suffix(".md").read_text()
     assert "| packed_rows_sdpa | FAIL |" in md and "| train_vllm_colocated | skip |" in md and "**FAILED**" in md
@@ -97,30 +104,66 @@ def test_report_counts_statuses_and_renders(tmp_path: Path) -> None:
 def test_a_check_runs_in_its_own_process_and_is_killed_at_its_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    rec = gpu_check.run_child(BY_NAME["cuda_nccl"], "cpu", 60)  # gloo stands in for NCCL on CPU
+    monkeypatch.setattr(driver, "WORK", tmp_path)
+    rec = driver.run_child(BY_NAME["cuda_nccl"], "cpu", 60)  # gloo stands in for NCCL on CPU
     assert rec.status == "passed", rec.reason
     assert rec.numbers["backend"] == "gloo" and rec.seconds > 0
-    rec = gpu_check.run_child(BY_NAME["cuda_nccl"], "cpu", 0.3)  # python alone takes longer to start
+    rec = driver.run_child(BY_NAME["cuda_nccl"], "cpu", 0.3)  # python alone takes longer to start
     assert rec.status == "failed" and rec.reason.startswith("timed out after 0 s")
 
 
 def test_no_cuda_is_one_line_and_no_report(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(common, "write_report", lambda *a: pytest.fail("no report without a GPU"))
-    assert gpu_check.main([]) == 0
+    options = {"gpu_check": True, "gpu_device": "cuda"}
+    config = SimpleNamespace(getoption=options.__getitem__)
+    assert gpu_conftest.pytest_cmdline_main(config) == 0  # type: ignore[arg-type]  # the command ends here
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("gpu-check: no CUDA device visible (torch ")
     assert out[0].endswith("; nothing to check")
+    options["gpu_device"] = "cpu"  # the plumbing runs without a GPU
+    assert gpu_conftest.pytest_cmdline_main(config) is None  # type: ignore[arg-type]
+    options |= {"gpu_check": False, "gpu_device": "cuda"}  # plain pytest: the tests skip one by one instead
+    assert gpu_conftest.pytest_cmdline_main(config) is None  # type: ignore[arg-type]
+    assert capsys.readouterr().out == ""
+    assert driver.no_gpu_reason() == f"no CUDA device visible (torch {torch.__version__}, cuda unavailable)"
+
+
+def make_gpu_check() -> list[str]:
+    """The command `make gpu-check` runs (its recipe, as make prints it without running it), on this python."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # not a sub-make
+    cmd = ["make", "-n", "--no-print-directory", "gpu-check", f"PY_GPU={sys.executable}"]
+    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    return line.split()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_the_command_on_this_machine_prints_one_line() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check"], cwd=common.ROOT, capture_output=True, text=True, timeout=60
-    )
+    cmd = make_gpu_check()
+    assert cmd[:4] == [sys.executable, "-m", "pytest", "tests/gpu"] and "--gpu-check" in cmd
+    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
     assert (
         proc.stdout
         == f"gpu-check: no CUDA device visible (torch {torch.__version__}, cuda unavailable); nothing to check\n"
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_the_tier_skips_in_the_normal_suite(tmp_path: Path) -> None:
+    """`pytest tests/gpu` without a CUDA device (as `pytest tests` collects it): every check skipped with the
+    no-CUDA reason (in the session fixture, before the runner exists: nothing started), quickly, and no report."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu",
+         "--gpu-results", str(tmp_path / "results")],
+        cwd=common.ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{len(CHECKS)} skipped" in proc.stdout
+    assert "no CUDA device visible (torch " in proc.stdout
+    assert not (tmp_path / "results").exists()
+    assert time.perf_counter() - t0 < 60

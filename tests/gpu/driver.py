@@ -1,27 +1,29 @@
-"""`make gpu-check`: the GPU acceptance list in one command, under 10 minutes on one GPU, with a report.
+"""The GPU tier's driver: the checks, their skip rules, each in a process of its own under a time limit, the
+budget of the whole list, and the report. tests/gpu/test_gpu.py runs one test per check through it and
+tests/gpu/conftest.py writes the report at the end of the session; `make gpu-check` is
 
-    python -m benchmarks.gpu_check [--only NAME[,NAME]] [--budget 570] [--results DIR]
+    python -m pytest tests/gpu --gpu-check -v [-k NAME] [--gpu-budget 570] [--gpu-results DIR] [--gpu-device cpu]
 
-Each check runs in a child process of its own (`benchmarks/gpu_check_worker.py`: a hung NCCL call or a CUDA
+Each check runs in a child process of its own (`python -m tests.gpu.checks NAME`: a hung NCCL call or a CUDA
 error cannot take the others down, and the peaks of one do not mix with the next), under a time limit that is
 the check's own or what is left of the whole budget, whichever is less. Each gives a record {name, status:
 passed | failed | skipped, reason, numbers, seconds}. A check whose package is missing (vLLM, flash-attn, TRL,
 the memory plan) or that needs more GPUs than are visible is skipped with that reason, never failed; one the
 budget no longer allows is failed (the list did not run in its time). The report goes to
-`<results>/gpu_check_<machine>_<date>.{json,md,png}`; the exit status is 1 when any check failed, else 0.
+`<results>/gpu_check_<machine>_<date>.{json,md,png}`; pytest's exit status is 1 when any check failed, else 0.
 
-On a machine without a CUDA device it prints one line and exits 0 (no report). `--device cpu` runs the same
-plumbing on CPU in float32 for a machine without a GPU (the checks' numbers then say nothing about a GPU; the
-report goes to outputs/gpu_check/results as `gpu_check-cpu_*`). What each check asserts: CHECKS below and docs/gpu.md.
+Without a CUDA device every check is skipped with one reason, and `--gpu-check` (the command) prints one line
+and exits 0 (no report). `--gpu-device cpu` runs the same plumbing on CPU in float32 for a machine without a GPU
+(the checks' numbers then say nothing about a GPU; the report goes to outputs/gpu_check/results as
+`gpu_check-cpu_*`). What each check asserts: CHECKS below and docs/gpu.md.
 
-Works from a bare checkout on a GPU machine's own python (torch, transformers and the project's few small
-requirements: docs/gpu.md); it builds its models under outputs/gpu_check (seconds, except the
+Works from a bare checkout on a GPU machine's own python (torch, transformers, pytest and the project's few
+small requirements: docs/gpu.md); it builds its models under outputs/gpu_check (seconds, except the
 Qwen2.5-0.5B-shaped one of the speed check, about 2 GB).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -36,7 +38,7 @@ from typing import Any
 from benchmarks import common
 
 NAME = "gpu_check"
-WORKER = "benchmarks.gpu_check_worker"
+WORKER = "tests.gpu.checks"
 WORK = common.ROOT / "outputs" / "gpu_check"
 BUDGET_S = 570  # the whole list, under the 10 minutes the acceptance allows (model builds included)
 STATUSES = ("passed", "failed", "skipped")
@@ -44,7 +46,7 @@ STATUSES = ("passed", "failed", "skipped")
 
 @dataclass(frozen=True)
 class Check:
-    """One acceptance check: run by the worker's function of the same name."""
+    """One acceptance check: run by the function of the same name in tests/gpu/checks.py."""
 
     name: str
     what: str
@@ -150,14 +152,20 @@ def skip_reason(check: Check, gpus: int, have: dict[str, bool]) -> str | None:
     return None
 
 
-def no_gpu_line() -> str | None:
-    """The one line for a machine without a CUDA device, or None when one is visible."""
+def no_gpu_reason() -> str | None:
+    """Why no check can run on this machine (no CUDA device visible), or None when one is visible."""
     import torch
 
     if torch.cuda.is_available():
         return None
     build = f"CUDA {torch.version.cuda} build, no device" if torch.version.cuda else "cuda unavailable"
-    return f"gpu-check: no CUDA device visible (torch {torch.__version__}, {build}); nothing to check"
+    return f"no CUDA device visible (torch {torch.__version__}, {build})"
+
+
+def no_gpu_line() -> str | None:
+    """The command's one line for a machine without a CUDA device, or None when one is visible."""
+    reason = no_gpu_reason()
+    return None if reason is None else f"gpu-check: {reason}; nothing to check"
 
 
 def exit_code(records: list[Record]) -> int:
@@ -229,26 +237,40 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(common.ROOT)) if path.is_relative_to(common.ROOT) else str(path)
 
 
-def run_checks(checks: list[Check], device: str, budget_s: float) -> list[Record]:
-    import torch
+class Runner:
+    """The checks of one session, in order: each skipped, failed for want of budget, or run in its own process
+    under min(its limit, what is left of `budget_s`, counted from this runner's creation); the records kept."""
 
-    gpus = torch.cuda.device_count() if device == "cuda" else 2  # CPU plumbing: gloo runs any number of ranks
-    have = {m: importable(m) for c in checks for m in c.needs}
-    start = time.perf_counter()
-    records = []
-    for i, check in enumerate(checks, 1):
-        left = budget_s - (time.perf_counter() - start)
-        reason = skip_reason(check, gpus, have)
+    def __init__(self, device: str, budget_s: float) -> None:
+        import torch
+
+        self.device, self.budget_s = device, budget_s
+        self.gpus = torch.cuda.device_count() if device == "cuda" else 2  # CPU plumbing: gloo runs any number
+        self.have: dict[str, bool] = {}
+        self.records: list[Record] = []
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def run(self, check: Check) -> Record:
+        left = self.budget_s - self.elapsed()
+        have = {m: self.have.setdefault(m, importable(m)) for m in check.needs}
+        reason = skip_reason(check, self.gpus, have)
         if reason is not None:
             rec = Record(check.name, "skipped", reason)
         elif left < 10:
-            rec = Record(check.name, "failed", f"not run: {budget_s:.0f} s budget spent by the checks before it")
+            rec = Record(check.name, "failed", f"not run: {self.budget_s:.0f} s budget spent by the checks before it")
         else:
-            print(f"[{i}/{len(checks)}] {check.name} (limit {min(check.timeout_s, left):.0f} s) ...", flush=True)
-            rec = run_child(check, device, min(check.timeout_s, left))
-        records.append(rec)
-        print(f"[{i}/{len(checks)}] {check.name}: {rec.status.upper()} ({rec.seconds:.0f} s) {rec.reason}", flush=True)
-    return records
+            rec = run_child(check, self.device, min(check.timeout_s, left))
+        self.records.append(rec)
+        return rec
+
+
+def run_checks(checks: list[Check], device: str, budget_s: float) -> list[Record]:
+    """`checks` one after another through one Runner (what the session's tests do, one test each)."""
+    runner = Runner(device, budget_s)
+    return [runner.run(check) for check in checks]
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
@@ -279,7 +301,7 @@ def markdown(rec: dict[str, Any]) -> str:
         f"Device {rec['device']}; {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
         f"{rec['wall_s']:.0f} s (budget {rec['budget_s']:.0f} s): **{'OK' if rec['ok'] else 'FAILED'}**. Skipped: "
         "the package is missing or too few GPUs are visible, never a failure. Each check ran in a process of its "
-        "own (benchmarks/gpu_check_worker.py); its log is under outputs/gpu_check/logs.",
+        "own (tests/gpu/checks.py); its log is under outputs/gpu_check/logs.",
         "",
         *([rec["note"], ""] if rec.get("note") else []),
         "| check | status | s | reason | numbers |",
@@ -332,46 +354,32 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-# ---- the command -----------------------------------------------------------------------------------------------
+# ---- the session's report --------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="", help=f"comma-separated names of {', '.join(c.name for c in CHECKS)}")
-    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole list")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the plumbing only, float32")
-    ap.add_argument("--results", type=Path, default=None, help="default benchmarks/results (cpu: outputs/gpu_check)")
-    args = ap.parse_args(argv)
-    args.results = args.results or (common.RESULTS if args.device == "cuda" else WORK / "results")
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = sorted(set(names) - {c.name for c in CHECKS})
-    if unknown:
-        ap.error(f"--only: unknown check(s) {', '.join(unknown)}; choose from {', '.join(c.name for c in CHECKS)}")
-    args.checks = [c for c in CHECKS if not names or c.name in names]
-    return args
+def where(device: str, info: dict[str, Any]) -> str:
+    """The device the report names (`info`: common.machine()): the GPUs, or the CPU in plumbing mode."""
+    return info["gpu"] if device == "cuda" else f"CPU ({info['cpu']}, plumbing only)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.device == "cuda" and (line := no_gpu_line()) is not None:
-        print(line, flush=True)
-        return 0
-    info = common.machine()
-    where = info["gpu"] if args.device == "cuda" else f"CPU ({info['cpu']}, plumbing only)"
-    print(f"gpu-check on {where}: {len(args.checks)} checks, budget {args.budget:.0f} s", flush=True)
-    start = time.perf_counter()
-    records = run_checks(args.checks, args.device, args.budget)
-    rec = assemble(records, where, args.budget, time.perf_counter() - start)
-    name = NAME if args.device == "cuda" else f"{NAME}-cpu"
-    path = common.write_report(args.results, name, rec, markdown, plot)
+def results_dir(device: str, results: Path | None = None) -> Path:
+    return results or (common.RESULTS if device == "cuda" else WORK / "results")
+
+
+def write(runner: Runner, results: Path | None = None) -> Path:
+    """The report of the runner's records: `<results>/gpu_check_<machine>_<date>.{json,md,png}` (CPU plumbing:
+    `gpu_check-cpu_*`, by default under outputs/gpu_check/results); the JSON's path."""
+    info = common.machine()  # imports vLLM when it is there: once
+    rec = assemble(runner.records, where(runner.device, info), runner.budget_s, runner.elapsed()) | {"machine": info}
+    name = NAME if runner.device == "cuda" else f"{NAME}-cpu"
+    return common.write_report(results_dir(runner.device, results), name, rec, markdown, plot)
+
+
+def summary(path: Path) -> str:
+    """The command's last line: the counts, the wall time and the report."""
+    rec = json.loads(path.read_text())
     c = rec["counts"]
-    print(
-        f"gpu-check: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in {rec['wall_s']:.0f} s; "
-        f"{path.with_suffix('.md')}",
-        flush=True,
+    return (
+        f"gpu-check on {rec['device']}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped in "
+        f"{rec['wall_s']:.0f} s (budget {rec['budget_s']:.0f} s); {path.with_suffix('.md')}"
     )
-    return exit_code(records)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,12 @@
-"""One check of `make gpu-check` (benchmarks/gpu_check.py), run in a process of its own.
+"""The GPU checks (tests/gpu, `make gpu-check`): one function per check, run in a process of its own.
 
-    python -m benchmarks.gpu_check_worker NAME --out RECORD.json [--work outputs/gpu_check] [--device cuda|cpu]
+    python -m tests.gpu.checks NAME --out RECORD.json [--work outputs/gpu_check] [--device cuda|cpu]
 
-NAME is one of the functions below (benchmarks/gpu_check.py's CHECKS says what each asserts). Each returns
-(status, reason, numbers) or raises: a failed assertion or any error becomes a `failed` record with its message,
-written to --out before anything is torn down (so an untidy exit cannot lose it). `--device cpu` runs the same
-code in float32 on CPU (gloo for NCCL): the plumbing, for a machine without a GPU.
+tests/gpu/test_gpu.py runs each as a test (tests/gpu/driver.py starts this process under the check's time limit;
+its CHECKS says what each asserts). Each returns (status, reason, numbers) or raises: a failed assertion or any
+error becomes a `failed` record with its message, written to --out before anything is torn down (so an untidy
+exit cannot lose it). `--device cpu` runs the same code in float32 on CPU (gloo for NCCL): the plumbing, for a
+machine without a GPU.
 
 Models are built under --work: `tiny_model` (the demo's shape: hidden 128, 2 layers, the 128-token character
 tokenizer; untrained: the checks assert plumbing and parity, not learning) with the demo's arithmetic data, and
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.gpu_check import importable
+from tests.gpu.driver import importable
 
 Result = tuple[str, str, dict[str, Any]]
 STEPS = 3
@@ -740,7 +741,7 @@ def trl(ctx: Ctx, model: Path, train_file: Path) -> dict[str, Any]:
     out = ctx.work / "runs" / "speed_trl.json"
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve().parent / "trl_worker.py"),
+        str(common.ROOT / "benchmarks" / "trl_worker.py"),
         *("--model", str(model), "--train", str(train_file), "--out", str(out)),
         *("--prompts", str(s["prompts"]), "--n", str(s["n"]), "--response-length", str(s["response_length"])),
         *("--lr", str(s["lr"]), "--steps", str(s["steps"])),
