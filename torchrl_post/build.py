@@ -68,6 +68,7 @@ def build_trainer(run: Run) -> Trainer:
         sequence=run.topo.sequence("actor"),
         replay=plan.router_replay,
         truncation=plan.sampling_support,
+        skip_zero_advantage=plan.skip_zero_advantage,
     )
     critic: CriticRole | None = None
     if plan.critic == "colocated":

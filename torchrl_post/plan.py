@@ -113,6 +113,9 @@ class RunPlan:
     sampling_support: Truncation | None = None
     """The training sampler's top-k / top-p that the actor's and the reference's logprobs are renormalised on, as
     the engine's processed logprobs are (actor.renormalize_logprobs_on_support); None: the full vocabulary."""
+    skip_zero_advantage: bool = False
+    """The update skips samples whose trained tokens all have advantage 0 (actor.skip_zero_advantage, where no
+    other loss term reads them)."""
     notes: tuple[str, ...] = field(default=())
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
@@ -224,6 +227,13 @@ def fill_policy(cfg: Config, engines: int, colocated: bool) -> Fill:
     recompute = colocated or r.inflight_update == "recompute"
     on_arrival = r.update_on_arrival and not colocated
     return Fill(True, lag, total, -(-total // engines), recompute, t.max_staleness, on_arrival)
+
+
+def skips_zero_advantage(cfg: Config) -> bool:
+    """Samples with advantage 0 on every trained token change nothing in the update when only the policy loss
+    reads them: no entropy bonus, KL loss or router load-balancing loss (each has a gradient of its own)."""
+    a = cfg.actor
+    return a.skip_zero_advantage and not a.entropy_coeff and not a.use_kl_loss and not a.router_aux_loss_coef
 
 
 def needs_critic(cfg: Config) -> bool:
@@ -449,5 +459,6 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),
         router_replay=cfg.actor.router_replay,
         sampling_support=support,
+        skip_zero_advantage=skips_zero_advantage(cfg),
         notes=tuple(notes),
     )

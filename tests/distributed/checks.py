@@ -39,9 +39,10 @@ def make_actor(
     mini_batch_samples: int = 1 << 30,
     device: torch.device | None = None,
     correction: RolloutCorrection | None = None,
+    skip_zero_advantage: bool = False,
 ) -> Actor:
     """The actor at temperature 1 with `mini_batch_samples` per optimizer step (default: the whole batch), on
-    `device` (default the CPU), with a rollout `correction` (default none)."""
+    `device` (default the CPU), with a rollout `correction` (default none), skipping rows of advantage 0 or not."""
     return Actor(
         cfg.model,
         cfg.actor,
@@ -53,6 +54,7 @@ def make_actor(
         max_response_length=cfg.data.max_response_length,
         total_steps=1,
         correction=correction,
+        skip_zero_advantage=skip_zero_advantage,
     )
 
 

@@ -380,6 +380,38 @@ def _write(report: dict[str, object], out_path: str, rank: int, world: int) -> N
     end_process()
 
 
+def skipping(cfg: Config, mesh: DeviceMesh, rank: int, world: int) -> dict[str, object]:
+    """actor.skip_zero_advantage: the update that skips the rows whose advantages are all 0 against the one that
+    computes them, padded and packed (fixed and token-budget micro-batches), two optimizer steps of two rows. On the
+    first rank the second mini-batch is all zeros (only stand-ins run there), on the second one row is."""
+    batch = _ragged(rank, world)
+    assert batch.advantages is not None
+    zero = [2, 3] if rank == 0 else [0]
+    batch.advantages[zero] = 0.0
+    out: dict[str, object] = {"skip_expected": len(zero)}
+    for name, packed, dynamic in (("padded", False, False), ("packed", True, False), ("packed_dynamic", True, True)):
+        cfg.model.use_remove_padding, cfg.actor.use_dynamic_bsz = packed, dynamic
+        cfg.actor.ppo_micro_batch_size_per_gpu = 1  # fixed micro-batches: the ranks' counts differ once rows go
+        cfg.actor.ppo_max_token_len_per_gpu = 16
+        runs = {}
+        for skip in (False, True):
+            torch.manual_seed(0)
+            actor = make_actor(cfg, mesh, 2, skip_zero_advantage=skip)
+            _KEEP.append(actor)
+            metrics = actor.update(batch)
+            runs[skip] = {
+                **dict(iter_full_weights(actor.model, 1 << 20)),
+                "grad_norm": torch.tensor(metrics["actor/grad_norm"]),
+            }
+            out[f"skip_{name}_{skip}_pg_loss"] = metrics["actor/pg_loss"]
+            out[f"skip_{name}_{skip}_frac"] = metrics.get("actor/skipped_samples_frac", -1.0)
+        out[f"skip_{name}_max_diff"] = _max_diff(runs[False], runs[True])
+        out[f"skip_{name}_grad_norms"] = [runs[False]["grad_norm"].item(), runs[True]["grad_norm"].item()]
+    cfg.model.use_remove_padding, cfg.actor.use_dynamic_bsz = False, False
+    cfg.actor.ppo_micro_batch_size_per_gpu = 32
+    return out
+
+
 def main() -> None:
     model_dir, out_path = sys.argv[1:3]
     env = read_env("cpu")
@@ -445,6 +477,7 @@ def main() -> None:
     report["agg_mode_grad_norms"] = modes
     cfg.actor.loss_agg_mode = "token-mean"
     report |= packing(cfg, mesh, env.rank, env.world_size)
+    report |= skipping(cfg, mesh, env.rank, env.world_size)
     report |= corrections(cfg, mesh, half)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)

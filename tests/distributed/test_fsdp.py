@@ -73,6 +73,9 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
         check_rollout_correction(rank)
         values = torch.tensor(rank["critic_values_True"]) - torch.tensor(rank["critic_values_False"])
         assert values.abs().max() < 2e-6
+    for ranks in (one, two):
+        for rank in ranks:
+            check_skipping(rank, world=len(ranks), zeros=sum(r["skip_expected"] for r in ranks))
     assert two[1]["padding_frac_padded"] > 0.1  # the second rank's short rows: padding the packed update skips
     assert two[1]["padding_frac_packed"] < two[1]["padding_frac_padded"]
     w1 = torch.load(tmp_path / "one.json.pt", weights_only=True)
@@ -81,6 +84,21 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4, "2-rank update differs from 1-rank update"
     for mode in one[0]["agg_mode_grad_norms"]:  # every mode: 2 ranks with the global counts = 1 rank
         assert two[0]["agg_mode_grad_norms"][mode][0] == pytest.approx(one[0]["agg_mode_grad_norms"][mode][0], rel=1e-5)
+
+
+def check_skipping(rank: dict, world: int, zeros: int) -> None:
+    """actor.skip_zero_advantage (fsdp_worker.skipping): the update without the rows of advantage 0 equals the full
+    one to float noise (their loss terms are exactly 0; the denominators still count them), with and without
+    packing, and reports the skipped share of all ranks' rows (4 each)."""
+    for name in ("padded", "packed", "packed_dynamic"):
+        assert rank[f"skip_{name}_max_diff"] < 1e-4, name  # Adam on near-zero gradients, as above
+        full, skipped = rank[f"skip_{name}_grad_norms"]
+        assert skipped == pytest.approx(full, rel=1e-5), name
+        assert rank[f"skip_{name}_True_pg_loss"] == pytest.approx(
+            rank[f"skip_{name}_False_pg_loss"], rel=1e-5, abs=1e-7
+        )
+        assert rank[f"skip_{name}_True_frac"] == pytest.approx(zeros / (4 * world)), name
+        assert rank[f"skip_{name}_False_frac"] == -1.0, "no metric when nothing is skipped by design"
 
 
 def check_rollout_correction(rank: dict) -> None:

@@ -1,5 +1,6 @@
-"""Filters through the real entrypoint: rejection sampling with oversampling and compact filtering, colocated
-(through a resume, which must carry the reserve of informative groups exactly) and on a rollout rank."""
+"""Filters through the real entrypoint: rejection sampling (admission: uniform groups dropped as they complete and
+replaced, within a budget) and compact filtering, colocated (through a resume, which must carry the groups left
+over exactly) and on a rollout rank."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_filters_count_and_resume_exactly(tiny_model: Path, task_data: tuple[Pat
         row = straight[step]
         # Compact filtering masks exactly the truncated samples.
         assert row["filter/length"] == pytest.approx(row["response_length/clip_ratio"])
-        assert row["filter/rejection/extra_rounds"] <= 2  # at most one extra round on each of 2 ranks
+        assert row["filter/rejection/extra_rounds"] <= 2  # at most one share of replacements on each of 2 engines
         for key in KEYS:
             assert split[step][key] == pytest.approx(row[key], rel=1e-6, abs=1e-7), f"{key} differs at step {step}"
     assert sum(straight[s]["filter/rejection/dropped_groups"] for s in (1, 2, 3, 4)) > 0
@@ -53,6 +54,6 @@ def test_filters_count_and_resume_exactly(tiny_model: Path, task_data: tuple[Pat
 def test_filters_on_a_rollout_rank(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:
     rows = _train(3, tiny_model, task_data, tmp_path, 2, "placement.actor=[0,1]", "placement.rollout=[2]")
     for step in (1, 2):
-        assert rows[step]["filter/rejection/extra_rounds"] <= 1  # one engine, one extra round at most
+        assert rows[step]["filter/rejection/extra_rounds"] <= 1  # one engine, one share of replacements at most
         assert rows[step]["filter/length"] == pytest.approx(rows[step]["response_length/clip_ratio"])
         assert rows[step]["filter/rejection/short_groups"] <= 4  # the batch stays full: 4 groups, some at weight 0

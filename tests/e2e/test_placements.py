@@ -86,7 +86,7 @@ def test_hsdp_actor_with_tensor_parallel_engines_over_its_ranks(
     colocated: dict, tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """4 processes, all colocated: the actor as HSDP (2 replicas x 2 shards) and two vLLM engines of TP=2 over
-    its ranks, whose ranks generate the union of their prompts and keep their own."""
+    its ranks, whose ranks draw the engine's prompts together and each train every other group."""
     rows = _train(4, tiny_model, task_data, tmp_path, 2, "actor.fsdp.fsdp_size=2", "rollout.tensor_parallel_size=2")
     _same(colocated, rows, [1, 2])
 

@@ -2,7 +2,7 @@
 FSDP2, gloo, DCP. Each placement trains 4 steps straight, and a run resumed from its step-2 checkpoint must agree
 with it on every metric:
 the requests in flight and the complete groups waiting are checkpointed, and the saving run re-adds its requests
-as the resumed one does. The stand-in engine's unit tests (tests/unit/rollout/test_streaming.py) cover the logic;
+as the resumed one does. The stand-in engine's unit tests (tests/unit/rollout/test_groups.py, test_episodes.py) cover the logic;
 the real engine's per-token versions and behaviour logprobs across an update are tests/distributed/test_inflight.py.
 """
 

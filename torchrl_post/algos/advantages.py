@@ -146,3 +146,9 @@ def scores_to_token_rewards(scores_b: torch.Tensor, mask_bt: torch.Tensor) -> to
     rows_b = (last_b >= 0).nonzero().squeeze(-1)
     rewards_bt[rows_b, last_b[rows_b]] = scores_b.float().to(mask_bt.device)[rows_b]
     return rewards_bt
+
+
+def informative_rows(adv_bt: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows with a nonzero advantage on some trained token: the others' policy-loss terms and their
+    gradients are exactly 0 (whatever the ratio, clipping or aggregation), so the update may skip them."""
+    return ((adv_bt != 0) & (mask_bt != 0)).any(-1).nonzero().flatten()

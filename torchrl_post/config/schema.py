@@ -323,6 +323,11 @@ class ActorConfig:
     transformers' router_aux_loss_coef) in the update's loss; logged as actor/moe_aux_loss whatever the weight."""
     renormalize_logprobs_on_support: bool | None = None
     """Renormalise actor and reference logprobs on the set rollout.top_k/top_p keep; null: on when they truncate."""
+    skip_zero_advantage: bool = True
+    """Skip the update's forward and backward of samples whose every trained token has advantage exactly 0 (a
+    GRPO group with equal rewards): their policy-loss gradient is exactly 0 and the loss denominators still count
+    them, so the update is unchanged. Only where no other loss term reads them (entropy_coeff=0, no KL loss, no
+    router load-balancing loss); actor/skipped_samples_frac reports the share."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP2 settings."""
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from torchrl_post.algos.advantages import informative_rows
 from torchrl_post.algos.kl import kl_penalty
 from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss
 from torchrl_post.algos.rollout_correction import (
@@ -71,6 +73,7 @@ class Actor:
         sequence: DeviceMesh | None = None,
         replay: bool = False,
         truncation: Truncation | None = None,
+        skip_zero_advantage: bool = False,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
         backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
@@ -79,7 +82,8 @@ class Actor:
         settings (default actor.fsdp, `auto` dtypes resolved by the mesh's device); `sequence`: the (dp, sp) mesh
         with Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
         recorded experts (the plan's router_replay); `truncation`: the old and the update's logprobs renormalised
-        on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are."""
+        on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are;
+        `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -99,6 +103,7 @@ class Actor:
         self.max_response_length = max_response_length
         self.correction = correction or RolloutCorrection()
         self.truncation = truncation
+        self.skip_zero_advantage = skip_zero_advantage
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
@@ -203,6 +208,7 @@ class Actor:
         corr_sums = torch.zeros(len(STAT_SUMS), dtype=torch.float64, device=self.device)
         corr_maxes = torch.full((len(STAT_MAXES),), -math.inf, dtype=torch.float64, device=self.device)
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
+        rows_seen, rows_skipped = 0, 0
         grad_norms: list[float] = []
         for epoch in range(a.ppo_epochs):
             for mini in chunks(len(batch), mini_samples):
@@ -223,22 +229,41 @@ class Actor:
                 assert whole is not None or not corr.rejects, "the plan computes old logprobs for the rejection"
                 keep_all = whole.keep_bt if whole is not None else None
                 scale = self._scale(mask_all if keep_all is None else mask_all.to(self.device) * keep_all)
+                # Rows whose every trained token has advantage 0 add exactly nothing but their share of `scale`.
+                dead = False
+                if self.skip_zero_advantage:
+                    assert mb.advantages is not None
+                    live_rows = informative_rows(mb.advantages, mask_all)
+                    rows_seen += len(mb) if epoch == 0 else 0
+                    rows_skipped += len(mb) - len(live_rows) if epoch == 0 else 0
+                    if len(live_rows) < len(mb):
+                        dead = not len(live_rows)  # this rank still runs the stand-ins FSDP's collectives need
+                        pick = live_rows if len(live_rows) else torch.tensor([0])
+                        mb, mask_all = mb.select(pick), mask_all[pick]
+                        if whole is not None:
+                            w, k = whole.weights_bt, whole.keep_bt
+                            on = pick.to(w.device if w is not None else k.device if k is not None else "cpu")
+                            whole = replace(
+                                whole,
+                                weights_bt=w[on] if w is not None else None,
+                                keep_bt=k[on] if k is not None else None,
+                            )
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(
                     mb.attention_mask, mb.response_width, self.micro_batch_samples, self.token_budget, packed,
                     self.group, self.device, prompts=mb.input_ids if self.shared else None,
                 )  # fmt: skip
                 for step in plan:
-                    micro = step.rows
+                    micro, live = step.rows, step.live and not dead
                     trace = RouteTrace() if self.moe else None
                     logp, ent, cells, placed = forward_log_probs(
                         self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard,
                         MoeForward(self.replay, trace) if self.moe else None, self.truncation,
                     )  # fmt: skip
                     padded_cells += cells
-                    placed_cells += placed if step.live else 0  # a stand-in's cells are all padding
-                    real_cells += float(mb.attention_mask[micro].sum()) if step.live else 0.0
-                    mask = mask_all[micro].to(self.device) * float(step.live)  # a stand-in trains nothing
+                    placed_cells += placed if live else 0  # a stand-in's cells are all padding
+                    real_cells += float(mb.attention_mask[micro].sum()) if live else 0.0
+                    mask = mask_all[micro].to(self.device) * float(live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
                     rollout_lp = mb.rollout_log_probs[micro].to(self.device)
@@ -270,11 +295,11 @@ class Actor:
                     aux, differ, decisions = zero, zero, zero
                     if trace is not None and trace.logits:
                         # the load-balancing loss of each forward, averaged over the mini-batch's forwards
-                        aux = trace.aux_loss() * (float(step.live) / len(plan))
+                        aux = trace.aux_loss() * (float(live) / len(plan))
                         if a.router_aux_loss_coef:
                             loss = loss + a.router_aux_loss_coef * aux
                         if first:
-                            differ, decisions = (x.to(self.device) * float(step.live) for x in trace.disagreement())
+                            differ, decisions = (x.to(self.device) * float(live) for x in trace.disagreement())
                     loss.backward()
                     with torch.no_grad():
                         m = kept.double()
@@ -305,6 +330,11 @@ class Actor:
         pg_total, kl_total, aux_total = sums.pop("pg"), sums.pop("kl_loss"), sums.pop("moe_aux")
         counts = (real_cells, placed_cells, padded_cells)
         metrics = self._metrics(sums, corr_local, pg_total, kl_total, aux_total, grad_norms, counts, batch)
+        if self.skip_zero_advantage:
+            seen, skipped = global_sum(
+                torch.tensor([rows_seen, rows_skipped], dtype=torch.float64), self.group, self.device
+            ).tolist()
+            metrics["actor/skipped_samples_frac"] = skipped / max(seen, 1.0)
         return metrics | {"actor/lr": lr}
 
     def _step(self) -> float:

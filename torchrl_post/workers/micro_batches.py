@@ -84,15 +84,17 @@ def plan_micro_batches(
 ) -> list[MicroBatch]:
     """This rank's micro-batches of a batch, the same number on every rank of `group` (agreed on `device`).
 
-    Fixed size (`token_budget` 0): `max_rows` consecutive rows each, padded or packed. Dynamic
+    Fixed size (`token_budget` 0): `max_rows` consecutive rows each, padded or packed (as many as the rank with the
+    most rows has). Dynamic
     (`token_budget` > 0): padded, as many consecutive rows as fit rows x trimmed width; packed, the rows
     balanced into as many packs as the rank that needs the most needs (first-fit decreasing of real tokens
     into the budget), so every pack holds about the same number of tokens; with `prompts` (the input ids: packed
     with shared prompts) the samples of a prompt stay together, counted with their prompt once. Ranks short of
     micro-batches run stand-ins (`live=False`).
     """
-    if token_budget <= 0:
-        return [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
+    if token_budget <= 0:  # ranks may hold different row counts (the update skips rows of advantage 0)
+        fixed = [MicroBatch(sl) for sl in chunks(attention_mask.shape[0], max_rows)]
+        return fixed + [MicroBatch(slice(0, 1), live=False)] * (_aligned(len(fixed), group, device) - len(fixed))
     if packed:
         units, sizes = _prompt_units(attention_mask, response_width, prompts, token_budget)
         k = _aligned(len(pack_rows(sizes, token_budget)), group, device)

@@ -11,6 +11,7 @@ from torchrl_post.algos.advantages import (
     gae_advantages,
     group_advantages,
     grpo_advantages,
+    informative_rows,
     masked_whiten,
     reinforce_plus_plus_advantages,
     reinforce_returns,
@@ -253,3 +254,16 @@ def test_scores_to_token_rewards_last_real_token():
     out = scores_to_token_rewards(torch.tensor([0.5, -1.0, 7.0, 2.0]), mask)
     expected = torch.tensor([[0.0, 0.0, 0.5, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]])
     torch.testing.assert_close(out, expected)
+
+
+def test_informative_rows_are_those_with_a_nonzero_advantage_on_a_trained_token() -> None:
+    adv = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, -1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    # row 0: all zero; row 3: its only nonzero advantage is on an untrained token; row 4: nothing trained
+    assert informative_rows(adv, mask).tolist() == [1, 2]
+
+
+def test_a_grpo_group_with_equal_rewards_has_no_informative_row() -> None:
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    adv = group_advantages(scores, torch.tensor([0, 0, 1, 1]), "grpo")[:, None] * torch.ones(4, 3)
+    assert informative_rows(adv, torch.ones(4, 3)).tolist() == [2, 3]
