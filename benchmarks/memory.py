@@ -107,6 +107,13 @@ def _table_row(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, **mb, "full_mb": r["total_full"] / 1e6, "padding_mb": padding}
 
 
+def how(rec: dict[str, Any]) -> str:
+    """How the record counted: the trainer's metrics, or (records before 2026-11-28) memory_worker.py's model."""
+    if "total_storage" in rec["rows"][0]:
+        return "in the model wrapped by the project's `apply_fsdp` and `build_optimizer` (`DTensor.to_local()`)"
+    return "after one GRPO step of the trainer (`perf/param_bytes`, `perf/grad_bytes`, `perf/optimizer_bytes`)"
+
+
 def markdown(rec: dict[str, Any]) -> str:
     rows = rec["rows"]
     worst = max(rows, key=lambda r: r["total_rank"] - r["total_full"] / r["ranks"])
@@ -115,12 +122,10 @@ def markdown(rec: dict[str, Any]) -> str:
         [
             "# FSDP2 memory per rank",
             "",
-            f"Parameters, gradients (during a step) and AdamW state (after the step) held by each rank: the bytes "
-            f"of its local shards after one GRPO step of the trainer (`perf/param_bytes`, `perf/grad_bytes`, "
-            f"`perf/optimizer_bytes`), on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the "
-            "unsharded total (ideal 1 / ranks); `padding` (older records): storage beyond the shards (FSDP2 pads dim "
-            "0 to a multiple of the ranks). Activations and the parameters gathered during forward/backward come on "
-            "top of these.",
+            f"Parameters, gradients and AdamW state (after one step) held by each rank: the bytes of its local "
+            f"shards, {how(rec)}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the unsharded "
+            "total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of the "
+            "ranks; older records). Activations and the parameters gathered during forward/backward come on top.",
             "",
             common.table([_table_row(r) for r in rows], COLUMNS),
             f"Every rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
