@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +40,6 @@ from typing import Any
 from benchmarks import common, longtail_task
 
 NAME = "async_rollout"
-RUNS = common.LOGS / "async_rollout"
 WARMUP = 2  # steps left out of rates and idle shares (engine warm-up; a look-ahead's first batches)
 GOAL_SPEEDUP, GOAL_ROLLOUT_IDLE = 1.5, 0.10
 STALENESS_BINS = ("0", "1", "2", "3", "4+")
@@ -187,52 +183,28 @@ def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
 
-def command(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The torchrun command line of one run (repeat r: trainer.seed 1 + r)."""
-    return [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", "4", "-m", "torchrl_post.train"),
-        f"model.path={model}",
-        f"data.train_files={data / 'train.jsonl'}",
-        f"data.val_files={data / 'val.jsonl'}",
-        f"data.train_batch_size={args.prompts}",
-        f"rollout.n={args.n}",
-        f"data.max_response_length={longtail_task.MAX_RESPONSE_LENGTH}",
-        "data.max_prompt_length=64",
+def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+    """One training run (repeat r: trainer.seed 1 + r); its summary (`summarize`) with the wall time and the load
+    average after it."""
+    overrides = [
+        f"model.path={model}", f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}",
+        f"data.train_batch_size={args.prompts}", f"rollout.n={args.n}",
+        f"data.max_response_length={longtail_task.MAX_RESPONSE_LENGTH}", "data.max_prompt_length=64",
         f"reward.function=benchmarks.longtail_task:{longtail_task.score.__name__}",
         # A tenth of the demo's rate: at 5e-4 every response shrinks to a few tokens within 3 steps (the easy part of
         # the reward: half the prompts ask for at most 4) and the tail the benchmark is about is gone.
-        f"actor.lr={LR}",
-        f"trainer.total_training_steps={args.steps}",
+        f"actor.lr={LR}", f"trainer.total_training_steps={args.steps}",
         f"trainer.test_freq={max(1, args.steps // 2)}",
         # sampled validation (temperature 1, 4 per prompt): greedy decoding of this model rarely stops
-        *("rollout.val_kwargs.do_sample=true", "rollout.val_kwargs.temperature=1.0", f"rollout.val_kwargs.n={VAL_N}"),
-        f"trainer.val_before_train={'false' if args.tiny else 'true'}",
-        "trainer.save_freq=0",
-        "trainer.plots=false",
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.experiment_name=bench_async_{cfg.name}",
+        "rollout.val_kwargs.do_sample=true", "rollout.val_kwargs.temperature=1.0", f"rollout.val_kwargs.n={VAL_N}",
+        f"trainer.val_before_train={'false' if args.tiny else 'true'}", "trainer.plots=false",
         f"trainer.seed={1 + repeat}",  # repeats differ by seed: their spread is the validation's noise
-        *PLACEMENT,
-        *cfg.overrides,
-    ]
-
-
-def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
-    """One training run; its summary (`summarize`) with the wall time and the load average after it."""
-    tag = f"{cfg.name}_r{repeat}"
-    run_dir = RUNS / tag
-    shutil.rmtree(run_dir, ignore_errors=True)
-    log = RUNS / f"{tag}.log"
-    print(f"    {cfg.label}, repeat {repeat} (log {log.relative_to(common.ROOT)}) ...", flush=True)
-    common.warn_if_busy()
+        *PLACEMENT, *cfg.overrides,
+    ]  # fmt: skip
+    print(f"    {cfg.label}, repeat {repeat} ...", flush=True)
     # One OpenMP thread per process, unbound: 4 processes share the cores with other jobs (benchmarks/rollout.py).
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(common.ROOT), env.get("PYTHONPATH", "")) if p)
-    t0 = time.perf_counter()
-    common.run_logged(command(cfg, repeat, args, model, data, run_dir), log, env=env)
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    rows, wall = common.train_run(f"async_rollout_{cfg.name}_r{repeat}", overrides, nproc=4, env=env)
     out = {"config": cfg.name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
     out["loadavg_1m"] = common.load_1m()
     print(

@@ -22,8 +22,11 @@ import json
 import os
 import platform
 import re
+import shutil
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +55,13 @@ def gpu_name() -> str | None:
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
     return None
+
+
+def device_kind() -> str:
+    """What the trainer runs on here: cuda or cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def machine() -> dict[str, Any]:
@@ -213,6 +223,35 @@ def model_dir(size: ModelSize) -> Path:
     return out
 
 
+def train_run(
+    tag: str, overrides: list[str], nproc: int = 1, env: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    """The trainer itself: `torchrun --nproc-per-node nproc -m torchrl_post.train` with `overrides` (key=value,
+    `--config-name NAME` too), its run directory LOGS/runs/<tag> (emptied first), its log LOGS/<tag>.log and
+    `env` added to this process's environment. Returns the rows of its metrics.jsonl and the run's wall seconds."""
+    run_dir = LOGS / "runs" / tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    full_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
+    cmd = [
+        *torchrun(), "--standalone", "--nproc-per-node", str(nproc), "-m", "torchrl_post.train",
+        "trainer.save_freq=0", f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name=bench_{tag}",
+        *overrides,
+    ]  # fmt: skip
+    warn_if_busy()
+    t0 = time.perf_counter()
+    run_logged(cmd, LOGS / f"{tag}.log", env=full_env)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, wall
+
+
+def median(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The median of a metric over the rows that have it (None when none has)."""
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def run_worker(tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> Any:
     """`worker` under torchrun on `nproc` processes with `--out LOGS/<tag>.json` added (its log beside it); the
     record it wrote, with the 1-minute load average at the end (above the run's own ranks: shared CPUs)."""
@@ -246,8 +285,6 @@ def save_figure(fig: Any, path: Path) -> None:
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:
     """`python -m benchmarks.<name>`: the module's own options, its run, its report."""
-    import time
-
     args = module.parse_args(argv)
     start = time.perf_counter()
     path = write_report(args.results, module.NAME, module.run(args), module.markdown, module.plot)

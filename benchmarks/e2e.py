@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -148,37 +147,16 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
     """One `torchrl_post.train` run; medians of its metrics over the steps after the warm-up."""
     if (saved := _kept(RUNS / f"{s.tag}.result.json", reuse)) is not None:
         return saved
-    run_dir = RUNS / s.tag
-    shutil.rmtree(run_dir, ignore_errors=True)
     placement = ["placement.actor=[0]", "placement.rollout=[1]"] if s.split else []
-    cmd = [
-        *common.torchrun(),
-        *("--standalone", "--nproc-per-node", str(s.nproc), "-m", "torchrl_post.train"),
-        f"model.path={model_path(s.model)}",
-        f"data.train_files={data / 'train.jsonl'}",
-        f"data.val_files={data / 'test.jsonl'}",
-        f"data.train_batch_size={s.prompts}",
-        f"rollout.n={s.n}",
-        f"data.max_response_length={s.response_length}",
-        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
-        f"actor.lr={LR}",
-        f"trainer.total_training_steps={s.steps}",
-        "trainer.test_freq=0",
-        "trainer.save_freq=0",
-        "trainer.val_before_train=false",
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.experiment_name=bench_e2e_{s.tag}",
-        *placement,
-        *s.extra,
-    ]
-    log = RUNS / f"{s.tag}.log"
-    print(f"    ours: {s.model}, {s.label} (log {log.relative_to(common.ROOT)}) ...", flush=True)
-    common.warn_if_busy()
-    t0 = time.perf_counter()
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    common.run_logged(cmd, log, env=env)
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    overrides = [
+        f"model.path={model_path(s.model)}", f"data.train_files={data / 'train.jsonl'}",
+        f"data.val_files={data / 'test.jsonl'}", f"data.train_batch_size={s.prompts}", f"rollout.n={s.n}",
+        f"data.max_response_length={s.response_length}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"actor.lr={LR}", f"trainer.total_training_steps={s.steps}", "trainer.test_freq=0",
+        "trainer.val_before_train=false", *placement, *s.extra,
+    ]  # fmt: skip
+    print(f"    ours: {s.model}, {s.label} ...", flush=True)
+    rows, wall = common.train_run(f"e2e_{s.tag}", overrides, nproc=s.nproc)
     rows = [r for r in rows if "timing_s/step" in r]
     kept = rows[min(WARMUP, len(rows) - 1) :]
     stages = sorted({k.split("/", 1)[1] for r in kept for k in r if k.startswith("timing_s/")} - {"step"})
@@ -203,9 +181,7 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
     return rec
 
 
-def _median(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(r[key]) for r in rows if r.get(key) is not None]
-    return statistics.median(values) if values else None
+_median = common.median
 
 
 # ---- TRL's side ---------------------------------------------------------------------------------------------

@@ -8,31 +8,25 @@ outputs/bench_models with the demo's character tokenizer, so the demo data fits 
 and LoRA (`--config-name lora` at rank 16, alpha 32: all-linear, lr 2e-3; merged and adapter sync), validation and checkpoints off. From
 each run's metrics.jsonl: the median over steps 3..N of `timing_s/step`, `timing_s/update_actor`,
 `timing_s/sync` and `perf/sync_bytes` (the first two steps hold the warm-up).
-Trainable parameters and AdamW state (2 float32 moments per trainable parameter, all ranks together; FSDP
-shards it over the ranks) are counted in this process: the model loaded with transformers, wrapped with the
-trainer's own `with_lora` for the LoRA mode.
+Parameters and trainable parameters are the run's `perf/params` and `perf/trainable_params`; AdamW state is 2
+float32 moments per trainable parameter, all ranks together (FSDP shards it over the ranks).
 `--quick`: the demo model only, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
+from benchmarks.common import ROOT
 
 NAME = "lora"
 DEMO_MODEL = ROOT / "outputs" / "demo_model"
 DEMO_DATA = ROOT / "outputs" / "demo_data"
-RUNS = LOGS / "lora_runs"
 MODES = ("full", "lora", "lora_adapter")
 LABELS = {"full": "full fine-tuning", "lora": "LoRA r16", "lora_adapter": "LoRA r16, adapter sync"}
 LORA_RANK, LORA_ALPHA = 16, 32
@@ -85,79 +79,27 @@ def big_model() -> Path:
     return out
 
 
-# ---- parameters and optimizer state ---------------------------------------------------------------------------
-
-
-def count_params(path: Path) -> dict[str, dict[str, int]]:
-    """Total and trainable parameters per mode, the model wrapped as the trainer wraps it."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from torchrl_post.config.schema import ModelConfig
-    from torchrl_post.workers.models import with_lora
-
-    out: dict[str, dict[str, int]] = {}
-    for mode in MODES:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
-        if mode.startswith("lora"):
-            model = with_lora(model, ModelConfig(path=str(path), lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA))
-        params = list(model.parameters())
-        trainable = sum(p.numel() for p in params if p.requires_grad)
-        out[mode] = {
-            "total_params": sum(p.numel() for p in params),
-            "trainable_params": trainable,
-            "optimizer_state_bytes": trainable * ADAM_BYTES_PER_PARAM,
-        }
-    return out
-
-
 # ---- training runs --------------------------------------------------------------------------------------------
 
 
-def train(model: BenchModel, mode: str) -> dict[str, Any]:
-    RUNS.mkdir(parents=True, exist_ok=True)
-    run_dir = RUNS / f"{model.name}_{mode}"
-    log = LOGS / f"lora_{model.name}_{mode}.log"
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
-    cmd = [
-        *torchrun(),
-        *("--standalone", "--nproc-per-node", "2", "-m", "torchrl_post.train"),
-        *(
-            ["--config-name", "lora", f"model.lora_rank={LORA_RANK}", f"model.lora_alpha={LORA_ALPHA}"]
-            if mode.startswith("lora")
-            else []
-        ),
+def train(model: BenchModel, mode: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """One run's medians (METRICS) and the model's parameters as the trainer wrapped it (`perf/params`,
+    `perf/trainable_params`; AdamW's state is two float32 tensors per trainable parameter)."""
+    overrides = [
+        *(["--config-name", "lora", f"model.lora_rank={LORA_RANK}", f"model.lora_alpha={LORA_ALPHA}"] if mode != "full" else []),
         *(["rollout.lora_sync=adapter"] if mode == "lora_adapter" else []),
-        f"model.path={model.path}",
-        f"trainer.total_training_steps={model.steps}",
-        "trainer.test_freq=0",
-        "trainer.save_freq=0",
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.experiment_name=bench_lora_{model.name}_{mode}",
-    ]
-    print(f"{model.name} {LABELS[mode]}: {model.steps} steps (log {log}) ...", flush=True)
-    warn_if_busy()
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0 or not metrics_path.exists():
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"{model.name} {mode} failed (exit {proc.returncode}); log {log}:\n{tail}")
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        f"model.path={model.path}", f"trainer.total_training_steps={model.steps}", "trainer.test_freq=0",
+    ]  # fmt: skip
+    print(f"{model.name} {LABELS[mode]}: {model.steps} steps ...", flush=True)
+    rows, wall = common.train_run(f"lora_{model.name}_{mode}", overrides, nproc=2)
     kept = [r for r in rows if r.get("training/global_step", 0) >= FIRST_STEP] or rows
     rec: dict[str, Any] = {"steps": len(rows), "median_over_steps": f"{FIRST_STEP}..{len(rows)}", "run_wall_s": wall}
-    for key, metric in METRICS.items():
-        values = [float(r[metric]) for r in kept if metric in r]
-        rec[key] = statistics.median(values) if values else None
+    rec |= {key: common.median(kept, metric) for key, metric in METRICS.items()}
     rec["loadavg_1m"] = common.load_1m()
-    print(
-        f"    step {rec['step_s']:.3f} s, update {rec['update_s']:.3f} s, sync {rec['sync_s'] * 1e3:.1f} ms, "
-        f"sync {rec['sync_bytes'] / 1e6:.2f} MB, run {wall:.0f} s",
-        flush=True,
-    )
-    return rec
+    print(f"    step {rec['step_s']:.3f} s, sync {rec['sync_bytes'] / 1e6:.2f} MB, run {wall:.0f} s", flush=True)
+    trainable = int(rows[-1]["perf/trainable_params"])
+    params = {"total_params": int(rows[-1]["perf/params"]), "trainable_params": trainable}
+    return rec, params | {"optimizer_state_bytes": trainable * ADAM_BYTES_PER_PARAM}
 
 
 # ---- reports --------------------------------------------------------------------------------------------------
@@ -286,8 +228,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         models.append(BenchModel("qwen2-25m", big_model(), big_steps))
     records = []
     for model in models:
-        params = {mode: p for mode, p in count_params(model.path).items() if mode in modes}
-        runs = {mode: train(model, mode) for mode in modes}
+        done = {mode: train(model, mode) for mode in modes}
+        runs, params = {m: d[0] for m, d in done.items()}, {m: d[1] for m, d in done.items()}
         path = str(model.path.relative_to(ROOT))
         records.append({"name": model.name, "path": path, "steps": model.steps, "params": params, "runs": runs})
     rec = {

@@ -2,12 +2,12 @@
 
     python -m benchmarks --only memory [--quick | --tiny]     (or: python -m benchmarks.memory)
 
-Runs benchmarks/memory_worker.py under torchrun for each model and rank count: the model wrapped with the
-project's own `apply_fsdp` and `build_optimizer`, one forward/backward and one optimizer step, then every rank's
-local shards counted (`DTensor.to_local()`). `ratio` = the largest rank's bytes / the unsharded total; the ideal
-is 1 / ranks (AdamW's `step` scalars are kept whole on every rank, so its state sits a few bytes above). These are
-tensor counts, deterministic, so the shared CPUs do not matter here; 4 ranks on 2 cores is fine for memory.
-On a CUDA machine the rank counts stop at the number of GPUs.
+One GRPO step of the trainer (`torchrl_post.train`) per model and rank count, read back from its metrics.jsonl:
+`perf/param_bytes`, `perf/grad_bytes` and `perf/optimizer_bytes` (the largest rank's local shards: parameters,
+the gradients a step holds, AdamW's state after the step) and `perf/params`. `ratio` = the largest rank's bytes /
+the 1-rank run's (the unsharded total); the ideal is 1 / ranks (AdamW's `step` scalars are kept whole on every
+rank, so its state sits a few bytes above). These are tensor counts, deterministic, so the shared CPUs do not
+matter here; 4 ranks on 2 cores is fine for memory. On a CUDA machine the rank counts stop at the number of GPUs.
 
     default   qwen2-10m, qwen2-40m and qwen2-100m on 1, 2, 4 ranks
     --quick   qwen2-10m on 1, 2, 4 ranks
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ from benchmarks import common
 from benchmarks.common import SIZES, model_dir
 
 NAME = "memory"
-WORKER = Path(__file__).resolve().parent / "memory_worker.py"
 KINDS = ("params", "grads", "optimizer")
+METRICS = {"params": "perf/param_bytes", "grads": "perf/grad_bytes", "optimizer": "perf/optimizer_bytes"}
 SETTINGS = {
     "full": (("qwen2-10m", "qwen2-40m", "qwen2-100m"), (1, 2, 4)),
     "quick": (("qwen2-10m",), (1, 2, 4)),
@@ -52,45 +51,36 @@ def rank_counts(wanted: tuple[int, ...]) -> list[int]:
     return list(wanted)
 
 
-def launch(model: str, ranks: int) -> dict[str, Any]:
-    args = ["--model", str(model_dir(SIZES[model]))]
-    rec: dict[str, Any] = common.run_worker(f"memory_{model}_r{ranks}", WORKER, ranks, args)
-    return rec
-
-
-def summarize(rec: dict[str, Any]) -> dict[str, Any]:
-    """One row: per kind, the largest rank's shard and storage bytes, the unsharded bytes and their ratio."""
-    row: dict[str, Any] = {"model": rec["model"], "ranks": rec["ranks"], "num_params": rec["num_params"]}
-    per_rank = rec["per_rank"]
-    for kind in (*KINDS, "total"):
-        kinds = KINDS if kind == "total" else (kind,)
-        shard = max(sum(r[k]["shard"] for k in kinds) for r in per_rank)
-        storage = max(sum(r[k]["storage"] for k in kinds) for r in per_rank)
-        full = sum(per_rank[0][k]["full"] for k in kinds)
-        row |= {f"{kind}_rank": shard, f"{kind}_storage": storage, f"{kind}_full": full, f"{kind}_ratio": shard / full}
-    row["ideal_ratio"] = 1 / rec["ranks"]
-    return row
+def step_bytes(model: str, ranks: int) -> dict[str, Any]:
+    """One training step on `ranks` ranks: the largest rank's bytes per kind, from the step's metrics."""
+    overrides = [
+        f"model.path={model_dir(SIZES[model])}", "data.train_batch_size=4", "rollout.n=2",
+        "data.max_response_length=8", "trainer.total_training_steps=1", "trainer.test_freq=0",
+        "trainer.val_before_train=false", "trainer.plots=false",
+    ]  # fmt: skip
+    rows, _ = common.train_run(f"memory_{model}_r{ranks}", overrides, nproc=ranks)
+    step = rows[-1]
+    return {"model": model, "ranks": ranks, "num_params": int(step["perf/params"])} | {
+        f"{kind}_rank": int(step[metric]) for kind, metric in METRICS.items()
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     models, wanted = SETTINGS[mode]
-    rows, raw = [], []
+    rows = []
     for model in models:
-        for ranks in rank_counts(wanted):
-            t0 = time.perf_counter()
-            rec = launch(model, ranks)
-            raw.append(rec)
-            row = summarize(rec)
+        full: dict[str, int] = {}
+        for ranks in sorted(rank_counts(wanted)):
+            row = step_bytes(model, ranks)
+            row["total_rank"] = sum(row[f"{k}_rank"] for k in KINDS)
+            full = full or {k: row[f"{k}_rank"] for k in (*KINDS, "total")}  # the 1-rank run: unsharded
+            row |= {f"{k}_full": full[k] for k in full} | {f"{k}_ratio": row[f"{k}_rank"] / full[k] for k in full}
+            row["ideal_ratio"] = 1 / ranks
             rows.append(row)
-            print(
-                f"  {model} on {ranks} rank(s): {row['total_rank'] / 1e6:.2f} MB per rank of "
-                f"{row['total_full'] / 1e6:.2f} MB, ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f}) "
-                f"({time.perf_counter() - t0:.0f} s)",
-                flush=True,
-            )
-    return {"mode": mode, "device": raw[0]["device"], "rows": rows, "runs": raw, "loadavg_1m": common.load_1m()}
+            print(f"  {model} on {ranks} rank(s): ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f})", flush=True)
+    return {"mode": mode, "device": common.device_kind(), "rows": rows, "loadavg_1m": common.load_1m()}
 
 
 # ---- reports -----------------------------------------------------------------------------------------------
@@ -113,7 +103,15 @@ COLUMNS = [
 
 def _table_row(r: dict[str, Any]) -> dict[str, Any]:
     mb = {f"{k}_mb": r[f"{k}_rank"] / 1e6 for k in (*KINDS, "total")}
-    return {**r, **mb, "full_mb": r["total_full"] / 1e6, "padding_mb": (r["total_storage"] - r["total_rank"]) / 1e6}
+    padding = (r["total_storage"] - r["total_rank"]) / 1e6 if "total_storage" in r else None  # records before 2026-12
+    return {**r, **mb, "full_mb": r["total_full"] / 1e6, "padding_mb": padding}
+
+
+def how(rec: dict[str, Any]) -> str:
+    """How the record counted: the trainer's metrics, or (records before 2026-11-28) memory_worker.py's model."""
+    if "total_storage" in rec["rows"][0]:
+        return "in the model wrapped by the project's `apply_fsdp` and `build_optimizer` (`DTensor.to_local()`)"
+    return "after one GRPO step of the trainer (`perf/param_bytes`, `perf/grad_bytes`, `perf/optimizer_bytes`)"
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -124,12 +122,10 @@ def markdown(rec: dict[str, Any]) -> str:
         [
             "# FSDP2 memory per rank",
             "",
-            f"Parameters, gradients (after one backward) and AdamW state (after one step) held by each rank: the "
-            f"bytes of its local shards (`DTensor.to_local()`), the model wrapped by the project's `apply_fsdp` "
-            f"(per decoder layer, then the root) and `build_optimizer`, on {rec['device']}. `MB/rank`: the largest "
-            "rank; `ratio` = that / the unsharded total (ideal 1 / ranks); `padding`: storage beyond the shards "
-            "(FSDP2 pads dim 0 to a multiple of the ranks). Activations and the parameters gathered during "
-            "forward/backward come on top of these.",
+            f"Parameters, gradients and AdamW state (after one step) held by each rank: the bytes of its local "
+            f"shards, {how(rec)}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the unsharded "
+            "total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of the "
+            "ranks; older records). Activations and the parameters gathered during forward/backward come on top.",
             "",
             common.table([_table_row(r) for r in rows], COLUMNS),
             f"Every rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "

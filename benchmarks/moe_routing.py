@@ -23,22 +23,18 @@ tokens), both measured before the update's optimizer step.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
+from benchmarks.common import ROOT
 
 NAME = "moe_routing"
 DEMO_MODEL = ROOT / "outputs" / "demo_model"
 DEMO_DATA = ROOT / "outputs" / "demo_data"
 MOE_MODEL = ROOT / "outputs" / "moe_model_qwen3_moe"
-RUNS = LOGS / "moe_routing_runs"
 MODES = {
     "dense": ("dense demo model, engine bf16", ["rollout.dtype=bfloat16"]),
     "moe": ("MoE, engine bf16, no replay", ["rollout.dtype=bfloat16"]),
@@ -94,42 +90,22 @@ def models() -> tuple[Path, Path]:
 
 
 def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
-    RUNS.mkdir(parents=True, exist_ok=True)
-    run_dir, log = RUNS / mode, LOGS / f"moe_routing_{mode}.log"
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
-    cmd = [
-        *torchrun(),
-        *("--standalone", "--nproc-per-node", "2", "-m", "torchrl_post.train"),
-        f"model.path={model}",
-        f"data.train_files={DEMO_DATA / 'train.jsonl'}",
-        f"data.val_files={DEMO_DATA / 'val.jsonl'}",
-        f"trainer.total_training_steps={steps}",
-        "trainer.test_freq=0",
-        "trainer.save_freq=0",
+    overrides = [
+        f"model.path={model}", f"data.train_files={DEMO_DATA / 'train.jsonl'}",
+        f"data.val_files={DEMO_DATA / 'val.jsonl'}", f"trainer.total_training_steps={steps}", "trainer.test_freq=0",
         "trainer.max_logprob_diff=0",  # the bf16 engine's difference is the point here, not a warning
-        f"trainer.default_local_dir={run_dir}",
         *MODES[mode][1],
-    ]
-    print(f"{MODES[mode][0]}: {steps} steps (log {log}) ...", flush=True)
-    warn_if_busy()
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0 or not metrics_path.exists():
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"{mode} failed (exit {proc.returncode}); log {log}:\n{tail}")
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    ]  # fmt: skip
+    print(f"{MODES[mode][0]}: {steps} steps ...", flush=True)
+    rows, wall = common.train_run(f"moe_routing_{mode}", overrides, nproc=2)
     steps_rows = [r for r in rows if r.get("training/global_step", 0) >= 1]
     per_step = {key: [r.get(metric) for r in steps_rows] for key, metric in METRICS.items()}
-    rec: dict[str, Any] = {"mode": mode, "label": MODES[mode][0], "run_wall_s": time.perf_counter() - t0}
-    rec["per_step"] = per_step
+    rec: dict[str, Any] = {"mode": mode, "label": MODES[mode][0], "run_wall_s": wall, "per_step": per_step}
     for key, values in per_step.items():
         known = [float(v) for v in values if v is not None]
         rec[key] = statistics.mean(known) if known else None
     rec["loadavg_1m"] = common.load_1m()
-    mismatch = "n/a" if rec["router_mismatch"] is None else f"{rec['router_mismatch']:.4f}"
-    print(f"    logprob_diff {rec['logprob_diff']:.2e}, router_mismatch {mismatch}", flush=True)
+    print(f"    logprob_diff {rec['logprob_diff']:.2e}, router_mismatch {rec['router_mismatch']}", flush=True)
     return rec
 
 

@@ -120,6 +120,12 @@ METRICS: dict[str, str] = {
     "perf/sync_bytes": "Bytes the weight sync moved this step.",
     "perf/padding_frac": "Share of the computed token cells that held no token (padding, a packed row's slack).",
     "perf/shared_prompt_frac": "Share of tokens a shared prompt saved (packing with shared prompts).",
+    "perf/param_bytes": "The actor's parameter bytes on the rank holding the most (its FSDP shards).",
+    "perf/grad_bytes": "The actor's gradient bytes during a step on the rank holding the most (one per trainable "
+    "parameter shard).",
+    "perf/optimizer_bytes": "The actor's optimizer state bytes on the rank holding the most (its shards).",
+    "perf/params": "The actor's parameters (the whole model's).",
+    "perf/trainable_params": "The actor's trainable parameters (with LoRA: the adapters').",
     "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, old_log_prob, ref, values, adv, "
     "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
     "ranks of their own, timing_s/gen is the actor's wait for the batch and timing_s/rollout_wait the longest a "

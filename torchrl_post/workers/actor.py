@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from torchrl_post.algos.advantages import informative_rows
 from torchrl_post.algos.kl import kl_penalty
@@ -371,6 +372,11 @@ class Actor:
             m = batch.train_mask
             local["diff"] = ("sum", float(((batch.old_log_probs - batch.rollout_log_probs).abs() * m).sum()))
             local["diff_tokens"] = ("sum", float(m.sum()))
+        params = list(self.model.parameters())
+        opt_state = [t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        local["param_bytes"] = ("max", float(sum(map(local_bytes, params))))
+        local["grad_bytes"] = ("max", float(sum(local_bytes(p) for p in params if p.requires_grad)))
+        local["optimizer_bytes"] = ("max", float(sum(map(local_bytes, opt_state))))
         tot = reduce_metrics(local, self.group, self.device)
         tokens, steps = max(tot["tokens"], 1.0), len(grad_norms)
         out: dict[str, Any] = {
@@ -387,6 +393,12 @@ class Actor:
             "perf/padding_frac": 1.0 - placed / max(computed, 1),
             "perf/shared_prompt_frac": 1.0 - placed / max(real, 1.0),
             "actor/nonfinite_skips": float(self.nonfinite_skips),
+            # what a rank holds between updates (the largest rank's shards) and the model's sizes (global numel)
+            "perf/param_bytes": tot["param_bytes"],
+            "perf/grad_bytes": tot["grad_bytes"],
+            "perf/optimizer_bytes": tot["optimizer_bytes"],
+            "perf/params": float(sum(p.numel() for p in params)),
+            "perf/trainable_params": float(sum(p.numel() for p in params if p.requires_grad)),
             "rollout/logprob_diff": tot["diff"] / max(tot["diff_tokens"], 1.0),
         }
         if a.use_kl_loss:
@@ -417,3 +429,9 @@ class AdapterOffReference:
 
     def log_probs(self, batch: Batch) -> torch.Tensor:
         return self.actor.base_log_probs(batch)
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's part of a tensor: a DTensor's local shard, else the whole tensor."""
+    part = t.to_local() if isinstance(t, DTensor) else t
+    return part.numel() * part.element_size()
