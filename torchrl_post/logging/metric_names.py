@@ -42,6 +42,8 @@ METRICS: dict[str, str] = {
     "actor/grad_norm": "Global gradient norm before clipping, averaged over the update's optimizer steps.",
     "actor/lr": "The learning rate this step trained at (actor.lr_scheduler_type; verl logs it so too).",
     "actor/optimizer_steps": "Optimizer steps in the update (mini-batches x ppo_epochs).",
+    "actor/skipped_samples_frac": "Share of the step's samples whose forward and backward the update skipped: "
+    "advantage 0 on every trained token (actor.skip_zero_advantage; only where nothing else reads them).",
     "actor/nonfinite_skips": "Updates skipped so far for a non-finite loss or gradient norm.",
     "actor/kl_loss": "The KL(actor || reference) loss term (actor.use_kl_loss).",
     "actor/kl_coef": "actor.kl_loss_coef.",

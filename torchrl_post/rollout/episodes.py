@@ -43,6 +43,8 @@ class Turns(Protocol):
 
     engine: Any
     env_workers: int
+    env_seconds: float
+    """Seconds the environments and tools took so far."""
     turn_batches: bool
     """Wait for every episode's turn before starting the next ones (one engine batch per turn)."""
 

@@ -73,6 +73,10 @@ class Members(Protocol[M]):
         """Requests generating now."""
         ...
 
+    def env_seconds(self) -> float:
+        """Seconds the members' environments took so far (0 for single samples)."""
+        ...
+
     def busy(self) -> bool:
         """Some member still generates (or waits for its environment)."""
         ...
@@ -135,6 +139,7 @@ class Groups(Generic[M]):
         """Since the last take: groups dropped as too stale, uniform groups dropped (rejection sampling), uniform
         groups kept at weight 0 (the budget of drops was spent)."""
         self.engine_seconds = self.reward_seconds = 0.0
+        self.env_mark = members.env_seconds()
 
     # ---- a step ---------------------------------------------------------------------------------------
     def take(self, step: int) -> TakenGroups:
@@ -147,9 +152,10 @@ class Groups(Generic[M]):
         for done, g in zip(taken, self.positions, strict=True):
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
         rounds = -(-self.rejected // max(self.share, 1))
+        env, self.env_mark = self.members.env_seconds() - self.env_mark, self.members.env_seconds()
         out = TakenGroups(
             taken, self.engine_seconds, self.stale_dropped, self.members.live(), self.rejected, rounds, self.short,
-            self.reward_seconds,
+            self.reward_seconds, env,
         )  # fmt: skip
         self.stale_dropped, self.rejected, self.short = 0, 0, 0
         self.engine_seconds = self.reward_seconds = 0.0
@@ -328,6 +334,9 @@ class Samples:
     def live(self) -> int:
         return len(self.stream.live)
 
+    def env_seconds(self) -> float:
+        return 0.0
+
     def busy(self) -> bool:
         return bool(self.stream.live)
 
@@ -420,6 +429,9 @@ class EpisodeMembers:
 
     def live(self) -> int:
         return len(self.episodes.live)
+
+    def env_seconds(self) -> float:
+        return self.episodes.loop.env_seconds
 
     def busy(self) -> bool:
         return self.episodes.running

@@ -43,6 +43,8 @@ class LocalRollouts:
         seconds = self.source.timer.seconds
         seconds["gen"], seconds["gen_engine"] = time.perf_counter() - start, taken.engine_seconds
         seconds["reward"] = taken.reward_seconds
+        if self.source.loop is not None:  # agent episodes
+            seconds["env"] = taken.env_seconds
         rank = dist.get_rank() if dist.is_initialized() else 0
         table = group_rows(gather_rows(taken.rows(rank, self.first, self.keep)))
         rejection = self.source.rejection.enable

@@ -74,6 +74,8 @@ class TakenGroups:
     """... and the uniform groups kept at weight 0 because the budget was spent."""
     reward_seconds: float = 0.0
     """Scoring and filtering complete groups since the last take."""
+    env_seconds: float = 0.0
+    """Agent episodes: their environments' and tools' time since the last take."""
 
     def batch(self, pad_id: int, keep: slice = slice(None)) -> Batch:
         """The `keep` groups as one batch."""
