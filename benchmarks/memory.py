@@ -17,6 +17,7 @@ matter here; 4 ranks on 2 cores is fine for memory. On a CUDA machine the rank c
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,22 @@ def rank_counts(wanted: tuple[int, ...]) -> list[int]:
     return list(wanted)
 
 
+def prompts() -> Path:
+    """Eight sums in the project's data format (what the step trains on does not change what it holds)."""
+    path = common.LOGS / "memory_data" / "train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "data_source": "arithmetic"} for i in range(8)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def step_bytes(model: str, ranks: int) -> dict[str, Any]:
     """One training step on `ranks` ranks: the largest rank's bytes per kind, from the step's metrics."""
     overrides = [
-        f"model.path={model_dir(SIZES[model])}", "data.train_batch_size=4", "rollout.n=2",
+        f"model.path={model_dir(SIZES[model])}", f"data.train_files={prompts()}", "data.val_files=null",
+        "data.train_batch_size=4", "rollout.n=2",
         "data.max_response_length=8", "trainer.total_training_steps=1", "trainer.test_freq=0",
         "trainer.val_before_train=false", "trainer.plots=false",
     ]  # fmt: skip
