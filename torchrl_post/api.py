@@ -137,12 +137,21 @@ def validate(
     return run(cfg, given, val_only=True)
 
 
-def run(cfg: Config, given: Given | None = None, *, val_only: bool = False, notes: Sequence[str] = ()) -> RunResult:
+def run(
+    cfg: Config,
+    given: Given | None = None,
+    *,
+    val_only: bool = False,
+    notes: Sequence[str] = (),
+    process_ends: bool = False,
+) -> RunResult:
     """What `train` and `validate` do, without their hook on the script's uncaught errors: the command line
     calls it. `notes`: printed (first rank) with the plan's. A user error is reported (`report_error`), then
-    raised."""
+    raised. `process_ends`: the caller ends the process right after (`end_process`), so the engines free only
+    what would outlive it."""
     try:
-        return _run(cfg, given or Given(), val_only, [*dict.fromkeys([*_ALIAS_NOTES, *notes])])
+        notes = [*dict.fromkeys([*_ALIAS_NOTES, *notes])]
+        return _run(cfg, given or Given(), val_only, notes, process_ends)
     except UserError as e:
         report_error(e)
         raise
@@ -166,7 +175,7 @@ def report_error(e: UserError) -> None:
         time.sleep(REPORT_GRACE_S)
 
 
-def _run(cfg: Config, given: Given, val_only: bool, notes: list[str]) -> RunResult:
+def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_ends: bool) -> RunResult:
     cfg = copy.deepcopy(cfg)  # the caller's stays as it was
     if val_only:
         cfg.trainer.val_only = True
@@ -210,9 +219,12 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str]) -> RunResu
         if _LAUNCH_RANK == 0:
             print(str(e), flush=True)
         return RunResult(run_dir, e.step, stopped=True)
+    except BaseException:
+        process_ends = False  # a crash: the traceback and the interpreter's finalization follow, engines torn down
+        raise
     finally:
         if program is not None:
-            program.shutdown()
+            program.shutdown(process_ends)
         shutdown_distributed()
 
 

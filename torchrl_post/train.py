@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     alias_notes: list[str] = []  # verl / ROLL / rLLM / TRL names on the command line, one note each
     try:
-        api.run(load_config(overrides, name, path, notes=alias_notes), notes=alias_notes)
+        api.run(load_config(overrides, name, path, notes=alias_notes), notes=alias_notes, process_ends=True)
     except UserError as e:
         api.report_error(e)  # a no-op for what api.run reported already
         code = 2

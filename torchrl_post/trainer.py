@@ -199,8 +199,8 @@ class Trainer:
                 weights = merged_weights(weights, lora_scale(m.lora_rank, m.lora_alpha))
             write_hf_weights(weights, out, self.info.is_main)
 
-    def shutdown(self) -> None:
-        self.rollouts.shutdown()
+    def shutdown(self, process_ends: bool = False) -> None:
+        self.rollouts.shutdown(process_ends)
 
 
 def logprob_diff_warning(metrics: Mapping[str, float], plan: RunPlan, rollout: RolloutConfig) -> str | None:

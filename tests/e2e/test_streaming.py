@@ -132,8 +132,12 @@ def test_streamed_groups_on_a_tensor_parallel_engine_with_rejection_sampling_res
         "rollout.n=2",
         "trainer.test_freq=2",
     ]
+    shm = Path("/dev/shm")
+    before = set(shm.glob("*cpushm*")) if shm.is_dir() else set()
     rows = _straight_and_resumed(2, tiny_model, task_data, tmp_path, *rejection)
     _check_streamed(rows, groups=4, spans=False)
+    left = set(shm.glob("*cpushm*")) - before if shm.is_dir() else set()
+    assert not left, f"the TP engine's CPU communicator left its shared memory behind: {left}"
     dropped = sum(rows[s]["filter/rejection/dropped_groups"] for s in (1, 2, 3, 4))
     assert dropped > 0, "uniform groups were dropped and others drawn"
     for s in (1, 2, 3, 4):

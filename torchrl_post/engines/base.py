@@ -173,7 +173,11 @@ class RolloutEngine(Stepped, Protocol):
 
     def wake_up(self) -> None: ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self, process_ends: bool = False) -> None:
+        """Free what the engine holds. `process_ends`: the process ends right after (the command line's
+        `end_process`), so only what would outlive it goes (temporary files); memory and the engine's own process
+        groups go with the process (vLLM's teardown is about a second per launch)."""
+        ...
 
 
 def generate(

@@ -191,5 +191,5 @@ class HFEngine:
     def wake_up(self) -> None:
         pass
 
-    def shutdown(self) -> None:
+    def shutdown(self, process_ends: bool = False) -> None:
         del self.model

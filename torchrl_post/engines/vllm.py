@@ -273,16 +273,37 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
-    def shutdown(self) -> None:
+    def shutdown(self, process_ends: bool = False) -> None:
         # Must run before the default process group is destroyed (vLLM tears down its groups here). After an
         # error inside the engine, vLLM may have torn them down already; that must not mask the error.
         if self.lora_dir is not None:
             shutil.rmtree(self.lora_dir, ignore_errors=True)
+        _release_shared_memory()
+        if process_ends:
+            return
         try:
             del self.llm
             gc.collect()
         except Exception as e:  # teardown only
             log.warning("vLLM shutdown: %s", e)
+
+
+def _release_shared_memory() -> None:
+    """Free what vLLM's groups hold in /dev/shm, which outlives the process unless unlinked: the CPU tensor-parallel
+    communicator's segment (`<group name>_<rank>`, 4 MiB per rank: vLLM 0.32 never unlinks it, so every TP engine
+    on CPU left one per rank behind) and the broadcast queue's ring buffer (unlinked by its creator when
+    dropped). Mappings stay valid until the engine is gone."""
+    from vllm.distributed import parallel_state
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    for ref in list(parallel_state._groups.values()):
+        group = ref()
+        if group is None:
+            continue
+        shm = getattr(group.device_communicator, "dist_module", None)
+        if isinstance(shm, _CPUSHMDistributed):
+            Path(f"/dev/shm/{shm.group_name}_{shm.communicator.rank}").unlink(missing_ok=True)
+        group.mq_broadcaster = None
 
 
 class RouteRecorder:

@@ -73,5 +73,5 @@ class LocalRollouts:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.producer.load_state_dict(state["producer"])
 
-    def shutdown(self) -> None:
-        self.source.shutdown()
+    def shutdown(self, process_ends: bool = False) -> None:
+        self.source.shutdown(process_ends)

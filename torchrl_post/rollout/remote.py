@@ -102,7 +102,7 @@ class RemoteRollouts:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
 
-    def shutdown(self) -> None:
+    def shutdown(self, process_ends: bool = False) -> None:
         pass
 
 
@@ -185,5 +185,5 @@ class RolloutServer:
     def write_hf(self, ckpt_tmp: Path) -> None:
         pass
 
-    def shutdown(self) -> None:
-        self.source.shutdown()
+    def shutdown(self, process_ends: bool = False) -> None:
+        self.source.shutdown(process_ends)

@@ -106,7 +106,7 @@ class RolloutSource(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self, process_ends: bool = False) -> None: ...
 
 
 class EngineSource:
@@ -262,5 +262,5 @@ class EngineSource:
             )
         return out
 
-    def shutdown(self) -> None:
-        self.engine.shutdown()
+    def shutdown(self, process_ends: bool = False) -> None:
+        self.engine.shutdown(process_ends)

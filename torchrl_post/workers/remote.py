@@ -130,5 +130,5 @@ class RoleServer:
     def write_hf(self, ckpt_tmp: Path) -> None:
         pass
 
-    def shutdown(self) -> None:
+    def shutdown(self, process_ends: bool = False) -> None:
         pass
