@@ -7,6 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 NPROC ?= 2
 ARGS ?=
+TESTS ?= tests
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
 .PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe train test lint unit distributed e2e bench bench-quick gpu-check clean
@@ -81,10 +82,17 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # Every test; prints the 25 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
+# The lint (one core: mypy) runs beside pytest, whose unit tier uses the other; its output and status follow the
+# tests', and either failing fails the target.
 test:
-	@t=$$(date +%s) && $(MAKE) --no-print-directory setup && setup=$$(( $$(date +%s) - t )) && \
-	t=$$(date +%s) && $(MAKE) --no-print-directory lint && lint=$$(( $$(date +%s) - t )) && \
-	TORCHRL_POST_PHASES="setup=$$setup lint=$$lint" $(VENV)/bin/pytest -q tests --durations=25
+	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
+	rm -f outputs/lint.status; set +e; \
+	{ t=$$(date +%s); $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
+	  echo "$$? $$(( $$(date +%s) - t ))" > outputs/lint.status; } & \
+	TORCHRL_POST_PHASES="setup=$$setup" TORCHRL_POST_LINT_STATUS=outputs/lint.status \
+		$(VENV)/bin/pytest -q $(TESTS) --durations=25; rc=$$?; \
+	wait; cat outputs/lint.log; read lint_rc lint_s < outputs/lint.status; \
+	echo "lint: exit $$lint_rc after $$lint_s s (beside pytest)"; [ $$rc = 0 ] && [ $$lint_rc = 0 ]
 
 unit: setup
 	$(VENV)/bin/pytest -q tests/unit

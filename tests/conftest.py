@@ -29,6 +29,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     lint=40") and pytest's tiers (docs/tests.md keeps the table)."""
     phases = [p.split("=") for p in os.environ.get("TORCHRL_POST_PHASES", "").split()]
     rows = [(name, float(secs)) for name, secs in phases]
+    lint = Path(os.environ.get("TORCHRL_POST_LINT_STATUS", "/nonexistent"))
+    status = lint.read_text().split() if lint.is_file() else []  # "<exit code> <seconds>" once the lint is done
+    if len(status) == 2:  # `make test` runs the lint beside pytest; it ends long before the whole suite
+        rows.append(("lint*", float(status[1])))
     rows += [(t, _tier_seconds[t]) for t in (*TIERS, "other") if t in _tier_seconds]
     if not rows:
         return
@@ -36,6 +40,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for name, secs in rows:
         terminalreporter.write_line(f"{name:<12} {secs:8.0f}")
     terminalreporter.write_line(f"{'total':<12} {sum(s for _, s in rows):8.0f}")
+    if len(status) == 2:
+        terminalreporter.write_line("* beside pytest (its seconds overlap the unit tier's)")
 
 
 def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
