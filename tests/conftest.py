@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TIERS = ("unit", "distributed", "e2e", "gpu")
 _tier_seconds: dict[str, float] = {}
+_launches: list[float] = []  # seconds of each torchrun launch this session
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -25,8 +27,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The suite's phases with their seconds: setup and lint (from `make test`, TORCHRL_POST_PHASES="setup=12
-    lint=40") and pytest's tiers (docs/tests.md keeps the table)."""
+    """The suite's phases with their seconds: setup (from `make test`, TORCHRL_POST_PHASES="setup=12"), the lint
+    `make test` runs beside pytest (its status file, TORCHRL_POST_LINT_STATUS), pytest's tiers, and the torchrun
+    launches (docs/tests.md keeps the table)."""
     phases = [p.split("=") for p in os.environ.get("TORCHRL_POST_PHASES", "").split()]
     rows = [(name, float(secs)) for name, secs in phases]
     lint = Path(os.environ.get("TORCHRL_POST_LINT_STATUS", "/nonexistent"))
@@ -40,6 +43,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for name, secs in rows:
         terminalreporter.write_line(f"{name:<12} {secs:8.0f}")
     terminalreporter.write_line(f"{'total':<12} {sum(s for _, s in rows):8.0f}")
+    if _launches:
+        each = sum(_launches) / len(_launches)
+        terminalreporter.write_line(f"torchrun launches: {len(_launches)}, {sum(_launches):.0f} s, {each:.1f} s each")
     if len(status) == 2:
         terminalreporter.write_line("* beside pytest (its seconds overlap the unit tier's)")
 
@@ -55,7 +61,11 @@ def torchrun(nproc: int, target: list[str], timeout: int = 600, env: dict[str, s
     entry = "torchrl_post.train" in target or any(t.endswith(".py") and "examples" in Path(t).parts for t in target)
     if entry and not any(t.startswith("trainer.plots=") for t in target):
         target = [*target, "trainer.plots=false"]
-    return run_cmd([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *target], timeout, env)
+    start = time.perf_counter()
+    try:
+        return run_cmd([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *target], timeout, env)
+    finally:
+        _launches.append(time.perf_counter() - start)
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
@@ -184,6 +194,16 @@ def train_overrides(model: Path, data: tuple[Path, Path], run: Path, steps: int)
         "trainer.save_freq=2",
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={run}",
+    ]
+
+
+def resumed_from(run: Path, step: int) -> list[str]:
+    """Overrides that resume from `run`'s step-`step` checkpoint: what a kill right after that save leaves, so a
+    run resumed from it and trained to N steps must equal `run` trained straight to N (one launch fewer than
+    training a second run to `step` first)."""
+    return [
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={run / 'checkpoints' / f'global_step_{step}'}",
     ]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, read_jsonl, torchrun, train_overrides
+from tests.conftest import assert_ok, read_jsonl, resumed_from, torchrun, train_overrides
 from tests.e2e.test_agent import AGENT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -35,9 +35,7 @@ def _straight_and_resumed(nproc: int, model: Path, data: tuple[Path, Path], tmp:
     """Returns the straight run's rows after checking that a run resumed from its step-2 checkpoint (what a kill
     after that save leaves) gives the same steps 3 and 4."""
     straight = _train(nproc, model, data, tmp / "straight", 4, *STREAM, *extra)
-    ckpt = tmp / "straight" / "checkpoints" / "global_step_2"
-    resume = ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt}"]
-    split = _train(nproc, model, data, tmp / "split", 4, *STREAM, *extra, *resume)
+    split = _train(nproc, model, data, tmp / "split", 4, *STREAM, *extra, *resumed_from(tmp / "straight", 2))
     assert min(split) == 3, "the resumed run starts after the checkpoint"
     for step in (3, 4):
         keys = [k for k in straight[step] if not k.startswith(UNTIMED)]

@@ -60,7 +60,7 @@ class ScriptedEngine:
     def __init__(self) -> None:
         self.calls: list[tuple[list[list[int]], list[int], SamplingParams]] = []
         self.sleeps = 0
-        self.shut = False
+        self.shut = ""
         self._added: list[tuple[str, list[int], SamplingParams, int]] = []
 
     def add_request(
@@ -93,8 +93,8 @@ class ScriptedEngine:
     def wake_up(self) -> None:
         pass
 
-    def shutdown(self) -> None:
-        self.shut = True
+    def shutdown(self, process_ends: bool = False) -> None:
+        self.shut = "process ends" if process_ends else "torn down"
 
 
 def _data(names: list[str], sources: list[str] | None = None) -> PromptDataset:
@@ -315,4 +315,6 @@ def test_state_dict_round_trips_the_sampler_position_and_the_groups_left_over() 
 def test_shutdown_shuts_the_engine_down() -> None:
     source, engine = _source()
     source.shutdown()
-    assert engine.shut
+    assert engine.shut == "torn down"
+    source.shutdown(process_ends=True)  # the command line: only what outlives the process
+    assert engine.shut == "process ends"
