@@ -51,12 +51,9 @@ class BenchModel:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the demo model only, 6 steps")
-    ap.add_argument("--tiny", action="store_true", help="the demo model, 3 steps, full and merged LoRA (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="training steps on the demo model (default 20)")
     ap.add_argument("--big-steps", type=int, default=None, help="training steps on the ~25M model (default 10)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -247,9 +244,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return rec
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -35,14 +35,6 @@ SETTINGS = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one 10M model")
-    ap.add_argument("--tiny", action="store_true", help="a 1M model on 1 and 2 ranks (tests)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
-
-
 def rank_counts(wanted: tuple[int, ...]) -> list[int]:
     """The rank counts to run: on a CUDA machine one GPU per rank, so at most the GPU count."""
     import torch
@@ -79,8 +71,7 @@ def step_bytes(model: str, ranks: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     models, wanted = SETTINGS[mode]
     rows = []
     for model in models:
@@ -171,9 +162,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

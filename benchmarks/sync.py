@@ -49,12 +49,9 @@ class Run:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the smallest model, colocated and 1 + 1 broadcast")
-    ap.add_argument("--tiny", action="store_true", help="as --quick with one repeat (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3, --tiny 1)")
     ap.add_argument("--bucket-mb", type=int, default=64)
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -204,9 +201,5 @@ def scaling_plot(ax: Any, records: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])
