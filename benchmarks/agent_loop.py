@@ -26,25 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import ROOT
+from benchmarks.common import DEMO_DATA, demo_model
 
 NAME = "agent_loop"
 WORKER = Path(__file__).resolve().parent / "agent_loop_worker.py"
-DEMO_MODEL = ROOT / "outputs" / "demo_model"
-DEMO_DATA = ROOT / "outputs" / "demo_data"
 MODES = ("step", "turn_batches")
 LABELS = {"step": "step loop", "turn_batches": "one batch per turn"}
 SETTINGS = {"full": (32, 3, 20), "quick": (8, 3, 10), "tiny": (2, 1, 2)}  # tasks, repeats, timed calls per tool
 N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per task, env step delays, threads
-
-
-def demo_model() -> Path:
-    if not (DEMO_MODEL / "demo_build.json").is_file():
-        from torchrl_post.demo.build import build_demo
-
-        print("building the demo model (once) ...", flush=True)
-        build_demo(DEMO_MODEL, DEMO_DATA)
-    return DEMO_MODEL
 
 
 # ---- 1. the agent loop ----------------------------------------------------------------------------------------

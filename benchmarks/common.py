@@ -37,6 +37,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "outputs" / "bench_models"
 DATA = ROOT / "outputs" / "bench_data"
 LOGS = ROOT / "outputs" / "bench_logs"
+DEMO_MODEL = ROOT / "outputs" / "demo_model"  # `make demo`'s model and data, as the trainer's defaults find them
+DEMO_DATA = ROOT / "outputs" / "demo_data"
 
 
 def cpu_model() -> str:
@@ -257,6 +259,16 @@ def model_dir(size: ModelSize) -> Path:
     spec = {k: v for k, v in asdict(size).items() if k != "name"}
     build_tiny_model(out, seed=0, **spec)
     return out
+
+
+def demo_model() -> Path:
+    """The demo model (and its data beside it), built once when missing."""
+    if not (DEMO_MODEL / "demo_build.json").is_file():
+        from torchrl_post.demo.build import build_demo
+
+        print("building the demo model (once) ...", flush=True)
+        build_demo(DEMO_MODEL, DEMO_DATA)
+    return DEMO_MODEL
 
 
 def train_run(

@@ -1,7 +1,5 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-    python -m benchmarks --only e2e [--quick | --tiny]       (or: python -m benchmarks.e2e [--quick | --tiny])
-
 Both sides train on real GSM8K prompts (benchmarks/artefacts.py) scored by the same gsm8k reward, `prompts` x
 `n` samples per step (8 x 8 = 64), at most 32 new tokens, temperature 1, no reference model (beta 0), the
 same learning rate and number of steps, float32, one process each:

@@ -1,7 +1,5 @@
 """Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks.
 
-    python -m benchmarks --only memory [--quick | --tiny]     (or: python -m benchmarks.memory)
-
 One GRPO step of the trainer (`torchrl_post.train`) per model and rank count, read back from its metrics.jsonl:
 `perf/param_bytes`, `perf/grad_bytes` and `perf/optimizer_bytes` (the largest rank's local shards: parameters,
 the gradients a step holds, AdamW's state after the step) and `perf/params`. `ratio` = the largest rank's bytes /

@@ -1,8 +1,6 @@
 """Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
 generation time goes.
 
-    python -m benchmarks --only rollout [--quick | --tiny]     (or: python -m benchmarks.rollout [--repeats R])
-
 Runs benchmarks/rollout_worker.py under torchrun (1 process: vLLM in-process needs a process group) on random
 Qwen2 models (cached under outputs/bench_models): both engines as the trainer builds them, the same random
 prompts, every sample forced to the asked length (vLLM `ignore_eos`, no stop token for transformers), over

@@ -1,7 +1,5 @@
 """Weight-sync benchmark: how close the trainer -> vLLM weight sync gets to the raw collective.
 
-    python -m benchmarks --only sync [--quick | --tiny]     (or: python -m benchmarks.sync [--repeats R] ...)
-
 Builds (and caches under outputs/bench_models) random Qwen2 models of about 1M, 10M, 40M and 100M parameters,
 then runs benchmarks/sync_worker.py under torchrun for each:
   colocated, 2 actor ranks   sync_weights (bucketed all_gather + vLLM reload) vs the same all_gathers, bare

@@ -1,8 +1,6 @@
 """Update benchmark: tokens/s of the actor's update (`Actor.update`, FSDP2) against a bare PyTorch loop (the plain
 HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode.
 
-    python -m benchmarks --only update [--quick | --tiny]      (or: python -m benchmarks.update [--ranks 1,2])
-
 Runs benchmarks/update_worker.py under torchrun on a random Qwen2 model (cached under outputs/bench_models) with
 a seeded GRPO-shaped batch: groups of 8 samples sharing a prompt of 40-120 tokens (left-padded), responses of
 1-64 tokens (right-padded). Modes: fixed and dynamic (token-budget) micro-batches, padded and packed
