@@ -2,17 +2,11 @@
 
     python -m benchmarks [--quick] [--tiny] [--report-only] [--only NAME[,NAME]] [--results DIR]
 
-`make bench` runs it all (tens of minutes on 2 CPU cores); `--quick` a subset of about 5 minutes; `--tiny` the
-smallest sizes (seconds per benchmark; for tests). Each benchmark is a module `benchmarks/<name>.py` exposing
-NAME, run, markdown and plot (the protocol in benchmarks/common.py); a module not written yet is skipped with one
-line, one that fails is reported and the others still run (the exit status is then 1). Results go to
-`<results>/<name>_<machine>_<date>.{json,md,png}`. `--report-only` measures nothing: it rebuilds every .md and
-.png from the JSON files under results.
-
-After either, `<results>/LATEST.md` gets each benchmark's newest result (newest date; a result from this
-machine is preferred over another machine's) and, when the results are the repository's own
-(benchmarks/results), the same text goes into docs/benchmarks.md between `<!-- benchmarks:begin -->` and
-`<!-- benchmarks:end -->`.
+Each benchmark is a module `benchmarks/<name>.py` (the protocol in benchmarks/common.py); one that fails is
+reported and the others still run (the exit status is then 1). `--report-only` measures nothing: it rebuilds
+every .md and .png from the JSON files under results. After either, `<results>/LATEST.md` gets each benchmark's
+newest result (this machine's preferred) and, for the repository's own results, docs/benchmarks.md too between
+`<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,21 @@
 """Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
 
-    python -m benchmarks --only agent_loop [--quick | --tiny]
-    python -m benchmarks.agent_loop [--quick] [--repeats R] [--env-workers W] [--omp-threads T]
-
-1. Runs benchmarks/agent_loop_worker.py under torchrun (1 process, a real in-process vLLM engine on the demo
-   model, built first with torchrl_post.demo.build when missing): the guess-number environment with a step
-   that sleeps 0 ms and 50 ms (standing for a tool), through `AgentLoop(turn_batches=False)` (the step loop:
-   a trajectory's next turn starts as soon as its environment answered) and `turn_batches=True` (every
-   trajectory's turn and environment call finish before the next turns start), env_workers=8, the same tasks
-   and seed: 32 tasks x n=2, max_turns 4, 6 tokens per turn, temperature 1 (`--quick`: 8 tasks). Median of
-   R repeats after a warm-up.
-2. Times the built-in tools in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
+1. benchmarks/agent_loop_worker.py under torchrun (an in-process vLLM engine on the demo model, built when
+   missing): the guess-number environment with a step sleeping 0 and 50 ms on average (a tool), through
+   `AgentLoop(turn_batches=False)` (a trajectory's next turn starts as soon as its environment answered) and
+   `turn_batches=True` (every turn and environment call of a round finish before the next round), the same
+   tasks and seed; median of the repeats after a warm-up.
+2. The built-in tools timed in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
    `subprocess.run` of the same code (the venv's interpreter and the sandbox's), and `calculator`.
-`--tiny`: 2 tasks, one repeat, 2 calls per tool (tests).
 
-The engine runs with `--omp-threads` OpenMP threads, unbound (default 1): on a few CPU cores shared with other
-jobs, vLLM's default of one pinned thread per core makes single engine steps stall 10x whenever another
-process runs on a pinned core; 0 keeps vLLM's defaults.
+    default   32 tasks x n=2, 3 repeats, 20 calls per tool
+    --quick   8 tasks, 10 calls
+    --tiny    2 tasks, 1 repeat, 2 calls (tests)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -33,73 +26,30 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import LOGS, ROOT, torchrun, warn_if_busy
+from benchmarks.common import DEMO_DATA, demo_model
 
 NAME = "agent_loop"
 WORKER = Path(__file__).resolve().parent / "agent_loop_worker.py"
-DEMO_MODEL = ROOT / "outputs" / "demo_model"
-DEMO_DATA = ROOT / "outputs" / "demo_data"
 MODES = ("step", "turn_batches")
 LABELS = {"step": "step loop", "turn_batches": "one batch per turn"}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="8 tasks instead of 32, 10 sandbox calls instead of 20")
-    ap.add_argument("--tiny", action="store_true", help="2 tasks, one repeat, 2 calls per tool (tests)")
-    ap.add_argument("--repeats", type=int, default=None, help="default 3, --tiny 1")
-    ap.add_argument("--tasks", type=int, default=None, help="tasks (default 32, --quick 8, --tiny 2)")
-    ap.add_argument("--n", type=int, default=2, help="trajectories per task")
-    ap.add_argument("--delays-ms", default="0,50")
-    ap.add_argument("--env-workers", type=int, default=32, help="the loop's environment threads")
-    ap.add_argument("--calls", type=int, default=None, help="timed calls per tool (default 20, --quick 10, --tiny 2)")
-    ap.add_argument("--omp-threads", type=int, default=1, help="engine OpenMP threads, unbound; 0: vLLM's default")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
-
-
-def demo_model() -> Path:
-    if not (DEMO_MODEL / "demo_build.json").is_file():
-        from torchrl_post.demo.build import build_demo
-
-        print("building the demo model (once) ...", flush=True)
-        build_demo(DEMO_MODEL, DEMO_DATA)
-    return DEMO_MODEL
+SETTINGS = {"full": (32, 3, 20), "quick": (8, 3, 10), "tiny": (2, 1, 2)}  # tasks, repeats, timed calls per tool
+N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per task, env step delays, threads
 
 
 # ---- 1. the agent loop ----------------------------------------------------------------------------------------
 
 
-def run_loop(args: argparse.Namespace, tasks: int) -> dict[str, Any]:
-    LOGS.mkdir(parents=True, exist_ok=True)
-    out, log = LOGS / "agent_loop.json", LOGS / "agent_loop.log"
-    out.unlink(missing_ok=True)
-    cmd = [
-        *torchrun(),
-        "--standalone",
-        "--nproc-per-node",
-        "1",
-        str(WORKER),
-        *("--model", str(demo_model()), "--data", str(DEMO_DATA / "train.jsonl")),
-        *("--tasks", str(tasks), "--samples", str(args.n)),
-        *("--repeats", str(args.repeats), "--delays-ms", args.delays_ms, "--out", str(out)),
-        *("--env-workers", str(args.env_workers)),
+def run_loop(tasks: int, repeats: int) -> dict[str, Any]:
+    args = [
+        *("--model", str(demo_model()), "--data", str(DEMO_DATA / "train.jsonl"), "--tasks", str(tasks)),
+        *("--samples", str(N), "--repeats", str(repeats), "--delays-ms", DELAYS_MS, "--env-workers", str(ENV_WORKERS)),
     ]
-    env = dict(os.environ)
-    if args.omp_threads > 0:
-        env.update(OMP_NUM_THREADS=str(args.omp_threads), VLLM_CPU_OMP_THREADS_BIND="nobind")
-    print(f"agent loop: {tasks} tasks x n={args.n}, {args.repeats} repeats (log {log}) ...", flush=True)
-    warn_if_busy()
+    # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
+    env = dict(os.environ, OMP_NUM_THREADS=str(OMP_THREADS), VLLM_CPU_OMP_THREADS_BIND="nobind")
+    print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
     t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"agent loop worker failed (exit {proc.returncode}); log {log}:\n{tail}")
-    rec: dict[str, Any] = json.loads(out.read_text())
-    rec["omp_threads"] = args.omp_threads or "vllm default (bound)"
-    rec["worker_s"] = time.perf_counter() - t0
-    rec["loadavg_1m"] = common.load_1m()
+    rec: dict[str, Any] = common.run_worker("agent_loop", WORKER, 1, args, env)
+    rec |= {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
     for s in rec["summary"]:
         print(
             f"    {s['delay_ms']:>4g} ms {LABELS[s['mode']]:>18}: {s['trajectories_per_s']:6.1f} traj/s, "
@@ -148,18 +98,6 @@ def bench_tools(calls: int) -> dict[str, Any]:
         res["sandbox_available"] = False
         res["sandbox_unavailable"] = str(e)
     return res
-
-
-def print_tools(t: dict[str, Any]) -> None:
-    def ms(key: str) -> str:
-        return f"{t[key]['median_s'] * 1e3:.2f} ms" if key in t else "n/a"
-
-    sandbox = ms("sandbox") if t["sandbox_available"] else f"unavailable ({t['sandbox_unavailable']})"
-    print(
-        f"    python() sandboxed {sandbox}, plain subprocess {ms('plain_subprocess')} (venv), "
-        f"{ms('plain_subprocess_sandbox_interpreter')} (sandbox's interpreter), calculator {ms('calculator')}",
-        flush=True,
-    )
 
 
 # ---- reports --------------------------------------------------------------------------------------------------
@@ -276,23 +214,14 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
-    args.repeats = args.repeats or (1 if args.tiny else 3)
-    tasks = args.tasks or (2 if args.tiny else 8 if args.quick else 32)
-    calls = args.calls or (2 if args.tiny else 10 if args.quick else 20)
-    loop = run_loop(args, tasks)
+    tasks, repeats, calls = SETTINGS[common.mode(args)]
+    loop = run_loop(tasks, repeats)
     print(f"sandbox: {calls} calls each ...", flush=True)
-    tools = bench_tools(calls)
-    print_tools(tools)
-    rec = {"repeats": args.repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": tools}
+    rec = {"repeats": repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": bench_tools(calls)}
     for line in conclusion(rec):
         print(f"  {line}", flush=True)
     return rec
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -1,26 +1,13 @@
-"""Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts on a long-tailed task, 4 ranks.
+"""Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts (CONFIGS) on a long-tailed task.
 
-    python -m benchmarks --only async_rollout [--quick | --tiny]
     python -m benchmarks.async_rollout [--steps S] [--repeats R] [--configs on_policy,lookahead1,...]
 
 Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines
-on [2,3], on the long-tailed task of benchmarks/longtail_task.py (the demo model asked for 1 to 200 characters,
-half of the prompts at most 4; responses up to 256 tokens; reward 1 at the asked length). Configurations:
-
-    on_policy          trainer.max_off_policy_steps=0
-    lookahead1         trainer.max_off_policy_steps=1
-    partial_s2         + rollout.partial_rollout=true trainer.max_staleness=2 (streamed groups, KV kept)
-    partial_unbounded  + rollout.partial_rollout=true, no staleness bound
-    partial_arrival    + rollout.update_on_arrival=true, no staleness bound (only where the schema has the key)
-
-Runs are interleaved (A B C D, A B C D) so that other jobs on the machine slow every configuration alike; repeat r
-runs with trainer.seed 1 + r. From each run's metrics.jsonl, over the steps after the first `WARMUP`: tokens/s and
-samples/s (prompt plus response tokens and samples trained, over the summed `timing_s/step`), the idle share of the
-rollout ranks (`timing_s/rollout_wait`, reported a step late, over `timing_s/step`: the rank that waited longest)
-and of the actor (`timing_s/gen`, its wait for the batch, over the step), the staleness histogram
-(`rollout/staleness_groups/*`), stale dropped groups, the mean response length, and the validation score (4 samples
-at temperature 1 of each of the 128 held-out prompts) at the same steps in every run. Ratios to on-policy are the
-headline: absolute rates on a shared 2-core machine are noise.
+on [2,3], on benchmarks/longtail_task.py (the demo model asked for 1 to 200 characters). Runs are interleaved
+(A B C, A B C) so that other jobs slow every configuration alike; repeat r runs with trainer.seed 1 + r. From
+each metrics.jsonl, after the first WARMUP steps: tokens/s and samples/s over the summed `timing_s/step`, the
+idle shares (`timing_s/rollout_wait`, `timing_s/gen` over `timing_s/step`), the staleness histogram
+(`rollout/staleness_groups/*`), stale dropped groups and validation at the same steps.
 
     default   20 steps, 2 repeats, validation at steps 0, 10 and 20
     --quick   12 steps, 1 repeat
@@ -73,23 +60,13 @@ CONFIGS = (
 )
 
 
-def has_update_on_arrival() -> bool:
-    """Whether the schema has rollout.update_on_arrival (rollout ranks generate until the new weights arrive)."""
-    from torchrl_post.config.schema import RolloutConfig
-
-    return "update_on_arrival" in RolloutConfig.__dataclass_fields__
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="12 steps, 1 repeat")
-    ap.add_argument("--tiny", action="store_true", help="2 steps, 2 configurations, a small batch (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 12; tiny 2)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 2; quick and tiny 1)")
     ap.add_argument("--configs", default="", help=f"comma-separated subset of {', '.join(c.name for c in CONFIGS)}")
     ap.add_argument("--prompts", type=int, default=16, help="data.train_batch_size")
     ap.add_argument("--n", type=int, default=8, help="rollout.n")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -217,14 +194,8 @@ def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, dat
 
 
 def chosen(args: argparse.Namespace) -> list[Config]:
-    names = [n for n in args.configs.split(",") if n]
-    if args.tiny and not names:
-        names = ["on_policy", "partial_s2"]
-    arrival = has_update_on_arrival()
-    out = [c for c in CONFIGS if (c.name in names if names else c.name != "partial_arrival" or arrival)]
-    if any(c.name == "partial_arrival" for c in out) and not arrival:
-        raise SystemExit("partial_arrival: rollout.update_on_arrival is not in this checkout's schema")
-    return out
+    names = [n for n in args.configs.split(",") if n] or (["on_policy", "partial_s2"] if args.tiny else [])
+    return [c for c in CONFIGS if not names or c.name in names]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -263,7 +234,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "warmup_steps": WARMUP,
             "max_response_length": longtail_task.MAX_RESPONSE_LENGTH,
             "reference": ref_name,
-            "update_on_arrival_in_schema": has_update_on_arrival(),
             "model_warm_start": build_info,
         },  # fmt: skip
         "rows": rows,
@@ -401,9 +371,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -37,6 +37,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ROOT / "outputs" / "bench_models"
 DATA = ROOT / "outputs" / "bench_data"
 LOGS = ROOT / "outputs" / "bench_logs"
+DEMO_MODEL = ROOT / "outputs" / "demo_model"  # `make demo`'s model and data, as the trainer's defaults find them
+DEMO_DATA = ROOT / "outputs" / "demo_data"
 
 
 def cpu_model() -> str:
@@ -182,9 +184,45 @@ def load_1m() -> float:
     return os.getloadavg()[0]
 
 
+def parser(description: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes (a module with more adds them to this and defines `parse_args`)."""
+    ap = argparse.ArgumentParser(description=description.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the ~5-minute subset")
+    ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    return ap
+
+
 def options(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace:
     """A module's own options (its parser's defaults) overlaid with the runner's `args` (quick, tiny, results)."""
     return argparse.Namespace(**{**vars(parse([])), **vars(args)})
+
+
+def mode(args: argparse.Namespace) -> str:
+    """`tiny`, `quick` or `full`: the key of a module's settings."""
+    return "tiny" if args.tiny else "quick" if args.quick else "full"
+
+
+def mem_available() -> int:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable); a large number when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 50
+
+
+def fit(points: list[tuple[int, int]]) -> dict[str, float] | None:
+    """Least-squares line y = intercept + slope * x through (x, y) points (None below 2): bytes per token."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return {"slope_bytes_per_token": slope, "intercept_bytes": my - slope * mx, "points": n}
 
 
 @dataclass(frozen=True)
@@ -221,6 +259,16 @@ def model_dir(size: ModelSize) -> Path:
     spec = {k: v for k, v in asdict(size).items() if k != "name"}
     build_tiny_model(out, seed=0, **spec)
     return out
+
+
+def demo_model() -> Path:
+    """The demo model (and its data beside it), built once when missing."""
+    if not (DEMO_MODEL / "demo_build.json").is_file():
+        from torchrl_post.demo.build import build_demo
+
+        print("building the demo model (once) ...", flush=True)
+        build_demo(DEMO_MODEL, DEMO_DATA)
+    return DEMO_MODEL
 
 
 def train_run(
@@ -284,8 +332,8 @@ def save_figure(fig: Any, path: Path) -> None:
 
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.<name>`: the module's own options, its run, its report."""
-    args = module.parse_args(argv)
+    """`python -m benchmarks.<name>`: the module's options (`parse_args`, else `parser`'s), its run, its report."""
+    args = module.parse_args(argv) if hasattr(module, "parse_args") else parser(module.__doc__).parse_args(argv)
     start = time.perf_counter()
     path = write_report(args.results, module.NAME, module.run(args), module.markdown, module.plot)
     print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)

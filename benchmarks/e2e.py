@@ -1,7 +1,5 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-    python -m benchmarks --only e2e [--quick | --tiny]       (or: python -m benchmarks.e2e [--quick | --tiny])
-
 Both sides train on real GSM8K prompts (benchmarks/artefacts.py) scored by the same gsm8k reward, `prompts` x
 `n` samples per step (8 x 8 = 64), at most 32 new tokens, temperature 1, no reference model (beta 0), the
 same learning rate and number of steps, float32, one process each:
@@ -93,9 +91,7 @@ def label(run: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the synthetic model only, fewer steps and points")
-    ap.add_argument("--tiny", action="store_true", help="a tiny model, 2 steps of ours (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 6; quick 4; tiny 2)")
     ap.add_argument("--no-trl", action="store_true", help="measure our side only")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling runs")
@@ -104,7 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e when it is there"
     )
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -305,7 +300,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)
@@ -585,9 +580,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

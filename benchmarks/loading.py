@@ -1,16 +1,8 @@
-"""Loading benchmark: peak host memory per rank while the actor loads, sharded (`model.load_format=sharded`: meta
-build, then each rank reads its own rows from the safetensors files) against full (every rank loads the whole
-model, then shards it), on 1, 2 and 4 ranks.
+"""Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full,
+on 1, 2 and 4 ranks (benchmarks/loading_worker.py under torchrun per format and ranks). The full load on 4 ranks
+runs only where MemAvailable holds 4 copies of the model.
 
-    python -m benchmarks --only loading [--quick | --tiny]     (or: python -m benchmarks.loading)
-
-Runs benchmarks/loading_worker.py under torchrun per (format, ranks). `peak/rank` is the largest rank's
-high-water RSS growth during the load; `ratio` = that / the model's bytes (the goal for sharded: about
-1/ranks plus a small constant); `after/rank` what stays resident. A random Qwen2 of about 1B parameters
-(float32, 4 GB on disk) is built once under outputs/bench_models. The full load on 4 ranks needs 4 copies of
-the model in host memory and runs only where MemAvailable holds them.
-
-    default   qwen2-1b: sharded on 1, 2, 4 ranks; full on 1, 2 (and 4 where memory allows)
+    default   qwen2-1b (float32, 4 GB, built once under outputs/bench_models): sharded on 1, 2, 4 ranks; full on 1, 2
     --quick   qwen2-100m on 1, 2, 4 ranks, both formats
     --tiny    qwen2-1m on 2 ranks, both formats
 """
@@ -34,21 +26,6 @@ SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
     "quick": (SIZES["qwen2-100m"], (1, 2, 4)),
     "tiny": (SIZES["qwen2-1m"], (2,)),
 }
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a 100M model")
-    ap.add_argument("--tiny", action="store_true", help="a 1M model on 1 and 2 ranks (tests)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
-
-
-def mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def launch(model: Path, fmt: str, ranks: int) -> dict[str, Any]:
@@ -76,15 +53,14 @@ def summarize(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     size, wanted = SETTINGS[mode]
     path = model_dir(size)
     model_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     rows, skipped = [], []
     for fmt in ("sharded", "full"):
         for ranks in wanted:
-            if fmt == "full" and ranks * model_bytes * 1.3 > mem_available():
+            if fmt == "full" and ranks * model_bytes * 1.3 > common.mem_available():
                 skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
                 continue
             t0 = time.perf_counter()
@@ -151,9 +127,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

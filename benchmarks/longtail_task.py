@@ -83,11 +83,7 @@ def build(model_dir: Path = MODEL, data_dir: Path = DATA, demo_dir: Path | None 
     marker = model_dir / "longtail_build.json"
     if marker.is_file() and json.loads(marker.read_text()).get("recipe") == RECIPE:
         return model_dir, data_dir
-    demo = demo_dir or common.ROOT / "outputs" / "demo_model"
-    if not (demo / "config.json").is_file():
-        from torchrl_post.demo.build import build_demo
-
-        build_demo(demo, common.ROOT / "outputs" / "demo_data")
+    demo = demo_dir or common.demo_model()
     rows = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
     info = warm_start(demo, model_dir, rows)
     marker.write_text(json.dumps({"recipe": RECIPE, **info}) + "\n")

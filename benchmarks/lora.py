@@ -1,7 +1,5 @@
 """LoRA benchmark: LoRA against full fine-tuning on the same model, through the real training entrypoint.
 
-    python -m benchmarks --only lora [--quick | --tiny]     (or: python -m benchmarks.lora [--steps N] [--big-steps M])
-
 For each model (the demo model, ~0.4M parameters, and a random Qwen2 of ~25M parameters built once under
 outputs/bench_models with the demo's character tokenizer, so the demo data fits it) runs
 `torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` twice: full fine-tuning (configs/config.yaml)
@@ -22,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, demo_model
 
 NAME = "lora"
-DEMO_MODEL = ROOT / "outputs" / "demo_model"
-DEMO_DATA = ROOT / "outputs" / "demo_data"
 MODES = ("full", "lora", "lora_adapter")
 LABELS = {"full": "full fine-tuning", "lora": "LoRA r16", "lora_adapter": "LoRA r16, adapter sync"}
 LORA_RANK, LORA_ALPHA = 16, 32
@@ -51,22 +47,10 @@ class BenchModel:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the demo model only, 6 steps")
-    ap.add_argument("--tiny", action="store_true", help="the demo model, 3 steps, full and merged LoRA (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="training steps on the demo model (default 20)")
     ap.add_argument("--big-steps", type=int, default=None, help="training steps on the ~25M model (default 10)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
-
-
-def demo_model() -> Path:
-    if not (DEMO_MODEL / "demo_build.json").is_file():
-        from torchrl_post.demo.build import build_demo
-
-        print("building the demo model (once) ...", flush=True)
-        build_demo(DEMO_MODEL, DEMO_DATA)
-    return DEMO_MODEL
 
 
 def big_model() -> Path:
@@ -247,9 +231,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return rec
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -1,26 +1,14 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
-before (the full [tokens x vocabulary] float32 logits) and after (the chunked LM head, workers/lm_head.py).
+before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head,
+workers/lm_head.py), measured by benchmarks/update_memory_worker.py (MemTracker) on a random Qwen2 of tiny depth
+(hidden 64, 2 layers, tied) whose LM head is the whole story of its loss path.
 
-    python -m benchmarks --only loss_path [--quick | --tiny]     (or: python -m benchmarks.loss_path)
+The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on
+(below it the chunk itself grows with the tokens). Lengths whose full-logits update would take more than half of
+the memory available are not run on that path (the record says so).
 
-A random Qwen2 of tiny depth with Qwen2.5's vocabulary (151,936 rows, tied embeddings, hidden 64, 2 layers): the
-LM head is the whole story of its loss path, as in a real model at long responses. benchmarks/loss_path_worker.py
-runs under torchrun once per path (`HEAD_CHUNK_TOKENS` = 0, the fallback, and the default 1024): one `Actor.update`
-(FSDP2, float32, PPO clip loss, AdamW) of 1 row with a 32-token prompt per response length, its peak tensor bytes
-measured exactly by torch's MemTracker (every storage alive through forward, backward and optimizer step; not RSS).
-
-The slope is a least-squares line through (tokens, peak): before over every length, after from HEAD_CHUNK_TOKENS
-tokens on. Below one chunk the chunk itself grows with the tokens; from one chunk on the peak is that constant
-(one chunk's [chunk x vocabulary] tensors at a time) plus the per-token part. It is set beside
-hidden x 4 bytes and vocabulary x 4 bytes per token: the full-logits path grows by several vocabulary rows per
-token, the chunked one by a small multiple of the hidden size (the layers' activations), its chunk a constant.
-
-Lengths whose full-logits update would take more than half of the memory available (about 6 x tokens x vocabulary
-x 4 bytes) are not run on the full-logits path (the record says so); the fit uses the lengths run.
-
-    default   response lengths 256, 512, 1024, 2048, 4096
-    --quick   the same (minutes on 2 cores)
-    --tiny    a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (seconds; for tests)
+    default, --quick   response lengths 256, 512, 1024, 2048, 4096
+    --tiny             a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (tests)
 """
 
 from __future__ import annotations
@@ -34,20 +22,12 @@ from typing import Any
 from benchmarks import common
 
 NAME = "loss_path"
-WORKER = Path(__file__).resolve().parent / "loss_path_worker.py"
+WORKER = Path(__file__).resolve().parent / "update_memory_worker.py"
 QWEN_VOCAB = 151936
 LENGTHS = (256, 512, 1024, 2048, 4096)
 CHUNK = 1024  # torchrl_post.workers.logprobs.HEAD_CHUNK_TOKENS's default, the "after" path
 FULL_LOGITS_COPIES = 6  # float32 [tokens x vocab] tensors alive at the full-logits path's peak (measured: ~5-6)
 TINY = {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the default lengths")
-    ap.add_argument("--tiny", action="store_true", help="vocabulary 4096, lengths 64-256 (tests)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
 
 
 def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
@@ -74,43 +54,19 @@ def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: in
     return out
 
 
-def mem_available() -> int:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable); a large number when unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 50
-
-
 def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> int:
     """The longest length whose full-logits update fits in half of `available` (0: every length fits)."""
     fits = [n for n in lengths if FULL_LOGITS_COPIES * n * vocab * 4 <= available // 2]
     return 0 if len(fits) == len(lengths) else max(fits, default=min(lengths))
 
 
-def fit(points: list[tuple[int, int]]) -> dict[str, float] | None:
-    """Least-squares line peak = intercept + slope * tokens through (tokens, peak) points (None below 2)."""
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return {"slope_bytes_per_token": slope, "intercept_bytes": my - slope * mx, "points": n}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
     if args.tiny:
         vocab, hidden, layers, lengths, chunk = (TINY[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
     else:
         vocab, hidden, layers, lengths, chunk = QWEN_VOCAB, 64, 2, LENGTHS, CHUNK
     model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
-    limit = full_logits_limit(vocab, lengths, mem_available())
+    limit = full_logits_limit(vocab, lengths, common.mem_available())
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(os.cpu_count() or 1))
     paths = []
     for label, head_chunk in (("before", 0), ("after", chunk)):
@@ -119,10 +75,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}{note} ...", flush=True)
         worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
         rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
-        ran = [r for r in rec["results"] if not r.get("skipped")]
+        rec["results"] = [{**r, "tokens": r["response_len"]} for r in rec.pop("per_rank")[0]]  # 1 row: its response
         start = head_chunk  # the chunked path's steady state (module docstring); 0: every length
-        fitted = [(r["tokens"], r["peak_bytes"]) for r in ran if r["tokens"] >= start]
-        rec |= {"label": label, "fit": fit(fitted), "fit_from_tokens": start}
+        fitted = [
+            (r["tokens"], r["peak_bytes"]) for r in rec["results"] if not r.get("skipped") and r["tokens"] >= start
+        ]
+        rec |= {"label": label, "fit": common.fit(fitted), "fit_from_tokens": start}
         paths.append(rec)
     before, after = paths
     rows = []
@@ -247,9 +205,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

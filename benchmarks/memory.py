@@ -1,7 +1,5 @@
 """Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks.
 
-    python -m benchmarks --only memory [--quick | --tiny]     (or: python -m benchmarks.memory)
-
 One GRPO step of the trainer (`torchrl_post.train`) per model and rank count, read back from its metrics.jsonl:
 `perf/param_bytes`, `perf/grad_bytes` and `perf/optimizer_bytes` (the largest rank's local shards: parameters,
 the gradients a step holds, AdamW's state after the step) and `perf/params`. `ratio` = the largest rank's bytes /
@@ -33,14 +31,6 @@ SETTINGS = {
     "quick": (("qwen2-10m",), (1, 2, 4)),
     "tiny": (("qwen2-1m",), (1, 2)),
 }
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one 10M model")
-    ap.add_argument("--tiny", action="store_true", help="a 1M model on 1 and 2 ranks (tests)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
 
 
 def rank_counts(wanted: tuple[int, ...]) -> list[int]:
@@ -79,8 +69,7 @@ def step_bytes(model: str, ranks: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     models, wanted = SETTINGS[mode]
     rows = []
     for model in models:
@@ -171,9 +160,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -1,29 +1,16 @@
-"""Mixture-of-experts benchmark: one forward and backward of a Qwen3-MoE decoder stack with each of transformers'
-experts implementations (model.experts_implementation): the per-expert loop (`eager`), one grouped matmul per
-projection (`grouped_mm`, torch.nn.functional.grouped_mm) and the per-token gathered weights (`batched_mm`).
+"""Mixture-of-experts benchmark: one forward and backward of a Qwen3-MoE with each `model.experts_implementation`
+(`eager`'s per-expert loop, `grouped_mm`, `batched_mm`'s per-token gathered weights), in this process.
 
-    python -m benchmarks --only moe_experts [--quick | --tiny]     (or: python -m benchmarks.moe_experts)
+A random Qwen3MoeForCausalLM per size and dtype, the same weights for every implementation (switched by the
+trainer's own `workers.models.with_experts`), random token ids and the causal-LM loss, on `--threads` torch
+threads (default 1: on shared cores more threads scattered the timings by up to 10x). `--warmup` rounds, then
+`--repeats` timed rounds of one pass of every implementation in turn, timed in process CPU time and in wall time;
+the first round's loss and gradients are compared with eager's. `batched_mm` copies each routed token's expert
+weights and runs only where that fits in a quarter of the free memory (the record says which sizes it skipped).
 
-In this process, no torchrun, on `--threads` torch threads (default 1: with more, a pass waits for its slowest
-thread, and on cores shared with other processes the timings scattered by up to 10x here). A random
-Qwen3MoeForCausalLM (vocabulary 128, seed 0) per size and dtype, the same weights for every implementation
-(switched by the trainer's own `workers.models.with_experts`), a batch of random token ids and the causal-LM loss
-on them. `--warmup` rounds, then `--repeats` timed rounds, each round one pass (forward, loss, backward; gradients
-dropped between passes) of every implementation in turn, so that a change of load hits them alike. Each pass is
-timed twice: the process's CPU time (time.process_time; on one thread, the time the pass computed, whatever else
-runs on the cores) and wall time. The numbers: the median pass, and the speed-up as the median over rounds of
-eager's time over the implementation's in the same round. The first round's loss and gradients are compared with
-eager's: the largest absolute difference of the loss and of any gradient element (float32: they agree to 1e-5 or
-the record says not).
-
-`batched_mm` copies each routed token's expert weights (tokens x top-k x 3 x hidden x expert width elements per
-layer, kept for the backward): it runs only where that fits in a quarter of the free memory; the record says
-which sizes it skipped and how many bytes they would have gathered.
-
-    default   the tiny test model (hidden 64, 4 experts, top-2, width 64, 2 layers) and a larger one (hidden 512,
-              8 experts, top-2, width 512, 4 layers), 8 x 256 tokens, float32 and bfloat16, 2 warm-up rounds, 9 timed
-    --quick   the same
-    --tiny    the tiny model, 2 x 32 tokens, float32, 1 warm-up, 2 repeats (seconds; for tests)
+    default, --quick   the tiny test model and a larger one (hidden 512, 8 experts, 4 layers), 8 x 256 tokens,
+                       float32 and bfloat16, 2 warm-up rounds, 9 timed
+    --tiny             the tiny model, 2 x 32 tokens, float32, 1 warm-up, 2 repeats (tests)
 """
 
 from __future__ import annotations
@@ -66,15 +53,12 @@ SIZES = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the default sizes")
-    ap.add_argument("--tiny", action="store_true", help="the tiny model, 2 x 32 tokens, float32 (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -142,8 +126,6 @@ def max_grad_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from benchmarks.loss_path import mem_available
-
     args = common.options(args, parse_args)
     sizes: tuple[MoeSize, ...] = SIZES
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
@@ -153,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     common.warn_if_busy()
     ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))
-    rows, budget = [], mem_available() // BATCHED_MM_MEMORY_SHARE
+    rows, budget = [], common.mem_available() // BATCHED_MM_MEMORY_SHARE
     for size in sizes:
         for dtype_name in dtypes:
             dtype = getattr(torch, dtype_name)
@@ -288,9 +270,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -1,8 +1,6 @@
 """MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
 replay does to the engine/trainer logprob difference, through the real training entrypoint.
 
-    python -m benchmarks --only moe_routing [--quick | --tiny]     (or: python -m benchmarks.moe_routing [--steps N])
-
 Runs `torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated
 vLLM, GRPO on the demo data, validation and checkpoints off) in four settings:
   dense        the dense demo model, vLLM in bfloat16 (the trainer in float32): the dense models' level
@@ -29,11 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import ROOT
+from benchmarks.common import DEMO_DATA, DEMO_MODEL, ROOT
 
 NAME = "moe_routing"
-DEMO_MODEL = ROOT / "outputs" / "demo_model"
-DEMO_DATA = ROOT / "outputs" / "demo_data"
 MOE_MODEL = ROOT / "outputs" / "moe_model_qwen3_moe"
 MODES = {
     "dense": ("dense demo model, engine bf16", ["rollout.dtype=bfloat16"]),
@@ -52,11 +48,8 @@ METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/r
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="6 steps per setting")
-    ap.add_argument("--tiny", action="store_true", help="2 steps per setting (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--steps", type=int, default=None, help="training steps per setting (default 12)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -183,9 +176,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

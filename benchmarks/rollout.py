@@ -1,8 +1,6 @@
 """Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
 generation time goes.
 
-    python -m benchmarks --only rollout [--quick | --tiny]     (or: python -m benchmarks.rollout [--repeats R])
-
 Runs benchmarks/rollout_worker.py under torchrun (1 process: vLLM in-process needs a process group) on random
 Qwen2 models (cached under outputs/bench_models): both engines as the trainer builds them, the same random
 prompts, every sample forced to the asked length (vLLM `ignore_eos`, no stop token for transformers), over
@@ -43,12 +41,9 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one 10M model, small batches, 2 repeats")
-    ap.add_argument("--tiny", action="store_true", help="a 1M model, two batches, 4 and 8 tokens (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="CPU: OpenMP/torch threads of both engines, unbound")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -71,7 +66,7 @@ def launch(model: str, batches: str, lengths: str, repeats: int, prompt_len: int
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     models, batches, lengths, repeats, prompt_len = SETTINGS[mode]
     repeats = args.repeats or repeats
     runs = []
@@ -217,9 +212,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

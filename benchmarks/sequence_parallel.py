@@ -1,36 +1,20 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
-with Ulysses sequence parallelism over sp = 1, 2 and 4 ranks, and the all-to-all's share of the step.
+with Ulysses sequence parallelism over sp = 1, 2 and 4 gloo ranks (dp 1), and the all-to-all's share of the step,
+measured by benchmarks/update_memory_worker.py (MemTracker; the exchanges timed by a hook) on a random Qwen2 from
+the demo's builder with room for 32k positions.
 
-    python -m benchmarks --only sequence_parallel [--quick | --tiny]     (or: python -m benchmarks.sequence_parallel)
+Why about 1.1 x 1/sp (measured 2026-11-26, in the slope; the constant is under 1 MiB): counted with saved-tensor
+hooks at 2k tokens, per decoder layer and local token the Ulysses attention saves two hidden-sized tensors that
+sp=1 does not: k and v repeated to the rank's query heads before sdpa (`workers/ulysses.py: _attend`;
+transformers' sdpa at sp=1 passes `enable_gqa` and keeps k and v at the kv heads; sdpa with enable_gqa there
+measured 23.0 against 24.0 MiB at sp=2), and the exchanged output's copy to [b, s, H, d] that o_proj saves beside
+sdpa's saved output (at sp=1 the CPU kernel's output already has that layout: one storage for both); 43.3 hidden
+sizes per local token against sp=1's 38.2. (Before its fix, found by this benchmark, the global mask built a
+[S, S] causal square for plain rows and dropped it: 516 MiB per rank at 16k, above sp=1's 327.)
 
-A random Qwen2 from the demo's builder (hidden 128, 2 layers, 4 heads, 2 kv heads, vocabulary 128, float32;
-max_position_embeddings above the longest row). benchmarks/sequence_parallel_worker.py runs under torchrun with
-sp gloo processes (sp = the world, dp = 1): one `Actor.update` (FSDP2, PPO clip loss, AdamW) of one row, a
-32-token prompt and a response of each length, every rank holding 1/sp of the row's tokens. Memory is torch's
-MemTracker (exact tensor bytes on CPU, not RSS): `activations` is the peak less the parameters, gradients and
-AdamW state held at that moment, which FSDP shards already; the largest rank's. Time is the fastest of 3 more
-updates (1 with --tiny), untracked, with the time inside `distributed.ulysses._exchange` (the all-to-alls and
-their copies, forward, backward and checkpointed recomputation) taken by a hook in the worker; `share` = that /
-the update's wall time.
-
-The per-token slope and the constant are a least-squares line through (tokens, activations) per sp. Measured
-(2026-11-26): about 1.1 x 1/sp at every length, in the slope; the constant (FSDP's gathered parameters, buffers)
-is under 1 MiB. Counted with saved-tensor hooks at 2k tokens, per decoder layer and local token the Ulysses
-attention saves two hidden-sized tensors that sp=1 does not: k and v repeated to the rank's query heads before
-sdpa (`workers/ulysses.py: _attend`; transformers' sdpa at sp=1 passes `enable_gqa` and keeps k and v at the kv
-heads; sdpa with enable_gqa there measured 23.0 against 24.0 MiB at sp=2), and the exchanged output's copy to
-[b, s, H, d] that o_proj saves beside sdpa's saved output (at sp=1 the CPU kernel's output already has that
-layout: one storage for both); 43.3 hidden sizes per local token against sp=1's 38.2. (Before its fix, found by
-this benchmark, the global mask built a [S, S] causal square for plain rows and dropped it: 516 MiB per rank at
-16k, above sp=1's 327.)
-
-On 2 shared CPU cores sp processes take turns on the cores, so the step time is no speed-up measure, and an
-exchange also waits for the rank the scheduler ran last: the share is an upper bound of what the exchange costs
-on sp devices. CPU only (gloo): memory per rank does not depend on the device.
-
-    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on (~5 minutes)
+    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on
     --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
-    --tiny    response lengths 256, 512; sp 1, 2; checkpointing off (seconds; for tests)
+    --tiny    response lengths 256, 512; sp 1, 2; checkpointing off (tests)
 """
 
 from __future__ import annotations
@@ -43,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.loss_path import fit
 
 NAME = "sequence_parallel"
-WORKER = Path(__file__).resolve().parent / "sequence_parallel_worker.py"
+WORKER = Path(__file__).resolve().parent / "update_memory_worker.py"
 MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}
 MAX_POSITIONS = 32768  # above the longest row (16k response + prompt)
 PROMPT = 32
@@ -55,14 +38,6 @@ SETTINGS = {  # response lengths, sp, gradient checkpointing, timed updates per 
     "quick": ((1024, 2048, 4096), (1, 2, 4), ("off", "on"), 3),
     "tiny": ((256, 512), (1, 2), ("off",), 1),
 }
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="lengths 1k-4k")
-    ap.add_argument("--tiny", action="store_true", help="lengths 256 and 512 on sp 1 and 2 (tests)")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
-    return ap.parse_args(argv)
 
 
 def build_model() -> Path:
@@ -104,8 +79,7 @@ def summarize(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     lengths, sps, checkpointing, timed = SETTINGS[mode]
     model = build_model()
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
@@ -131,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for ckpt in sorted({r["checkpointing"] for r in rows}):
         for sp in sps:
             pts = [(r["tokens"], r["activation_bytes"]) for r in rows if r["sp"] == sp and r["checkpointing"] == ckpt]
-            f = fit(pts)
+            f = common.fit(pts)
             if f is not None:
                 fits.append({"sp": sp, "checkpointing": ckpt, **f})
     one = {f["checkpointing"]: f["slope_bytes_per_token"] for f in fits if f["sp"] == 1}
@@ -275,9 +249,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -1,7 +1,5 @@
 """Weight-sync benchmark: how close the trainer -> vLLM weight sync gets to the raw collective.
 
-    python -m benchmarks --only sync [--quick | --tiny]     (or: python -m benchmarks.sync [--repeats R] ...)
-
 Builds (and caches under outputs/bench_models) random Qwen2 models of about 1M, 10M, 40M and 100M parameters,
 then runs benchmarks/sync_worker.py under torchrun for each:
   colocated, 2 actor ranks   sync_weights (bucketed all_gather + vLLM reload) vs the same all_gathers, bare
@@ -49,12 +47,9 @@ class Run:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the smallest model, colocated and 1 + 1 broadcast")
-    ap.add_argument("--tiny", action="store_true", help="as --quick with one repeat (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3, --tiny 1)")
     ap.add_argument("--bucket-mb", type=int, default=64)
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -204,9 +199,5 @@ def scaling_plot(ax: Any, records: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

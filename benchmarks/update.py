@@ -1,8 +1,6 @@
 """Update benchmark: tokens/s of the actor's update (`Actor.update`, FSDP2) against a bare PyTorch loop (the plain
 HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode.
 
-    python -m benchmarks --only update [--quick | --tiny]      (or: python -m benchmarks.update [--ranks 1,2])
-
 Runs benchmarks/update_worker.py under torchrun on a random Qwen2 model (cached under outputs/bench_models) with
 a seeded GRPO-shaped batch: groups of 8 samples sharing a prompt of 40-120 tokens (left-padded), responses of
 1-64 tokens (right-padded). Modes: fixed and dynamic (token-budget) micro-batches, padded and packed
@@ -58,13 +56,10 @@ PROMPT_LEN, RESPONSE_LEN = "40,120", "1,64"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="qwen2-10m, 16 samples, 1 rank, 2 repeats")
-    ap.add_argument("--tiny", action="store_true", help="a 2-layer model, 8 samples, 1 repeat (tests)")
+    ap = common.parser(__doc__)
     ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the mode's runs")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="CPU: torch threads per rank")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
     return ap.parse_args(argv)
 
 
@@ -81,7 +76,7 @@ def launch(setting: Setting, ranks: int, lengths: str, repeats: int, threads: in
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    mode = common.mode(args)
     setting = SETTINGS[mode]
     repeats = args.repeats or setting.repeats
     plan = [(int(k), "uniform") for k in args.ranks.split(",")] if args.ranks else list(setting.runs)
@@ -210,9 +205,5 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    common.standalone(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    main()
+    common.standalone(sys.modules[__name__])

@@ -4,36 +4,20 @@
         [--samples 64 --group 8 --prompt-len 40,120 --response-len 1,64 --lengths uniform|skewed \
          --micro 8 --budget 2048 --modes fixed,dynamic,packed,packed_dynamic --repeats 3]
 
-One global GRPO-shaped batch (seeded): `samples` rows in groups of `group` that share a random prompt of a random
-length (left-padded to the longest), each with its own response of a random length (right-padded), an advantage
-per sample normalized within its group. Rank r takes the r-th contiguous share of the rows, as the trainer does.
+One seeded GRPO-shaped batch: `samples` rows in groups of `group` sharing a random prompt (left-padded), each
+with its own response (right-padded) and an advantage normalized within its group; rank r takes the r-th
+contiguous share of the rows, as the trainer does.
 
-"ours" is `Actor.update(batch)` (FSDP2 over the K ranks, one optimizer step over the rank's rows, the PPO clip
-loss with token-mean aggregation, entropy and the metrics it logs, gradient clipping, AdamW). Each mode sets the
-keys a user would set:
-    fixed            model.use_remove_padding=false, actor.use_dynamic_bsz=false, ppo_micro_batch_size_per_gpu
-    dynamic          model.use_remove_padding=false, actor.use_dynamic_bsz=true, ppo_max_token_len_per_gpu
-    packed           model.use_remove_padding=true, fixed micro-batches
-    packed_dynamic   model.use_remove_padding=true, token-budget micro-batches
+"ours" is `Actor.update(batch)` with the keys a user would set per mode (MODES: model.use_remove_padding,
+actor.use_dynamic_bsz). "bare" is the plain HF model with torch.optim.AdamW over the same micro-batches (from the
+project's planner, computed outside the timing): per micro-batch one forward on the columns some row uses
+(padded) or on one row of the rows' real tokens with per-sample position ids (packed), the on-policy PPO surrogate
+-(exp(logp - logp.detach()) * adv * mask).sum() / tokens, backward; on K > 1 ranks one all_reduce of the
+flattened gradients; gradient clipping; the AdamW step.
 
-"bare" is the plain HF model (AutoModelForCausalLM, no FSDP, no project code in the loop) with
-torch.optim.AdamW, over the same micro-batches (their rows come from the project's planner, computed once
-outside the timing): per micro-batch one forward on the columns some row uses (padded) or on one row of the
-rows' concatenated real tokens with per-sample position ids (packed: attention_mask None, use_cache False, so
-HF masks each sample apart), log_softmax and gather of the response tokens, the on-policy PPO surrogate
--(exp(logp - logp.detach()) * adv * mask).sum() / tokens, backward; then, on K > 1 ranks, one all_reduce of
-the flattened gradients (the least any data-parallel loop does), gradient-norm clipping as the actor clips,
-and the AdamW step. The packing modes are compared with the bare *padded* loop over the same rows (the ratio
-shows what packing buys) and the bare packed loop is reported beside it.
-
-Tokens/s counts the batch's real tokens (prompt and response, every rank's) over the seconds of one update.
-Each call is warmed up once; then ours and the bare loops take turns for `repeats` rounds (outside load hits
-them alike) and the median is reported, of wall seconds and of rank 0's process CPU seconds (on CPU with one
-thread per rank, a ratio of CPU seconds is not stretched by other jobs on the cores). Rank 0 writes one JSON
-record.
-
-Simplifications: one optimizer step per update (the trainer's default mini-batch), float32 everywhere, no
-reference/KL term, on-policy (no old logprobs), random weights and tokens.
+Each call is warmed up once; then ours and the bare loops take turns for `repeats` rounds and the median is
+reported, of wall seconds and of rank 0's process CPU seconds. Simplifications: one optimizer step per update,
+float32, no reference/KL term, on-policy, random weights and tokens. Rank 0 writes one JSON record.
 """
 
 from __future__ import annotations

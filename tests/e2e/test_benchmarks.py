@@ -1,7 +1,7 @@
 """The benchmark suite end to end: `python -m benchmarks --tiny` writes every result file with sane numbers,
 and `--report-only` rebuilds the .md and .png from a JSON record alone.
 
-    .venv/bin/pytest -q tests/e2e/test_benchmarks.py      (about 2 minutes on 2 CPU cores)
+    .venv/bin/pytest -q tests/e2e/test_benchmarks.py      (about 2.5 minutes on 2 CPU cores)
 
 Results go to a temporary directory: docs/benchmarks.md and benchmarks/results/ are left alone (the models are cached
 under outputs/bench_models, the workers' logs under outputs/bench_logs, as in a real run).
@@ -47,7 +47,7 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
             "benchmarks",
             "--tiny",
             "--only",
-            "rollout,memory,sync,loading",
+            "rollout,memory,sync,loading,loss_path,sequence_parallel",
             "--results",
             str(results),
         ]
@@ -87,20 +87,47 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
     for row in loading["rows"]:
         assert row["peak_rank"] > 0 and row["shard_rank"] * 2 == pytest.approx(row["model_bytes"], rel=0.01)
 
+    # Both LM-head paths (benchmarks/update_memory_worker.py on 1 rank): the chunked one's slope far below.
+    loss_path = record(results, "loss_path")
+    before, after = (p["fit"]["slope_bytes_per_token"] for p in loss_path["paths"])
+    vocab_row = loss_path["vocab_bytes_per_token"]
+    assert before > 2 * vocab_row  # the full logits: several float32 vocabulary rows per token
+    assert after < vocab_row and after * 4 < before  # the chunked head: below one vocabulary row per token
+    for row in loss_path["rows"]:
+        assert row["after_mib"] <= row["before_mib"] * 1.01
+
+    # The same worker on sp = 1 and 2 gloo ranks: sp = 2 holds well under sp = 1's activations per rank.
+    sp = record(results, "sequence_parallel")
+    longest = max(r["response_len"] for r in sp["rows"])
+    one, two = (next(r for r in sp["rows"] if r["sp"] == k and r["response_len"] == longest) for k in (1, 2))
+    assert 0 < two["activation_bytes"] < 0.75 * one["activation_bytes"]  # measured 0.61 at 512 tokens
+    assert two["ratio"] == pytest.approx(two["activation_bytes"] / one["activation_bytes"])
+    # per layer 4 exchanges forward (q, k, v in, the output back) and their 4 inverses backward
+    assert two["exchange_calls"] == 8 * sp["model"]["num_layers"] and one["exchange_calls"] == 0
+    assert 0 < two["exchange_share"] < 1 and two["step_seconds"] > 0
+    assert {f["sp"] for f in sp["fits"]} == {1, 2}
+
     latest = (results / "LATEST.md").read_text()
     assert "Rollout benchmark" in latest and "FSDP2 memory per rank" in latest and "Weight-sync" in latest
     assert readme_section() == readme_before  # only the repository's own results touch it
 
 
 def test_report_only_rebuilds_from_json(tmp_path: Path) -> None:
-    """A committed record (benchmarks/results), copied alone into a fresh directory, gets its .md and .png."""
-    (src,) = sorted((REPO / "benchmarks" / "results").glob("sync_*_2026-11-22.json"))
+    """Committed records (benchmarks/results), copied alone into a fresh directory, get their .md and .png: the
+    records of the benchmarks whose workers were merged render to the committed reports byte for byte."""
+    committed = REPO / "benchmarks" / "results"
+    names = ("sync", "loss_path", "sequence_parallel", "agent_loop", "loading")
+    sources = [min(committed.glob(f"{name}_amd-epyc-2c_*.json")) for name in names]
     readme_before = readme_section()
-    shutil.copy(src, tmp_path / src.name)
+    for src in sources:
+        shutil.copy(src, tmp_path / src.name)
     proc = run_cmd([sys.executable, "-m", "benchmarks", "--report-only", "--results", str(tmp_path)], timeout=120)
     assert_ok(proc)
-    md = (tmp_path / src.name).with_suffix(".md").read_text()
+    md = (tmp_path / sources[0].name).with_suffix(".md").read_text()
     assert md.startswith("<!-- sync: ") and "| colocated | 2 | 2 | qwen2-1m |" in md
-    assert (tmp_path / src.name).with_suffix(".png").stat().st_size > 10_000
+    for src in sources:
+        assert (tmp_path / src.name).with_suffix(".png").stat().st_size > 10_000
+    for src in sources[1:]:
+        assert (tmp_path / src.name).with_suffix(".md").read_text() == src.with_suffix(".md").read_text(), src.name
     assert "Weight-sync benchmark" in (tmp_path / "LATEST.md").read_text()
     assert readme_section() == readme_before

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import loss_path
+from benchmarks import common, loss_path
 
 
 def test_fit_recovers_a_line() -> None:
-    f = loss_path.fit([(256, 1000 + 256 * 300), (1024, 1000 + 1024 * 300), (4096, 1000 + 4096 * 300)])
+    f = common.fit([(256, 1000 + 256 * 300), (1024, 1000 + 1024 * 300), (4096, 1000 + 4096 * 300)])
     assert f is not None and f["points"] == 3
     assert f["slope_bytes_per_token"] == pytest.approx(300) and f["intercept_bytes"] == pytest.approx(1000)
-    assert loss_path.fit([(256, 1)]) is None
+    assert common.fit([(256, 1)]) is None
 
 
 def test_full_logits_guard_keeps_half_of_free_memory() -> None:
@@ -29,7 +29,7 @@ def test_full_logits_guard_keeps_half_of_free_memory() -> None:
 def test_markdown_sets_the_slopes_beside_hidden_and_vocabulary() -> None:
     def path(label: str, chunk: int, slope: float) -> dict:
         results = [{"response_len": n, "tokens": n, "peak_bytes": int(1e8 + slope * n)} for n in (1024, 2048)]
-        fit = loss_path.fit([(r["tokens"], r["peak_bytes"]) for r in results])
+        fit = common.fit([(r["tokens"], r["peak_bytes"]) for r in results])
         return {"label": label, "results": results, "fit": fit, "fit_from_tokens": chunk}
 
     rec = {

@@ -1,25 +1,24 @@
-"""Peak activation memory and all-to-all time of one actor update per response length, with Ulysses sequence
-parallelism over every rank of the run (sp = world size, dp = 1), under torchrun.
+"""Peak tensor memory (and time) of one actor update per response length, under torchrun: the worker of
+benchmarks/loss_path.py (1 rank, `--chunk` sets the LM head's HEAD_CHUNK_TOKENS) and
+benchmarks/sequence_parallel.py (Ulysses over every rank: sp = world size, dp = 1).
 
-    torchrun --standalone --nproc-per-node SP benchmarks/sequence_parallel_worker.py --model DIR \
-        --lengths 1024,2048 --checkpointing off,on --out FILE [--prompt-len 32 --timed 1]
+    torchrun --standalone --nproc-per-node SP benchmarks/update_memory_worker.py --model DIR --lengths 1024,2048 \
+        --out FILE [--checkpointing off,on --chunk N --skip-above N --timed 0 --prompt-len 32]
 
-Per checkpointing setting one `Actor` (FSDP2 over the SP ranks, float32, PPO clip loss, AdamW; with SP > 1 the
-(dp, sp) = (1, SP) `sequence_mesh`) is built with room for the longest response. The sp group trains the union of
-its ranks' rows: rank 0 holds one row (a `prompt-len`-token prompt and a response of the length, no padding) and
-the others none, so every rank runs its 1/SP of the same row's tokens. One warm-up update at the shortest length
-creates AdamW's state; then per length:
+Per checkpointing setting one `Actor` (FSDP2 over the ranks, float32, PPO clip loss, AdamW) is built with room for
+the longest response. The sp group trains one row (a `prompt-len`-token prompt and the response, no padding) held
+by rank 0, so every rank runs its 1/sp of the row's tokens. A warm-up update at the shortest length creates AdamW's
+state; then per length:
 
-- memory: one update under torch's MemTracker (every tensor storage alive through forward, backward and optimizer
-  step; the parameters, gradients and AdamW state registered with `track_external`). `activation_bytes` is the
-  tracked total at its peak less the parameters, buffers, gradients and optimizer state at that moment: the
-  forward's saved tensors and the backward's temporaries (FSDP's gathered parameters, small here, among them).
-- time: `--timed` more updates, untracked (the tracker's dispatch slows every op). Each rank times its update and
-  the time spent inside `distributed.ulysses._exchange` (every seq_to_heads / heads_to_seq, forward, backward and a
-  checkpointed layer's recomputation: the copies into and out of the buffers and the all_to_all_single, waiting
-  for the other ranks included), by wrapping that function here: the library is not changed.
+- memory: one update under torch's MemTracker, a TorchDispatchMode that follows every tensor storage alive through
+  forward, backward and optimizer step (parameters, gradients and AdamW state registered with `track_external`):
+  exact tensor bytes on CPU, not RSS. `activation_bytes` is its peak less the parameters, buffers, gradients and
+  optimizer state at that moment.
+- time: `--timed` more updates, untracked, and the time inside `distributed.ulysses._exchange` (the all-to-alls,
+  their copies, waiting for the other ranks), by wrapping that function here: the library is not changed.
 
-Rank 0 writes one JSON record with every rank's numbers.
+Lengths above `--skip-above` (0: none) are recorded as skipped (the caller's memory guard). Rank 0 writes one JSON
+record with every rank's numbers.
 """
 
 from __future__ import annotations
@@ -34,12 +33,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from benchmarks.loss_path_worker import make_batch
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed import ulysses
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import fsdp_mesh, sequence_mesh
 from torchrl_post.types import Batch
+from torchrl_post.workers import logprobs
 from torchrl_post.workers.actor import Actor
 
 HELD = ("Parameter", "Buffer", "Gradient", "Optstate")  # MemTracker's categories that are not activations
@@ -69,10 +68,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--lengths", default="1024,2048")
     ap.add_argument("--checkpointing", default="off", help="comma-separated off / on")
+    ap.add_argument("--chunk", type=int, default=logprobs.HEAD_CHUNK_TOKENS, help="HEAD_CHUNK_TOKENS (0: full)")
+    ap.add_argument("--skip-above", type=int, default=0, help="do not run lengths above this (0: run all)")
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--timed", type=int, default=1, help="untracked updates per length, for the step time")
+    ap.add_argument("--timed", type=int, default=0, help="untracked updates per length, for the step time")
     ap.add_argument("--out", required=True, type=Path)
     return ap.parse_args(argv)
+
+
+def make_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
+    """`rows` rows of random tokens, no padding, random advantages, on-policy (no old logprobs)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (rows, prompt + response), generator=gen)
+    attn = torch.ones_like(ids)
+    loss_mask = torch.ones(rows, response)
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        loss_mask=loss_mask,
+        rollout_log_probs=torch.zeros(rows, response),
+        group_ids=torch.zeros(rows, dtype=torch.long),
+        termination=torch.zeros(rows, dtype=torch.long),
+        weights=torch.ones(rows),
+        advantages=torch.randn(rows, 1, generator=gen) * loss_mask,
+    )
 
 
 def group_row(prompt: int, response: int, vocab: int, rank: int, seed: int = 0) -> Batch:
@@ -88,7 +108,7 @@ def build_actor(model: Path, checkpointing: bool, longest: int, world: int) -> A
     cfg.actor.ppo_micro_batch_size_per_gpu = 1
     return Actor(
         cfg.model, cfg.actor, fsdp_mesh("cpu", world, -1), torch.device("cpu"), temperature=1.0,
-        mini_batch_samples=1, micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu, max_response_length=longest, total_steps=1,
+        mini_batch_samples=1, micro_batch_samples=1, max_response_length=longest, total_steps=1,
         sequence=sequence_mesh("cpu", world, world) if world > 1 else None,
     )  # fmt: skip
 
@@ -98,8 +118,10 @@ def measure(actor: Actor, batch: Batch, clock: ExchangeClock, timed: int) -> dic
     tracker = MemTracker()
     tracker.track_external(actor.model, actor.optimizer)
     dist.barrier()
+    t0 = time.perf_counter()
     with tracker:
-        actor.update(batch)
+        metrics = actor.update(batch)
+    seconds = time.perf_counter() - t0
     peak = {k: int(v) for k, v in tracker.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
     steps, exchange = [], []
     for _ in range(timed):
@@ -113,6 +135,8 @@ def measure(actor: Actor, batch: Batch, clock: ExchangeClock, timed: int) -> dic
         "peak": peak,
         "peak_bytes": peak["Total"],
         "activation_bytes": peak["Total"] - sum(peak.get(k, 0) for k in HELD),
+        "seconds": seconds,
+        "loss": float(metrics["actor/loss"]),
         "step_seconds": steps,
         "exchange_seconds": exchange,
         "exchange_calls": clock.calls,
@@ -122,34 +146,40 @@ def measure(actor: Actor, batch: Batch, clock: ExchangeClock, timed: int) -> dic
 
 def main() -> None:
     args = parse_args()
+    logprobs.HEAD_CHUNK_TOKENS = args.chunk
     env = read_env("cpu")
     init_world(env)
     clock = ExchangeClock()
     ulysses._exchange = clock  # type: ignore[assignment]  # the benchmark's timing hook; _AllToAll calls it
     lengths = [int(x) for x in args.lengths.split(",")]
-    results = []
+    results: list[dict[str, Any]] = []
     for setting in args.checkpointing.split(","):
         actor = build_actor(args.model, setting == "on", max(lengths), env.world_size)
         vocab = int(actor.model.config.vocab_size)
-        # AdamW's state exists before the first measurement
-        actor.update(group_row(args.prompt_len, min(lengths), vocab, env.rank, seed=1))
+        actor.update(group_row(args.prompt_len, min(lengths), vocab, env.rank, seed=1))  # AdamW's state exists
         for length in lengths:
-            t0 = time.perf_counter()
+            if args.skip_above and length > args.skip_above:
+                results.append({"checkpointing": setting == "on", "response_len": length, "skipped": True})
+                continue
             m = measure(actor, group_row(args.prompt_len, length, vocab, env.rank), clock, args.timed)
             results.append({"checkpointing": setting == "on", "response_len": length, **m})
             print(
-                f"  rank {env.rank}/{env.world_size}, checkpointing {setting}, response {length}: activations "
-                f"{m['activation_bytes'] / 2**20:.1f} MiB (peak {m['peak_bytes'] / 2**20:.1f}), step "
-                f"{min(m['step_seconds']):.2f} s, exchange {min(m['exchange_seconds']):.2f} s "
-                f"({time.perf_counter() - t0:.0f} s)",
+                f"  rank {env.rank}/{env.world_size}, checkpointing {setting}, chunk {args.chunk}, response {length}: "
+                f"peak {m['peak_bytes'] / 2**20:.1f} MiB, activations {m['activation_bytes'] / 2**20:.1f} MiB, "
+                f"{m['seconds']:.1f} s",
                 flush=True,
             )
+        config = actor.model.config
         del actor
     gathered: list[Any] = [None] * env.world_size
     dist.all_gather_object(gathered, results)
     if env.rank == 0:
         rec = {
             "sp": env.world_size,
+            "chunk": args.chunk,
+            "vocab_size": vocab,
+            "hidden_size": int(config.hidden_size),
+            "num_layers": int(config.num_hidden_layers),
             "prompt_len": args.prompt_len,
             "timed": args.timed,
             "torch": torch.__version__,
