@@ -152,7 +152,8 @@ class Groups(Generic[M]):
         for done, g in zip(taken, self.positions, strict=True):
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
         rounds = -(-self.rejected // max(self.share, 1))
-        env, self.env_mark = self.members.env_seconds() - self.env_mark, self.members.env_seconds()
+        env_now = self.members.env_seconds()
+        env, self.env_mark = env_now - self.env_mark, env_now
         out = TakenGroups(
             taken, self.engine_seconds, self.stale_dropped, self.members.live(), self.rejected, rounds, self.short,
             self.reward_seconds, env,
