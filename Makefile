@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 NPROC ?= 2
 ARGS ?=
-TESTS ?= tests
+TESTS ?= tests/unit tests/distributed tests/e2e tests/gpu
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
 .PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe train test lint unit distributed e2e bench bench-quick gpu-check clean
@@ -82,8 +82,8 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # Every test; prints the 25 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
-# The lint (one core: mypy) runs beside pytest, whose unit tier uses the other; its output and status follow the
-# tests', and either failing fails the target.
+# The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core); its output
+# and status follow the tests', and either failing fails the target. TESTS= picks what pytest runs.
 test:
 	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
 	rm -f outputs/lint.status; set +e; \

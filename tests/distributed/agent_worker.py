@@ -60,7 +60,7 @@ def main() -> None:
         report["reproducible"] = report["responses"] == [[s.response_ids for s in t.steps] for t in again]
         if env.rank == 0:
             Path(out_path).write_text(json.dumps(report))
-        engine.shutdown()
+        engine.shutdown(process_ends=True)  # end_process follows
         end_process()
     report["reproducible"] = [[s.response_ids for s in t.steps] for t in trajs] == [
         [s.response_ids for s in t.steps] for t in again
@@ -120,7 +120,7 @@ def main() -> None:
     report["hf_max_logprob_diff"] = (hf_logp - hf_batch.rollout_log_probs)[hm].abs().max().item()
     with open(out_path, "w") as f:
         json.dump(report, f)
-    engine.shutdown()
+    engine.shutdown(process_ends=True)  # end_process follows
     end_process()
 
 

@@ -110,7 +110,7 @@ def main() -> None:
             json.dump({"results": results, "sync_bytes": sync.nbytes, "buckets": len(sync.buckets), **aliases}, f)
     topo.world.barrier().wait()
     if engine is not None:
-        engine.shutdown()
+        engine.shutdown(process_ends=True)  # end_process follows
     end_process()
 
 

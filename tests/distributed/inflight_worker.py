@@ -85,7 +85,7 @@ def main() -> None:
         report[mode] = {"samples": samples, "seconds": seconds, "engine_steps": stream.engine_steps}
     with open(out_path, "w") as f:
         json.dump(report, f)
-    engine.shutdown()
+    engine.shutdown(process_ends=True)  # end_process follows
     end_process()
 
 

@@ -117,7 +117,7 @@ def main() -> None:
     if env.rank == 0:
         with open(out_path, "w") as f:
             json.dump(gathered, f)
-    engine.shutdown()
+    engine.shutdown(process_ends=True)  # end_process follows
     end_process()
 
 

@@ -114,7 +114,7 @@ def main() -> None:
     trained = batch.loss_mask.bool()
     report["max_logprob_diff"] = (logp - batch.rollout_log_probs)[trained].abs().max().item()
     Path(out_path).write_text(json.dumps(report))
-    engine.shutdown()
+    engine.shutdown(process_ends=True)  # end_process follows
     end_process()
 
 
