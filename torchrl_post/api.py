@@ -42,10 +42,12 @@ from torchrl_post.distributed.env import (
     DistEnv,
     end_process,
     launch_rank,
+    open_store,
     read_env,
     shutdown_distributed,
     under_torchrun,
 )
+from torchrl_post.distributed.liveness import Watchdog
 from torchrl_post.logging.metrics import check_loggers
 from torchrl_post.plan import RunPlan, plan_run, planned_world
 from torchrl_post.reward import RewardFn
@@ -204,9 +206,17 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
     from torchrl_post.run import Run, claim_run_dir
 
     _EXIT.start()
-    program = None
+    program, watch = None, None
     try:
-        topo = Topology(plan.placement, env, plan.fsdp_sizes, plan.tensor_parallel_size, sp=plan.sequence_parallel)
+        topo = Topology(
+            plan.placement,
+            env,
+            plan.fsdp_sizes,
+            plan.tensor_parallel_size,
+            timeout_s=plan.deadlines.collective_s,
+            sp=plan.sequence_parallel,
+        )
+        watch = _watch(plan, env)
         claim_run_dir(cfg, env, topo)
         prepared = Run.prepare(cfg, plan, env, topo, parts)
         program = build_program(prepared)
@@ -219,13 +229,29 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
         if _LAUNCH_RANK == 0:
             print(str(e), flush=True)
         return RunResult(run_dir, e.step, stopped=True)
-    except BaseException:
+    except BaseException as e:
+        if watch is not None and watch.explains(e):  # a wait that a silent rank broke: the watch ends the process
+            raise
         process_ends = False  # a crash: the traceback and the interpreter's finalization follow, engines torn down
         raise
     finally:
+        if watch is not None:
+            watch.stop()
         if program is not None:
             program.shutdown(process_ends)
         shutdown_distributed()
+
+
+def _watch(plan: RunPlan, env: DistEnv) -> Watchdog | None:
+    """This rank's liveness watch (distributed/liveness.py), started; None in a world of one."""
+    if env.world_size == 1:
+        return None
+    world = plan.placement.world_size
+    roles = {r: "+".join(plan.placement.roles_of(r)) for r in range(world)}
+    store = open_store(env, plan.deadlines.silence_s, client=True)
+    watch = Watchdog(store, env.rank, world, roles, plan.deadlines)
+    watch.start()
+    return watch
 
 
 def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:

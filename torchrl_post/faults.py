@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import sys
+import time
 
 
 def active(point: str, step: int, rank: int) -> bool:
@@ -46,3 +48,16 @@ def maybe_fail_write(point: str, step: int, rank: int) -> None:
     """`enospc_during_save:4` fails the step-4 checkpoint write with ENOSPC, as a full disk does."""
     if active(point, step, rank):
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def maybe_stall(stage: str, step: int, rank: int) -> None:
+    """`TORCHRL_POST_STALL=gen:2:1,sync:3:0` SIGSTOPs rank 1 as it enters stage `gen` of step 2 on the first
+    attempt, rank 0 entering `sync` of step 3 on the second (torchrun's restart count picks the entry): a frozen
+    rank, which never exits and never answers, for the liveness tests (distributed/liveness.py)."""
+    spec = os.environ.get("TORCHRL_POST_STALL", "")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    entries = spec.split(",") if spec else []
+    if attempt < len(entries) and entries[attempt] == f"{stage}:{step}:{rank}":
+        print(f"fault: rank {rank} stops (SIGSTOP) entering '{stage}' at step {step}", file=sys.stderr, flush=True)
+        time.sleep(0.5)  # a moment into the stage: the liveness thread has published it
+        os.kill(os.getpid(), signal.SIGSTOP)

@@ -19,6 +19,7 @@ import torch
 from torchrl_post.checkpoint.dcp import Checkpointer, rng_state, set_rng_state
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import to_yaml
+from torchrl_post.distributed import liveness
 from torchrl_post.distributed.placement import Topology
 from torchrl_post.faults import maybe_raise, maybe_signal
 from torchrl_post.logging.metrics import MetricsLogger
@@ -84,7 +85,9 @@ def fit(run: Run, program: RankProgram) -> FitResult:
         step += 1
         maybe_raise("raise_in_step", step, run.env.rank)
         maybe_signal("sigterm_in_step", step, run.env.rank)
+        liveness.enter("step", step)
         out = program.step(step)
+        liveness.enter("end_of_step")  # validation, the stop agreement, the checkpoint's barriers
         last = step == total
         if validating and (step % t.test_freq == 0 or last):
             timer = Timer()
@@ -95,6 +98,7 @@ def fit(run: Run, program: RankProgram) -> FitResult:
         metrics.log(out)
         stopping = stop is not None and stop.agreed(run.topo)
         if (t.save_freq > 0 and (step % t.save_freq == 0 or last)) or (stopping and saved < step):
+            liveness.enter("checkpoint")
             state = {"rng": rng_state(), **program.state_dict()}
             path = checkpointer.save(step, program.trained_roles(), state, write_extra=program.write_hf)
             saved = step
@@ -163,6 +167,7 @@ def validate(run: Run, program: RankProgram, step: int) -> dict[str, float]:
     The first engine writes trainer.log_val_generations samples to val_generations/step_<step>.jsonl."""
     data = run.val_data
     assert data is not None
+    liveness.enter("validation", step)
     n = run.cfg.rollout.val_kwargs.n
     sources = sorted(set(data.data_sources))
     totals = run.topo.sum_all(program.validation_totals(data, sources))

@@ -28,6 +28,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import validate_batch, validate_placement
+from torchrl_post.distributed.liveness import Deadlines, deadlines
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
@@ -116,6 +117,8 @@ class RunPlan:
     skip_zero_advantage: bool = False
     """The update skips samples whose trained tokens all have advantage 0 (actor.skip_zero_advantage, where no
     other loss term reads them)."""
+    deadlines: Deadlines = field(default_factory=lambda: deadlines(300.0))
+    """How long a rank may be silent (trainer.wait_timeout_s) and the collectives' timeout (distributed/liveness.py)."""
     notes: tuple[str, ...] = field(default=())
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
@@ -213,6 +216,7 @@ class RunPlan:
                 else "over the full vocabulary"
             ),
         ]
+        lines.append(f"  {self.deadlines.describe()}")
         lines += [f"  {k}: {v}" for k, v in self.batch_numbers().items()]
         return "\n".join(lines)
 
@@ -460,5 +464,6 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         router_replay=cfg.actor.router_replay,
         sampling_support=support,
         skip_zero_advantage=skips_zero_advantage(cfg),
+        deadlines=deadlines(cfg.trainer.wait_timeout_s),
         notes=tuple(notes),
     )

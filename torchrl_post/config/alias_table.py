@@ -529,6 +529,12 @@ ALIASES: tuple[Alias, ...] = (
         "a throughput setting: micro-batches are formed per rank (actor.use_dynamic_bsz balances them by tokens)",
     ),
     _rename(V, "trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    _rename(
+        V,
+        "actor_rollout_ref.nccl_timeout",
+        "trainer.wait_timeout_s",
+        "here a rank's silence, not a collective's length",
+    ),
     _noop(
         V,
         "trainer.critic_warmup",
@@ -687,6 +693,7 @@ ALIASES: tuple[Alias, ...] = (
     _refused(R, "critic.device_mapping", f"the critic's ranks are placement.critic; {_LAUNCHER}"),
     # ---- TRL (GRPOConfig): max_steps, seed, save_steps, eval_steps and output_dir are in ROLL's rows --------------
     _rename(T, "num_generations", "rollout.n"),
+    _rename(T, "weight_sync_timeout", "trainer.wait_timeout_s", "bounds every wait between ranks, the sync's too"),
     _rename(T, "learning_rate", "actor.lr"),
     _rename(T, "weight_decay", "actor.weight_decay"),
     _rename(T, "warmup_steps", "actor.lr_warmup_steps"),

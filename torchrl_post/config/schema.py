@@ -584,6 +584,11 @@ class TrainerConfig:
     save_on_sigterm: bool = True
     """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
     if the last one is older than that step, and exit with one line; a resume continues from there."""
+    wait_timeout_s: float = 300.0
+    """A rank silent this long (stopped, frozen, its network gone) ends the run on every live rank with one line
+    naming it, its role and its stage (exit code 3); under torchrun --max-restarts the job restarts and resumes from
+    the last checkpoint. Silence, not work: a long generation or update beats all along (docs/faults.md). TRL's
+    weight_sync_timeout, verl's actor_rollout_ref.nccl_timeout."""
     max_logprob_diff: float | None = None
     """Warn loudly when rollout/logprob_diff (engine vs trainer on the same tokens) exceeds this: far above the
     precision's noise, it means the engine samples other weights than the trainer's (a sync that missed a

@@ -269,6 +269,7 @@ def validate(cfg: Config) -> None:
     if t.total_training_steps is not None:
         _positive("trainer.total_training_steps", t.total_training_steps)
     _positive("trainer.max_nonfinite_skips", t.max_nonfinite_skips)
+    _positive("trainer.wait_timeout_s", t.wait_timeout_s)
     if t.max_ckpt_to_keep is not None:
         _positive("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
 

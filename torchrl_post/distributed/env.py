@@ -80,11 +80,12 @@ def read_env(device_preference: str = "auto", need_device: bool = True) -> DistE
     return DistEnv(rank, world, local_rank, local_world, device, backend)
 
 
-def open_store(env: DistEnv, timeout_s: int = 1800) -> dist.Store:
+def open_store(env: DistEnv, timeout_s: float = 1800, client: bool = False) -> dist.Store:
     """A client of torchrun's rendezvous store, under a prefix per restart attempt.
 
     After a restart (torchrun --max-restarts) the ranks must not read addresses the dead ranks left in the
-    agent's store: gloo would connect to them and hang. So every key lives under `attempt_<n>/`.
+    agent's store: gloo would connect to them and hang. So every key lives under `attempt_<n>/`. `client`: a
+    further connection (a thread's own), never the server that rank 0 hosts outside torchrun's agent store.
     """
     if "MASTER_ADDR" not in os.environ:  # plain python, not torchrun
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -95,7 +96,7 @@ def open_store(env: DistEnv, timeout_s: int = 1800) -> dist.Store:
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         env.world_size,
-        is_master=not agent and env.rank == 0,
+        is_master=not agent and env.rank == 0 and not client,
         timeout=timeout,
         wait_for_workers=False,
     )

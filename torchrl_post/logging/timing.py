@@ -1,4 +1,5 @@
-"""Stage timings of one step: `with timer("gen"): ...` or `timer.timed("gen", fn, *args)` -> `timing_s/gen`."""
+"""Stage timings of one step: `with timer("gen"): ...` or `timer.timed("gen", fn, *args)` -> `timing_s/gen`.
+A timed stage is also the rank's stage for the liveness watch (distributed/liveness.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from torchrl_post.distributed import liveness
 
 T = TypeVar("T")
 
@@ -16,6 +19,7 @@ class Timer:
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        liveness.enter(name)
         t = time.perf_counter()
         try:
             yield

@@ -17,6 +17,7 @@ import torch
 from torchrl_post.checkpoint.dcp import Trained
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed import liveness
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.distributed.transfer import (
     ROW_WAIT_MS,
@@ -145,8 +146,10 @@ class RolloutServer:
         rows = group_rows(taken.rows(self.rank)) if leader else group_rows([])
         rows[:, ROW_WAIT_MS] = int(self.waited * 1000)
         t = time.perf_counter()
+        liveness.enter("transfer", step)
         self.transfer(items, rows)
         waited = time.perf_counter() - t
+        liveness.enter("gen")
         # Overlaps the actor's update of `step`. Streamed groups fill also after the last step, so that the state a
         # checkpoint keeps does not depend on trainer.total_training_steps (an extended run goes on exactly).
         self.producer.fill(self.lag, step + 1)
@@ -155,6 +158,7 @@ class RolloutServer:
             self.producer.generate_until(lambda: self.agree(incoming.arrived()), step + 1)
             weights = incoming.weights()
         else:
+            liveness.enter("sync")
             weights = self.sync.received()
         t = time.perf_counter()
         self.producer.update(weights, version=step)

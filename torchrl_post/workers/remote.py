@@ -15,6 +15,7 @@ import torch
 
 from torchrl_post.checkpoint.dcp import Trained
 from torchrl_post.data.dataset import PromptDataset
+from torchrl_post.distributed import liveness
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.program import no_validation
 from torchrl_post.types import Batch
@@ -94,18 +95,24 @@ class RoleServer:
         self.link, self.critic, self.reference, self.rollout_transfer = link, critic, reference, rollout_transfer
 
     def step(self, step: int) -> dict[str, float]:
+        liveness.enter("transfer", step)
         if self.rollout_transfer is not None:
             self.rollout_transfer()
         batch = self.link.send_batch(None)
         assert batch is not None  # the role side receives
         if self.reference is not None:
+            liveness.enter("ref")
             batch.ref_log_probs = self.reference.log_probs(batch)
             self.link.to_actor(batch, "ref_log_probs")
         if self.critic is not None:
+            liveness.enter("values")
             batch.values = self.critic.values(batch)
             self.link.to_actor(batch, "values")
             batch.returns = self.link.to_role(batch, "returns")
-            self.link.metrics_to_actor(self.critic.update(batch))
+            liveness.enter("update_critic")
+            metrics = self.critic.update(batch)
+            liveness.enter("wait_critic")
+            self.link.metrics_to_actor(metrics)
         return {}
 
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
