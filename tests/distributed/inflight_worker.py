@@ -4,7 +4,9 @@ The real vLLM engine generates 4 requests at temperature 1; after a few engine s
 model plus noise) and continues. Then the HF model recomputes each finished sample's logprobs under the old and
 the new weights: tokens of version 0 must carry the old policy's logprobs, tokens of version 1 the new one's
 (exactly when the update recomputes the context; with the KV cache kept, the first tokens after it attend to
-old-weight keys and values, which the report measures).
+old-weight keys and values, which the report measures). Prefix caching is on (block 32) and two prompts span a
+block: a request added after the update (keep mode: a group's next sample, while the others still run) must not
+read the blocks the old weights computed for the same prompt.
 
 torchrun --nproc-per-node 1 tests/distributed/inflight_worker.py <model_dir> <out.json>
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,7 +45,7 @@ def main() -> None:
     model_dir, out_path = sys.argv[1:3]
     cfg = Config()
     cfg.model.path = model_dir
-    cfg.data.max_prompt_length, cfg.data.max_response_length = 32, MAX_TOKENS
+    cfg.data.max_prompt_length, cfg.data.max_response_length = 64, MAX_TOKENS
     env = read_env("cpu")
     init_world(env)
     old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -51,9 +54,12 @@ def main() -> None:
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05 * p.abs().mean())
-    prompts = [torch.randint(5, 100, (n,), generator=gen).tolist() for n in (5, 9, 12, 20)]
+    # Two prompts of more than one 32-token block: with prefix caching on, a request re-added after the update
+    # (recompute) would read the blocks the old weights computed, unless the engine keeps them apart.
+    prompts = [torch.randint(5, 100, (n,), generator=gen).tolist() for n in (5, 9, 40, 50)]
     params = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=MAX_TOKENS, seed=1)
-    engine = build_engine(cfg.model, cfg.rollout, engine_spec(cfg, first_sync=True), env.device, 0, 0, [3])
+    spec = replace(engine_spec(cfg, first_sync=True), prefix_caching=True)  # as agent runs have it
+    engine = build_engine(cfg.model, cfg.rollout, spec, env.device, 0, 0, [3])
     report: dict[str, Any] = {}
     for mode in ("keep", "recompute"):
         engine.load_weights(old.named_parameters())  # version 0 (the engine starts from dummy weights)
@@ -61,17 +67,19 @@ def main() -> None:
         for i, p in enumerate(prompts):
             stream.add(f"{mode}-{i}", p, params, uid=i)
 
-        def at_step(s: InflightStream) -> None:
+        def at_step(s: InflightStream, mode: str = mode) -> None:
             if s.engine_steps == UPDATE_AT:
                 s.update(new.named_parameters(), version=1)
+            if s.engine_steps == UPDATE_AT + 1 and mode == "keep":  # a group's next sample, after the update
+                s.add(f"{mode}-late", prompts[3], params, uid=3)
 
         start = time.perf_counter()
         done = stream.run(at_step)
         seconds = time.perf_counter() - start
-        samples = []
+        samples, late = [], []
         for s in sorted(done, key=lambda x: x.request_id):
             lp_old, lp_new = recomputed(old, s), recomputed(new, s)
-            samples.append(
+            (late if s.request_id.endswith("late") else samples).append(
                 {
                     "versions": s.versions,
                     "tokens": len(s.tokens),
@@ -82,7 +90,7 @@ def main() -> None:
                     "new_vs_old": [abs(a - b) for a, b, v in zip(lp_new, lp_old, s.versions, strict=True) if v == 1],
                 }
             )
-        report[mode] = {"samples": samples, "seconds": seconds, "engine_steps": stream.engine_steps}
+        report[mode] = {"samples": samples, "late": late, "seconds": seconds, "engine_steps": stream.engine_steps}
     with open(out_path, "w") as f:
         json.dump(report, f)
     engine.shutdown(process_ends=True)  # end_process follows

@@ -35,3 +35,7 @@ def test_a_weight_update_mid_generation_gives_tokens_of_two_versions(tiny_model:
     # Kept KV cache: the tokens after the update attended to keys and values the old weights computed.
     keep = [d for s in report["keep"]["samples"] for d in s["diff_new"]]
     assert max(keep) > 1e-4, "the KV cache of the earlier tokens was not kept"
+    # A request added after the update while others run (vLLM cannot reset its prefix cache then) shares its
+    # prompt's cached blocks only with requests of its own weights: every token the new policy's.
+    (late,) = report["keep"]["late"]
+    assert set(late["versions"]) == {1} and max(late["diff_new"]) < 1e-4, "read a prefix the old weights computed"

@@ -160,8 +160,8 @@ class HFEngine:
         gone = set(request_ids)
         self._queue = [q for q in self._queue if q[0] not in gone]
 
-    def reset_prefix_cache(self) -> None:
-        pass  # generate keeps no cache between calls
+    def reset_prefix_cache(self) -> bool:
+        return True  # generate keeps no cache between calls
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -73,8 +73,8 @@ class Lockstep:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(weights)
 
-    def reset_prefix_cache(self) -> None:
-        self.engine.reset_prefix_cache()
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()
 
     # ---- decisions and followers ------------------------------------------------------------------------
     def follow(self) -> int:

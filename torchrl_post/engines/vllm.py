@@ -51,6 +51,10 @@ class VLLMEngine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
         self._lengths: dict[str, int] = {}
+        self.weights_version = 0
+        """Loads so far: every request's prefix-cache salt. vLLM's prefix reset fails while requests run (an update
+        under rollout.inflight_update=keep), and the blocks the old weights computed would stay reusable; salted by
+        the weights they were computed with, they never match a request of newer weights."""
         """Tokens each request in flight has generated so far (its steps report the new ones)."""
         m = model
         self.adapter_mode = spec.lora_sync == "adapter"
@@ -176,9 +180,10 @@ class VLLMEngine:
         if (
             "multi_modal_data" in prompt
         ):  # through vLLM's renderer (its multi-modal processor), as LLM.generate's prompts go
+            prompt["cache_salt"] = self._salt()
             prompt = self.llm._preprocess_cmpl_one(prompt)
         else:
-            prompt = tokens_input(prompt_ids)
+            prompt = tokens_input(prompt_ids, cache_salt=self._salt())
         self.llm.llm_engine.add_request(request_id, prompt, sampling, lora_request=self.lora_request)
 
     def step(self) -> list[StepOutput]:
@@ -207,11 +212,14 @@ class VLLMEngine:
         if self.routes is not None:  # a re-add under the same id records afresh
             self.routes.forget(request_ids)
 
-    def reset_prefix_cache(self) -> None:
+    def _salt(self) -> str:
+        return f"weights-{self.weights_version}"
+
+    def reset_prefix_cache(self) -> bool:
         """Forget the cached KV blocks: those of requests that ran across an update (rollout.inflight_update=keep)
-        were computed by earlier weights. Asleep, there is nothing to forget until the next load resets it."""
-        if not self.asleep:
-            self.llm.reset_prefix_cache()
+        were computed by earlier weights. Asleep, there is nothing to forget until the next load resets it. False
+        while requests run (vLLM frees no block in use): then the salt keeps the old blocks from being read."""
+        return self.asleep or bool(self.llm.reset_prefix_cache())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """(name, full tensor) pairs in HF names, or a LoRA model's PEFT names (merged here; in adapter mode
@@ -227,6 +235,7 @@ class VLLMEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         if self.cpu_experts:
             self.llm.apply_model(repack_cpu_experts)
+        self.weights_version += 1
         self.llm.reset_prefix_cache()
         if self.vision is not None:  # cached image embeddings came from the old vision tower
             self.llm.llm_engine.reset_encoder_cache()
@@ -253,6 +262,7 @@ class VLLMEngine:
         write_peft_adapter(tensors, self.lora_rank, self.lora_alpha, path)
         self.wake_up()
         self.lora_request = LoRARequest(f"policy-v{version}", version, str(path))
+        self.weights_version += 1
         self.llm.llm_engine.add_lora(self.lora_request)
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)

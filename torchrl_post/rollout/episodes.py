@@ -189,7 +189,7 @@ class Episodes:
         """Clear the engine's prefix cache (nothing may be in flight): a run that restarts here from a checkpoint
         starts with an empty one, and blocks computed by earlier weights would serve the restarted turns."""
         assert not self.stream.live, "the engine's requests hold their cached blocks"
-        self.loop.engine.reset_prefix_cache()
+        self.loop.engine.reset_prefix_cache()  # what it cannot free, the weights' salt keeps unread (engines/vllm.py)
 
     def oldest(self, episode_id: str) -> int | None:
         """The oldest policy version among a live episode's tokens so far (None: none generated yet)."""
