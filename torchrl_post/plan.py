@@ -326,6 +326,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
         gpu_memory_utilization=util,
         sleep_level=sleep_level(cfg, device, colocated),
         record_routes=r.return_routed_experts,
+        updates_in_flight=r.partial_rollout,
     )
 
 

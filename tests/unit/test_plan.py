@@ -220,6 +220,15 @@ def test_engine_spec_outside_training_reads_weights() -> None:
     assert plan_run(cfg, 1).engine.load_format == "dummy"  # the training loop syncs first
 
 
+def test_partial_rollouts_turn_the_engines_async_scheduling_off() -> None:
+    """Weights that load while requests run: no step may be scheduled ahead of the load (vLLM's async scheduling,
+    on by default on CUDA, would sample a token per running request with the old weights, labelled new)."""
+    streaming = plan_run(load_config(["rollout.partial_rollout=true"]), 2, "cuda").engine
+    assert streaming.updates_in_flight and streaming.scheduler_options() == {"async_scheduling": False}
+    whole = plan_run(load_config([]), 2, "cuda").engine
+    assert not whole.updates_in_flight and whole.scheduler_options() == {}  # vLLM's default
+
+
 def test_total_steps_from_data_size() -> None:
     plan = plan_run(load_config(["trainer.total_epochs=2", "trainer.total_training_steps=null"]), 1)
     assert plan.total_steps(100) == 12  # 6 batches per epoch (the last partial one dropped), 2 epochs

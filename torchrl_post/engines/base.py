@@ -59,6 +59,14 @@ class EngineSpec:
     """vLLM sleep level during the update: 0 never sleeps, 1 keeps weights in host memory, 2 discards them."""
     record_routes: bool = False
     """A mixture-of-experts model's engine returns each token's experts (rollout.return_routed_experts)."""
+    updates_in_flight: bool = False
+    """Weights load while requests run (rollout.partial_rollout): each step's tokens must come from the weights
+    loaded before it, so no step may be scheduled ahead of the load (vLLM's async scheduling, its CUDA default,
+    samples one token per running request with the old weights that the stream would label with the new version)."""
+
+    def scheduler_options(self) -> dict[str, Any]:
+        """vLLM's scheduler options this spec fixes (none: vLLM's defaults)."""
+        return {"async_scheduling": False} if self.updates_in_flight else {}
 
 
 @dataclass

@@ -85,6 +85,7 @@ class VLLMEngine:
                 need = kv_cache_need(hf_config, width, rollout.max_num_seqs, max_len)
                 extra["kv_cache_memory_bytes"] = min(rollout.cpu_kvcache_space_gb * GiB, need)
             _eager_rank_count()
+        extra |= spec.scheduler_options()
         if self.adapter_mode:
             extra |= {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 1}
             shm = Path("/dev/shm")  # adapters are written per update: memory-backed where there is one
