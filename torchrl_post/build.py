@@ -71,8 +71,12 @@ def build_trainer(run: Run) -> Trainer:
         skip_zero_advantage=plan.skip_zero_advantage,
     )
     critic: CriticRole | None = None
+    # What the colocated engine must leave free: every trained role's optimizer state still to come (the memory
+    # plan's `later`), not the actor's alone (PPO's critic would otherwise run out of memory at the first update).
+    pending = actor.pending_state_bytes()
     if plan.critic == "colocated":
-        critic = build_critic(run)
+        critic = built = build_critic(run)
+        pending += built.pending_state_bytes()
     elif plan.critic == "own_ranks":
         critic = RemoteCritic(role_link(run, "critic"))
     reference: ReferenceRole | None = None
@@ -97,7 +101,7 @@ def build_trainer(run: Run) -> Trainer:
         share = plan.actor_ranks.index(run.env.rank)
         # The ranks of one engine draw its share together (rollout/local.py).
         sampler = run.sampler(share // tp, dp // tp)
-        source = engine_source(run, sampler, timer, reserve_bytes=actor.pending_state_bytes())
+        source = engine_source(run, sampler, timer, reserve_bytes=pending)
         local = LocalRollouts(source, producer(run, source), plan.fill.carry)
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None

@@ -316,3 +316,30 @@ def test_card_size(monkeypatch: pytest.MonkeyPatch) -> None:
         card_bytes(None, "cuda")
     with pytest.raises(ConfigError, match="trainer.gpu_memory_gb=0 must be > 0"):
         card_bytes(0, "cuda")
+
+
+def test_the_colocated_engines_reserve_is_every_trained_roles_pending_state_as_planned(tiny_dir: Path) -> None:
+    """PPO with the critic beside the actor and the engine (finding 2 of issue 36): the engine starts before the
+    first step, so it must leave both roles' AdamW state free, as the memory plan counts it; the actor's alone
+    would put a 7B PPO run 0.2-0.5 GiB over an 80 GB card at the first update."""
+    from transformers import Qwen2ForTokenClassification
+
+    from torchrl_post.workers.optim import pending_optimizer_bytes
+
+    cfg = load_config([f"model.path={tiny_dir}", "data.train_batch_size=4", "rollout.n=2"])
+    cfg.algorithm.adv_estimator = "gae"
+    plan = plan_run(cfg, 1, "cuda")
+    memory = plan_memory(cfg, plan, model_shape(cfg.model), "cuda", 80 * GiB)
+    (group,) = memory.groups
+    planned = {
+        r.role: next(i.bytes for i in r.items if i.name == "optimizer") for r in group.roles if r.role != "reference"
+    }
+    assert set(planned) == {"actor", "critic"}
+    actor = _tiny_model(torch.float32)
+    critic_config = _tiny_config()
+    critic_config.num_labels = 1
+    critic = Qwen2ForTokenClassification(critic_config)
+    reserve = pending_optimizer_bytes(actor, on_host=False) + pending_optimizer_bytes(critic, on_host=False)
+    _close(planned["actor"] + planned["critic"], reserve, "the engine's reserve")
+    assert reserve > 1.5 * pending_optimizer_bytes(actor, on_host=False)  # the critic's share counted
+    assert pending_optimizer_bytes(actor, on_host=True) == 0  # optimizer state on the host: nothing to leave

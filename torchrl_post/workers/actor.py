@@ -38,9 +38,9 @@ from torchrl_post.workers.optim import (
     clip_grad_norm,
     global_sum,
     load_scheduler,
-    local_tensor,
     lr_schedule,
     move_optimizer_state,
+    pending_optimizer_bytes,
 )
 from torchrl_post.workers.packing import can_pack
 from torchrl_post.workers.sequence import SequenceGroup
@@ -138,10 +138,8 @@ class Actor:
     def pending_state_bytes(self) -> int:
         """Accelerator bytes this rank's optimizer state will take at the first step (AdamW's two moments in the
         parameters' dtype), 0 where it lives on the host: what a colocated engine must leave free."""
-        if self.device.type == "cpu" or self.optimizer_offload or self.host_shards:
-            return 0
-        trained = (p for p in self.model.parameters() if p.requires_grad)
-        return sum(2 * local_tensor(p).numel() * p.element_size() for p in trained)
+        on_host = self.device.type == "cpu" or self.optimizer_offload or self.host_shards
+        return pending_optimizer_bytes(self.model, on_host)
 
     def offload(self) -> None:
         """Hybrid engine: before the engine generates (after the weight sync, a checkpoint), the sharded

@@ -26,7 +26,14 @@ from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.micro_batches import chunks
 from torchrl_post.workers.models import empty_model, model_dtype, params_on_meta, with_experts
-from torchrl_post.workers.optim import build_optimizer, clip_grad_norm, global_sum, load_scheduler, lr_schedule
+from torchrl_post.workers.optim import (
+    build_optimizer,
+    clip_grad_norm,
+    global_sum,
+    load_scheduler,
+    lr_schedule,
+    pending_optimizer_bytes,
+)
 from torchrl_post.workers.packing import can_pack, packed_inputs
 from torchrl_post.workers.sequence import SequenceGroup, sequence_outputs
 
@@ -128,6 +135,11 @@ class Critic:
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, lr_schedule(cfg, total_steps)
         )
+        self.host_shards = (fsdp or cfg.fsdp).offload_policy
+
+    def pending_state_bytes(self) -> int:
+        """As the actor's (workers/optim.py `pending_optimizer_bytes`): a colocated engine leaves it free too."""
+        return pending_optimizer_bytes(self.model, self.device.type == "cpu" or self.host_shards)
 
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""

@@ -65,6 +65,15 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def pending_optimizer_bytes(model: torch.nn.Module, on_host: bool) -> int:
+    """Accelerator bytes AdamW's two moments will take at the first step (this rank's shards, in the parameters'
+    dtype); 0 where they live on the host. A colocated engine must leave them free: it starts before the first
+    step, when no optimizer state exists yet (memory_plan.py counts the same per trained role)."""
+    if on_host:
+        return 0
+    return sum(2 * local_tensor(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Every state tensor of `optimizer` (AdamW's moments, DTensors or not) to `device`, in place in its state
     dict; its step counters stay where they are (AdamW keeps them on CPU unless capturable)."""
