@@ -193,6 +193,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
     if cfg.trainer.dry_run:
         _dry_run(cfg, plan, env)
         return RunResult(run_dir, 0, dry_run=True)
+    check_memory(cfg, plan, env)
     check_loggers(list(cfg.trainer.logger))  # a missing package or W&B key: one line before anything loads
     parts = resolve_components(cfg, given)  # import errors now, on every rank, before anything loads
     logging.basicConfig(
@@ -252,6 +253,19 @@ def _watch(plan: RunPlan, env: DistEnv) -> Watchdog | None:
     watch = Watchdog(store, env.rank, world, roles, plan.deadlines)
     watch.start()
     return watch
+
+
+def check_memory(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
+    """On CUDA a real run refuses, as its dry run does, a config its memory plan predicts will not fit the memory free
+    on the card: one line naming the keys, before any model loads (else it would load for minutes and fail at the
+    first wake). trainer.memory_check=false skips it (the plan is an estimate)."""
+    if env.device.type != "cuda" or not cfg.trainer.memory_check:
+        return
+    from torchrl_post.memory_plan import memory_plan_for_run
+
+    memory = memory_plan_for_run(cfg, plan, "cuda", env.local_rank, free=True)
+    if memory is not None:
+        memory.check()
 
 
 def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:

@@ -512,8 +512,9 @@ def plan_memory(
     return MemoryPlan(device_type, card_bytes, tuple(groups), _levers(cfg, plan))
 
 
-def card_bytes(gpu_memory_gb: float | None, device_type: str, local_rank: int = 0) -> int:
-    """Device memory per rank: trainer.gpu_memory_gb, else the visible card's; host memory on CPU."""
+def card_bytes(gpu_memory_gb: float | None, device_type: str, local_rank: int = 0, free: bool = False) -> int:
+    """Device memory per rank: trainer.gpu_memory_gb, else the visible card's (`free`: what is free on it now, as a
+    real run starts); host memory on CPU."""
     if device_type == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if gpu_memory_gb is not None:
@@ -525,13 +526,17 @@ def card_bytes(gpu_memory_gb: float | None, device_type: str, local_rank: int = 
             "trainer.device=cuda without a visible GPU: set trainer.gpu_memory_gb to the card's memory in GiB "
             "(e.g. trainer.gpu_memory_gb=80) for the memory plan"
         )
+    if free:
+        return int(torch.cuda.mem_get_info(local_rank)[0])
     return int(torch.cuda.get_device_properties(local_rank).total_memory)
 
 
-def memory_plan_for_run(cfg: Config, plan: RunPlan, device_type: str, local_rank: int = 0) -> MemoryPlan | None:
-    """The dry run's memory plan from model.path's config.json (and the critic's); None without one (nothing to
-    size)."""
-    card = card_bytes(cfg.trainer.gpu_memory_gb, device_type, local_rank)
+def memory_plan_for_run(
+    cfg: Config, plan: RunPlan, device_type: str, local_rank: int = 0, free: bool = False
+) -> MemoryPlan | None:
+    """The memory plan from model.path's config.json (and the critic's); None without one (nothing to size). The dry
+    run sizes the card; a real run (`free`) what is free on it as it starts."""
+    card = card_bytes(cfg.trainer.gpu_memory_gb, device_type, local_rank, free)
     if not (Path(cfg.model.path) / "config.json").is_file():
         return None
     try:

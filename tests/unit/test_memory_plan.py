@@ -343,3 +343,23 @@ def test_the_colocated_engines_reserve_is_every_trained_roles_pending_state_as_p
     _close(planned["actor"] + planned["critic"], reserve, "the engine's reserve")
     assert reserve > 1.5 * pending_optimizer_bytes(actor, on_host=False)  # the critic's share counted
     assert pending_optimizer_bytes(actor, on_host=True) == 0  # optimizer state on the host: nothing to leave
+
+
+def test_a_real_cuda_run_refuses_at_start_what_its_dry_run_refuses(qwen7b_dir: Path) -> None:
+    """api.check_memory, the real run's check before any model loads, on a CUDA rank (its env; the card's memory
+    from trainer.gpu_memory_gb: none is visible here) refuses the 7B run on 8 GiB with the dry run's line, and
+    trainer.memory_check=false lets it start."""
+    from torchrl_post.api import check_memory
+    from torchrl_post.distributed.env import DistEnv
+
+    cfg, plan, shape = _seven_b(qwen7b_dir, "trainer.gpu_memory_gb=8")
+    rank = DistEnv(0, 8, 0, 8, torch.device("cuda", 0), "cpu:gloo,cuda:nccl")
+    with pytest.raises(ConfigError) as real:
+        check_memory(cfg, plan, rank)
+    with pytest.raises(ConfigError) as dry:
+        plan_memory(cfg, plan, shape, "cuda", 8 * GiB).check()
+    assert str(real.value) == str(dry.value) and "\n" not in str(real.value)
+    cfg.trainer.memory_check = False
+    check_memory(cfg, plan, rank)
+    cpu = DistEnv(0, 8, 0, 8, torch.device("cpu"), "gloo")
+    check_memory(_seven_b(qwen7b_dir, "trainer.gpu_memory_gb=8")[0], plan, cpu)  # host memory: not planned

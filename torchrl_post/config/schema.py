@@ -584,6 +584,9 @@ class TrainerConfig:
     save_on_sigterm: bool = True
     """On SIGTERM (what Slurm and Kubernetes send before a kill) stop at the next step boundary, save a checkpoint
     if the last one is older than that step, and exit with one line; a resume continues from there."""
+    memory_check: bool = True
+    """On CUDA, refuse at start (before any model loads) a config whose memory plan does not fit the memory free on
+    the card, as the dry run does; false: start anyway (the plan is an estimate: docs/memory.md)."""
     wait_timeout_s: float = 300.0
     """A rank silent this long (stopped, frozen, its network gone) ends the run on every live rank with one line
     naming it, its role and its stage (exit code 3); under torchrun --max-restarts the job restarts and resumes from
