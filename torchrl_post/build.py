@@ -94,7 +94,9 @@ def build_trainer(run: Run) -> Trainer:
             rollout_transfer(run), sampler, timer, rejection, run.pad_id, plan.fill.carry, plan.group_size
         )
         dtype = getattr(torch, plan.engine.dtype)
-        weights = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep)
+        weights = BroadcastSync(
+            run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep, run.topo.store
+        )
         roles = StepRoles(actor, rollouts, weights, critic, reference)
     else:
         dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
@@ -119,7 +121,7 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     sampler = run.sampler(rollout.index(run.env.rank) // tp, len(rollout) // tp)
     source = engine_source(run, sampler, timer)
     dtype = getattr(torch, plan.engine.dtype)
-    sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype)
+    sync = BroadcastSync(run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, store=run.topo.store)
     group = source.engine_group
     return RolloutServer(
         source,

@@ -49,7 +49,9 @@ def main() -> None:
     actor = make_actor(cfg, topo.mesh("actor")) if is_actor else None
     engine = None if is_actor else build_engine(cfg.model, cfg.rollout, engine_spec(cfg), env.device, 0, 0, [3])
     # 1 KiB buckets: many buckets, so the pipelined broadcast (two in flight) is exercised.
-    sync = BroadcastSync(topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None, keep)
+    sync = BroadcastSync(
+        topo.sync, env.device, 1 << 10, torch.float32, actor.model if actor else None, keep, topo.store
+    )
     gen = torch.Generator().manual_seed(100)
     pb, spec, pad = parity_prompts(model_dir, gen)  # a vision-language model's carry images
     greedy = SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=6, seed=0)
@@ -60,8 +62,8 @@ def main() -> None:
     last: Batch | None = None
     for update in range(3):
         if update > 0:
-            # Update 2 is received as rollout.update_on_arrival does: the receive is posted first and polled; the
-            # sender starts only after a barrier the receivers reach once they saw it had not arrived.
+            # Update 2 is received as rollout.update_on_arrival does: its announcement is polled; the sender starts
+            # only after a barrier the receivers reach once they saw it had not arrived.
             on_arrival = update == 2
             if actor is not None:
                 assert last is not None
@@ -78,7 +80,7 @@ def main() -> None:
                 topo.world.barrier().wait()
                 deadline = time.monotonic() + 300
                 while not incoming.arrived():
-                    assert time.monotonic() < deadline, "the posted receive of the update never completed"
+                    assert time.monotonic() < deadline, "the update was never announced"
                     time.sleep(0.01)
                 engine.load_weights(incoming.weights())
             else:

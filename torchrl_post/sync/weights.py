@@ -263,7 +263,9 @@ class BroadcastSync:
     broadcasts each gathered bucket asynchronously (two in flight) while the next is gathered. Rollout ranks
     post the broadcast of bucket k+1 before their engine loads bucket k. The plan goes over once, at
     construction, with the tied-embedding aliases (`tied_aliases`: the receivers hand the embedding to their
-    engine under both names; its bytes go over once); actor ranks outside the group only gather.
+    engine under both names; its bytes go over once); actor ranks outside the group only gather. With a `store`
+    the sender announces each update there as it starts (`weights_sent/<n>`), which rollout.update_on_arrival's
+    receivers poll (`incoming`) instead of a posted receive.
     """
 
     def __init__(
@@ -274,8 +276,11 @@ class BroadcastSync:
         wire_dtype: torch.dtype,
         model: torch.nn.Module | None = None,
         keep: Keep | None = None,
+        store: dist.Store | None = None,
     ) -> None:
-        self.group, self.device = group, device
+        self.group, self.device, self.store = group, device, store
+        self.updates = 0
+        """Updates sent (the sender) or taken (the receivers) so far: the next one's announcement key."""
         self.is_sender = group is not None and group.rank() == 0
         plan: tuple[list[WireBucket], tuple[Alias, ...]] | None = None
         if model is not None:
@@ -306,6 +311,9 @@ class BroadcastSync:
     def send(self, model: torch.nn.Module) -> int:
         """Actor ranks: gather every bucket; the sender broadcasts each. Returns the bytes sent (0 elsewhere)."""
         params = dict(model.named_parameters())
+        if self.is_sender and self.store is not None:
+            self.store.set(self._announcement(), "1")  # before the first bucket is even gathered
+        self.updates += 1
         inflight: list[tuple[Any, torch.Tensor]] = []
         for bucket in self.buckets:
             flat = gather_bucket(bucket, params, self.device)
@@ -324,23 +332,29 @@ class BroadcastSync:
     def received(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Rollout ranks: (name, tensor) for every parameter, as the broadcasts arrive (tied embeddings under
         both names)."""
+        self.updates += 1
         return with_aliases(self._received(), self.aliases)
 
+    def _announcement(self) -> str:
+        return f"weights_sent/{self.updates}"
+
     def incoming(self) -> Incoming:
-        """Rollout ranks: post the receive of the next update now and poll for it (`Incoming.arrived`) while the
-        engine keeps generating; `Incoming.weights()` then streams it as `received` does."""
-        first = self._post(0) if self.buckets else None
-        return Incoming(first, with_aliases(self._received(first), self.aliases))
+        """Rollout ranks: the next update, polled (`Incoming.arrived`) while the engine keeps generating, then
+        streamed as `received` does (`Incoming.weights()`). Its announcement in the store is polled, not a posted
+        receive: a receive posted through the whole actor update would hold the GPU's SMs with an NCCL kernel (and
+        time out with the group after an update longer than its timeout)."""
+        assert self.store is not None, "rollout.update_on_arrival polls the sender's announcement in the store"
+        store, key = self.store, self._announcement()
+        return Incoming(lambda: bool(store.check([key])), self.received)
 
     def _post(self, i: int) -> tuple[Any, torch.Tensor]:
         assert self.group is not None and not self.is_sender
         flat = torch.empty(self.buckets[i].numel, dtype=self.buckets[i].dtype, device=self.device)
         return self.group.broadcast([flat], dist.BroadcastOptions()), flat
 
-    def _received(self, first: tuple[Any, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Bucket by bucket, each receive posted before the previous bucket is handed on (`first`: bucket 0's,
-        already posted)."""
-        pending = first or (self._post(0) if self.buckets else None)
+    def _received(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Bucket by bucket, each receive posted before the previous bucket is handed on."""
+        pending = self._post(0) if self.buckets else None
         for i, bucket in enumerate(self.buckets):
             assert pending is not None
             work, flat = pending
@@ -355,15 +369,16 @@ class BroadcastSync:
 
 
 class Incoming:
-    """An update whose first bucket's receive is posted (`BroadcastSync.incoming`)."""
+    """The next update of a `BroadcastSync` (`incoming`): announced yet, and its weights."""
 
-    def __init__(self, first: tuple[Any, torch.Tensor] | None, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self._first, self._weights = first, weights
+    def __init__(
+        self, announced: Callable[[], bool], receive: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    ) -> None:
+        self._announced, self._receive = announced, receive
 
     def arrived(self) -> bool:
-        """The sender has started the broadcast (its first bucket is here): taking it blocks no longer than the
-        transfer itself."""
-        return self._first is None or bool(self._first[0].is_completed())
+        """The sender has started the update: taking it blocks no longer than the gathers and the transfer."""
+        return self._announced()
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self._weights
+        return self._receive()
