@@ -208,7 +208,11 @@ class RunPlan:
             f"  rollout correction: {self.rollout_correction.describe()}",
             "  MoE routing: "
             + ("the engine's experts replayed in the trainer (R3)" if self.router_replay else "the trainer's own")
-            + ("; the engine records them" if self.engine.record_routes else ""),
+            + (
+                f"; the engine records them ({'vLLM' if self.engine.routes_from_engine else 'a router hook'})"
+                if self.engine.record_routes
+                else ""
+            ),
             "  trainer logprobs: "
             + (
                 f"renormalised on the sampler's kept set ({self.sampling_support.describe()}), as the engine's"
@@ -326,6 +330,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
         gpu_memory_utilization=util,
         sleep_level=sleep_level(cfg, device, colocated),
         record_routes=r.return_routed_experts,
+        routes_from_engine=r.return_routed_experts and device == "cuda",
         updates_in_flight=r.partial_rollout,
     )
 

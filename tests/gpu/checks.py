@@ -215,6 +215,33 @@ def train_vllm_colocated(ctx: Ctx) -> Result:
     return "passed", "", numbers
 
 
+def tiny_moe(ctx: Ctx) -> Path:
+    """An untrained tiny Qwen3-MoE (4 experts, top-2; tests/conftest.py's shape; cached)."""
+    out = ctx.work / "tiny_moe"
+    if not (out / "config.json").exists():
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        from tests.conftest import _untrained
+
+        _untrained(
+            out, Qwen3MoeConfig, Qwen3MoeForCausalLM, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
+            num_experts_per_tok=2, decoder_sparse_step=1, tie_word_embeddings=False,
+        )  # fmt: skip
+    return out
+
+
+def moe_routes_vllm(ctx: Ctx) -> Result:
+    """Routing replay on CUDA with vLLM's own capture (`enable_return_routed_experts`, the plan's choice on CUDA) and
+    CUDA graphs on: every finished request comes back with its experts (else the engine raises), the trainer replays
+    them, and its own router agrees with most of them."""
+    overrides = ["rollout.engine=vllm", "rollout.enforce_eager=false", "actor.router_replay=true"]
+    rows = train(ctx, "moe", [*overrides, *ctx.dtype_overrides()], model=tiny_moe(ctx))
+    mismatch = [float(r["rollout/router_mismatch"]) for r in rows]
+    assert all(0 <= m < 0.5 for m in mismatch), f"the engine's experts and the trainer's disagree: {mismatch}"
+    return "passed", "", {"router_mismatch": mismatch, **step_numbers(rows, ctx)}
+
+
 def ragged_batch(vocab: int, groups: int = 3, n: int = 4, prompt: int = 24, resp: int = 16, seed: int = 0) -> Any:
     """GRPO-shaped rows: `groups` prompts of different lengths (left padding 0, 5, 11) x `n` responses of lengths
     resp, resp - 3, resp - 9 and 0 (right-padded), random token ids, random advantages."""
@@ -797,6 +824,7 @@ CHECKS = {
         sequence_parallel,
         split_placement,
         speed_vs_trl,
+        moe_routes_vllm,
     )
 }
 

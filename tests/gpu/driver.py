@@ -119,6 +119,13 @@ CHECKS = (
         330,
         needs=("trl",),
     ),
+    Check(
+        "moe_routes_vllm",
+        "routing replay on a tiny Qwen3-MoE with the colocated vLLM engine and CUDA graphs: the experts come from "
+        "vLLM's own capture (enable_return_routed_experts), every request has them, rollout/router_mismatch < 0.5",
+        200,
+        needs=("vllm",),
+    ),
 )
 SKIP_REASONS = {"torchrl_post.memory_plan": "memory plan not available"}
 

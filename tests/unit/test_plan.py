@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+import torch
 
 from torchrl_post.algos.rollout_correction import RolloutCorrection
 from torchrl_post.algos.sampling_support import Truncation
@@ -227,6 +228,30 @@ def test_partial_rollouts_turn_the_engines_async_scheduling_off() -> None:
     assert streaming.updates_in_flight and streaming.scheduler_options() == {"async_scheduling": False}
     whole = plan_run(load_config([]), 2, "cuda").engine
     assert not whole.updates_in_flight and whole.scheduler_options() == {}  # vLLM's default
+
+
+def test_the_experts_come_from_vllm_on_cuda_and_from_the_router_hook_on_cpu() -> None:
+    """Finding 1 of issue 36: on CUDA vLLM 0.32 runs its model runner V2 (no `input_batch` for the hook to read) and
+    CUDA graphs skip the hook inside the compiled MoE op; vLLM's own capture is right there, the hook on CPU."""
+    cfg = load_config(["actor.router_replay=true"])
+    cuda, cpu = plan_run(cfg, 2, "cuda").engine, plan_run(cfg, 2, "cpu").engine
+    assert cuda.record_routes and cuda.routes_from_engine
+    assert cpu.record_routes and not cpu.routes_from_engine
+    assert "records them (vLLM)" in plan_run(cfg, 2, "cuda").describe("cuda", "nccl")
+    off = plan_run(load_config(["rollout.return_routed_experts=false"]), 2, "cuda").engine
+    assert not off.record_routes and not off.routes_from_engine
+
+
+def test_vllms_record_of_a_requests_experts_is_cut_to_the_positions_the_sample_needs() -> None:
+    import numpy as np
+
+    from torchrl_post.engines.vllm import engine_routes
+
+    routed = np.arange(5 * 2 * 3).reshape(5, 2, 3).astype(np.int32)  # [positions, layers, k]
+    got = engine_routes(routed, "r0", 4)
+    assert got.dtype == torch.int64 and got.shape == (4, 2, 3) and got.tolist() == routed[:4].tolist()
+    with pytest.raises(RuntimeError, match="vLLM returned none for request r1, 4 needed"):
+        engine_routes(None, "r1", 4)
 
 
 def test_total_steps_from_data_size() -> None:

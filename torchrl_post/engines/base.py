@@ -59,6 +59,11 @@ class EngineSpec:
     """vLLM sleep level during the update: 0 never sleeps, 1 keeps weights in host memory, 2 discards them."""
     record_routes: bool = False
     """A mixture-of-experts model's engine returns each token's experts (rollout.return_routed_experts)."""
+    routes_from_engine: bool = False
+    """Where the experts come from: vLLM's own capture (`enable_return_routed_experts`, its CUDA model runner V2:
+    a preallocated device buffer, CUDA graphs fine) on CUDA; the router hook (engines/vllm.py `RouteRecorder`) on
+    CPU, where V2 does not run. On CUDA the hook would read `runner.input_batch`, which V2 lacks, and inside a CUDA
+    graph's compiled MoE op it is never called."""
     updates_in_flight: bool = False
     """Weights load while requests run (rollout.partial_rollout): each step's tokens must come from the weights
     loaded before it, so no step may be scheduled ahead of the load (vLLM's async scheduling, its CUDA default,

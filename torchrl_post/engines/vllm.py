@@ -70,7 +70,8 @@ class VLLMEngine:
         self.cpu_experts = device.type == "cpu" and experts
         # a text model's experts per token (a vision model's prompt reaches vLLM with its image tokens collapsed)
         record = experts and spec.record_routes and self.vision is None
-        self.routes: RouteRecorder | None = RouteRecorder() if record else None
+        self.routes: RouteRecorder | None = RouteRecorder() if record and not spec.routes_from_engine else None
+        self.engine_routes = record and spec.routes_from_engine
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
@@ -86,6 +87,8 @@ class VLLMEngine:
                 extra["kv_cache_memory_bytes"] = min(rollout.cpu_kvcache_space_gb * GiB, need)
             _eager_rank_count()
         extra |= spec.scheduler_options()
+        if self.engine_routes:
+            extra["enable_return_routed_experts"] = True
         if self.adapter_mode:
             extra |= {"enable_lora": True, "max_lora_rank": m.lora_rank, "max_loras": 1}
             shm = Path("/dev/shm")  # adapters are written per update: memory-backed where there is one
@@ -175,7 +178,7 @@ class VLLMEngine:
 
         self.wake_up()
         sampling = self._sampling(params, uid, 1)
-        if self.routes is not None:
+        if self.routes is not None or self.engine_routes:
             sampling.skip_reading_prefix_cache = True
         prompt: Any = self._prompt(prompt_ids, images)
         if (
@@ -201,8 +204,11 @@ class VLLMEngine:
             if o.finished:
                 step.finish_reason = "length" if c.finish_reason == "length" else "stop"
                 length = self._lengths.pop(o.request_id)
+                computed = len(o.prompt_token_ids or []) + length - 1  # positions whose experts the sample needs
                 if self.routes is not None:
-                    step.routes = self.routes.take(o.request_id, len(o.prompt_token_ids or []) + length - 1)
+                    step.routes = self.routes.take(o.request_id, computed)
+                elif self.engine_routes:
+                    step.routes = engine_routes(c.routed_experts, o.request_id, computed)
             out.append(step)
         return out
 
@@ -315,6 +321,17 @@ def _release_shared_memory() -> None:
         if isinstance(shm, _CPUSHMDistributed):
             Path(f"/dev/shm/{shm.group_name}_{shm.communicator.rank}").unlink(missing_ok=True)
         group.mq_broadcaster = None
+
+
+def engine_routes(routed: Any, request_id: str, computed: int) -> torch.Tensor:
+    """vLLM's own record of a finished request's experts ([positions, layers, k]) as the `RouteRecorder` gives
+    them: the first `computed` positions, int64."""
+    if routed is None or len(routed) < computed:
+        got = "none" if routed is None else f"{len(routed)} positions"
+        raise RuntimeError(
+            f"rollout.return_routed_experts: vLLM returned {got} for request {request_id}, {computed} needed"
+        )
+    return torch.as_tensor(routed[:computed], dtype=torch.int64)
 
 
 class RouteRecorder:
