@@ -34,9 +34,10 @@ Trained role (actor, critic), per rank:
         checkpointing:      t (L p h + A + E + p h)     each layer's input kept, one layer recomputed at a time
     loss path: c V (4 CHUNK_COPIES + p if p != 4), c = min(positions, HEAD_CHUNK_TOKENS) (the chunked head; with the
         chunk 0, all positions' logits at once: positions V (4 FULL_COPIES + p)); the positions are the response share of t
-        (padded or packed, only the columns that predict response tokens reach the head); the critic's head has one
-        output, so no vocabulary term. Packing (model.use_remove_padding) drops padding but not the worst case: a
-        micro-batch of samples at full length holds t tokens either way
+        (padded or packed, only the columns that predict response tokens reach the head); the actor's update adds
+        f V h with p != 4 and a trained head (the chunked backward sums the head's gradient in float32, rounded to p
+        once); the critic's head has one output, so no vocabulary term. Packing (model.use_remove_padding) drops
+        padding but not the worst case: a micro-batch of samples at full length holds t tokens either way
 Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
@@ -186,6 +187,13 @@ def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = HEAD
     if chunk_tokens <= 0:
         return positions * vocab * (F32 * FULL_COPIES + p)
     return min(positions, chunk_tokens) * vocab * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
+
+
+def head_accumulator_bytes(vocab: int, hidden: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
+    """The chunked head's backward sums a 16-bit (`p` < 4) head weight's gradient over the chunks in a float32
+    [V, H] (`workers/lm_head.py`: one rounding to `p` at the end, not one per chunk), besides the gradient itself (a
+    gathered unit's); a float32 weight's is summed in place, and the full logits (`chunk_tokens` 0) have no sum."""
+    return vocab * hidden * F32 if chunk_tokens > 0 and p != F32 else 0
 
 
 def gathered_bytes(s: ModelShape, fsdp: FSDPConfig, trained: bool, lora: bool) -> int:
@@ -371,6 +379,9 @@ def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: i
         # Padded and packed alike, only the columns that predict response tokens reach the head (logits_to_keep).
         loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk)
         what_loss = f"chunks of {chunk} positions" if chunk > 0 else "full logits"
+        accumulator = 0 if lora else head_accumulator_bytes(s.vocab, s.hidden, p, chunk)  # LoRA: the head is frozen
+        loss += accumulator
+        what_loss += ", the head gradient's float32 sum" if accumulator else ""
 
     what = "adapter " if lora else ""
     how = f"{'budget ' + str(budget) if budget else str(micro) + ' x ' + str(row)} tokens" + (
