@@ -41,9 +41,10 @@ Trained role (actor, critic), per rank:
 Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
-Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T (T in
-    whole blocks of KV_BLOCK_TOKENS: the bytes the engine asks for, `engines/base.py: kv_cache_bytes`) and
-    gets its share - weights - ENGINE_RESERVE (its own activations and graphs, a round guess). The share is
+Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L max(k / tp, 1) d e x
+    (max_num_seqs x T + one block) (T in whole blocks of KV_BLOCK_TOKENS: the cap the engine sets on CPU and CUDA,
+    `engines/base.py: kv_cache_bytes`) and gets the least of that and its share - weights - ENGINE_RESERVE (its
+    own activations and graphs, a round guess). The share is
     rollout.gpu_memory_utilization x card, or colocated with it unset, as the engine sizes it at start:
     ENGINE_SHARE_OF_FREE x (card - the trainer's parameters - the optimizer state still to come).
 
@@ -478,7 +479,9 @@ def plan_memory(
     ro, row = cfg.rollout, plan.engine.max_model_len
     e, tp = DTYPE_BYTES[plan.engine.dtype], plan.tensor_parallel_size
     weights = shape.params * e // tp
-    kv_needed = kv_cache_bytes(shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row) // tp
+    kv_needed = kv_cache_bytes(
+        shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row, tensor_parallel_size=tp
+    )
 
     def engine_share(trainer: tuple[RoleMemory, ...]) -> int:
         """vLLM's part of the device: rollout.gpu_memory_utilization x card, or (colocated, unset) the share of

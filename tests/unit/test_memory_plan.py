@@ -278,8 +278,8 @@ def test_seven_b_on_eight_cards_fits(qwen7b_dir: Path) -> None:
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_kv_cache_counted_as_the_engine_asks_for_it(tiny_dir: Path, tp: int) -> None:
-    """One formula: the memory plan's KV need is what the engine asks vLLM for on the same model config (72-token
-    rows in whole blocks of 128), split over the tensor-parallel ranks."""
+    """One formula: the memory plan's KV need is the cap the engine sets on the same model config (72-token rows in
+    whole blocks of 128, and vLLM's null block), on each tensor-parallel rank its share of the kv heads."""
     from transformers import AutoConfig
 
     from torchrl_post.engines.base import kv_cache_need
@@ -287,9 +287,9 @@ def test_kv_cache_counted_as_the_engine_asks_for_it(tiny_dir: Path, tp: int) -> 
     cfg = load_config([f"model.path={tiny_dir}", "rollout.max_num_seqs=3", f"rollout.tensor_parallel_size={tp}"])
     plan = plan_run(cfg, 2)
     (group,) = plan_memory(cfg, plan, model_shape(cfg.model), "cpu", 64 * GiB).groups
-    asked = kv_cache_need(AutoConfig.from_pretrained(tiny_dir), 4, sequences=3, max_model_len=72)
-    assert plan.engine.max_model_len == 72 and asked == 2 * 4 * 2 * 32 * 4 * 3 * 128
-    assert group.kv_needed == asked // tp
+    asked = kv_cache_need(AutoConfig.from_pretrained(tiny_dir), 4, 3, 72, tensor_parallel_size=tp)
+    assert plan.engine.max_model_len == 72 and asked == 2 * 4 * (2 // tp) * 32 * 4 * (3 + 1) * 128
+    assert group.kv_needed == asked
 
 
 @pytest.mark.parametrize(
