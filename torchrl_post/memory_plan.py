@@ -34,15 +34,17 @@ Trained role (actor, critic), per rank:
         checkpointing:      t (L p h + A + E + p h)     each layer's input kept, one layer recomputed at a time
     loss path: c V (4 CHUNK_COPIES + p if p != 4), c = min(positions, HEAD_CHUNK_TOKENS) (the chunked head; with the
         chunk 0, all positions' logits at once: positions V (4 FULL_COPIES + p)); the positions are the response share of t
-        (padded or packed, only the columns that predict response tokens reach the head); the critic's head has one
-        output, so no vocabulary term. Packing (model.use_remove_padding) drops padding but not the worst case: a
-        micro-batch of samples at full length holds t tokens either way
+        (padded or packed, only the columns that predict response tokens reach the head); the actor's update adds
+        f V h with p != 4 and a trained head (the chunked backward sums the head's gradient in float32, rounded to p
+        once); the critic's head has one output, so no vocabulary term. Packing (model.use_remove_padding) drops
+        padding but not the worst case: a micro-batch of samples at full length holds t tokens either way
 Reference (frozen): parameters P m / S (host with reference.param_offload), gathered (2 P_l + P_r) p, and one
     no-grad forward: t (2 p h + 3 p i + f h + p T) (the residual and a layer's output, gate, up and silu, a float32
     norm input, the mask; measured) plus the loss path.
-Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L k d e x max_num_seqs x T (T in
-    whole blocks of KV_BLOCK_TOKENS: the bytes the engine asks for, `engines/base.py: kv_cache_bytes`) and
-    gets its share - weights - ENGINE_RESERVE (its own activations and graphs, a round guess). The share is
+Engine (vLLM): weights P e / tp (e: the engine dtype's bytes); KV cache needs 2 L max(k / tp, 1) d e x
+    (max_num_seqs x T + one block) (T in whole blocks of KV_BLOCK_TOKENS: the cap the engine sets on CPU and CUDA,
+    `engines/base.py: kv_cache_bytes`) and gets the least of that and its share - weights - ENGINE_RESERVE (its
+    own activations and graphs, a round guess). The share is
     rollout.gpu_memory_utilization x card, or colocated with it unset, as the engine sizes it at start:
     ENGINE_SHARE_OF_FREE x (card - the trainer's parameters - the optimizer state still to come).
 
@@ -186,6 +188,13 @@ def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = HEAD
     if chunk_tokens <= 0:
         return positions * vocab * (F32 * FULL_COPIES + p)
     return min(positions, chunk_tokens) * vocab * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
+
+
+def head_accumulator_bytes(vocab: int, hidden: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
+    """The chunked head's backward sums a 16-bit (`p` < 4) head weight's gradient over the chunks in a float32
+    [V, H] (`workers/lm_head.py`: one rounding to `p` at the end, not one per chunk), besides the gradient itself (a
+    gathered unit's); a float32 weight's is summed in place, and the full logits (`chunk_tokens` 0) have no sum."""
+    return vocab * hidden * F32 if chunk_tokens > 0 and p != F32 else 0
 
 
 def gathered_bytes(s: ModelShape, fsdp: FSDPConfig, trained: bool, lora: bool) -> int:
@@ -371,6 +380,9 @@ def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: i
         # Padded and packed alike, only the columns that predict response tokens reach the head (logits_to_keep).
         loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk)
         what_loss = f"chunks of {chunk} positions" if chunk > 0 else "full logits"
+        accumulator = 0 if lora else head_accumulator_bytes(s.vocab, s.hidden, p, chunk)  # LoRA: the head is frozen
+        loss += accumulator
+        what_loss += ", the head gradient's float32 sum" if accumulator else ""
 
     what = "adapter " if lora else ""
     how = f"{'budget ' + str(budget) if budget else str(micro) + ' x ' + str(row)} tokens" + (
@@ -467,7 +479,9 @@ def plan_memory(
     ro, row = cfg.rollout, plan.engine.max_model_len
     e, tp = DTYPE_BYTES[plan.engine.dtype], plan.tensor_parallel_size
     weights = shape.params * e // tp
-    kv_needed = kv_cache_bytes(shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row) // tp
+    kv_needed = kv_cache_bytes(
+        shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row, tensor_parallel_size=tp
+    )
 
     def engine_share(trainer: tuple[RoleMemory, ...]) -> int:
         """vLLM's part of the device: rollout.gpu_memory_utilization x card, or (colocated, unset) the share of

@@ -169,7 +169,8 @@ class RolloutConfig:
     """Most KV cache vLLM takes on CPU, in whole GiB: it allocates what rollout.max_num_seqs sequences of the
     longest prompt plus response can fill, up to this (VLLM_CPU_KVCACHE_SPACE, when set, wins)."""
     max_num_seqs: int = 256
-    """Most sequences vLLM schedules at once."""
+    """Most sequences vLLM schedules at once; its KV cache holds what this many of the longest prompt plus response
+    fill, at most what its memory allows (CPU and CUDA alike: `engines/base.py: kv_cache_cap`)."""
     dtype: Annotated[str, DtypeOrAuto] = "auto"
     """Engine weight dtype: auto (float32 on CPU, which keeps parity with the trainer exact; bfloat16 on CUDA, the
     dtype vLLM's FlashAttention/FlashInfer backends take), float32, bfloat16 or float16."""

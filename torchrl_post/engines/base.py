@@ -130,19 +130,35 @@ def kv_cache_bytes(
     sequences: int,
     max_model_len: int,
     block_size: int = KV_BLOCK_TOKENS,
+    tensor_parallel_size: int = 1,
 ) -> int:
-    """Bytes of K and V in every layer for `sequences` sequences of `max_model_len` tokens, each rounded up to whole
-    blocks of `block_size` tokens: all an engine can hold at once (rollout.max_num_seqs running). The one formula:
-    the engine asks for it (`kv_cache_need`) and the memory plan counts it."""
-    tokens = sequences * -(-max_model_len // block_size) * block_size
-    return 2 * layers * kv_heads * head_dim * dtype_bytes * tokens
+    """Bytes of K and V in every layer on one tensor-parallel rank for `sequences` sequences of `max_model_len`
+    tokens, each rounded up to whole blocks of `block_size` tokens, plus the one block vLLM's block pool keeps back
+    (its null block): all an engine can hold at once (rollout.max_num_seqs running). A rank holds kv_heads / tp
+    heads, one at least (vLLM replicates a head over the ranks when tp > kv_heads). The one formula: the engine
+    caps its KV cache at it (`kv_cache_cap`) and the memory plan counts it."""
+    tokens = (sequences * -(-max_model_len // block_size) + 1) * block_size
+    return 2 * layers * max(kv_heads // tensor_parallel_size, 1) * head_dim * dtype_bytes * tokens
 
 
 def kv_cache_need(
-    hf_config: Any, dtype_bytes: int, sequences: int, max_model_len: int, block_size: int = KV_BLOCK_TOKENS
+    hf_config: Any,
+    dtype_bytes: int,
+    sequences: int,
+    max_model_len: int,
+    block_size: int = KV_BLOCK_TOKENS,
+    tensor_parallel_size: int = 1,
 ) -> int:
     """`kv_cache_bytes` of an HF model config's text model."""
-    return kv_cache_bytes(*kv_dims(hf_config), dtype_bytes, sequences, max_model_len, block_size)
+    return kv_cache_bytes(*kv_dims(hf_config), dtype_bytes, sequences, max_model_len, block_size, tensor_parallel_size)
+
+
+def kv_cache_cap(need: int, budget: int) -> int:
+    """The KV cache an engine rank allocates: what its sequences can fill (`need`, `kv_cache_need`), at most its
+    `budget`. The budget is rollout.cpu_kvcache_space_gb on CPU and, on CUDA, what vLLM's profile leaves of its
+    gpu_memory_utilization share after weights and activations; vLLM alone would give the KV cache the whole budget
+    whatever rollout.max_num_seqs, memory no sequence can use (and, on CPU, seconds spent zeroing it)."""
+    return min(need, budget)
 
 
 class Stepped(Protocol):

@@ -23,7 +23,15 @@ import torch
 from transformers import AutoConfig
 
 from torchrl_post.config.schema import ModelConfig, RolloutConfig
-from torchrl_post.engines.base import EngineSpec, GiB, SamplingParams, StepOutput, engine_memory_fraction, kv_cache_need
+from torchrl_post.engines.base import (
+    EngineSpec,
+    GiB,
+    SamplingParams,
+    StepOutput,
+    engine_memory_fraction,
+    kv_cache_cap,
+    kv_cache_need,
+)
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, collapse_image_tokens
 from torchrl_post.sync.lora import is_adapter, lora_scale, merged_weights, write_peft_adapter
 
@@ -51,11 +59,11 @@ class VLLMEngine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
         self._lengths: dict[str, int] = {}
+        """Tokens each request in flight has generated so far (its steps report the new ones)."""
         self.weights_version = 0
         """Loads so far: every request's prefix-cache salt. vLLM's prefix reset fails while requests run (an update
         under rollout.inflight_update=keep), and the blocks the old weights computed would stay reusable; salted by
         the weights they were computed with, they never match a request of newer weights."""
-        """Tokens each request in flight has generated so far (its steps report the new ones)."""
         m = model
         self.adapter_mode = spec.lora_sync == "adapter"
         self.lora_scale = lora_scale(m.lora_rank, m.lora_alpha) if spec.lora_sync == "merged" else 0.0
@@ -78,14 +86,12 @@ class VLLMEngine:
             # generators cannot do ("CPU Generator does not use offset"). A token budget that holds every
             # running sequence whole means no prefill is ever split.
             extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": rollout.max_num_seqs * max_len}
-            # The KV cache is allocated and zeroed at the start: only what max_num_seqs sequences of max_len
-            # tokens can fill, at most rollout.cpu_kvcache_space_gb (a tiny model needs MiB: the 1 GiB took 2.4 s
-            # to zero). VLLM_CPU_KVCACHE_SPACE, when set, still wins, as in vLLM.
-            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-                width = torch.finfo(getattr(torch, spec.dtype)).bits // 8
-                need = kv_cache_need(hf_config, width, rollout.max_num_seqs, max_len)
-                extra["kv_cache_memory_bytes"] = min(rollout.cpu_kvcache_space_gb * GiB, need)
             _eager_rank_count()
+        width = torch.finfo(getattr(torch, spec.dtype)).bits // 8
+        need = kv_cache_need(
+            hf_config, width, rollout.max_num_seqs, max_len, tensor_parallel_size=rollout.tensor_parallel_size
+        )
+        extra |= kv_cache_args(device.type, need, rollout.cpu_kvcache_space_gb)
         extra |= spec.scheduler_options()
         if self.engine_routes:
             extra["enable_return_routed_experts"] = True
@@ -444,6 +450,22 @@ def _eager_rank_count() -> None:
         sampler.batched_count_greater_than = eager
 
 
+def kv_cache_args(device_type: str, need: int, cpu_space_gb: int) -> dict[str, Any]:
+    """vLLM's arguments that cap a rank's KV cache at `need` (`kv_cache_cap`): what rollout.max_num_seqs sequences
+    of the max model length fill, not all the memory vLLM is given. On CPU the KV cache is allocated and zeroed at
+    the start (a tiny model needs MiB: the 1 GiB default took 2.4 s to zero): kv_cache_memory_bytes, at most
+    rollout.cpu_kvcache_space_gb (VLLM_CPU_KVCACHE_SPACE, when set, still wins, as in vLLM). On CUDA the budget is
+    what vLLM's profile leaves of its gpu_memory_utilization share, known only inside it: `KVCappedWorker`."""
+    if device_type == "cuda":
+        from torchrl_post.engines.vllm_worker import KV_NEED, KVCappedWorker
+
+        worker = f"{KVCappedWorker.__module__}.{KVCappedWorker.__qualname__}"
+        return {"worker_cls": worker, "additional_config": {KV_NEED: need}}
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return {}
+    return {"kv_cache_memory_bytes": kv_cache_cap(need, cpu_space_gb * GiB)}
+
+
 def _memory_share(spec: EngineSpec, device: torch.device, reserve_bytes: int) -> float:
     """vLLM's gpu_memory_utilization: the plan's, or, colocated with it unset, sized from the memory the trainer
     leaves free now (`engine_memory_fraction`). The CPU backend ignores it (its KV cache is what the requests
@@ -452,6 +474,7 @@ def _memory_share(spec: EngineSpec, device: torch.device, reserve_bytes: int) ->
         return 0.5
     if spec.gpu_memory_utilization is not None:
         return spec.gpu_memory_utilization
+    torch.cuda.empty_cache()  # the trainer's cached, unused blocks are free to the engine (vLLM empties it too)
     free, total = torch.cuda.mem_get_info(device)
     share = engine_memory_fraction(free, total, reserve_bytes)
     log.info(

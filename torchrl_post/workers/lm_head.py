@@ -12,7 +12,9 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 
 so peak memory is two [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
 vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
-copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding.
+copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding. The
+head weight's gradient is a sum over chunks: for a 16-bit weight it is summed in a float32 [V x H] (one rounding to
+the weight's dtype at the end, as autograd's single matmul over all positions has, not one per chunk).
 
 With a `truncation` (the sampler's top-k / top-p, `algos/sampling_support.py`) log p(label) is renormalised on the
 kept set S of each position (the label always in it): lse_S = logsumexp over S, log p(label) = z[label] - lse_S,
@@ -47,6 +49,13 @@ def _scaled_logits(
     if temperature > 0:
         z.div_(temperature)  # in place: z is this call's own tensor
     return z
+
+
+def _accumulator_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the backward sums the head weight's gradient in: float32 for a 16-bit weight, so the sum over
+    chunks is rounded to the weight's dtype once at the end, not once per chunk (a 151,936 x 3,584 float32 [V, H]
+    is 2.2 GB, counted by the memory plan); a float32 weight's own dtype, summed in place."""
+    return torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -93,7 +102,7 @@ class _ChunkedHead(torch.autograd.Function):
         temperature, never, never_bias, chunk = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w: torch.Tensor | None = None  # in the weight's dtype, summed in place chunk after chunk (no [V, H] temp)
+        grad_w = torch.zeros(weight.shape, dtype=_accumulator_dtype(weight), device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.float(), g_ent.float()
         for s in range(0, hidden.shape[0], chunk):
@@ -116,16 +125,16 @@ class _ChunkedHead(torch.autograd.Function):
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
             if grad_h is not None:
                 grad_h[s : s + chunk] = gz @ weight
-            if need_w and grad_w is None:
-                grad_w = gz.t() @ h
+            if grad_w is not None and grad_w.dtype == gz.dtype:
+                grad_w.addmm_(gz.t(), h)  # float32: summed in place, no [V, H] temporary
             elif grad_w is not None:
-                grad_w.addmm_(gz.t(), h)
+                grad_w += gz.t() @ h  # the chunk's product rounded once to the weight's dtype, summed in float32
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
             del z, logq, p, term, gz, kept  # before the next chunk's logits exist: one chunk's tensors at a time
         return (
             grad_h,
-            grad_w,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
             None, None, None, None, None, None,
         )  # fmt: skip

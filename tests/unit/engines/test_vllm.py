@@ -1,5 +1,6 @@
 """Tests of torchrl_post/engines/vllm.py: the dummy start keeps buffers, vLLM's reload reports accounted, and
-its hermes tool-call parser."""
+its hermes tool-call parser; the KV cache capped at what the sequences fill on CPU and CUDA, and the colocated
+share read after the trainer's cache is emptied."""
 
 from __future__ import annotations
 
@@ -124,12 +125,72 @@ def test_kv_cache_need_counts_k_and_v_of_every_layer_in_whole_blocks() -> None:
     from torchrl_post.engines.base import kv_cache_need
 
     cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
-    # 2 (K, V) x 2 layers x 1 KV head x head_dim 32 x 4 bytes = 512 bytes a token; 100 tokens fill one block of 128
-    assert kv_cache_need(cfg, 4, sequences=3, max_model_len=100) == 512 * 3 * 128
-    assert kv_cache_need(cfg, 2, sequences=1, max_model_len=129, block_size=32) == 256 * 160
+    # 2 (K, V) x 2 layers x 1 KV head x head_dim 32 x 4 bytes = 512 bytes a token; 100 tokens fill one block of 128,
+    # and vLLM's block pool keeps one block back
+    assert kv_cache_need(cfg, 4, sequences=3, max_model_len=100) == 512 * (3 + 1) * 128
+    assert kv_cache_need(cfg, 2, sequences=1, max_model_len=129, block_size=32) == 256 * (5 + 1) * 32
+    # tensor parallel: a rank holds its share of the kv heads, one at least (vLLM replicates the only one)
+    assert kv_cache_need(cfg, 4, 3, 100, tensor_parallel_size=2) == 512 * (3 + 1) * 128
+    four = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    assert kv_cache_need(four, 4, 3, 100, tensor_parallel_size=2) == 2 * 2 * 2 * 16 * 4 * (3 + 1) * 128
     vlm = Qwen2VLConfig(text_config={"hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
                                      "num_key_value_heads": 2})  # fmt: skip
-    assert kv_cache_need(vlm, 4, sequences=1, max_model_len=128) == 2 * 3 * 2 * 24 * 4 * 128  # the text model's
+    assert kv_cache_need(vlm, 4, sequences=1, max_model_len=128) == 2 * 3 * 2 * 24 * 4 * (1 + 1) * 128  # the text's
+
+
+def test_kv_cache_capped_at_what_the_sequences_fill_on_cpu_and_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One cap for both devices: min(need, budget). 4 sequences of 200 tokens of the tiny config above take 2
+    blocks of 128 each, plus the null block: 9 x 128 tokens x 512 bytes = 589,824 bytes. On CPU it is vLLM's
+    kv_cache_memory_bytes (the budget rollout.cpu_kvcache_space_gb); on CUDA the worker lowers what vLLM's profile
+    leaves of its share to it, and leaves a smaller profile's answer alone."""
+    from transformers import Qwen2Config
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from torchrl_post.engines.base import GiB, kv_cache_cap, kv_cache_need
+    from torchrl_post.engines.vllm import kv_cache_args
+    from torchrl_post.engines.vllm_worker import KV_NEED, KVCappedWorker
+
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+    need = kv_cache_need(cfg, 4, sequences=4, max_model_len=200)
+    assert need == 9 * 128 * 512 == 589_824
+    assert kv_cache_cap(need, 1 * GiB) == need and kv_cache_cap(need, 100_000) == 100_000
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert kv_cache_args("cpu", need, 1) == {"kv_cache_memory_bytes": need}
+    assert kv_cache_args("cpu", 3 * GiB, 1) == {"kv_cache_memory_bytes": 1 * GiB}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # vLLM's own setting wins
+    assert kv_cache_args("cpu", need, 1) == {}
+
+    cuda = kv_cache_args("cuda", need, 1)
+    assert cuda == {
+        "worker_cls": "torchrl_post.engines.vllm_worker.KVCappedWorker",
+        "additional_config": {KV_NEED: need},
+    }
+    worker = object.__new__(KVCappedWorker)  # no device: only its KV sizing runs
+    worker.vllm_config = type("Config", (), {"additional_config": cuda["additional_config"]})()  # type: ignore[assignment]
+    for profiled, kept in ((40 * GiB, need), (100_000, 100_000)):
+        monkeypatch.setattr(Worker, "determine_available_memory", lambda self, b=profiled: b)
+        assert worker.determine_available_memory() == kept
+
+
+def test_engine_share_read_after_the_trainer_cache_is_emptied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colocated with rollout.gpu_memory_utilization unset, the free memory is read after torch's cache is
+    emptied (the trainer's cached blocks are the engine's to take); a CPU engine touches neither."""
+    from torchrl_post.engines.base import EngineSpec, GiB
+    from torchrl_post.engines.vllm import _memory_share
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    def mem_get_info(device: torch.device) -> tuple[int, int]:
+        calls.append("mem_get_info")
+        return 60 * GiB, 80 * GiB
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    spec = EngineSpec(max_model_len=64, lora_sync="none", prefix_caching=False, load_format="auto")
+    assert _memory_share(spec, torch.device("cpu"), 0) == 0.5 and calls == []
+    assert _memory_share(spec, torch.device("cuda", 0), 10 * GiB) == pytest.approx(0.9 * 50 / 80)
+    assert calls == ["empty_cache", "mem_get_info"]
 
 
 def test_the_rank_count_runs_eagerly_and_counts_the_same() -> None:
