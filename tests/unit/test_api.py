@@ -81,8 +81,8 @@ def test_the_examples_end_as_the_command_line() -> None:
     proc = run_cmd([sys.executable, str(REPO / "examples" / "train_with_lora.py"), "actor.lrr=1"], timeout=180)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
-        "error: unknown config key 'actor.lrr': Key 'lrr' not in 'ActorConfig'; the keys are in "
-        "torchrl_post/config/schema.py"
+        "error: actor.lrr=1: unknown config key 'actor.lrr'; did you mean actor.lr? every key is in docs/config.md "
+        "(verl / ROLL / TRL keys: docs/aliases.md)"
     ]
 
 
