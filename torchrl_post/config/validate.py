@@ -101,6 +101,21 @@ def _rollout_correction(cfg: Config) -> None:
             "rollout_rs_threshold is rollout_is_threshold, a null lower end 1 / the upper), so every token would "
             "be rejected; set a lower end below the upper one"
         )
+    # The engine and the trainer hold the same weights at first (and on-policy throughout), so ratios sit at 1: a
+    # band without 1, or a veto above it, drops every sample and nothing trains.
+    if rc.rollout_rs is not None and not low <= 1 <= high:
+        side = f"{key}.rollout_rs_threshold_lower={low:g}" if low > 1 else f"{key}.rollout_rs_threshold={high:g}"
+        raise ConfigError(
+            f"{side}: the kept band [{low:g}, {high:g}] leaves out a ratio of 1 (the rollout engine and the trainer "
+            "agreeing), so every on-policy token would be rejected; set the lower end <= 1 <= the upper end"
+        )
+    veto = rc.rollout_token_veto_threshold
+    if veto is not None and veto >= 1:
+        raise ConfigError(
+            f"{key}.rollout_token_veto_threshold={veto:g} vetoes a sample with any token ratio below it, and on-policy "
+            "ratios sit at 1 (below it by rounding alone), so every sample would be dropped; set it well below 1 "
+            "(e.g. 1e-4) or null"
+        )
 
 
 def _mixture_of_experts(cfg: Config) -> None:
