@@ -255,15 +255,21 @@ def _watch(plan: RunPlan, env: DistEnv) -> Watchdog | None:
 
 
 def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
-    """Print the run plan and the memory plan (from model.path's config.json; nothing loads); a config that cannot
-    fit the card raises a ConfigError naming the keys to change."""
+    """Print the run plan and the memory plan (from model.path's config.json; nothing loads). The run's own
+    preflight checks come first (`config/preflight.py`: the model's config.json against the config, the run and
+    resume directories), so that a dry run refuses what the run would, with the same line; a config that cannot fit
+    the card raises a ConfigError naming the keys to change."""
+    from torchrl_post.config.preflight import check_critic, preflight
     from torchrl_post.memory_plan import memory_plan_for_run  # transformers, for config.json: only a dry run needs it
 
+    preflight(cfg, dry_run=True)
+    check_critic(cfg, used=plan.critic != "none", weights=False)
     if env.is_main:
         print(plan.describe(env.device.type, env.backend), flush=True)
     memory = memory_plan_for_run(cfg, plan, env.device.type, env.local_rank)
     if env.is_main:
-        print(memory.describe() if memory else f"memory plan: skipped (no config.json in {cfg.model.path})", flush=True)
+        skipped = f"memory plan: skipped (model.path={cfg.model.path!r} does not exist yet; the run itself needs it)"
+        print(memory.describe() if memory else skipped, flush=True)
     if memory is not None:
         memory.check()
 
