@@ -34,9 +34,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from torchrl_post.agent.base import Agent, Env
 from torchrl_post.components import Given, Tools, label_config, resolve_components
 from torchrl_post.config import Config, ConfigError, UserError, load_config
+from torchrl_post.config.errors import one_line
 from torchrl_post.config.validate import validate as check_config
 from torchrl_post.distributed.env import (
     DistEnv,
@@ -91,7 +95,7 @@ def config(
 
 
 def train(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     *,
     reward_fn: RewardFn | None = None,
     train_data: Any = None,
@@ -102,7 +106,8 @@ def train(
     env_args: Mapping[str, Any] | None = None,
     tools: Tools | None = None,
 ) -> RunResult:
-    """Train with `cfg` on every rank of this torchrun world (a plain `python` run is a world of one). Each
+    """Train with `cfg` on every rank of this torchrun world (a plain `python` run is a world of one). `cfg` is a
+    Config, or a dict or OmegaConf DictConfig of its keys (`as_config`). Each
     object given replaces the key that names it; None leaves the key in charge:
 
     - reward_fn: reward.function, a function of (data_source, solution_str, ground_truth, extra_info)
@@ -120,7 +125,7 @@ def train(
 
 
 def validate(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     *,
     reward_fn: RewardFn | None = None,
     train_data: Any = None,
@@ -140,7 +145,7 @@ def validate(
 
 
 def run(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     given: Given | None = None,
     *,
     val_only: bool = False,
@@ -152,11 +157,36 @@ def run(
     raised. `process_ends`: the caller ends the process right after (`end_process`), so the engines free only
     what would outlive it."""
     try:
+        cfg = as_config(cfg)
         notes = [*dict.fromkeys([*_ALIAS_NOTES, *notes])]
         return _run(cfg, given or Given(), val_only, notes, process_ends)
     except UserError as e:
         report_error(e)
         raise
+
+
+def as_config(cfg: Any) -> Config:
+    """`cfg` as the schema's Config: a Config as it is; a dict or an OmegaConf DictConfig (a script that composed its
+    own, or read a run's config.yaml) as `config(**cfg)` reads it: its keys over configs/config.yaml, through the
+    same overrides, aliases and checks as the command line's, so an unknown or aliased key says what it says there.
+    Anything else is one line naming what was given."""
+    if isinstance(cfg, Config):
+        return cfg
+    if isinstance(cfg, DictConfig):
+        try:
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(
+                f"the config given is an OmegaConf DictConfig that cannot be resolved ({one_line(e)})"
+            ) from e
+    if isinstance(cfg, Mapping):
+        pre = [o for key, value in cfg.items() for o in section_overrides(str(key), value)]
+        return load_config(pre, notes=_ALIAS_NOTES)
+    shown = f"{type(cfg).__name__} {cfg!r}"
+    raise ConfigError(
+        f"the config given is a {shown[:80]}; pass a Config (torchrl_post.api.config(overrides, name=...) builds one "
+        "from key=value overrides), or a dict or OmegaConf DictConfig of its keys"
+    )
 
 
 _ALIAS_NOTES: list[str] = []
@@ -280,6 +310,8 @@ def section_overrides(key: str, value: Any) -> list[str]:
     a list is one value; strings are quoted so that none of their characters is read as grammar."""
     if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
         return [o for k, v in value.items() for o in section_overrides(f"{key}.{k}", v)]
     return [f"{key}={_override_value(value)}"]

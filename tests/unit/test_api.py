@@ -97,3 +97,32 @@ def test_only_a_scripts_hook_ends_the_process_at_exit(monkeypatch: pytest.Monkey
     end.hook()
     end.start()
     assert end.started and registered == [(api.end_process, 0)] and sys.excepthook is not sys.__excepthook__
+
+
+def test_a_dict_or_dictconfig_is_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An OmegaConf DictConfig (a script's own composition, or a run's config.yaml) or a dict runs as `config(**it)`:
+    its keys over configs/config.yaml, aliases and checks included."""
+    from omegaconf import OmegaConf
+
+    trainer = {"dry_run": True, "default_local_dir": str(tmp_path / "run")}
+    given = OmegaConf.create(
+        {"trainer": trainer, "rollout": {"n": 4}, "actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}}}
+    )
+    assert api.as_config(given).rollout.n == 4 and api.as_config(given).actor.lr == 1e-6
+    assert api.train(given).dry_run and api.validate(dict(trainer=trainer)).dry_run
+    structured = OmegaConf.merge(OmegaConf.structured(Config), {"trainer": trainer})
+    assert api.run(structured).dry_run
+    assert api.config(
+        trainer=OmegaConf.create(trainer), data={"train_files": OmegaConf.create(["a.jsonl"])}
+    ).trainer.dry_run
+    with pytest.raises(ConfigError, match=r"^trainer.dry_rn=true: unknown config key 'trainer.dry_rn'; did you mean"):
+        api.run(OmegaConf.create({"trainer": {"dry_rn": True}}))
+
+
+@pytest.mark.parametrize("given", ["trainer.dry_run=true", ["trainer.dry_run=true"], None, Config])
+def test_a_config_of_the_wrong_shape_is_one_line(given: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        api.run(given)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"the config given is a {type(given).__name__}"), msg
+    assert "pass a Config (torchrl_post.api.config(overrides, name=...)" in msg
