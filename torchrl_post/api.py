@@ -220,11 +220,12 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
         for note in [*notes, *plan.notes]:
             print(f"note: {note}", flush=True)
     run_dir = Path(cfg.trainer.default_local_dir)
+    # import errors now, on every rank, before anything loads; in a dry run too (a reward file that does not import)
+    parts = resolve_components(cfg, given)
     if cfg.trainer.dry_run:
         _dry_run(cfg, plan, env)
         return RunResult(run_dir, 0, dry_run=True)
     check_loggers(list(cfg.trainer.logger))  # a missing package or W&B key: one line before anything loads
-    parts = resolve_components(cfg, given)  # import errors now, on every rank, before anything loads
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING,
         format=f"[rank{env.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, run_cmd
 from torchrl_post import api
 from torchrl_post.components import Given
-from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.errors import ConfigError, UserError
 from torchrl_post.config.schema import Config, ModelConfig
 
 ROWS = [{"prompt": "What is 1+2?", "answer": "3"}, {"prompt": "4+5=?", "answer": "9"}]
@@ -126,3 +126,29 @@ def test_a_config_of_the_wrong_shape_is_one_line(given: Any) -> None:
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"the config given is a {type(given).__name__}"), msg
     assert "pass a Config (torchrl_post.api.config(overrides, name=...)" in msg
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (Given(tools=5), "tools=5 (int) is not a list of tools"),
+        (Given(train_data=5), "train_data must be a list of dicts or a datasets.Dataset, got int"),
+        (Given(val_data="val.jsonl"), "val_data is a path ('val.jsonl'); pass rows"),
+    ],
+)
+def test_python_objects_of_the_wrong_shape_are_refused_by_the_dry_run_too(given: Given, line: str) -> None:
+    cfg = Config()
+    cfg.trainer.dry_run = True
+    with pytest.raises(UserError) as info:
+        api.run(cfg, given)
+    assert str(info.value).startswith(line), info.value
+
+
+def test_the_dry_run_imports_the_reward_function_as_the_run_does(tmp_path: Path) -> None:
+    bad = tmp_path / "reward.py"
+    bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n")
+    cfg = Config()
+    cfg.trainer.dry_run = True
+    cfg.reward.function = f"{bad}:compute_score"
+    with pytest.raises(ConfigError, match=rf"^reward.function='{bad}:compute_score': module '{bad}' does not compile"):
+        api.run(cfg)

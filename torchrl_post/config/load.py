@@ -53,6 +53,11 @@ def _one_line(exc: BaseException) -> str:
             key = e.full_key
             if "not in" in msg and "Key" in msg:
                 return f"unknown config key '{key}': {msg}; the keys are in torchrl_post/config/schema.py"
+            if "is not a subclass of" in msg and is_dataclass(_schema_node(str(key))):
+                return (
+                    f"config key '{key}' is a section, not a value ({msg}); set its keys one by one: "
+                    f"{key}.<key>=value (they are in docs/config.md)"
+                )
             return f"config key '{key}': {msg}"
     return " ".join(str(exc).split())
 

@@ -148,6 +148,13 @@ def _partial_rollout(cfg: Config) -> None:
             "rollout.update_on_arrival=true needs rollout.partial_rollout=true (whole batches take the weights "
             "between batches); set rollout.partial_rollout=true or rollout.update_on_arrival=false"
         )
+    # Batches filled ahead are that stale when taken, whole batches (fill_policy passes the bound to both) or not.
+    if t.max_staleness is not None and t.max_staleness < t.max_off_policy_steps:
+        raise ConfigError(
+            f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
+            f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
+            f"set it to {t.max_off_policy_steps} or more (or null)"
+        )
     if not r.partial_rollout:
         return
     if r.prompts_in_flight is not None and r.prompts_in_flight < cfg.data.train_batch_size:
@@ -155,12 +162,6 @@ def _partial_rollout(cfg: Config) -> None:
             f"rollout.prompts_in_flight={r.prompts_in_flight} is less than a step's data.train_batch_size="
             f"{cfg.data.train_batch_size}: keep at least a batch in flight (null: "
             f"{max(t.max_off_policy_steps + 1, 2)} x the batch)"
-        )
-    if t.max_staleness is not None and t.max_staleness < t.max_off_policy_steps:
-        raise ConfigError(
-            f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
-            f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
-            f"set it to {t.max_off_policy_steps} or more (or null)"
         )
 
 

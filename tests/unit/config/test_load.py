@@ -438,3 +438,15 @@ def test_a_user_yaml_with_our_keys_loads(tmp_path: Any) -> None:
         ["rollout.n=4"], "mine", _user_config(tmp_path, "actor:\n  lr: 0.001\nplacement:\n  actor: [0]\n")
     )
     assert cfg.actor.lr == 0.001 and cfg.placement.actor == [0] and cfg.rollout.n == 4
+
+
+def test_a_section_given_a_value_says_to_set_its_keys() -> None:
+    msg = _config_error(["trainer=5"])
+    assert msg.startswith("config key 'trainer' is a section, not a value") and "trainer.<key>=value" in msg, msg
+
+
+def test_max_staleness_below_the_batches_filled_ahead_is_refused_for_whole_batches_too() -> None:
+    rollout_ranks = ["trainer.world_size=2", "placement.actor=[0]", "placement.rollout=[1]"]
+    msg = _config_error([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=2"])
+    assert msg.startswith("trainer.max_staleness=2 is below trainer.max_off_policy_steps=3"), msg
+    load_config([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=3"])
