@@ -34,9 +34,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from torchrl_post.agent.base import Agent, Env
 from torchrl_post.components import Given, Tools, label_config, resolve_components
 from torchrl_post.config import Config, ConfigError, UserError, load_config
+from torchrl_post.config.errors import one_line
 from torchrl_post.config.validate import validate as check_config
 from torchrl_post.distributed.env import (
     DistEnv,
@@ -91,7 +95,7 @@ def config(
 
 
 def train(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     *,
     reward_fn: RewardFn | None = None,
     train_data: Any = None,
@@ -102,7 +106,8 @@ def train(
     env_args: Mapping[str, Any] | None = None,
     tools: Tools | None = None,
 ) -> RunResult:
-    """Train with `cfg` on every rank of this torchrun world (a plain `python` run is a world of one). Each
+    """Train with `cfg` on every rank of this torchrun world (a plain `python` run is a world of one). `cfg` is a
+    Config, or a dict or OmegaConf DictConfig of its keys (`as_config`). Each
     object given replaces the key that names it; None leaves the key in charge:
 
     - reward_fn: reward.function, a function of (data_source, solution_str, ground_truth, extra_info)
@@ -120,7 +125,7 @@ def train(
 
 
 def validate(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     *,
     reward_fn: RewardFn | None = None,
     train_data: Any = None,
@@ -140,7 +145,7 @@ def validate(
 
 
 def run(
-    cfg: Config,
+    cfg: Config | Mapping[str, Any],
     given: Given | None = None,
     *,
     val_only: bool = False,
@@ -152,11 +157,36 @@ def run(
     raised. `process_ends`: the caller ends the process right after (`end_process`), so the engines free only
     what would outlive it."""
     try:
+        cfg = as_config(cfg)
         notes = [*dict.fromkeys([*_ALIAS_NOTES, *notes])]
         return _run(cfg, given or Given(), val_only, notes, process_ends)
     except UserError as e:
         report_error(e)
         raise
+
+
+def as_config(cfg: Any) -> Config:
+    """`cfg` as the schema's Config: a Config as it is; a dict or an OmegaConf DictConfig (a script that composed its
+    own, or read a run's config.yaml) as `config(**cfg)` reads it: its keys over configs/config.yaml, through the
+    same overrides, aliases and checks as the command line's, so an unknown or aliased key says what it says there.
+    Anything else is one line naming what was given."""
+    if isinstance(cfg, Config):
+        return cfg
+    if isinstance(cfg, DictConfig):
+        try:
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(
+                f"the config given is an OmegaConf DictConfig that cannot be resolved ({one_line(e)})"
+            ) from e
+    if isinstance(cfg, Mapping):
+        pre = [o for key, value in cfg.items() for o in section_overrides(str(key), value)]
+        return load_config(pre, notes=_ALIAS_NOTES)
+    shown = f"{type(cfg).__name__} {cfg!r}"
+    raise ConfigError(
+        f"the config given is a {shown[:80]}; pass a Config (torchrl_post.api.config(overrides, name=...) builds one "
+        "from key=value overrides), or a dict or OmegaConf DictConfig of its keys"
+    )
 
 
 _ALIAS_NOTES: list[str] = []
@@ -190,12 +220,13 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
         for note in [*notes, *plan.notes]:
             print(f"note: {note}", flush=True)
     run_dir = Path(cfg.trainer.default_local_dir)
+    # import errors now, on every rank, before anything loads; in a dry run too (a reward file that does not import)
+    parts = resolve_components(cfg, given)
     if cfg.trainer.dry_run:
         _dry_run(cfg, plan, env)
         return RunResult(run_dir, 0, dry_run=True)
     check_memory(cfg, plan, env)
     check_loggers(list(cfg.trainer.logger))  # a missing package or W&B key: one line before anything loads
-    parts = resolve_components(cfg, given)  # import errors now, on every rank, before anything loads
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING,
         format=f"[rank{env.rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -269,15 +300,21 @@ def check_memory(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
 
 
 def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
-    """Print the run plan and the memory plan (from model.path's config.json; nothing loads); a config that cannot
-    fit the card raises a ConfigError naming the keys to change."""
+    """Print the run plan and the memory plan (from model.path's config.json; nothing loads). The run's own
+    preflight checks come first (`config/preflight.py`: the model's config.json against the config, the run and
+    resume directories), so that a dry run refuses what the run would, with the same line; a config that cannot fit
+    the card raises a ConfigError naming the keys to change."""
+    from torchrl_post.config.preflight import check_critic, preflight
     from torchrl_post.memory_plan import memory_plan_for_run  # transformers, for config.json: only a dry run needs it
 
+    preflight(cfg, dry_run=True)
+    check_critic(cfg, used=plan.critic != "none", weights=False)
     if env.is_main:
         print(plan.describe(env.device.type, env.backend), flush=True)
     memory = memory_plan_for_run(cfg, plan, env.device.type, env.local_rank)
     if env.is_main:
-        print(memory.describe() if memory else f"memory plan: skipped (no config.json in {cfg.model.path})", flush=True)
+        skipped = f"memory plan: skipped (model.path={cfg.model.path!r} does not exist yet; the run itself needs it)"
+        print(memory.describe() if memory else skipped, flush=True)
     if memory is not None:
         memory.check()
 
@@ -288,6 +325,8 @@ def section_overrides(key: str, value: Any) -> list[str]:
     a list is one value; strings are quoted so that none of their characters is read as grammar."""
     if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
         return [o for k, v in value.items() for o in section_overrides(f"{key}.{k}", v)]
     return [f"{key}={_override_value(value)}"]

@@ -12,7 +12,7 @@ and the config.yaml the run keeps, see what runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from torchrl_post.agent.base import Agent, Env
 from torchrl_post.agent.loop import AgentParts
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
+from torchrl_post.data.dataset import check_rows_shape
 from torchrl_post.reward.scoring import RewardFn, check_reward_signature, load_function
 from torchrl_post.tools import Tool, ToolBox
 
@@ -82,6 +83,11 @@ def _tool_box(tools: Tools, key: str = "tools") -> ToolBox:
         return ToolBox({str(name): fn for name, fn in tools.items()})
     if isinstance(tools, str):
         raise ConfigError(f"{key}={tools!r} must be a list of tools, not one string: write [{tools!r}]")
+    if not isinstance(tools, Iterable):
+        raise ConfigError(
+            f"{key}={tools!r} ({type(tools).__name__}) is not a list of tools; pass a list of functions, built-in "
+            "names or import paths, or a dict of them by name"
+        )
     return ToolBox.from_specs(list(tools), key)
 
 
@@ -125,6 +131,9 @@ def label_config(cfg: Config, given: Given) -> list[str]:
         put("agent.agent", label(given.agent_cls), "agent_cls")
     if given.tools is not None:
         put("agent.tools", list(_tool_box(given.tools).tools), "tools")
+    for key in ("train_data", "val_data"):  # rows at all, before anything loads (and in a dry run, which reads none)
+        if getattr(given, key) is not None:
+            check_rows_shape(getattr(given, key), key)
     if given.train_data is not None:
         put("data.train_files", _rows_label("train_data", given.train_data), "train_data")
     if given.val_data is not None:

@@ -53,7 +53,14 @@ def fit(run: Run, program: RankProgram) -> FitResult:
         t.project_name,
         t.experiment_name,
     )
-    checkpointer = Checkpointer(run.run_dir, run.env.rank, t.max_ckpt_to_keep, run.env.world_size, run.topo.barrier_all)
+    checkpointer = Checkpointer(
+        run.run_dir,
+        run.env.rank,
+        t.max_ckpt_to_keep,
+        run.env.world_size,
+        run.topo.barrier_all,
+        partial_rollout=cfg.rollout.partial_rollout,
+    )
     if run.is_main:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / "config.yaml").write_text(to_yaml(cfg))

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, run_cmd
 from torchrl_post import api
 from torchrl_post.components import Given
-from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.errors import ConfigError, UserError
 from torchrl_post.config.schema import Config, ModelConfig
 
 ROWS = [{"prompt": "What is 1+2?", "answer": "3"}, {"prompt": "4+5=?", "answer": "9"}]
@@ -81,8 +81,8 @@ def test_the_examples_end_as_the_command_line() -> None:
     proc = run_cmd([sys.executable, str(REPO / "examples" / "train_with_lora.py"), "actor.lrr=1"], timeout=180)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
-        "error: unknown config key 'actor.lrr': Key 'lrr' not in 'ActorConfig'; the keys are in "
-        "torchrl_post/config/schema.py"
+        "error: actor.lrr=1: unknown config key 'actor.lrr'; did you mean actor.lr? every key is in docs/config.md "
+        "(verl / ROLL / TRL keys: docs/aliases.md)"
     ]
 
 
@@ -97,3 +97,58 @@ def test_only_a_scripts_hook_ends_the_process_at_exit(monkeypatch: pytest.Monkey
     end.hook()
     end.start()
     assert end.started and registered == [(api.end_process, 0)] and sys.excepthook is not sys.__excepthook__
+
+
+def test_a_dict_or_dictconfig_is_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An OmegaConf DictConfig (a script's own composition, or a run's config.yaml) or a dict runs as `config(**it)`:
+    its keys over configs/config.yaml, aliases and checks included."""
+    from omegaconf import OmegaConf
+
+    trainer = {"dry_run": True, "default_local_dir": str(tmp_path / "run")}
+    given = OmegaConf.create(
+        {"trainer": trainer, "rollout": {"n": 4}, "actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}}}
+    )
+    assert api.as_config(given).rollout.n == 4 and api.as_config(given).actor.lr == 1e-6
+    assert api.train(given).dry_run and api.validate(dict(trainer=trainer)).dry_run
+    structured = OmegaConf.merge(OmegaConf.structured(Config), {"trainer": trainer})
+    assert api.run(structured).dry_run
+    assert api.config(
+        trainer=OmegaConf.create(trainer), data={"train_files": OmegaConf.create(["a.jsonl"])}
+    ).trainer.dry_run
+    with pytest.raises(ConfigError, match=r"^trainer.dry_rn=true: unknown config key 'trainer.dry_rn'; did you mean"):
+        api.run(OmegaConf.create({"trainer": {"dry_rn": True}}))
+
+
+@pytest.mark.parametrize("given", ["trainer.dry_run=true", ["trainer.dry_run=true"], None, Config])
+def test_a_config_of_the_wrong_shape_is_one_line(given: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        api.run(given)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"the config given is a {type(given).__name__}"), msg
+    assert "pass a Config (torchrl_post.api.config(overrides, name=...)" in msg
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (Given(tools=5), "tools=5 (int) is not a list of tools"),
+        (Given(train_data=5), "train_data must be a list of dicts or a datasets.Dataset, got int"),
+        (Given(val_data="val.jsonl"), "val_data is a path ('val.jsonl'); pass rows"),
+    ],
+)
+def test_python_objects_of_the_wrong_shape_are_refused_by_the_dry_run_too(given: Given, line: str) -> None:
+    cfg = Config()
+    cfg.trainer.dry_run = True
+    with pytest.raises(UserError) as info:
+        api.run(cfg, given)
+    assert str(info.value).startswith(line), info.value
+
+
+def test_the_dry_run_imports_the_reward_function_as_the_run_does(tmp_path: Path) -> None:
+    bad = tmp_path / "reward.py"
+    bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n")
+    cfg = Config()
+    cfg.trainer.dry_run = True
+    cfg.reward.function = f"{bad}:compute_score"
+    with pytest.raises(ConfigError, match=rf"^reward.function='{bad}:compute_score': module '{bad}' does not compile"):
+        api.run(cfg)

@@ -3,7 +3,7 @@
 Layout of one checkpoint:
     actor/, critic/        DCP shards of each trained role: model and optimizer state (each rank its own shard)
     rank_<r>.pt            per-rank state: RNG states, sampler position, LR scheduler (tensors/primitives only)
-    trainer_state.json     global step and what wrote it
+    trainer_state.json     global step and what wrote it (world size, rollout.partial_rollout: `check_resumable`)
 A checkpoint is written under `global_step_N.tmp` and renamed when every rank has finished; only then is
 `latest_checkpointed_iteration.txt` (verl's name) updated. A crash mid-save leaves the previous one whole.
 """
@@ -46,6 +46,49 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def partial_rollout_changed(saved: bool, now: bool, checkpoint: Path | None = None) -> ConfigError:
+    """The one line for a checkpoint saved with rollout.partial_rollout the other way: its producer state (groups
+    carried across steps, or whole batches) is not what this run's producer holds (rollout/groups.py)."""
+    held = (
+        "groups still generating, carried into the next steps"
+        if saved
+        else "whole batches only, nothing carried across steps"
+    )
+    on = "true" if now else "false"
+    where = "the checkpoint resumed" if checkpoint is None else f"checkpoint {checkpoint}"
+    was = "true" if saved else "false"
+    return ConfigError(
+        f"rollout.partial_rollout={on}: {where} was saved with rollout.partial_rollout={was} (its "
+        f"rollouts hold {held}), which this run cannot resume; set rollout.partial_rollout={was} again, or start a "
+        "new run: another trainer.default_local_dir, or trainer.resume_mode=disable (its checkpoints are moved "
+        "aside, not deleted)"
+    )
+
+
+def resumed_checkpoint(run_dir: Path, resume_mode: str, resume_from_path: str | None) -> Path | None:
+    """The checkpoint a run would resume (trainer.resume_mode), found as `loop.resume` finds it; None: a fresh start."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        return Path(resume_from_path or "")
+    # rank 1: the pointer's warning, if any, is the real run's to give (rank 0), not the preflight's
+    return Checkpointer(run_dir, 1, None, 1, barrier=lambda: None).latest()
+
+
+def check_resumable(path: Path | None, partial_rollout: bool) -> None:
+    """The checkpoint `path` (trainer_state.json) against this run's rollout.partial_rollout, before anything loads
+    or is written; a checkpoint without the key (older ones), or none, passes (the producer checks its state too)."""
+    if path is None:
+        return
+    try:
+        meta = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # missing or unreadable: `Checkpointer.load` says so with the fix
+    saved = meta.get("partial_rollout") if isinstance(meta, dict) else None
+    if isinstance(saved, bool) and saved != partial_rollout:
+        raise partial_rollout_changed(saved, partial_rollout, path)
+
+
 def _step_of(path: Path) -> int:
     """global_step_N (or global_step_N.tmp) -> N; -1 for a name that is not one."""
     tail = path.name.removeprefix("global_step_").removesuffix(".tmp")
@@ -60,14 +103,17 @@ class Checkpointer:
         max_keep: int | None,
         world_size: int | None = None,
         barrier: Callable[[], None] | None = None,
+        partial_rollout: bool | None = None,
     ) -> None:
         """`rank`/`world_size` are global; `barrier` spans every rank (default: the default group's barrier).
-        Role state goes through DCP over each role's own default group (its cell)."""
+        Role state goes through DCP over each role's own default group (its cell). `partial_rollout`: the run's
+        rollout.partial_rollout, written to trainer_state.json (None: not written)."""
         self.root = run_dir / "checkpoints"
         self.rank = rank
         self.max_keep = max_keep
         self.world_size = world_size
         self.barrier = barrier or dist.barrier
+        self.partial_rollout = partial_rollout
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"global_step_{step}"
@@ -167,7 +213,10 @@ class Checkpointer:
         self.barrier()
         final = self.step_dir(step)
         if self.rank == 0:
-            (tmp / "trainer_state.json").write_text(json.dumps({"global_step": step, "world_size": self._world()}))
+            meta: dict[str, Any] = {"global_step": step, "world_size": self._world()}
+            if self.partial_rollout is not None:
+                meta["partial_rollout"] = self.partial_rollout
+            (tmp / "trainer_state.json").write_text(json.dumps(meta))
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             pointer_tmp = self.root / (LATEST + ".tmp")

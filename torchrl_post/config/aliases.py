@@ -9,12 +9,14 @@ turns `their.key=value` into `our.key=value` and returns one note per alias used
     python -m torchrl_post.config.aliases --check    # exit 1 when docs/aliases.md is out of date
 
 Deliberately simple: only command-line overrides are rewritten (a YAML file under --config-path must use our
-keys), and a value conversion sees the override's parsed value (Hydra's grammar), not interpolations.
+keys: `load.check_user_yaml` refuses one of theirs there in one line naming the file and what to write), and a
+value conversion sees the override's parsed value (Hydra's grammar), not interpolations.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ from torchrl_post.config.schema import Config
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "aliases.md"
 
-__all__ = ["ALIASES", "Alias", "find_alias", "our_keys", "render", "rewrite_overrides"]
+__all__ = ["ALIASES", "Alias", "closest_keys", "find_alias", "our_keys", "render", "rewrite_overrides", "unknown_key"]
 
 
 def our_keys(cls: type = Config, prefix: str = "") -> set[str]:
@@ -51,6 +53,29 @@ def find_alias(key: str) -> Alias | None:
         if key.startswith(row.key + ".") and (best is None or len(row.key) > len(best.key)):
             best = row
     return best
+
+
+def closest_keys(key: str, n: int = 2) -> list[str]:
+    """The real keys nearest to a misspelt `key`, by its whole dotted name: the schema's and the alias table's
+    (a verl key with a typo is closest to the verl key; naming only the first unknown part, as OmegaConf does, says
+    nothing about `actor_rollout_ref.actor.ppo_mini_batch_sizee`). Sections are offered only for a section-like key."""
+    return _closest(key, _SUGGESTABLE, n)
+
+
+def _closest(key: str, keys: list[str], n: int) -> list[str]:
+    """difflib's closest of `keys` to `key`, whole dotted names, whose last parts are alike too (a long shared prefix
+    alone makes `rllm.stepwise_advantage.no_such_key` look like `rllm.stepwise_advantage.mode`)."""
+    last = key.rsplit(".", 1)[-1]
+    near = difflib.get_close_matches(key, keys, n=n + 4, cutoff=0.75)
+    alike = [k for k in near if difflib.SequenceMatcher(None, last, k.rsplit(".", 1)[-1]).ratio() >= 0.6]
+    return alike[:n]
+
+
+def unknown_key(key: str, arg: str) -> str:
+    """One line for an unknown `key` (from override or YAML entry `arg`): the whole key, the closest real ones."""
+    near = closest_keys(key)
+    fix = f"did you mean {' or '.join(near)}?" if near else "no key is close to it;"
+    return f"{arg}: unknown config key '{key}'; {fix} every key is in docs/config.md (verl / ROLL / TRL keys: docs/aliases.md)"
 
 
 def _parse_value(text: str) -> Any:
@@ -86,8 +111,12 @@ def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used
         return [], f"{who} accepted, it changes nothing here: {row.noop}"
     ours = row.ours + key[len(row.key) :] if row.subtree else row.ours
     if row.subtree and ours not in _KEYS:
+        under = [k for k in _KEYS if k.startswith(row.ours + ".")]
+        near = _closest(ours, under, 2)
+        hint = f"did you mean {' or '.join(row.key + k[len(row.ours) :] for k in near)}? " if near else ""
         raise ConfigError(
-            f"{_who(row, key)} would be {ours}, which does not exist; the keys under {row.ours} are in docs/config.md"
+            f"{who}: it would be {ours} here, which does not exist; {hint}the keys under {row.ours} are in "
+            "docs/config.md"
         )
     if row.convert is not None:
         try:
@@ -210,7 +239,9 @@ def render() -> str:
         "Generated from `torchrl_post/config/alias_table.py` by `python -m torchrl_post.config.aliases`; a test keeps",
         "it current. Their keys work on our command line: each is rewritten to ours before the config is composed, and",
         "the run prints one `note:` line per key it rewrote. A key with no equivalent stops the run with one line",
-        "naming what to use instead. `.*` maps a whole subtree. Rows marked *same name* need no rewriting.",
+        "naming what to use instead. `.*` maps a whole subtree. Rows marked *same name* need no rewriting. A YAML",
+        "file under `--config-path` must use our keys: one of theirs there stops the run with one line naming the",
+        "file and what to write instead.",
         "",
     ]
     for source in SOURCES:
@@ -245,6 +276,7 @@ def main() -> None:
 _KEYS = our_keys()
 _EXACT = {r.key: r for r in ALIASES if not r.subtree}
 _SUBTREES = [r for r in ALIASES if r.subtree]
+_SUGGESTABLE = sorted(_KEYS | set(_EXACT) | {r.key for r in _SUBTREES})
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchrl_post.config.aliases import rewrite_overrides
+from torchrl_post.config.alias_table import render_value
+from torchrl_post.config.aliases import find_alias, rewrite_overrides, unknown_key
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
@@ -52,19 +53,111 @@ def _one_line(exc: BaseException) -> str:
             key = e.full_key
             if "not in" in msg and "Key" in msg:
                 return f"unknown config key '{key}': {msg}; the keys are in torchrl_post/config/schema.py"
+            if "is not a subclass of" in msg and is_dataclass(_schema_node(str(key))):
+                return (
+                    f"config key '{key}' is a section, not a value ({msg}); set its keys one by one: "
+                    f"{key}.<key>=value (they are in docs/config.md)"
+                )
             return f"config key '{key}': {msg}"
     return " ".join(str(exc).split())
 
 
 def _in_schema(dotted: str) -> bool:
+    """Whether `dotted` names a key of the schema. A key below a field that is not a section (a field typed Any,
+    such as placement.actor) counts as known: what it takes is that field's to say (Hydra's message)."""
     node: Any = Config
     for part in dotted.split("."):
-        found = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
+        if not is_dataclass(node):
+            return True
+        found = {f.name: f for f in fields(node)}
         if part not in found:
             return False
         f = found[part]
         node = f.default if f.default_factory is MISSING else f.default_factory()
     return True
+
+
+def check_keys(overrides: list[str]) -> None:
+    """Every override's key is ours (after the alias rewriting) or Hydra's own (hydra.*); else one line naming the
+    whole key and the closest real keys. OmegaConf would name only the first part it does not know
+    (`actor_rollout_ref` for `actor_rollout_ref.actor.ppo_mini_batch_sizee`), and suggest nothing."""
+    for arg in overrides:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key and key != "hydra" and not key.startswith("hydra.") and not _in_schema(key):
+            raise ConfigError(unknown_key(key, arg))
+
+
+def _schema_node(dotted: str) -> Any:
+    """The schema's default at `dotted` (a section's dataclass, or a value); None past a field that is not one."""
+    node: Any = Config
+    for part in dotted.split("."):
+        if not is_dataclass(node):
+            return None
+        f = {f.name: f for f in fields(node)}[part]
+        node = f.default if f.default_factory is MISSING else f.default_factory()
+    return node
+
+
+def _yaml_files(user: Path, config_name: str) -> list[Path]:
+    """The user's YAML files a composition reads: `<config_name>.yaml` and, transitively, the files of the same
+    directory its `defaults` list names (those of the shipped configs are ours)."""
+    out: list[Path] = []
+    todo = [config_name]
+    while todo:
+        f = user / f"{todo.pop(0)}.yaml"
+        if not f.is_file() or f in out:
+            continue
+        out.append(f)
+        try:
+            data = OmegaConf.to_container(OmegaConf.load(f))
+        except Exception:  # Hydra reports a malformed file itself, with its path
+            continue
+        defaults = data.get("defaults") if isinstance(data, dict) else None
+        for entry in defaults if isinstance(defaults, list) else []:
+            if isinstance(entry, str) and entry != "_self_":
+                todo.append(entry)
+    return out
+
+
+def check_user_yaml(path: Path) -> None:
+    """A YAML file under --config-path uses our keys: a verl / rLLM / ROLL / TRL key there is refused with one line
+    naming the file, the key and what it is here (the command line's rewriting, config/aliases.py, done for the
+    entry); an unknown key with the closest real ones. Only command-line overrides are rewritten: a file keeps one
+    spelling, ours, which the run's config.yaml and every doc use."""
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:  # malformed YAML: Hydra's own message names the file
+        return
+    if not isinstance(data, dict):
+        return
+
+    def walk(node: dict[Any, Any], prefix: str) -> None:
+        for k, value in node.items():
+            key = f"{prefix}{k}"
+            if key in ("defaults", "hydra") or key.startswith("hydra."):
+                continue
+            if _in_schema(key):
+                if isinstance(value, dict) and is_dataclass(_schema_node(key)):
+                    walk(value, key + ".")
+                continue
+            row = find_alias(key)
+            if row is None and isinstance(value, dict) and value:
+                walk(value, key + ".")  # e.g. actor_rollout_ref: {actor: {...}}: its leaves may be aliases
+                continue
+            entry = f"{path}: {key}: {render_value(value)}"
+            if row is None:
+                raise ConfigError(unknown_key(key, entry))
+            try:
+                ours, _ = rewrite_overrides([f"{key}={render_value(value)}"])
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
+            said = ", ".join(o.replace("=", ": ", 1) for o in ours) or "nothing (it changes nothing here; delete it)"
+            raise ConfigError(
+                f"{entry}: {row.source}'s key, which only command-line overrides may use (they are rewritten, a "
+                f"YAML file is not); write ours in the file: {said}"
+            )
+
+    walk(data, "")
 
 
 HYDRA_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
@@ -110,13 +203,8 @@ def load_config(
     overrides, alias_notes = rewrite_overrides(list(overrides or []))
     if notes is not None:
         notes.extend(alias_notes)
-    for arg in overrides:
-        # Hydra's `+key=value` appends keys that do not exist; the schema is closed, so refuse them here.
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if arg.startswith(("+", "~")) and not _in_schema(key):
-            raise ConfigError(
-                f"unknown config key '{key}' in override {arg!r}; the keys are in torchrl_post/config/schema.py"
-            )
+    # Unknown keys (Hydra's `+key=value` appends them; the schema is closed) are refused here, with suggestions.
+    check_keys(overrides)
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
     shipped = default_config_dir()
@@ -129,6 +217,8 @@ def load_config(
         other = shipped
         if (user / f"{config_name}.yaml").is_file():
             primary = user
+            for f in _yaml_files(user, config_name):
+                check_user_yaml(f)
         else:
             other = user
         search = [f"hydra.searchpath=[file://{other}]", *search]

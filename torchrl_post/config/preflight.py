@@ -9,7 +9,7 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_sequence_parallel(cfg, model_config)
     check_experts(cfg, model_config)
     check_run_dir(cfg.trainer.default_local_dir)
-    check_resume_path(cfg)
+    check_resume(cfg)                           # the resume path; the checkpoint against rollout.partial_rollout
     check_lora_targets(cfg, model_config)       # model.lora_rank > 0
     check_moe_lora(cfg, model_config)           # model.lora_rank > 0
     check_tool_parser(cfg)                      # agent.env set
@@ -17,7 +17,8 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_tokenizer(tokenizer, model_config, cfg.model.path)
     check_critic(cfg, tokenizer)
 
-(`preflight(cfg)` runs the first nine.) None of them loads a tensor; a safetensors file is checked by its
+(`preflight(cfg)` runs the first nine; the dry run, `preflight(cfg, dry_run=True)` and `check_critic`, the same
+but for the weights and the tool parser.) None of them loads a tensor; a safetensors file is checked by its
 header alone: 8 bytes of header length, the JSON header, then the data its offsets describe, and LoRA's
 target modules against the architecture built on the meta device from config.json.
 """
@@ -30,15 +31,13 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from torchrl_post.checkpoint.dcp import check_resumable, resumed_checkpoint
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.names import check_lora_targets, check_tool_parser
 from torchrl_post.config.schema import Config
 from torchrl_post.workers.moe import expert_count
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +60,11 @@ TEST_TEXT = "hello world 123"
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit on the JSON header
 
 
-def check_model_dir(path: str, key: str = "model.path", trust_remote_code: bool = False) -> Any:
+def check_model_dir(path: str, key: str = "model.path", trust_remote_code: bool = False, weights: bool = True) -> Any:
     """A loadable HF model directory: config.json (JSON that AutoConfig reads) and complete safetensors
-    weights (every file's length matches its header; an index names only files that exist).
-    Returns the model's config (transformers' PretrainedConfig)."""
+    weights (every file's length matches its header; an index names only files that exist; `weights`=False, the
+    dry run's, plans for a model whose config.json alone is there). Returns the model's config (transformers'
+    PretrainedConfig)."""
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key} is empty; {MODEL_HINT}")
     p = Path(path)
@@ -86,7 +86,8 @@ def check_model_dir(path: str, key: str = "model.path", trust_remote_code: bool 
         ) from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}={path!r}: {config_file} must hold a JSON object, got {type(raw).__name__}")
-    _check_weights(p, key, path)
+    if weights:
+        _check_weights(p, key, path)
     from transformers import AutoConfig
 
     try:
@@ -295,14 +296,15 @@ def check_tokenizer(tokenizer: Any, model_config: Any, path: str, key: str = "mo
         )
 
 
-def check_critic(cfg: Config, tokenizer: Any = None, used: bool = True) -> Any:
+def check_critic(cfg: Config, tokenizer: Any = None, used: bool = True, weights: bool = True) -> Any:
     """When a critic is `used` (the run plan has one), its critic.model.path (if set; else model.path) is a
-    model directory within the length budget whose vocabulary covers the tokenizer. Returns its config or None."""
+    model directory within the length budget whose vocabulary covers the tokenizer (when given). Returns its
+    config or None."""
     path = cfg.critic.model.path
     if not used or path is None:
         return None
     key = "critic.model.path"
-    critic_config = check_model_dir(path, key, cfg.model.trust_remote_code)
+    critic_config = check_model_dir(path, key, cfg.model.trust_remote_code, weights)
     check_length_budget(cfg, critic_config, key)
     check_sequence_parallel(cfg, critic_config, key)
     vocab = _text_attr(critic_config, "vocab_size")
@@ -371,16 +373,36 @@ def check_resume_path(cfg: Config) -> None:
         )
 
 
-def preflight(cfg: Config) -> Any:
-    """The checks that need neither tokenizer nor model weights, in order; returns model.path's config."""
-    model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code)
-    check_length_budget(cfg, model_config)
-    check_sequence_parallel(cfg, model_config)
-    check_experts(cfg, model_config)
-    check_run_dir(cfg.trainer.default_local_dir)
+def check_resume(cfg: Config) -> None:
+    """trainer.resume_from_path, then the checkpoint the run would resume against this run's config (what
+    `checkpoint.dcp.check_resumable` compares: rollout.partial_rollout), before anything loads or is written (the
+    run directory's config.yaml included)."""
     check_resume_path(cfg)
-    if cfg.model.lora_rank > 0:
+    t = cfg.trainer
+    path = resumed_checkpoint(Path(t.default_local_dir), t.resume_mode, t.resume_from_path)
+    check_resumable(path, cfg.rollout.partial_rollout)
+
+
+def preflight(cfg: Config, dry_run: bool = False) -> Any:
+    """The checks that need neither tokenizer nor model weights, in order; returns model.path's config.
+
+    The dry run (`dry_run`) makes the same checks, so that it refuses what the run would, except three that would
+    stop it from planning before a download: it plans for a model.path that does not exist yet (returns None: the
+    caller says so) or holds config.json alone (the weights are not checked), and it does not import vLLM for
+    agent.tool_parser."""
+    if dry_run and not Path(cfg.model.path).exists():
+        model_config = None
+    else:
+        model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code, not dry_run)
+    if model_config is not None:
+        check_length_budget(cfg, model_config)
+        check_sequence_parallel(cfg, model_config)
+        check_experts(cfg, model_config)
+    check_run_dir(cfg.trainer.default_local_dir)
+    check_resume(cfg)
+    if cfg.model.lora_rank > 0 and model_config is not None:
         check_lora_targets(cfg, model_config)
         check_moe_lora(cfg, model_config)
-    check_tool_parser(cfg)
+    if not dry_run:
+        check_tool_parser(cfg)
     return model_config

@@ -101,6 +101,21 @@ def _rollout_correction(cfg: Config) -> None:
             "rollout_rs_threshold is rollout_is_threshold, a null lower end 1 / the upper), so every token would "
             "be rejected; set a lower end below the upper one"
         )
+    # The engine and the trainer hold the same weights at first (and on-policy throughout), so ratios sit at 1: a
+    # band without 1, or a veto above it, drops every sample and nothing trains.
+    if rc.rollout_rs is not None and not low <= 1 <= high:
+        side = f"{key}.rollout_rs_threshold_lower={low:g}" if low > 1 else f"{key}.rollout_rs_threshold={high:g}"
+        raise ConfigError(
+            f"{side}: the kept band [{low:g}, {high:g}] leaves out a ratio of 1 (the rollout engine and the trainer "
+            "agreeing), so every on-policy token would be rejected; set the lower end <= 1 <= the upper end"
+        )
+    veto = rc.rollout_token_veto_threshold
+    if veto is not None and veto >= 1:
+        raise ConfigError(
+            f"{key}.rollout_token_veto_threshold={veto:g} vetoes a sample with any token ratio below it, and on-policy "
+            "ratios sit at 1 (below it by rounding alone), so every sample would be dropped; set it well below 1 "
+            "(e.g. 1e-4) or null"
+        )
 
 
 def _mixture_of_experts(cfg: Config) -> None:
@@ -133,6 +148,13 @@ def _partial_rollout(cfg: Config) -> None:
             "rollout.update_on_arrival=true needs rollout.partial_rollout=true (whole batches take the weights "
             "between batches); set rollout.partial_rollout=true or rollout.update_on_arrival=false"
         )
+    # Batches filled ahead are that stale when taken, whole batches (fill_policy passes the bound to both) or not.
+    if t.max_staleness is not None and t.max_staleness < t.max_off_policy_steps:
+        raise ConfigError(
+            f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
+            f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
+            f"set it to {t.max_off_policy_steps} or more (or null)"
+        )
     if not r.partial_rollout:
         return
     if r.prompts_in_flight is not None and r.prompts_in_flight < cfg.data.train_batch_size:
@@ -140,12 +162,6 @@ def _partial_rollout(cfg: Config) -> None:
             f"rollout.prompts_in_flight={r.prompts_in_flight} is less than a step's data.train_batch_size="
             f"{cfg.data.train_batch_size}: keep at least a batch in flight (null: "
             f"{max(t.max_off_policy_steps + 1, 2)} x the batch)"
-        )
-    if t.max_staleness is not None and t.max_staleness < t.max_off_policy_steps:
-        raise ConfigError(
-            f"trainer.max_staleness={t.max_staleness} is below trainer.max_off_policy_steps="
-            f"{t.max_off_policy_steps}, the staleness of every batch filled ahead: it would drop them all; "
-            f"set it to {t.max_off_policy_steps} or more (or null)"
         )
 
 

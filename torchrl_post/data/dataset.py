@@ -13,7 +13,7 @@ import csv
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,21 +272,26 @@ def prompts_from_rows(
     return parse.finish(split, name)
 
 
-def as_rows(data: Any, name: str, bad: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """(index, row) of rows passed in Python: a list (or any iterable) of dicts, a `datasets.Dataset` (its rows
-    as iterating gives them: images decoded to PIL) or a pandas DataFrame; numpy values become Python values.
-    A row that is not a dict raises DataError naming `name[index]`, or is recorded in `bad` when that is a list."""
+def check_rows_shape(data: Any, name: str) -> None:
+    """Rows passed in Python are rows at all (rows, not a path; something to iterate), checked without reading them:
+    the dry run's check (`components.label_config`), and the first of `as_rows`'."""
     if isinstance(data, (str, bytes, Path)):
         raise DataError(
             f"{name} is a path ({str(data)[:80]!r}); pass rows (a list of dicts or a datasets.Dataset), or name "
             "data files in data.train_files / data.val_files"
         )
+    if not isinstance(data, Iterable) and not (hasattr(data, "to_dict") and hasattr(data, "columns")):
+        raise DataError(f"{name} must be a list of dicts or a datasets.Dataset, got {type(data).__name__}")
+
+
+def as_rows(data: Any, name: str, bad: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(index, row) of rows passed in Python: a list (or any iterable) of dicts, a `datasets.Dataset` (its rows
+    as iterating gives them: images decoded to PIL) or a pandas DataFrame; numpy values become Python values.
+    A row that is not a dict raises DataError naming `name[index]`, or is recorded in `bad` when that is a list."""
+    check_rows_shape(data, name)
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame iterates its column names
         data = data.to_dict(orient="records")
-    try:
-        items = iter(data)
-    except TypeError:
-        raise DataError(f"{name} must be a list of dicts or a datasets.Dataset, got {type(data).__name__}") from None
+    items = iter(data)
     out = []
     for i, row in enumerate(items):
         if not isinstance(row, Mapping):

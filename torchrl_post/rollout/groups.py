@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 
 from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
+from torchrl_post.checkpoint.dcp import partial_rollout_changed
 from torchrl_post.engines.batch import collate, version_rows
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
@@ -291,6 +292,7 @@ class Groups(Generic[M]):
         """Plain values: the sampler's position, the draws, the groups generating (the members' own format) and
         the complete ones."""
         return {
+            "partial_rollout": self.policy.carry,
             "sampler": self.source.sampler.state_dict(),
             "draws": self.draws,
             "share": self.share,
@@ -303,6 +305,11 @@ class Groups(Generic[M]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A state saved with the same rollout.partial_rollout (a checkpoint from before the key was saved is
+        taken as it is): the other mode's groups in flight and batches ready are not this one's."""
+        saved = state.get("partial_rollout")
+        if isinstance(saved, bool) and saved != self.policy.carry:
+            raise partial_rollout_changed(saved, self.policy.carry)
         self.source.sampler.load_state_dict(state["sampler"])
         self.draws, self.share = int(state["draws"]), int(state["share"])
         self.positions = [int(p) for p in state["positions"]]

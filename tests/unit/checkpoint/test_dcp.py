@@ -74,3 +74,14 @@ def test_unreadable_state_is_named_and_the_previous_offered(tmp_path: Path) -> N
         ConfigError, match=r"global_step_4/trainer_state.json cannot be read .*resume_from_path=\S*global_step_2"
     ):
         ck.load(bad, {})
+
+
+def test_trainer_state_records_partial_rollout(tmp_path: Path) -> None:
+    """trainer_state.json carries the run's rollout.partial_rollout, which the next run's preflight compares."""
+    ck = Checkpointer(tmp_path, 0, None, 1, barrier=lambda: None, partial_rollout=True)
+    path = ck.save(3, {}, {"rng": {}})
+    assert json.loads((path / "trainer_state.json").read_text()) == {
+        "global_step": 3,
+        "world_size": 1,
+        "partial_rollout": True,
+    }

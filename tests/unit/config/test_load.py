@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from torchrl_post.config.errors import ConfigError
@@ -358,3 +360,93 @@ def test_partial_rollout_aliases_and_plan() -> None:
     assert any("rollout.update_on_arrival=true ignored" in n for n in colocated.notes)
     notes = plan_run(load_config(["trainer.max_staleness=2"]), 2).notes
     assert any("trainer.max_staleness=2 ignored" in n for n in notes)
+
+
+# --- unknown keys: the whole key and the closest real ones ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "closest"),
+    [
+        (
+            "actor_rollout_ref.actor.ppo_mini_batch_sizee=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_sizee",
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+        ),
+        ("actor.fsdp.param_ofload=true", "actor.fsdp.param_ofload", "actor.fsdp.param_offload"),
+        ("+trainer.total_epoch=2", "trainer.total_epoch", "trainer.total_epochs"),
+        ("actr.lr=1", "actr.lr", "actor.lr"),
+    ],
+)
+def test_an_unknown_nested_key_is_named_whole_with_the_closest_real_key(override: str, key: str, closest: str) -> None:
+    msg = _config_error([override])
+    assert f"unknown config key '{key}'" in msg and f"did you mean {closest}" in msg, msg
+    assert msg.startswith(override + ":"), msg
+
+
+def test_a_misspelt_key_under_an_aliased_subtree_gets_the_closest_one() -> None:
+    msg = _config_error(["actor_rollout_ref.rollout.val_kwargs.nn=2"])
+    assert "rollout.val_kwargs.nn" in msg and "did you mean actor_rollout_ref.rollout.val_kwargs.n?" in msg, msg
+
+
+def test_keys_below_a_field_that_takes_any_value_are_left_to_hydra() -> None:
+    assert load_config(["placement.actor=[0,1]", "placement.rollout=[2]"]).placement.rollout == [2]
+
+
+# --- YAML files under --config-path use our keys -------------------------------------------------------------
+
+
+def _user_config(tmp_path: Any, text: str, extra: str | None = None) -> str:
+    (tmp_path / "mine.yaml").write_text(
+        "defaults:\n  - config\n" + ("  - extra\n" if extra else "") + "  - _self_\n" + text
+    )
+    if extra is not None:
+        (tmp_path / "extra.yaml").write_text(extra)
+    return str(tmp_path)
+
+
+def _yaml_error(path: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config([], "mine", path)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def test_a_roll_key_in_a_user_yaml_is_refused_naming_the_file_and_ours(tmp_path: Any) -> None:
+    msg = _yaml_error(_user_config(tmp_path, "rollout_batch_size: 4\n"))
+    assert str(tmp_path / "mine.yaml") in msg and "rollout_batch_size: 4: ROLL's key" in msg, msg
+    assert msg.endswith("write ours in the file: data.train_batch_size: 4"), msg
+
+
+def test_a_verl_key_in_a_yaml_the_user_file_includes_is_refused(tmp_path: Any) -> None:
+    path = _user_config(tmp_path, "", extra="actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n")
+    msg = _yaml_error(path)
+    assert str(tmp_path / "extra.yaml") in msg and "actor_rollout_ref.actor.optim.lr" in msg, msg
+    assert "actor.lr: 1e-06" in msg, msg
+
+
+def test_a_refused_alias_and_a_typo_in_a_user_yaml(tmp_path: Any) -> None:
+    msg = _yaml_error(_user_config(tmp_path, "actor_rollout_ref:\n  actor:\n    strategy: megatron\n"))
+    assert str(tmp_path / "mine.yaml") in msg and "actor_rollout_ref.actor.strategy" in msg, msg
+    msg = _yaml_error(_user_config(tmp_path, "actor:\n  fsdp:\n    param_ofload: true\n"))
+    assert "unknown config key 'actor.fsdp.param_ofload'" in msg and "did you mean actor.fsdp.param_offload" in msg
+
+
+def test_a_user_yaml_with_our_keys_loads(tmp_path: Any) -> None:
+    cfg = load_config(
+        ["rollout.n=4"], "mine", _user_config(tmp_path, "actor:\n  lr: 0.001\nplacement:\n  actor: [0]\n")
+    )
+    assert cfg.actor.lr == 0.001 and cfg.placement.actor == [0] and cfg.rollout.n == 4
+
+
+def test_a_section_given_a_value_says_to_set_its_keys() -> None:
+    msg = _config_error(["trainer=5"])
+    assert msg.startswith("config key 'trainer' is a section, not a value") and "trainer.<key>=value" in msg, msg
+
+
+def test_max_staleness_below_the_batches_filled_ahead_is_refused_for_whole_batches_too() -> None:
+    rollout_ranks = ["trainer.world_size=2", "placement.actor=[0]", "placement.rollout=[1]"]
+    msg = _config_error([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=2"])
+    assert msg.startswith("trainer.max_staleness=2 is below trainer.max_off_policy_steps=3"), msg
+    load_config([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=3"])

@@ -382,3 +382,84 @@ def test_truncated_weights_fail_before_any_model_loads(
     for loading in ("Traceback", "Loading weights", "vllm", "vLLM", "Loading checkpoint"):
         assert loading not in before, f"{loading!r} before the error:\n{before[-3000:]}"
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# --- the dry run refuses what the run refuses ---------------------------------------------------------------
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _dry_run_error(cfg: Any) -> str:
+    from torchrl_post import api
+
+    cfg.trainer.dry_run = True
+    with pytest.raises(ConfigError) as info:
+        api.run(cfg)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["sequence parallel size not dividing the heads", "model directory without config.json"],
+)
+def test_the_dry_run_and_the_run_refuse_with_the_same_line(case: str, model_copy: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("from an earlier run\n")
+    overrides = [f"model.path={model_copy}", f"trainer.default_local_dir={run_dir}"]
+    if case.startswith("sequence"):  # the tiny model has 2 attention heads
+        overrides += ["model.ulysses_sequence_parallel_size=4", "trainer.world_size=4"]
+        needle = "model.ulysses_sequence_parallel_size=4 does not divide the 2 attention heads"
+    else:
+        (model_copy / "config.json").unlink()
+        needle = "is not a model directory (no config.json)"
+    real = _error(preflight, load_config(overrides))  # what Run.prepare calls first
+    assert needle in real, real
+    assert _dry_run_error(load_config(overrides)) == real
+    assert _snapshot(run_dir) == {"config.yaml": b"from an earlier run\n"}
+
+
+def test_the_dry_run_plans_for_a_config_json_alone_or_a_model_not_there_yet(model_copy: Path, tmp_path: Path) -> None:
+    from torchrl_post import api
+
+    (model_copy / "model.safetensors").unlink()  # the run refuses it; the dry run sizes the model from config.json
+    for path in (model_copy, tmp_path / "not_downloaded_yet"):
+        cfg = load_config(
+            [f"model.path={path}", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.dry_run=true"]
+        )
+        assert api.run(cfg).dry_run
+    cfg = load_config([f"model.path={model_copy}", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    assert "no *.safetensors weights" in _error(preflight, cfg)
+
+
+# --- a checkpoint saved with rollout.partial_rollout the other way ------------------------------------------
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_resuming_with_partial_rollout_switched_is_one_line_before_anything_is_written(
+    saved: bool, model_copy: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    step = run_dir / "checkpoints" / "global_step_2"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text(json.dumps({"global_step": 2, "world_size": 1, "partial_rollout": saved}))
+    (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2\n")
+    (run_dir / "config.yaml").write_text("from the run that saved\n")
+    before = _snapshot(run_dir)
+    now = "false" if saved else "true"
+    overrides = [f"model.path={model_copy}", f"trainer.default_local_dir={run_dir}", f"rollout.partial_rollout={now}"]
+    msg = _error(preflight, load_config(overrides))
+    was = "true" if saved else "false"
+    assert msg.startswith(
+        f"rollout.partial_rollout={now}: checkpoint {step} was saved with rollout.partial_rollout={was}"
+    )
+    assert f"set rollout.partial_rollout={was} again" in msg and "trainer.resume_mode=disable" in msg, msg
+    assert _dry_run_error(load_config(overrides)) == msg
+    assert _snapshot(run_dir) == before
+    # the same setting resumes; a fresh start, or a checkpoint from before the key was saved, is not checked
+    preflight(load_config([*overrides[:2], f"rollout.partial_rollout={was}"]))
+    preflight(load_config([*overrides, "trainer.resume_mode=disable"]))
+    (step / "trainer_state.json").write_text(json.dumps({"global_step": 2, "world_size": 1}))
+    preflight(load_config(overrides))

@@ -105,6 +105,16 @@ RC = "algorithm.rollout_correction"
             [f"{RC}.rollout_rs=geometric", f"{RC}.rollout_rs_threshold=0.5"],
             f"{RC}.rollout_rs_threshold_lower=2 is above {RC}.rollout_rs_threshold=0.5",
         ),
+        (  # a band that leaves out a ratio of 1 rejects every on-policy token
+            [f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=2", f"{RC}.rollout_rs_threshold_lower=1.5"],
+            f"{RC}.rollout_rs_threshold_lower=1.5: the kept band [1.5, 2] leaves out a ratio of 1",
+        ),
+        (
+            [f"{RC}.rollout_rs=sequence", f"{RC}.rollout_rs_threshold=0.9", f"{RC}.rollout_rs_threshold_lower=0.5"],
+            f"{RC}.rollout_rs_threshold=0.9: the kept band [0.5, 0.9] leaves out a ratio of 1",
+        ),
+        ([f"{RC}.rollout_token_veto_threshold=1"], f"{RC}.rollout_token_veto_threshold=1 vetoes a sample"),
+        ([f"{RC}.rollout_token_veto_threshold=3"], f"{RC}.rollout_token_veto_threshold=3 vetoes a sample"),
     ],
 )
 def test_rollout_correction_errors_name_the_key(overrides: list[str], message: str) -> None:
@@ -121,3 +131,7 @@ def test_rollout_correction_values_accepted() -> None:
     # an empty band is only an error when something rejects with it
     load_config([f"{RC}.rollout_rs_threshold=1.5", f"{RC}.rollout_rs_threshold_lower=2"])
     assert load_config([f"{RC}.rollout_is=null"]).algorithm.rollout_correction.rollout_is is None
+    # bands around 1 and a small veto keep on-policy samples
+    load_config([f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=2", f"{RC}.rollout_rs_threshold_lower=1"])
+    load_config([f"{RC}.rollout_rs=geometric", f"{RC}.rollout_rs_threshold=1.001"])
+    assert load_config([f"{RC}.rollout_token_veto_threshold=1e-4"]).algorithm.rollout_correction is not None

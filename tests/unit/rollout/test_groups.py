@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
+from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
@@ -340,3 +341,34 @@ def test_routes_survive_a_checkpoint_and_a_resume() -> None:
     sample.routes = routes
     back = sample_from_state(_saved(sample_state(sample)))
     assert back.routes is not None and torch.equal(back.routes, routes) and back == replace(sample, routes=back.routes)
+
+
+def _whole_batches(groups: Groups[InflightSample]) -> Groups[InflightSample]:
+    """`groups` as rollout.partial_rollout=false builds them: whole batches of the engine's share (2 prompts)."""
+    groups.policy = Fill(False, 0, 2, 2, False, None, on_arrival=False)
+    members = groups.members
+    assert isinstance(members, Samples)
+    members.carry = False
+    return groups
+
+
+@pytest.mark.parametrize("saved_partial", [True, False])
+def test_a_state_of_the_other_rollout_mode_is_refused_in_one_line(saved_partial: bool) -> None:
+    """A checkpoint of partial rollouts resumed with whole batches (or the other way round) names the key and the
+    fix instead of failing inside the other mode's state."""
+    saving, _ = _groups(in_flight=6)
+    if not saved_partial:
+        _whole_batches(saving)
+    _run(saving, range(1, 3))
+    state = _saved(saving.state_dict())
+    resumed, _ = _groups(in_flight=6)
+    if saved_partial:
+        _whole_batches(resumed)
+    with pytest.raises(ConfigError) as info:
+        resumed.load_state_dict(state)
+    msg, was = str(info.value), "true" if saved_partial else "false"
+    assert "\n" not in msg and msg.startswith(f"rollout.partial_rollout={'false' if saved_partial else 'true'}:")
+    assert f"was saved with rollout.partial_rollout={was}" in msg and f"set rollout.partial_rollout={was} again" in msg
+    assert "trainer.resume_mode=disable" in msg
+    state.pop("partial_rollout")  # a checkpoint from before the mode was saved: taken as it is
+    resumed.load_state_dict(state)
