@@ -24,11 +24,11 @@ from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.logprobs import logits_to_logprobs
 
 
-def actor_rollout_topology(env: DistEnv) -> Topology:
+def actor_rollout_topology(env: DistEnv, timeout_s: int = 1800) -> Topology:
     """Actor on ranks [0, 1], rollout on the rest: the real cells and cross-cell groups."""
     rollout = list(range(2, env.world_size))
     spec = SimpleNamespace(actor=[0, 1], rollout=rollout, critic=None, reference=None)
-    topo = Topology(plan_placement(spec, env.world_size), env, {"actor": -1})
+    topo = Topology(plan_placement(spec, env.world_size), env, {"actor": -1}, timeout_s=timeout_s)
     assert topo.world is not None
     return topo
 

@@ -111,3 +111,17 @@ def test_vlm_engine_matches_trainer_after_updates(
             assert r["argmax_match"], f"{arch}: greedy token differs from the trainer's argmax at update {r['update']}"
             assert r["max_logprob_diff"] < 1e-4, f"{arch}: logprob off by {r['max_logprob_diff']} at {r['update']}"
         assert rank["greedy_tokens_changed"], "the updates did not change the policy: parity would be trivial"
+
+
+def test_a_slow_receiver_in_uneven_buckets_keeps_every_wait_within_a_bucket(tiny_model: Path, tmp_path: Path) -> None:
+    """The weight broadcast to a slow receiver takes longer than the groups' timeout as a whole, yet nothing times
+    out: the first actor rank waits on one bucket's broadcast at a time, and the other actor rank's next collective
+    (of the actor's own group, reached while rank 0 still broadcasts: TRL #7103) waits for two buckets at most.
+    The receiver gets every parameter exactly."""
+    out = tmp_path / "slow_sync"
+    assert_ok(torchrun(3, ["tests/distributed/slow_sync_worker.py", str(tiny_model), str(out)]))
+    r0, r1, r2 = (json.loads((out / f"rank{r}.json").read_text()) for r in range(3))
+    assert len(set(r0["buckets"])) > 2, f"buckets of uneven sizes: {r0['buckets']}"
+    assert r2["receive_s"] > r0["timeout_s"], "the whole sync must outlast the groups' timeout"
+    assert r1["next_collective_waited_s"] < r0["timeout_s"]
+    assert r2["sums"] == r0["sums"] == r1["sums"]
