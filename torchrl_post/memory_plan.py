@@ -32,7 +32,7 @@ Trained role (actor, critic), per rank:
         no checkpointing:   t (L A + E + p h + 3 p i)   the last term: the first layer's backward (its output's
                                                          gradient and three MLP-wide gradients)
         checkpointing:      t (L p h + A + E + p h)     each layer's input kept, one layer recomputed at a time
-    loss path: c V (4 CHUNK_COPIES + p if p != 4), c = min(positions, HEAD_CHUNK_TOKENS) (the chunked head; with the
+    loss path: c V (4 CHUNK_COPIES + p if p != 4), c = min(positions, HEAD_CHUNK_TOKENS, HEAD_CHUNK_BYTES / 4V) (the chunked head; with the
         chunk 0, all positions' logits at once: positions V (4 FULL_COPIES + p)); the positions are the response share of t
         (padded or packed, only the columns that predict response tokens reach the head); the actor's update adds
         f V h with p != 4 and a trained head (the chunked backward sums the head's gradient in float32, rounded to p
@@ -68,7 +68,7 @@ from torchrl_post.config.schema import Config, FSDPConfig, ModelConfig
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.plan import RunPlan
 from torchrl_post.workers.fsdp import decoder_layers
-from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS
+from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS, head_chunk_positions
 from torchrl_post.workers.models import VISION_TOWER, empty_model
 
 F32 = 4
@@ -187,7 +187,11 @@ def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = HEAD
     float32 already), or with `chunk_tokens` 0 from the full logits (`p`-byte) and FULL_COPIES float32 copies."""
     if chunk_tokens <= 0:
         return positions * vocab * (F32 * FULL_COPIES + p)
-    return min(positions, chunk_tokens) * vocab * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
+    return (
+        min(positions, head_chunk_positions(vocab, chunk_tokens))
+        * vocab
+        * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
+    )
 
 
 def head_accumulator_bytes(vocab: int, hidden: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
@@ -379,7 +383,7 @@ def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: i
     else:
         # Padded and packed alike, only the columns that predict response tokens reach the head (logits_to_keep).
         loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk)
-        what_loss = f"chunks of {chunk} positions" if chunk > 0 else "full logits"
+        what_loss = f"chunks of {head_chunk_positions(s.vocab, chunk)} positions" if chunk > 0 else "full logits"
         accumulator = 0 if lora else head_accumulator_bytes(s.vocab, s.hidden, p, chunk)  # LoRA: the head is frozen
         loss += accumulator
         what_loss += ", the head gradient's float32 sum" if accumulator else ""

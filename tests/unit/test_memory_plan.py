@@ -379,3 +379,39 @@ def test_a_real_cuda_run_refuses_at_start_what_its_dry_run_refuses(qwen7b_dir: P
     check_memory(cfg, plan, rank)
     cpu = DistEnv(0, 8, 0, 8, torch.device("cpu"), "gloo")
     check_memory(_seven_b(qwen7b_dir, "trainer.gpu_memory_gb=8")[0], plan, cpu)  # host memory: not planned
+
+
+def test_a_wide_vocabulary_bounds_the_heads_chunk_in_bytes() -> None:
+    """Issue 36 item 6: 1024 positions of Qwen's 151,936-token vocabulary are 0.62 GB per float32 [chunk x V]
+    tensor (a 4-sample step at 384 response tokens peaked 0.91 GB above one at 64 in the whole process); the
+    chunk is bounded by HEAD_CHUNK_BYTES. Measured: the logprob pass of 1536 positions through a real model of
+    that vocabulary stays within the plan's loss path, a few of those 64 MiB tensors."""
+    from tests.unit.batch_helpers import _prompts
+    from torchrl_post.engines.batch import collate
+    from torchrl_post.types import Generation
+    from torchrl_post.workers.logprobs import HEAD_CHUNK_BYTES, forward_log_probs, head_chunk_positions
+    from torchrl_post.workers.micro_batches import plan_micro_batches
+
+    qwen = 151_936
+    assert head_chunk_positions(qwen) == HEAD_CHUNK_BYTES // (4 * qwen) == 110
+    assert head_chunk_positions(128) == 1024 and head_chunk_positions(qwen, 0) == 0  # small heads, full logits
+    cfg = Qwen2Config(
+        vocab_size=qwen, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts = _prompts([torch.randint(0, qwen, (16,), generator=gen).tolist()], [0])
+    responses = [torch.randint(0, qwen, (384,), generator=gen).tolist() for _ in range(4)]
+    batch = collate(prompts, Generation(responses, [[0.0] * 384] * 4, ["length"] * 4), n=4, pad_id=0)
+    (mb,) = plan_micro_batches(batch.attention_mask, batch.response_width, 4, 0, False, None, torch.device("cpu"))
+
+    def forward() -> None:
+        with torch.no_grad():
+            forward_log_probs(model, batch, mb, 1.0, torch.device("cpu"), False)
+
+    measured = _peak(forward, model)["Total"] - sum(p.nbytes for p in model.parameters())
+    planned = loss_path_bytes(4 * 384, qwen, 4)
+    assert measured < planned + (32 << 20), f"measured {measured / 2**20:.0f} MiB, planned {planned / 2**20:.0f} MiB"
+    assert measured < 300 << 20  # 1024-position chunks: 1.9 GB

@@ -53,9 +53,22 @@ def logits_to_logprobs(
 
 
 HEAD_CHUNK_TOKENS = 1024
-"""Positions per pass of the chunked LM head (`workers/lm_head.py`): its peak is about three [this x vocabulary]
-float32 tensors, whatever the micro-batch. 0 computes a micro-batch's logits at once (`logits_to_logprobs`), the
-path a head that is more than one linear layer takes (a soft cap or scale on the logits)."""
+"""Positions per pass of the chunked LM head (`workers/lm_head.py`) at most: its peak is about three [chunk x
+vocabulary] float32 tensors, whatever the micro-batch. 0 computes a micro-batch's logits at once
+(`logits_to_logprobs`), the path a head that is more than one linear layer takes (a soft cap or scale on the
+logits)."""
+
+HEAD_CHUNK_BYTES = 64 << 20
+"""At most this many bytes in one [chunk x vocabulary] float32 tensor: 1024 positions of Qwen's 151,936-token
+vocabulary are 0.62 GB apiece (1.9 GB at the head's peak, what a 4-sample step at 384 response tokens measured
+above one at 64); 64 MiB is 110 positions of it, 512 of a 32k vocabulary, still large matrix products."""
+
+
+def head_chunk_positions(vocab: int, most: int | None = None) -> int:
+    """Positions per chunked head pass for a `vocab`-wide head: `most` (default HEAD_CHUNK_TOKENS) bounded by
+    HEAD_CHUNK_BYTES; 0 stays 0 (the full logits)."""
+    most = HEAD_CHUNK_TOKENS if most is None else most
+    return 0 if most <= 0 else max(1, min(most, HEAD_CHUNK_BYTES // (4 * vocab)))
 
 
 def _linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -165,7 +178,7 @@ def head_log_probs(
         logp, ent = chunked_log_probs(
             # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
             select(hidden), head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS,
-            HEAD_CHUNK_TOKENS, truncation,
+            head_chunk_positions(head.out_features), truncation,
         )  # fmt: skip
         return torch.stack([logp, ent], dim=-1)
 
@@ -212,7 +225,7 @@ def _sharded_head_log_probs(
             def forward(hidden: torch.Tensor) -> torch.Tensor:
                 lp, en = chunked_log_probs(
                     hidden[at_row, at_slot], head.weight, head.bias, at_label, temperature, never,
-                    NEVER_GENERATED_BIAS, HEAD_CHUNK_TOKENS, truncation,
+                    NEVER_GENERATED_BIAS, head_chunk_positions(head.out_features), truncation,
                 )  # fmt: skip
                 return torch.stack([lp, en], dim=-1)
 
