@@ -502,10 +502,14 @@ def plan_memory(
     def engine(share: int) -> tuple[Item, ...]:
         kv = ro.cpu_kvcache_space_gb * GiB if device_type == "cpu" else share - weights - ENGINE_RESERVE
         how = f"{ro.max_num_seqs} sequences x {row} tokens"
-        return (
+        items = (
             Item("weights", weights, True, False, f"{plan.engine.dtype} / tensor_parallel_size {tp}"),
             Item("KV cache", min(kv_needed, max(kv, 0)), True, False, f"needs {_gib(kv_needed)} for {how}"),
         )
+        if device_type == "cpu":
+            return items
+        graphs = "its CUDA graph pool and activation peak" if not plan.engine.enforce_eager else "its activation peak"
+        return (*items, Item("graphs, activations", ENGINE_RESERVE, True, False, f"{graphs} (vLLM profiles them)"))
 
     by_roles: dict[tuple[str, ...], list[int]] = {}
     for rank in sorted(roles_of):

@@ -415,3 +415,11 @@ def test_a_wide_vocabulary_bounds_the_heads_chunk_in_bytes() -> None:
     planned = loss_path_bytes(4 * 384, qwen, 4)
     assert measured < planned + (32 << 20), f"measured {measured / 2**20:.0f} MiB, planned {planned / 2**20:.0f} MiB"
     assert measured < 300 << 20  # 1024-position chunks: 1.9 GB
+
+
+def test_the_engine_on_cuda_counts_its_graph_pool(qwen7b_dir: Path) -> None:
+    cfg, plan, shape = _seven_b(qwen7b_dir)
+    (group,) = plan_memory(cfg, plan, shape, "cuda", 80 * GiB).groups
+    items = {i.name: i for i in group.engine}
+    assert items["graphs, activations"].bytes == GiB and "CUDA graph pool" in items["graphs, activations"].note
+    assert sum(i.bytes for i in group.engine) <= group.engine_share  # within the share vLLM is given
