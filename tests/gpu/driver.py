@@ -126,6 +126,13 @@ CHECKS = (
         200,
         needs=("vllm",),
     ),
+    Check(
+        "partial_rollouts_vllm",
+        "partial rollouts with the colocated vLLM engine and CUDA graphs: async scheduling off, the KV cache capped "
+        "at what max_num_seqs sequences fill, the prefix cache salted by the weights: exit 0, finite losses, parity",
+        200,
+        needs=("vllm",),
+    ),
 )
 SKIP_REASONS = {"torchrl_post.memory_plan": "memory plan not available"}
 

@@ -80,6 +80,9 @@ class VLLMEngine:
         record = experts and spec.record_routes and self.vision is None
         self.routes: RouteRecorder | None = RouteRecorder() if record and not spec.routes_from_engine else None
         self.engine_routes = record and spec.routes_from_engine
+        eager = spec.enforce_eager or self.routes is not None
+        if eager != spec.enforce_eager:  # compiled, vLLM's MoE op never calls the routers' hook
+            log.info("rollout.enforce_eager=false: eager all the same, the experts are recorded by a router hook here")
         extra: dict[str, Any] = {}
         if device.type == "cpu":
             # A partially prefilled request with a seed makes vLLM 0.32 rewind its torch.Generator, which CPU
@@ -125,7 +128,7 @@ class VLLMEngine:
             max_model_len=max_len,
             max_num_seqs=rollout.max_num_seqs,
             gpu_memory_utilization=_memory_share(spec, device, reserve_bytes),
-            enforce_eager=spec.enforce_eager,
+            enforce_eager=eager,
             enable_sleep_mode=self.sleep_level > 0,
             logprobs_mode="processed_logprobs",
             load_format=self._load_format(spec.load_format),
