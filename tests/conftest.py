@@ -128,15 +128,20 @@ def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Qwen3-MoE (hidden 64, 2 layers, head_dim 32, 1 KV head; 4 experts, top-2, expert width 64)
     with the demo tokenizer."""
+    out = tmp_path_factory.mktemp("tiny_moe_model")
+    build_tiny_moe(out)
+    return out
+
+
+def build_tiny_moe(out: Path) -> None:
+    """The tiny_moe_model fixture's model, written to `out` (the GPU tier builds it too)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny_moe_model")
     _untrained(
         out, Qwen3MoeConfig, Qwen3MoeForCausalLM, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
         num_experts_per_tok=2, decoder_sparse_step=1, tie_word_embeddings=False,
     )  # fmt: skip
-    return out
 
 
 @pytest.fixture(scope="session")

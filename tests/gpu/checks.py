@@ -219,15 +219,9 @@ def tiny_moe(ctx: Ctx) -> Path:
     """An untrained tiny Qwen3-MoE (4 experts, top-2; tests/conftest.py's shape; cached)."""
     out = ctx.work / "tiny_moe"
     if not (out / "config.json").exists():
-        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        from tests.conftest import build_tiny_moe
 
-        from tests.conftest import _untrained
-
-        _untrained(
-            out, Qwen3MoeConfig, Qwen3MoeForCausalLM, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
-            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
-            num_experts_per_tok=2, decoder_sparse_step=1, tie_word_embeddings=False,
-        )  # fmt: skip
+        build_tiny_moe(out)
     return out
 
 
