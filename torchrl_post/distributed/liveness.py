@@ -145,6 +145,11 @@ class Watchdog:
         watch thread prints the line and ends the process; this waits for it. False at once for other errors."""
         if not isinstance(error, RuntimeError) or not self._thread.is_alive():
             return False
+        # A rank killed by a watcher was silent for the deadline first: without one nearly that silent, the error
+        # is this rank's own and is raised at once (no crash waits out a beat period for nothing).
+        now, nearly = time.monotonic(), self.limits.silence_s - 2 * self.limits.beat_s
+        if not any(now - t > nearly for _, t in list(self._seen.values())):
+            return False
         self._thread.join(3 * self.limits.beat_s + 1)
         return self.verdict is not None
 

@@ -86,3 +86,18 @@ def test_the_stall_fault_applies_its_attempts_entry_only(monkeypatch: pytest.Mon
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # no third entry: never again
     faults.maybe_stall("sync", 3, 0)
     assert len(stopped) == 1
+
+
+def test_an_error_of_the_ranks_own_is_raised_at_once_not_after_a_beat_period() -> None:
+    """`explains` waits for the watch's verdict only when a watched rank has been nearly silent for the deadline
+    (a peer a watcher killed); a crash of the rank's own (every peer beating) goes on at once."""
+    store = dist.HashStore()
+    limits = liveness.Deadlines(silence_s=60.0, collective_s=60)  # a beat every 6 s: a wait would take 19 s
+    watch = liveness.Watchdog(store, 0, 2, {0: "actor", 1: "rollout"}, limits)
+    watch.start()
+    store.add("beat/1", 1)
+    watch.late()
+    start = time.monotonic()
+    assert not watch.explains(RuntimeError("a corrupted checkpoint"))
+    assert time.monotonic() - start < 1.0
+    watch.stop()
