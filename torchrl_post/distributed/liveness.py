@@ -7,10 +7,10 @@ timeout per call site (a wait that spans a peer's generation would need one long
 thread per rank beats (`beat/<rank>`, a counter in the store: no clocks compared across nodes) and reads the beats
 of the ranks it watches. A watched rank whose counter has not moved for the deadline is *silent*: this rank prints
 
-    error: rank 1 (rollout) silent for 16 s, last in 'gen' at step 2 (trainer.wait_timeout_s=15); this rank
-    0 (actor) was in 'transfer' at step 2: ending with exit code 3 ...
+    error: rank 1 (rollout) last in 'gen' at step 2: silent for 15 s (trainer.wait_timeout_s=15); this rank 0
+    (actor) was in 'sync' at step 2: ending with exit code 3 ...
 
-and exits with code 3 after one beat period more (so that every watcher has seen it too). A watcher on the silent
+and exits with code 3 a beat and a half later (so that every watcher has reached it too). A watcher on the silent
 rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`, restarts every rank,
 which resume exactly from the last checkpoint. Stages (`enter`) name what a rank is doing: the step's timed stages
 (logging/timing.py), the rollout ranks' and role ranks' own, checkpointing, validation.
@@ -132,12 +132,11 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """This rank is done (a finished run, or an error on its own path): its silence from now on is no stall."""
+        """This rank is done (a finished run, or an error on its own path): its silence from now on is no stall.
+        The watch thread says so in the store (its connection is its own) and ends; this waits for that."""
         self._stop.set()
-        try:
-            self.store.set(f"done/{self.rank}", "1")
-        except Exception:  # noqa: BLE001  # the store may be gone with the job
-            pass
+        _moved.set()  # wake the thread now, not at its next beat
+        self._thread.join(self.limits.beat_s + 1)
 
     def explains(self, error: BaseException) -> bool:
         """Whether `error` (raised on this rank's main thread) is a wait that a silent rank broke: a peer's
@@ -174,8 +173,10 @@ class Watchdog:
                     late = self.late()
                     if late:
                         self._end(late)
+            self.store.set(f"done/{self.rank}", "1")
         except Exception as e:  # noqa: BLE001  # the store itself unreachable: the collectives' timeout remains
-            print(f"warning: rank {self.rank}'s liveness watch stopped: {e}", file=sys.stderr, flush=True)
+            if not self._stop.is_set():
+                print(f"warning: rank {self.rank}'s liveness watch stopped: {e}", file=sys.stderr, flush=True)
 
     def late(self) -> list[int]:
         """The watched ranks silent for longer than the deadline (those that said they are done excepted)."""
