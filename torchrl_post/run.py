@@ -20,6 +20,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.preflight import check_critic, check_run_dir, check_tokenizer, preflight
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
+from torchrl_post.data.chat_templates import use_chat_template
 from torchrl_post.data.dataset import PromptDataset, load_prompts, prompts_from_rows
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.env import DistEnv
@@ -94,17 +95,19 @@ class Run:
             if processor is not None
             else AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
         )
+        use_chat_template(cfg.data.chat_template, tokenizer, processor)
         check_tokenizer(tokenizer, model_config, m.path)
         check_critic(cfg, tokenizer, plan.critic != "none")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"
+        vision_ids = vision.never_generated if vision is not None else ()
         train_files = file_list("data.train_files", cfg.data.train_files)
-        train = _prompts(parts.train_data, train_files, "train", cfg, tokenizer, processor, limit, label)
+        train = _prompts(parts.train_data, train_files, "train", cfg, tokenizer, processor, limit, label, vision_ids)
         val_files = file_list("data.val_files", cfg.data.val_files, allow_none=True)
         val = None
         if parts.val_data is not None or val_files:
-            val = _prompts(parts.val_data, val_files, "val", cfg, tokenizer, processor, limit, label)
+            val = _prompts(parts.val_data, val_files, "val", cfg, tokenizer, processor, limit, label, vision_ids)
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         # Agent episodes are scored by their environment's rewards: no reward function is looked up.
         reward_fn_for = reward_for_sources(parts.reward_fn, sources) if parts.agent is None else None
@@ -129,9 +132,17 @@ class Run:
 
 
 def _prompts(
-    rows: Any, files: list[str], split: str, cfg: Config, tokenizer: Any, processor: Any, limit: int, label: str
+    rows: Any,
+    files: list[str],
+    split: str,
+    cfg: Config,
+    tokenizer: Any,
+    processor: Any,
+    limit: int,
+    label: str,
+    vision_ids: tuple[int, ...],
 ) -> PromptDataset:
     """A split from the rows held in memory (the Python API's train_data / val_data), else from its files."""
     if rows is not None:
-        return prompts_from_rows(rows, f"{split}_data", cfg.data, tokenizer, split, processor, limit, label)
-    return load_prompts(files, cfg.data, tokenizer, split, processor, limit, label)
+        return prompts_from_rows(rows, f"{split}_data", cfg.data, tokenizer, split, processor, limit, label, vision_ids)
+    return load_prompts(files, cfg.data, tokenizer, split, processor, limit, label, vision_ids)

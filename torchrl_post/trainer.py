@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ from torchrl_post.checkpoint.hf import write_adapter_config, write_hf_meta, writ
 from torchrl_post.config.errors import TrainingError
 from torchrl_post.config.schema import Config, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
-from torchrl_post.distributed.placement import all_reduce_max, dp_group
+from torchrl_post.distributed.placement import all_reduce_max, all_reduce_sum, dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.plan import RunPlan
@@ -135,9 +136,11 @@ class Trainer:
         return Batch.concat([batch, pad], self.info.pad_id)
 
     def _advantages(self, batch: Batch, step: int) -> dict[str, float]:
-        """The estimator over the batch; the adaptive KL coefficient follows the reduced KL penalty."""
+        """The estimator over the batch, whitened over every actor rank's rows where configured; the adaptive KL
+        coefficient follows the reduced KL penalty."""
         coef = self.kl_ctrl.value
-        metrics = reduce_metrics(estimate_advantages(self.cfg.algorithm, batch, coef))
+        sum_over_ranks = partial(all_reduce_sum, group=self.group)
+        metrics = reduce_metrics(estimate_advantages(self.cfg.algorithm, batch, coef, sum_over_ranks))
         if "actor/reward_kl_penalty" in metrics:
             self.kl_ctrl.update(metrics["actor/reward_kl_penalty"], n_steps=len(batch) * len(self.plan.actor_ranks))
             metrics["actor/reward_kl_penalty_coeff"] = coef

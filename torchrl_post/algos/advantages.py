@@ -6,6 +6,7 @@ right-padded responses; mask_bt is 1.0 on real response tokens. Outputs are floa
 
 from __future__ import annotations
 
+import math
 from typing import get_args
 
 import torch
@@ -72,14 +73,48 @@ def masked_whiten(x_bt: torch.Tensor, mask_bt: torch.Tensor, eps: float = 1e-8) 
     return (x_bt - mean) * torch.rsqrt(var + eps)
 
 
+def whiten_moments(x_bt: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:
+    """[3] float64 on the CPU: (N, sum x, sum x^2) over the entries where mask_bt != 0. Moments of disjoint
+    parts of a batch (data-parallel ranks' rows) add up to the whole batch's, for `whiten_by_moments`."""
+    x = x_bt.double()[mask_bt != 0]
+    return torch.tensor([float(x.numel()), x.sum().item(), (x * x).sum().item()], dtype=torch.float64)
+
+
+def whiten_by_moments(
+    x_bt: torch.Tensor, mask_bt: torch.Tensor, moments_3: torch.Tensor, eps: float = 1e-8
+) -> torch.Tensor:
+    """`masked_whiten` with the mean and variance of `moments_3` (`whiten_moments`, summed over the parts of the
+    batch): mu = S / N; var = (Q - N mu^2) / (N - 1) (unbiased; N <= 1: 0); out = (x - mu) / sqrt(var + eps) on the
+    entries where mask_bt != 0, 0 elsewhere (float32)."""
+    n, total, squares = moments_3.tolist()
+    mean = total / n if n > 0 else 0.0
+    var = max(squares - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
+    out_bt = (x_bt.double() - mean) / math.sqrt(var + eps)
+    return (out_bt * (mask_bt != 0)).float()
+
+
+def clip_advantages(adv_bt: torch.Tensor, mask_bt: torch.Tensor, clip: float) -> tuple[torch.Tensor, float]:
+    """(adv clamped to [-clip, clip], the fraction of the entries where mask_bt != 0 that the clamp changed;
+    0.0 without such entries)."""
+    valid_bt = mask_bt != 0
+    changed = int(((adv_bt.abs() > clip) & valid_bt).sum())
+    return adv_bt.clamp(-clip, clip), changed / max(int(valid_bt.sum()), 1)
+
+
 def gae_advantages(
-    token_rewards_bt: torch.Tensor, values_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float, lam: float
+    token_rewards_bt: torch.Tensor,
+    values_bt: torch.Tensor,
+    mask_bt: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over the response tokens, right to left (verl's compute_gae_advantage_return).
 
     V'_{t+1} = V_{t+1} m_{t+1} (0 past the last real token); delta_t = r_t + gamma V'_{t+1} - V_t;
     A_t = (delta_t + gamma lam A_{t+1}) m_t; returns R_t = (A_t + V_t) m_t (not whitened);
-    advantages = masked_whiten(A) m over the whole batch (unbiased var, eps 1e-8). Returns (adv_bt, returns_bt).
+    advantages = masked_whiten(A) m over the rows given (unbiased var, eps 1e-8), or A m when not `whiten` (the
+    caller whitens over more rows: algorithm.whiten_advantages). Returns (adv_bt, returns_bt).
     """
     rewards_bt = token_rewards_bt.float()
     values_f_bt = values_bt.float()
@@ -94,7 +129,7 @@ def gae_advantages(
         adv_raw_bt[:, t] = next_adv_b
         next_value_b = values_f_bt[:, t] * mask[:, t]
     returns_bt = (adv_raw_bt + values_f_bt) * mask
-    adv_bt = masked_whiten(adv_raw_bt, mask) * mask
+    adv_bt = masked_whiten(adv_raw_bt, mask) * mask if whiten else adv_raw_bt
     return adv_bt, returns_bt
 
 
@@ -115,16 +150,17 @@ def reinforce_returns(token_rewards_bt: torch.Tensor, mask_bt: torch.Tensor, gam
 
 
 def reinforce_plus_plus_advantages(
-    token_rewards_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float
+    token_rewards_bt: torch.Tensor, mask_bt: torch.Tensor, gamma: float, whiten: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (verl's reinforce_plus_plus): G = return-to-go as in reinforce_returns; A = masked_whiten(G) m.
 
     The token rewards should already carry the KL shaping (apply_kl_in_reward). The whitening is over the
-    whole batch (unbiased var, eps 1e-8, mean shifted to 0). Returns (adv_bt, returns_bt), zero on masked tokens.
+    rows given (unbiased var, eps 1e-8, mean shifted to 0); not `whiten`: A = G (the caller whitens over more
+    rows). Returns (adv_bt, returns_bt), zero on masked tokens.
     """
     returns_bt = reinforce_returns(token_rewards_bt, mask_bt, gamma)
     mask = mask_bt.float()
-    return masked_whiten(returns_bt, mask) * mask, returns_bt
+    return (masked_whiten(returns_bt, mask) * mask if whiten else returns_bt), returns_bt
 
 
 def rloo_advantages(scores_b: torch.Tensor, group_ids_b: torch.Tensor, mask_bt: torch.Tensor) -> torch.Tensor:

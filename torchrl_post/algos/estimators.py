@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, get_args
 
 import torch
 
 from torchrl_post.algos.advantages import (
     GROUP_ESTIMATORS,
+    clip_advantages,
     gae_advantages,
     grpo_advantages,
     reinforce_plus_plus_advantages,
     reinforce_returns,
     rloo_advantages,
     scores_to_token_rewards,
+    whiten_by_moments,
+    whiten_moments,
 )
 from torchrl_post.algos.kl import apply_kl_in_reward, kl_penalty
 from torchrl_post.algos.stepwise import broadcast_advantages, per_step_advantages
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
 ADV_ESTIMATORS = get_args(AdvEstimator)  # compute_advantages dispatches on each
 NEEDS_VALUES = ("gae",)
 GROUPED = GROUP_ESTIMATORS
+
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+"""A small CPU tensor -> its sum over the actor's data-parallel ranks (the identity on one rank)."""
 
 
 def compute_advantages(
@@ -41,6 +48,7 @@ def compute_advantages(
     Outcome estimators (grpo, rloo) use the sequence scores within the groups of `group_ids_b`; token-level ones (gae, reinforce,
     reinforce_plus_plus) use `token_rewards_bt` (the score on the last token, minus any KL penalty).
     For outcome estimators the returns are the advantages (there is no critic to regress onto them).
+    gae and reinforce_plus_plus whiten over these rows unless algorithm.whiten_advantages whitens over all ranks'.
     """
     est = cfg.adv_estimator
     if est == "grpo":
@@ -51,21 +59,47 @@ def compute_advantages(
         return adv, adv
     if est == "gae":
         assert values_bt is not None, "placement resolves a critic for gae"
-        return gae_advantages(token_rewards_bt, values_bt, mask_bt, cfg.gamma, cfg.lam)
+        return gae_advantages(token_rewards_bt, values_bt, mask_bt, cfg.gamma, cfg.lam, not cfg.whiten_advantages)
     if est == "reinforce":
         returns = reinforce_returns(token_rewards_bt, mask_bt, cfg.gamma)
         return returns, returns
     if est == "reinforce_plus_plus":
-        return reinforce_plus_plus_advantages(token_rewards_bt, mask_bt, cfg.gamma)
+        return reinforce_plus_plus_advantages(token_rewards_bt, mask_bt, cfg.gamma, not cfg.whiten_advantages)
     raise ValueError(f"unknown adv_estimator {est!r}; expected one of {', '.join(ADV_ESTIMATORS)}")
 
 
-def estimate_advantages(cfg: AlgorithmConfig, batch: Batch, kl_coef: float) -> dict[str, tuple[str, float]]:
-    """Fill `batch.advantages` and `batch.returns` (the KL penalty, if on, shapes the token rewards first).
+def estimate_advantages(
+    cfg: AlgorithmConfig, batch: Batch, kl_coef: float, sum_over_ranks: SumOverRanks | None = None
+) -> dict[str, tuple[str, float]]:
+    """Fill `batch.advantages` and `batch.returns` (the KL penalty, if on, shapes the token rewards first), then
+    whiten and clip the advantages (`normalize_advantages`). Every actor rank calls it: `sum_over_ranks`
+    (None: one rank) sums the whitening's moments over them.
 
     Returns this rank's metrics as {name: (reduce op, value)} for `logging.reduce.reduce_metrics`; the
     adaptive KL controller is updated by the caller with the reduced `actor/reward_kl_penalty`.
     """
+    local = _estimate(cfg, batch, kl_coef)
+    return local | normalize_advantages(cfg, batch, sum_over_ranks or (lambda t: t))
+
+
+def normalize_advantages(
+    cfg: AlgorithmConfig, batch: Batch, sum_over_ranks: SumOverRanks
+) -> dict[str, tuple[str, float]]:
+    """algorithm.whiten_advantages over the trained tokens (loss_mask * weight != 0) of every rank's rows, then
+    algorithm.advantage_clip; the returns stay as estimated. Metrics: critic/advantage_clip_frac (with a clip)."""
+    assert batch.advantages is not None
+    mask = batch.train_mask
+    if cfg.whiten_advantages:
+        moments = sum_over_ranks(whiten_moments(batch.advantages, mask))
+        batch.advantages = whiten_by_moments(batch.advantages, mask, moments)
+    if cfg.advantage_clip is None:
+        return {}
+    batch.advantages, frac = clip_advantages(batch.advantages, mask, cfg.advantage_clip)
+    return {"critic/advantage_clip_frac": ("mean", frac)}
+
+
+def _estimate(cfg: AlgorithmConfig, batch: Batch, kl_coef: float) -> dict[str, tuple[str, float]]:
+    """The estimator alone (`estimate_advantages`)."""
     assert batch.scores is not None, "the rollout source scores every batch"
     if batch.traj_ids is not None:  # a step-wise batch (algorithm.stepwise_advantage)
         return _stepwise(cfg, batch)

@@ -18,6 +18,10 @@ ModelLoadFormat = Literal["sharded", "full"]
 """model.load_format (workers/loading.py)."""
 ExpertsImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm"]
 """model.experts_implementation: `auto` or a name transformers' from_pretrained takes (workers/models.py)."""
+Truncation = Literal["error", "left", "right", "middle"]
+"""data.truncation (data/dataset.py: truncate_prompt): verl's names."""
+ChatTemplateName = Literal["chatml", "qwen2_5", "llama3", "base", "empty"]
+"""The names data.chat_template takes besides a .jinja path (data/chat_templates.py: TEMPLATES)."""
 Engine = Literal["vllm", "hf"]
 """rollout.engine (engines/build.py: build_engine)."""
 RolloutMode = Literal["sync", "async"]

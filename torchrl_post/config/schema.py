@@ -34,6 +34,7 @@ from torchrl_post.config.enums import (
     RolloutMode,
     RSLevel,
     StepwiseMode,
+    Truncation,
 )
 
 
@@ -111,16 +112,25 @@ class DataConfig:
     """data_source for rows without that column."""
     apply_chat_template: bool = True
     """Wrap prompts with the tokenizer's chat template (a string prompt becomes one user message)."""
+    chat_template: str | None = None
+    """The chat template prompts and agent turns are rendered with: null keeps the tokenizer's own; a name
+    (chatml, qwen2_5, llama3, base, empty: ROLL's data_args.template) or a path to a .jinja file (TRL's
+    chat_template_path) replaces it, also in the exported tokenizer. A vision-language model takes a path only."""
     train_batch_size: int = 16
     """Prompts per training step (each is sampled rollout.n times)."""
     val_batch_size: int = 0
     """Prompts per validation generate call; 0 means the whole validation set at once."""
     max_prompt_length: int = 64
-    """Prompt token budget; longer prompts are filtered or rejected (filter_overlong_prompts)."""
+    """Prompt token budget; longer prompts are filtered, cut or rejected (filter_overlong_prompts, truncation)."""
     max_response_length: int = 8
     """Maximum generated tokens per sample."""
     filter_overlong_prompts: bool = True
-    """Drop prompts over max_prompt_length (the count is logged); false makes them an error."""
+    """Drop prompts over max_prompt_length (the count is logged); false hands them to data.truncation."""
+    truncation: Annotated[str, Truncation] = "error"
+    """A prompt over max_prompt_length that data.filter_overlong_prompts=false keeps (verl's data.truncation): error,
+    left (keep its last max_prompt_length tokens), right (its first) or middle (the first half and the last half,
+    the end taking the odd one; right cuts the generation prompt too, as verl's does). Cut after the chat template;
+    a cut through image tokens is an error."""
     shuffle: bool = True
     """Shuffle the training set every epoch (seeded by trainer.seed and the epoch)."""
     skip_bad_rows: bool = False
@@ -414,6 +424,14 @@ class AlgorithmConfig:
     """Advantage estimator: grpo, gae (needs a critic), reinforce, reinforce_plus_plus, rloo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std (false gives Dr.GRPO-style mean-centering only)."""
+    whiten_advantages: bool = False
+    """Whiten the advantages over the trained tokens of the whole batch, every actor rank's rows (ROLL's
+    whiten_advantages): (A - mean) / sqrt(var + 1e-8), var unbiased. gae and reinforce_plus_plus whiten theirs
+    anyway, over this rank's rows unless this is true (verl's whole-batch whitening); false leaves the others'
+    as estimated. Uniform GRPO groups then get nonzero advantages (actor.skip_zero_advantage skips fewer rows)."""
+    advantage_clip: float | None = None
+    """Clamp the advantages to [-advantage_clip, advantage_clip] after any whitening (ROLL's advantage_clip); null:
+    no clamp."""
     gamma: float = 1.0
     """Discount factor (gae, reinforce, reinforce_plus_plus)."""
     lam: float = 1.0

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from omegaconf import ListConfig
 
 from torchrl_post.algos.rollout_correction import rs_band
-from torchrl_post.config.enums import GroupEstimator
+from torchrl_post.config.enums import ChatTemplateName, GroupEstimator
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import ActorConfig, Config, CriticConfig
 
@@ -226,6 +226,8 @@ def validate(cfg: Config) -> None:
     if cfg.algorithm.kl_ctrl.type == "adaptive":
         _positive("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl)
         _positive("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)
+    if cfg.algorithm.advantage_clip is not None:
+        _positive("algorithm.advantage_clip", cfg.algorithm.advantage_clip)
     if not 0 <= cfg.algorithm.gamma <= 1 or not 0 <= cfg.algorithm.lam <= 1:
         raise ConfigError(
             f"algorithm.gamma={cfg.algorithm.gamma} and algorithm.lam={cfg.algorithm.lam} must be in [0, 1]"
@@ -250,6 +252,12 @@ def validate(cfg: Config) -> None:
         _positive("agent.max_tokens_per_turn", a.max_tokens_per_turn, allow_zero=True)
         _positive("agent.timeout_s", a.timeout_s)
     _positive("rollout.limit_images", cfg.rollout.limit_images)
+    names, template = typing.get_args(ChatTemplateName), cfg.data.chat_template
+    if template is not None and template not in names and not str(template).endswith(".jinja"):
+        raise ConfigError(
+            f"data.chat_template={template!r} is neither one of {', '.join(names)} nor a path to a .jinja file "
+            "(null: the tokenizer's own)"
+        )
     if not cfg.data.image_key:
         raise ConfigError("data.image_key is empty; name the column that lists each row's images (verl: images)")
     m = cfg.model

@@ -4,7 +4,8 @@
 A row has a prompt column (`data.prompt_key`: a string, or a list of chat messages) or a `messages`
 column, an answer column (`data.answer_key`, dots reach into nested dicts as in verl's
 reward_model.ground_truth), and optionally a data_source column. Prompts go through the tokenizer's chat
-template. Overlong prompts are dropped with a logged count, or rejected (data.filter_overlong_prompts).
+template (data.chat_template may replace it: data/chat_templates.py). Overlong prompts are dropped with a logged
+count (data.filter_overlong_prompts), or cut as data.truncation says (`truncate_prompt`), or rejected.
 """
 
 from __future__ import annotations
@@ -239,13 +240,16 @@ def load_prompts(
     processor: Any = None,
     max_images: int = 1,
     model: str | None = None,
+    vision_ids: tuple[int, ...] = (),
 ) -> PromptDataset:
     """Read, template, tokenize and length-filter the rows of `files`. With a vision-language model's
     `processor`, rows' images (`data.image_key`, at most `max_images` each) are read, and the prompt lengths
-    count their image tokens; without one (a text-only model) a row with images is a ConfigError, never
+    count their image tokens (`vision_ids`: the model's vision placeholder tokens, which data.truncation must
+    not cut); without one (a text-only model) a row with images is a ConfigError, never
     skipped (its images would be dropped silently). `model`: how that error names the model, e.g.
     "model.path='/models/x' (qwen2)"; by default the tokenizer's name_or_path."""
-    parse = _Parse(cfg, tokenizer, processor, max_images, model, PromptDataset([], [], [], [], [], files=list(files)))
+    out = PromptDataset([], [], [], [], [], files=list(files))
+    parse = _Parse(cfg, tokenizer, processor, max_images, model, out, frozenset(vision_ids))
     for path in files:
         rows, lines = _read_rows(path, parse.bad)
         for i, row in enumerate(rows):
@@ -262,11 +266,14 @@ def prompts_from_rows(
     processor: Any = None,
     max_images: int = 1,
     model: str | None = None,
+    vision_ids: tuple[int, ...] = (),
 ) -> PromptDataset:
     """`load_prompts` for rows passed in Python (`as_rows`: a list of dicts, a `datasets.Dataset`), parsed and
     checked as file rows are; a row's errors name it by `name` and its index (`train_data[3]: ...`). Images may
     be PIL images, bytes or paths (relative ones from the working directory)."""
-    parse = _Parse(cfg, tokenizer, processor, max_images, model, PromptDataset([], [], [], [], []))
+    parse = _Parse(
+        cfg, tokenizer, processor, max_images, model, PromptDataset([], [], [], [], []), frozenset(vision_ids)
+    )
     for i, row in as_rows(data, name, parse.bad):
         parse.add(row, i, f"{name}[{i}]", Path.cwd())
     return parse.finish(split, name)
@@ -305,6 +312,15 @@ def as_rows(data: Any, name: str, bad: list[str] | None = None) -> list[tuple[in
 
 
 @dataclass
+class _Overlong:
+    """Where the prompts over data.max_prompt_length were: dropped (data.filter_overlong_prompts), or cut
+    (data.truncation)."""
+
+    dropped: list[str]
+    cut: list[str]
+
+
+@dataclass
 class _Parse:
     """One split's rows being templated, tokenized and checked into `out`; what was filtered or skipped."""
 
@@ -314,7 +330,9 @@ class _Parse:
     max_images: int
     model: str | None
     out: PromptDataset
-    too_long: list[str] = field(default_factory=list)
+    vision_ids: frozenset[int] = frozenset()
+    """The vision placeholder tokens a data.truncation cut must keep."""
+    too_long: _Overlong = field(default_factory=lambda: _Overlong([], []))
     bad: list[str] | None = field(init=False, default=None)
     """Bad rows' errors with data.skip_bad_rows; None: a bad row raises."""
 
@@ -335,7 +353,9 @@ class _Parse:
             )
         try:
             if self.processor is not None:
-                _add_image_row(self.out, row, i, where, cfg, self.processor, self.too_long, base, self.max_images)
+                _add_image_row(
+                    self.out, row, i, where, cfg, self.processor, self.too_long, base, self.max_images, self.vision_ids
+                )
             else:
                 _add_row(self.out, row, i, where, cfg, tokenizer, self.too_long)
         except DataError as e:
@@ -345,18 +365,31 @@ class _Parse:
 
     def finish(self, split: str, source: str) -> PromptDataset:
         """The dataset, with the counts logged; DataError when no row is left (`source`: what the rows came from)."""
-        out, too_long, bad, cfg = self.out, self.too_long, self.bad, self.cfg
+        out, bad, cfg = self.out, self.bad, self.cfg
+        too_long, cut = self.too_long.dropped, self.too_long.cut
         out.num_filtered = len(too_long)
         out.num_bad = len(bad or [])
         if bad:
             log.warning("%s: skipped %d bad rows (data.skip_bad_rows=true); first: %s", split, len(bad), bad[0])
         if too_long:
             log.warning(
-                "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)",
+                "%s: filtered %d prompts over data.max_prompt_length=%d (first: %s)%s",
                 split,
                 len(too_long),
                 cfg.max_prompt_length,
                 too_long[0],
+                ""
+                if cfg.truncation == "error"
+                else f"; data.truncation={cfg.truncation} cuts only what data.filter_overlong_prompts=false keeps",
+            )
+        if cut:
+            log.info(
+                "%s: data.truncation=%s cut %d prompts to data.max_prompt_length=%d (first: %s)",
+                split,
+                cfg.truncation,
+                len(cut),
+                cfg.max_prompt_length,
+                cut[0],
             )
         if not out.prompt_ids:
             raise DataError(
@@ -389,8 +422,24 @@ def _where(path: str, i: int, line: int | None) -> str:
     return f"{path} row {i + 1}" if line == i + 1 else f"{path} row {i + 1} (line {line})"
 
 
+def truncate_prompt(ids: list[int], max_length: int, side: str) -> list[int]:
+    """A prompt's ids cut to `max_length` as verl's data.truncation: left keeps the last `max_length` ids, right
+    the first, middle the first `max_length // 2` and the last `max_length - max_length // 2`. Shorter prompts
+    come back as they are; side `error` (or any other) on an overlong one is a ValueError."""
+    if len(ids) <= max_length:
+        return ids
+    if side == "left":
+        return ids[len(ids) - max_length :]
+    if side == "right":
+        return ids[:max_length]
+    if side == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head) :]
+    raise ValueError(f"cannot truncate a prompt of {len(ids)} tokens to {max_length} with side {side!r}")
+
+
 def _add_row(
-    out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, tokenizer: Any, too_long: list[str]
+    out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, tokenizer: Any, too_long: _Overlong
 ) -> None:
     """Template, tokenize and check one row; append it to `out` (or its location to `too_long`)."""
     msgs = _messages(row, cfg, where)
@@ -399,21 +448,36 @@ def _add_row(
         ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
     else:
         ids = tokenizer("\n".join(m["content"] for m in msgs), add_special_tokens=True)["input_ids"]
-    if _fits(ids, cfg, where, too_long, ""):
-        _append(out, row, i, where, cfg, ids, msgs)
+    fitted = _fit(ids, cfg, where, too_long, "", frozenset())
+    if fitted is not None:
+        _append(out, row, i, where, cfg, fitted, msgs)
 
 
-def _fits(ids: list[int], cfg: DataConfig, where: str, too_long: list[str], counted: str) -> bool:
-    """Within data.max_prompt_length; an overlong prompt is recorded (filtered) or an error."""
-    if len(ids) <= cfg.max_prompt_length:
-        return True
-    if not cfg.filter_overlong_prompts:
+def _fit(
+    ids: list[int], cfg: DataConfig, where: str, too_long: _Overlong, counted: str, vision_ids: frozenset[int]
+) -> list[int] | None:
+    """The prompt within data.max_prompt_length: as it is; None when data.filter_overlong_prompts drops it;
+    cut by data.truncation; or an error (truncation `error`, or a cut through the vision tokens `vision_ids`)."""
+    limit = cfg.max_prompt_length
+    if len(ids) <= limit:
+        return ids
+    if cfg.filter_overlong_prompts:
+        too_long.dropped.append(where)
+        return None
+    if cfg.truncation == "error":
         raise DataError(
-            f"{where}: prompt is {len(ids)} tokens{counted}, over data.max_prompt_length={cfg.max_prompt_length}; "
-            "raise the limit or set data.filter_overlong_prompts=true"
+            f"{where}: prompt is {len(ids)} tokens{counted}, over data.max_prompt_length={limit}; raise the "
+            "limit, set data.filter_overlong_prompts=true, or cut it with data.truncation=left|right|middle"
         )
-    too_long.append(where)
-    return False
+    cut = truncate_prompt(ids, limit, cfg.truncation)
+    if vision_ids and sum(t in vision_ids for t in cut) != sum(t in vision_ids for t in ids):
+        raise DataError(
+            f"{where}: data.truncation={cfg.truncation} would cut image tokens from this prompt of {len(ids)} "
+            f"tokens{counted} (data.max_prompt_length={limit}); raise data.max_prompt_length or drop such "
+            "prompts with data.filter_overlong_prompts=true"
+        )
+    too_long.cut.append(where)
+    return cut
 
 
 def _append(
@@ -463,9 +527,10 @@ def _add_image_row(
     where: str,
     cfg: DataConfig,
     processor: Any,
-    too_long: list[str],
+    too_long: _Overlong,
     base: Path,
     max_images: int,
+    vision_ids: frozenset[int],
 ) -> None:
     """A vision-language row: its images read, the placeholders expanded to image tokens by the processor."""
     from torchrl_post.multimodal.vision import encode, image_inputs, load_image, with_image_items
@@ -480,9 +545,10 @@ def _add_image_row(
     images = [load_image(src, base, where) for src in sources]
     msgs = with_image_items(_messages(row, cfg, where, items=True), len(images), where)
     ids, mm = encode(processor, msgs, images)
-    if not _fits(ids, cfg, where, too_long, " with its images' tokens"):
+    fitted = _fit(ids, cfg, where, too_long, " with its images' tokens", vision_ids)
+    if fitted is None:
         return
-    _append(out, row, i, where, cfg, ids, msgs)
+    _append(out, row, i, where, cfg, fitted, msgs)
     out.images.append(images)
     if cfg.return_multi_modal_inputs:
         out.mm_inputs.append(mm if mm else image_inputs(processor, images))

@@ -242,6 +242,14 @@ def all_reduce_max(value: float, group: dist.ProcessGroup | None) -> float:
     return float(t.item())
 
 
+def all_reduce_sum(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """A small CPU tensor summed over `group`'s ranks, as a copy (`t`'s values without a process group)."""
+    out = t.clone()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
 def dp_group(mesh: DeviceMesh) -> dist.ProcessGroup:
     """All data-parallel ranks of a role mesh: its group for a 1-D mesh; for HSDP's 2-D mesh (which spans its
     whole cell, see `Topology`) the cell's default group."""

@@ -59,6 +59,8 @@ METRICS: dict[str, str] = {
     "critic/rewards/mean": "Mean reward after the KL penalty (equal to the score without one).",
     "critic/advantages/mean": "Mean advantage over the trained tokens.",
     "critic/returns/mean": "Mean return (estimators with returns: gae, reinforce).",
+    "critic/advantage_clip_frac": "Fraction of trained tokens whose advantage algorithm.advantage_clip clamped "
+    "(ROLL's name; a mean of the ranks' fractions).",
     "critic/values/mean": "Mean value of the critic (gae).",
     "critic/loss": "The clipped value loss.",
     "critic/vf_clipfrac": "Fraction of values clipped by critic.cliprange_value.",

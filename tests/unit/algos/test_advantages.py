@@ -8,6 +8,7 @@ import torch
 
 from tests.unit.algos.helpers import MASK
 from torchrl_post.algos.advantages import (
+    clip_advantages,
     gae_advantages,
     group_advantages,
     grpo_advantages,
@@ -17,6 +18,8 @@ from torchrl_post.algos.advantages import (
     reinforce_returns,
     rloo_advantages,
     scores_to_token_rewards,
+    whiten_by_moments,
+    whiten_moments,
 )
 
 
@@ -133,6 +136,52 @@ def test_masked_whiten_single_entry_is_zero_not_nan():
     assert out[0, 0].item() == 0.0
 
 
+# --- whiten_moments / whiten_by_moments / clip_advantages (algorithm.whiten_advantages, advantage_clip) --------
+
+
+def test_whiten_by_moments_by_hand_masked_entries_excluded():
+    x = torch.tensor([[1.0, 2.0, 3.0, 99.0], [5.0, 77.0, 77.0, 77.0]])
+    moments = whiten_moments(x, MASK)
+    # the real entries 1, 2, 3, 5 (99 and the 77s are padding): N = 4, sum 11, sum of squares 1 + 4 + 9 + 25 = 39
+    assert moments.tolist() == [4.0, 11.0, 39.0]
+    out = whiten_by_moments(x, MASK, moments)
+    # mean 2.75; squared deviations 3.0625 + 0.5625 + 0.0625 + 5.0625 = 8.75; unbiased var 8.75 / 3 = 2.91667,
+    # std 1.70783: (1 - 2.75) / 1.70783 = -1.02470, -0.75 / . = -0.43916, 0.25 / . = 0.14639, 2.25 / . = 1.31747
+    expected = torch.tensor([[-1.02470, -0.43916, 0.14639, 0.0], [1.31747, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, masked_whiten(x, MASK) * MASK)  # the same numbers as GAE's whitening
+
+
+def test_whiten_moments_add_up_over_data_parallel_parts():
+    """Two ranks holding a row each: their summed moments whiten each rank's row as the whole batch would."""
+    x = torch.tensor([[1.0, 2.0, 3.0, 99.0], [5.0, 77.0, 77.0, 77.0]])
+    parts = [(x[:1], MASK[:1]), (x[1:], MASK[1:])]
+    total = sum(whiten_moments(xp, mp) for xp, mp in parts)
+    assert isinstance(total, torch.Tensor) and total.tolist() == [4.0, 11.0, 39.0]
+    whole = whiten_by_moments(x, MASK, whiten_moments(x, MASK))
+    for row, (xp, mp) in enumerate(parts):
+        torch.testing.assert_close(whiten_by_moments(xp, mp, total), whole[row : row + 1])
+    # whitening each part on its own (what a per-rank whitening does) gives other numbers: rank 1's single entry 0
+    assert whiten_by_moments(x[1:], MASK[1:], whiten_moments(x[1:], MASK[1:]))[0, 0].item() == 0.0
+
+
+def test_whiten_by_moments_one_or_no_entry():
+    one = torch.tensor([[4.0, 7.0]])
+    out = whiten_by_moments(one, torch.tensor([[1.0, 0.0]]), whiten_moments(one, torch.tensor([[1.0, 0.0]])))
+    assert out.tolist() == [[0.0, 0.0]]
+    none = whiten_by_moments(one, torch.zeros(1, 2), whiten_moments(one, torch.zeros(1, 2)))
+    assert none.tolist() == [[0.0, 0.0]]
+
+
+def test_clip_advantages_by_hand():
+    adv = torch.tensor([[2.0, -0.5, -3.0, 9.0], [0.25, 0.0, 0.0, 0.0]])
+    out, frac = clip_advantages(adv, MASK, 1.0)
+    # real entries 2, -0.5, -3, 0.25: two of the four clamped (the padding's 9 is not counted)
+    assert out.tolist() == [[1.0, -0.5, -1.0, 1.0], [0.25, 0.0, 0.0, 0.0]]
+    assert frac == 0.5
+    assert clip_advantages(adv, torch.zeros_like(MASK), 1.0)[1] == 0.0
+
+
 # --- gae_advantages -----------------------------------------------------------------------------------------
 
 
@@ -179,6 +228,18 @@ def test_gae_advantages_whitened_returns_not():
     assert (adv * MASK).sum().item() == pytest.approx(0.0, abs=1e-5)
     assert _masked_unbiased_std(adv, MASK) == pytest.approx(1.0, abs=1e-4)
     assert _masked_unbiased_std(ret, MASK) != pytest.approx(1.0, abs=1e-2)
+
+
+def test_gae_and_reinforce_plus_plus_unwhitened_for_a_whole_batch_whitening():
+    """whiten=False (algorithm.whiten_advantages: the caller whitens over every rank's rows): the raw A * m."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 5.0], [2.0, 7.0, 7.0, 7.0]])
+    values = torch.tensor([[0.5, 0.4, 0.2, 9.0], [1.0, 3.0, 3.0, 3.0]])
+    adv, _ = gae_advantages(rewards, values, MASK, gamma=0.9, lam=0.8, whiten=False)
+    torch.testing.assert_close(adv, torch.tensor([[0.11632, 0.356, 0.8, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+    adv, ret = reinforce_plus_plus_advantages(rewards, MASK, gamma=0.5, whiten=False)
+    # returns-to-go at gamma 0.5: row 0 G2 = 1, G1 = 0.5, G0 = 0.25 (the masked 5 not counted); row 1 G0 = 2
+    torch.testing.assert_close(adv, torch.tensor([[0.25, 0.5, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]]))
+    assert adv is ret
 
 
 # --- reinforce_returns / reinforce_plus_plus_advantages -----------------------------------------------------

@@ -135,3 +135,28 @@ def test_rollout_correction_values_accepted() -> None:
     load_config([f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=2", f"{RC}.rollout_rs_threshold_lower=1"])
     load_config([f"{RC}.rollout_rs=geometric", f"{RC}.rollout_rs_threshold=1.001"])
     assert load_config([f"{RC}.rollout_token_veto_threshold=1e-4"]).algorithm.rollout_correction is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.truncation=both"], "data.truncation='both' is not one of error, left, right, middle"),
+        (["algorithm.advantage_clip=0"], "algorithm.advantage_clip=0.0 must be > 0"),
+        (["algorithm.advantage_clip=-1"], "algorithm.advantage_clip=-1.0 must be > 0"),
+    ],
+)
+def test_truncation_and_advantage_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    assert str(info.value) == message
+
+
+def test_truncation_and_advantage_keys_accepted() -> None:
+    cfg = load_config(["data.truncation=middle", "algorithm.whiten_advantages=true", "algorithm.advantage_clip=5"])
+    assert (cfg.data.truncation, cfg.algorithm.whiten_advantages, cfg.algorithm.advantage_clip) == ("middle", True, 5)
+    default = load_config([])
+    assert (default.data.truncation, default.algorithm.whiten_advantages, default.algorithm.advantage_clip) == (
+        "error",
+        False,
+        None,
+    )

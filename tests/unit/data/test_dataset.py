@@ -18,9 +18,9 @@ from tests.unit.error_helpers import _one_line
 from tests.unit.vision_helpers import BLUE, RED
 from torchrl_post.config.errors import DataError
 from torchrl_post.config.schema import DataConfig
-from torchrl_post.data.dataset import as_rows, load_prompts, prompts_from_rows, read_rows
+from torchrl_post.data.dataset import as_rows, load_prompts, prompts_from_rows, read_rows, truncate_prompt
 from torchrl_post.demo.tokenizer import build_char_tokenizer
-from torchrl_post.multimodal.vision import image_inputs, load_processor
+from torchrl_post.multimodal.vision import VisionSpec, image_inputs, load_processor
 
 ROWS = [
     {"prompt": "What is 1+2?", "answer": "3", "data_source": "arithmetic"},
@@ -271,6 +271,51 @@ def test_overlong_prompt_is_an_error_without_filtering(tmp_path, tok):
     msg = _data_error(load_prompts, [str(path)], cfg, tok, "train")
     assert f"{path} row 2" in msg
     assert "data.max_prompt_length=32" in msg
+
+
+# --- data.truncation ----------------------------------------------------------------------------------------
+
+
+def test_truncate_prompt_by_hand():
+    ids = list(range(1, 11))
+    assert truncate_prompt(ids, 4, "left") == [7, 8, 9, 10]
+    assert truncate_prompt(ids, 4, "right") == [1, 2, 3, 4]
+    assert truncate_prompt(ids, 4, "middle") == [1, 2, 9, 10]
+    assert truncate_prompt(ids, 5, "middle") == [1, 2, 8, 9, 10]  # verl: the end keeps the odd one
+    assert truncate_prompt(ids, 10, "left") == ids and truncate_prompt(ids, 12, "error") == ids
+    with pytest.raises(ValueError):
+        truncate_prompt(ids, 4, "error")
+
+
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+def test_overlong_prompts_are_cut_after_the_chat_template(tmp_path, tok, side):
+    rows = [{"prompt": "1+1", "answer": "2"}, {"prompt": "x" * 30 + "2+2", "answer": "4"}]
+    path = _write_jsonl(tmp_path / "d.jsonl", rows)
+    limit = 30
+    full = _template_ids(tok, [{"role": "user", "content": rows[1]["prompt"]}])
+    assert len(_template_ids(tok, [{"role": "user", "content": "1+1"}])) <= limit < len(full)
+    cfg = DataConfig(max_prompt_length=limit, filter_overlong_prompts=False, truncation=side)
+    ds = load_prompts([str(path)], cfg, tok, "train")
+    assert ds.num_filtered == 0 and ds.answers == ["2", "4"]
+    expected = {"left": full[-30:], "right": full[:30], "middle": full[:15] + full[-15:]}[side]
+    assert ds.prompt_ids[1] == expected
+    if side == "left":  # the end survives: the question and the generation prompt
+        assert tok.decode(ds.prompt_ids[1]).endswith("2+2<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_filter_goes_before_truncation(tmp_path, tok):
+    """verl's order: data.filter_overlong_prompts=true drops the prompt before data.truncation sees it."""
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1", "answer": "2"}, {"prompt": "x" * 30, "answer": "0"}])
+    ds = load_prompts([str(path)], DataConfig(max_prompt_length=30, truncation="left"), tok, "train")
+    assert ds.num_filtered == 1 and ds.answers == ["2"]
+
+
+def test_overlong_error_names_truncation(tmp_path, tok):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x" * 30, "answer": "0"}])
+    msg = _data_error(
+        load_prompts, [str(path)], DataConfig(max_prompt_length=20, filter_overlong_prompts=False), tok, "t"
+    )
+    assert "data.truncation=left|right|middle" in msg and "data.filter_overlong_prompts=true" in msg
 
 
 def test_empty_after_filtering(tmp_path, tok):
@@ -557,6 +602,31 @@ def test_image_tokens_count_against_the_prompt_budget(qwen2_vl: tuple[Path, Any]
             "t",
             processor,
         )
+
+
+def test_truncation_never_cuts_image_tokens(qwen2_vl: tuple[Path, Any], tmp_path: Path) -> None:
+    """A cut that keeps every vision token is made; one through them is an error naming data.truncation."""
+    from transformers import AutoConfig
+
+    path_, processor = qwen2_vl
+    spec = VisionSpec.of(AutoConfig.from_pretrained(path_))
+    assert spec is not None
+    (tmp_path / "red.png").write_bytes(_png(RED))
+    path = _jsonl(tmp_path / "rows.jsonl", [{"prompt": "<image>" + "x" * 10, "images": ["red.png"], "answer": "red"}])
+    tokenizer = processor.tokenizer
+    full = load_prompts([path], DataConfig(max_prompt_length=512), tokenizer, "t", processor).prompt_ids[0]
+    first = min(j for j, t in enumerate(full) if t in spec.never_generated)
+    last = max(j for j, t in enumerate(full) if t in spec.never_generated)
+
+    def load(limit: int, side: str) -> list[int]:
+        cfg = DataConfig(max_prompt_length=limit, filter_overlong_prompts=False, truncation=side)
+        return load_prompts([path], cfg, tokenizer, "t", processor, vision_ids=spec.never_generated).prompt_ids[0]
+
+    assert load(len(full) - first, "left") == full[first:]  # the text before the image goes
+    assert load(last + 1, "right") == full[: last + 1]  # the text after it goes
+    for limit, side in ((len(full) - first - 1, "left"), (last, "right"), (4, "middle")):
+        with pytest.raises(DataError, match=rf"rows.jsonl row 1: data.truncation={side} would cut image tokens"):
+            load(limit, side)
 
 
 @pytest.mark.parametrize(
