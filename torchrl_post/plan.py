@@ -24,10 +24,11 @@ from typing import Literal
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.algos.rollout_correction import RolloutCorrection, rs_band
 from torchrl_post.algos.sampling_support import Truncation, sampler_truncation
+from torchrl_post.config.aliases import DEFAULTS_FROM
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
-from torchrl_post.config.validate import validate_batch, validate_placement
+from torchrl_post.config.validate import mini_batch_prompts, validate_batch, validate_placement
 from torchrl_post.distributed.liveness import Deadlines, deadlines
 from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, EngineSpec
@@ -120,6 +121,8 @@ class RunPlan:
     deadlines: Deadlines = field(default_factory=lambda: deadlines(300.0))
     """How long a rank may be silent (trainer.wait_timeout_s) and the collectives' timeout (distributed/liveness.py)."""
     notes: tuple[str, ...] = field(default=())
+    defaults_from: str = "torchrl_post"
+    """trainer.defaults_from: whose defaults the keys not set took (the plan's first line)."""
     """What the plan placed or left out that the config did not say (printed once as `note:` lines)."""
 
     @property
@@ -170,7 +173,11 @@ class RunPlan:
     def describe(self, device: str, backend: str) -> str:
         """The dry-run plan: roles -> ranks, meshes, engines, the sync, where each role comes from, batch
         arithmetic."""
-        lines = [self.placement.describe(), f"  device {device}, backend {backend}"]
+        lines = [
+            f"defaults: {DEFAULTS_FROM[self.defaults_from]}",
+            self.placement.describe(),
+            f"  device {device}, backend {backend}",
+        ]
         for role, r in self.roles.items():
             how = "HSDP" if len(r.mesh_dims) == 2 else "FSDP"
             sp = r.sequence_parallel
@@ -416,7 +423,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}
     validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
     n, bsz = cfg.rollout.n, cfg.data.train_batch_size
-    mini = cfg.actor.ppo_mini_batch_size or bsz
+    mini = mini_batch_prompts(cfg, len(placement.ranks["actor"]) // cfg.model.ulysses_sequence_parallel_size)
     fsdp = {
         role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
         for role, f in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp))
@@ -472,4 +479,5 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         skip_zero_advantage=skips_zero_advantage(cfg),
         deadlines=deadlines(cfg.trainer.wait_timeout_s),
         notes=tuple(notes),
+        defaults_from=cfg.trainer.defaults_from,
     )

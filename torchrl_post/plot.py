@@ -29,17 +29,11 @@ def run_dir_of_train_args(argv: list[str]) -> Path | None:
     """The run directory a `torchrl_post.train` command with these arguments writes metrics.jsonl to; None for a
     dry run or a validation-only run (they write none)."""
     from torchrl_post.config import UserError, load_config
+    from torchrl_post.config.command_line import parse_command_line
 
-    name, overrides, it = "config", [], iter(argv)
-    for arg in it:
-        if arg == "--config-name":
-            name = next(it, name)
-        elif arg.startswith("--config-name="):
-            name = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
+    line = parse_command_line(argv)
     try:
-        t = load_config(overrides, name).trainer
+        t = load_config(line.overrides, line.config_name, line.config_path, flags=bool(line.flags)).trainer
     except UserError as e:
         _fail(str(e))
         raise  # unreachable: _fail exits

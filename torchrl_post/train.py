@@ -1,6 +1,7 @@
 """Entrypoint: config -> run plan -> process groups -> this rank's program -> fit.
 
     torchrun --standalone --nproc-per-node 2 -m torchrl_post.train [--config-path DIR] [--config-name NAME] [key=value ...]
+    torchrun --standalone --nproc-per-node 2 -m torchrl_post.train --learning_rate 1e-6 --num_generations 8  # TRL's
     torchrun --standalone --nproc-per-node 2 $(which torchrl-post-train) ...   # the console script
     python -m torchrl_post.train trainer.dry_run=true        # print the plan, load nothing
 
@@ -11,37 +12,26 @@ objects where these arguments name import paths and files: the same run through 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from torchrl_post import api
 from torchrl_post.config import UserError, load_config
+from torchrl_post.config.command_line import parse_command_line
+from torchrl_post.config.load import peer_yaml_overrides
 from torchrl_post.distributed.env import end_process
-
-
-def _parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
-    """(--config-name, --config-path, the key=value overrides), as Hydra users type them (`-cn` / `-cp` too)."""
-    name, path, overrides, it = "config", None, [], iter(argv)
-    for arg in it:
-        if arg in ("--config-name", "-cn"):
-            name = next(it, name)
-        elif arg.startswith("--config-name="):
-            name = arg.split("=", 1)[1]
-        elif arg in ("--config-path", "-cp"):
-            path = next(it, path)
-        elif arg.startswith("--config-path="):
-            path = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
-    return name, path, overrides
 
 
 def main(argv: list[str] | None = None) -> None:
     """The command line as a client of the Python API: the config from the arguments, then `api.run`, which
     resolves the config's import paths into the objects a script would pass."""
-    name, path, overrides = _parse_args(sys.argv[1:] if argv is None else argv)
+    line = parse_command_line(sys.argv[1:] if argv is None else argv)
     code = 0
     alias_notes: list[str] = []  # verl / ROLL / rLLM / TRL names on the command line, one note each
     try:
-        api.run(load_config(overrides, name, path, notes=alias_notes), notes=alias_notes, process_ends=True)
+        given = [o for f in line.files for o in peer_yaml_overrides(Path(f))] + line.overrides  # TRL's --config
+        flags = bool(line.flags or line.files)
+        cfg = load_config(given, line.config_name, line.config_path, alias_notes, flags)
+        api.run(cfg, notes=alias_notes, process_ends=True)
     except UserError as e:
         api.report_error(e)  # a no-op for what api.run reported already
         code = 2

@@ -44,6 +44,9 @@ class Alias:
     subtree: bool = False
     also: tuple[tuple[str, str], ...] = ()
     """Overrides this alias implies besides its own (our key, value text)."""
+    shared: tuple[str, ...] = ()
+    """Other sources whose key this is too, with the same meaning (ROLL's and TRL's `max_steps`): a key of several
+    sources does not say whose defaults a command line wants (config/aliases.py: written_in)."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +141,21 @@ def _pg_variant(v: Any) -> str:
     raise Refused(f"the policy losses here are vanilla (PPO clip) and gspo: use actor.policy_loss=vanilla, not {v}")
 
 
-def _dual_clip(v: Any) -> float | None:
-    if not isinstance(v, bool):
-        raise Refused("it takes true or false; the bound itself is actor.clip_ratio_c")
-    return 3.0 if v else None
+def _resume(v: Any) -> dict[str, Any]:
+    """ROLL's and TRL's resume_from_checkpoint: false / None start fresh, true the latest checkpoint of the run
+    directory, a string that checkpoint (several keys here)."""
+    if v is None or v is False:
+        return {"trainer.resume_mode": "disable"}
+    if v is True:
+        return {"trainer.resume_mode": "auto"}
+    if isinstance(v, str) and v:
+        return {"trainer.resume_mode": "resume_path", "trainer.resume_from_path": v}
+    raise Refused("it takes false, true (the latest checkpoint) or a checkpoint directory")
+
+
+def _no_cap(v: Any) -> Any:
+    """TRL's max_steps: -1 (its default) trains num_train_epochs epochs; here null."""
+    return None if isinstance(v, int) and v < 0 else v
 
 
 def _loggers(v: Any) -> list[str]:
@@ -547,17 +561,27 @@ ALIASES: tuple[Alias, ...] = (
     _refused(L, "env.name", "agent.env takes the environment class's import path: agent.env=package.module:Class"),
     # ---- ROLL: the pipeline ---------------------------------------------------------------------------------------
     _rename(R, "pretrain", "model.path"),
+    _rename(R, "exp_name", "trainer.experiment_name"),
     _rename(R, "rollout_batch_size", "data.train_batch_size", "prompts per step"),
     _rename(R, "num_return_sequences_in_group", "rollout.n"),
     _rename(R, "prompt_length", "data.max_prompt_length"),
     _rename(R, "response_length", "data.max_response_length"),
-    _rename(R, "max_steps", "trainer.total_training_steps", "TRL's too"),
-    _rename(R, "save_steps", "trainer.save_freq", "TRL's too"),
-    _rename(R, "eval_steps", "trainer.test_freq", "TRL's too"),
-    _rename(R, "output_dir", "trainer.default_local_dir", "TRL's too"),
-    _rename(R, "resume_from_checkpoint", "trainer.resume_from_path", also=(("trainer.resume_mode", "resume_path"),)),
+    _rename(
+        R, "max_steps", "trainer.total_training_steps", "TRL's too; -1 (no cap) is null", convert=_no_cap, shared=(T,)
+    ),
+    _rename(R, "save_steps", "trainer.save_freq", "TRL's too", shared=(T,)),
+    _rename(R, "eval_steps", "trainer.test_freq", "TRL's too", shared=(T,)),
+    _rename(R, "output_dir", "trainer.default_local_dir", "TRL's too", shared=(T,)),
+    _rename(
+        R,
+        "resume_from_checkpoint",
+        "trainer.resume_mode",
+        "TRL's too; false: start fresh (resume_mode=disable), true: the latest checkpoint (auto), a path: that one",
+        convert=_resume,
+        shared=(T,),
+    ),
     _rename(R, "track_with", "trainer.logger", "stdout becomes console", convert=_loggers),
-    _rename(R, "seed", "trainer.seed", "TRL's too"),
+    _rename(R, "seed", "trainer.seed", "TRL's too", shared=(T,)),
     _rename(R, "adv_estimator", "algorithm.adv_estimator"),
     _rename(R, "gamma", "algorithm.gamma"),
     _rename(R, "lambd", "algorithm.lam"),
@@ -571,7 +595,9 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "pg_clip", "actor.clip_ratio"),
     _rename(R, "pg_clip_low", "actor.clip_ratio_low"),
     _rename(R, "pg_clip_high", "actor.clip_ratio_high"),
-    _rename(R, "dual_clip_loss", "actor.clip_ratio_c", "true is the bound 3.0, false null", convert=_dual_clip),
+    Alias(
+        R, "dual_clip_loss", "combined", "actor.clip_ratio_c", "true: the bound ROLL uses, 1 + 2 x pg_clip; false null"
+    ),
     _rename(R, "pg_variant", "actor.policy_loss", "vanilla/ppo become vanilla; gspo", convert=_pg_variant),
     _rename(R, "entropy_loss_coef", "actor.entropy_coeff"),
     _rename(R, "ppo_epochs", "actor.ppo_epochs"),
@@ -618,10 +644,11 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "actor_train.training_args.lr_scheduler_type", "actor.lr_scheduler_type", "constant or cosine"),
     _rename(R, "actor_train.training_args.max_grad_norm", "actor.grad_clip"),
     _rename(R, "actor_train.training_args.per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
-    _refused(
+    _rename(
         R,
         "actor_train.training_args.gradient_accumulation_steps",
-        "it counts micro-batches; give the optimizer step in prompts: actor.ppo_mini_batch_size (0: one per step)",
+        "actor.gradient_accumulation_steps",
+        "per rank: the optimizer step is micro-batch x steps x data-parallel ranks samples",
     ),
     _rename(R, "actor_train.data_args.file_name", "data.train_files"),
     _rename(R, "actor_train.data_args.prompt", "data.prompt_key"),
@@ -720,10 +747,12 @@ ALIASES: tuple[Alias, ...] = (
         "the KL term is its own switch here: actor.use_kl_loss=true actor.kl_loss_coef=(beta) (k3: low_var_kl)",
     ),
     _rename(T, "per_device_train_batch_size", "actor.ppo_micro_batch_size_per_gpu"),
-    _refused(
+    _rename(
         T,
         "gradient_accumulation_steps",
-        "it counts micro-batches; give the optimizer step in prompts: actor.ppo_mini_batch_size (0: one per step)",
+        "actor.gradient_accumulation_steps",
+        "per process: the optimizer step is micro-batch x steps x data-parallel ranks samples",
+        shared=(R,),
     ),
     _rename(T, "num_train_epochs", "trainer.total_epochs"),
     _rename(T, "gradient_checkpointing", "model.enable_gradient_checkpointing"),

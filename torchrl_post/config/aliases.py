@@ -28,7 +28,18 @@ from torchrl_post.config.schema import Config
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "aliases.md"
 
-__all__ = ["ALIASES", "Alias", "closest_keys", "find_alias", "our_keys", "render", "rewrite_overrides", "unknown_key"]
+__all__ = [
+    "ALIASES",
+    "BASES",
+    "Alias",
+    "closest_keys",
+    "find_alias",
+    "our_keys",
+    "render",
+    "rewrite_overrides",
+    "unknown_key",
+    "written_in",
+]
 
 
 def our_keys(cls: type = Config, prefix: str = "") -> set[str]:
@@ -78,6 +89,42 @@ def unknown_key(key: str, arg: str) -> str:
     return f"{arg}: unknown config key '{key}'; {fix} every key is in docs/config.md (verl / ROLL / TRL keys: docs/aliases.md)"
 
 
+DEFAULTS_FROM = {
+    "torchrl_post": "this project's (configs/config.yaml)",
+    "verl": "verl's ppo_trainer.yaml (configs/verl.yaml)",
+    "roll": "ROLL's RLVR pipeline (configs/roll.yaml)",
+    "trl": "TRL's GRPOConfig (configs/trl.yaml)",
+}
+"""trainer.defaults_from -> where its defaults come from (the plan's first line)."""
+
+
+BASES = {"verl": "verl", "rLLM": "verl", "ROLL": "roll", "TRL": "trl"}
+"""A source -> the shipped config with its defaults (rLLM trains on verl's ppo_trainer.yaml)."""
+FLAG_SOURCES = ("TRL",)
+"""The sources whose command lines are argparse flags (`--learning_rate 1e-6`)."""
+
+
+def written_in(overrides: list[str], flags: bool = False) -> tuple[str | None, list[str]]:
+    """(the config with the defaults of the one peer whose keys the command line uses, or None; the keys that say
+    so). A key that is ours, or the same name in several peers, says nothing alone; keys of two peers say nothing
+    (the caller's defaults stay). Flags (`--key value`) are TRL's way of writing a command line."""
+    peers = {BASES[s] for s in FLAG_SOURCES} if flags else None
+    keys: list[str] = []
+    for arg in overrides:
+        head, eq, _ = arg.partition("=")
+        key = head.lstrip("+~")
+        row = find_alias(key) if eq and key not in _KEYS else None
+        if row is None or row.kind == "same":
+            continue
+        sources = {BASES.get(s, s) for s in (row.source, *row.shared)}
+        peers = sources if peers is None else peers & sources
+        keys.append(key)
+    if peers is None or len(peers) != 1:
+        return None, keys
+    (peer,) = peers
+    return (peer if peer in BASES.values() else None), keys
+
+
 def _parse_value(text: str) -> Any:
     """An override's value as Hydra reads it (`True` -> True, `'error'` -> 'error', `[1,2]` -> [1, 2])."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -123,6 +170,10 @@ def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used
             converted = row.convert(value)
         except Refused as e:
             raise ConfigError(f"{who} has no equivalent here: {e}") from None
+        if isinstance(converted, dict):  # one of theirs is several of ours
+            used = [_Used(f"{prefix}{key}={text}", k, render_value(v), row) for k, v in converted.items()]
+            said = ", ".join(f"{u.key}={u.value}" for u in used)
+            return used, f"{who} is {said} here" + (f" ({row.note})" if row.note else "")
         new_text = render_value(converted)
     else:
         new_text = text
@@ -132,9 +183,9 @@ def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used
     return used, f"{who} is {said} here" + (f" ({row.note})" if row.note and row.convert else "")
 
 
-def _combine(rows: dict[str, tuple[Alias, str, str]]) -> tuple[list[_Used], list[str]]:
-    """Keys that together make one of ours: verl's custom_reward_function.path + .name and trainer.n_gpus_per_node
-    x trainer.nnodes."""
+def _combine(rows: dict[str, tuple[Alias, str, str]], given: dict[str, str]) -> tuple[list[_Used], list[str]]:
+    """Keys that together make one of ours: verl's custom_reward_function.path + .name, trainer.n_gpus_per_node
+    x trainer.nnodes, ROLL's dual_clip_loss with its pg_clip (`given`: every key=value of the command line)."""
     used: list[_Used] = []
     notes: list[str] = []
     values = {key: _parse_value(text) for key, (_, text, _) in rows.items()}
@@ -152,6 +203,17 @@ def _combine(rows: dict[str, tuple[Alias, str, str]]) -> tuple[list[_Used], list
         notes.append(
             "verl's custom_reward_function.path + custom_reward_function.name are one key here: "
             f"reward.function={fn}" + ("" if name else " (verl's default name compute_score)")
+        )
+    if "dual_clip_loss" in rows:
+        on, arg = values["dual_clip_loss"], args["dual_clip_loss"]
+        if not isinstance(on, bool):
+            raise ConfigError(f"ROLL's {arg}: it takes true or false; the bound itself is actor.clip_ratio_c")
+        clip = _parse_value(given.get("pg_clip", given.get("actor.clip_ratio", "0.2")))
+        bound = round(1 + 2 * float(clip), 6) if on else None
+        used.append(_Used(arg, "actor.clip_ratio_c", render_value(bound), _EXACT["dual_clip_loss"]))
+        notes.append(
+            f"ROLL's {arg} is actor.clip_ratio_c={render_value(bound)} here"
+            + (f" (ROLL's bound, 1 + 2 x pg_clip={clip})" if on else "")
         )
     if "trainer.n_gpus_per_node" in rows or "trainer.nnodes" in rows:
         gpus, nodes = values.get("trainer.n_gpus_per_node", 8), values.get("trainer.nnodes", 1)
@@ -192,7 +254,8 @@ def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
         used += out
         notes.append(note)
     if combined:
-        out, more = _combine(combined)
+        given = {a.partition("=")[0].lstrip("+~"): a.partition("=")[2] for a in overrides}
+        out, more = _combine(combined, given)
         used += out
         notes += more
     _check_conflicts(used)

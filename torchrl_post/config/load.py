@@ -15,11 +15,12 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.alias_table import render_value
-from torchrl_post.config.aliases import find_alias, rewrite_overrides, unknown_key
+from torchrl_post.config.aliases import DEFAULTS_FROM, find_alias, rewrite_overrides, unknown_key, written_in
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
@@ -98,66 +99,28 @@ def _schema_node(dotted: str) -> Any:
     return node
 
 
-def _yaml_files(user: Path, config_name: str) -> list[Path]:
-    """The user's YAML files a composition reads: `<config_name>.yaml` and, transitively, the files of the same
-    directory its `defaults` list names (those of the shipped configs are ours)."""
-    out: list[Path] = []
-    todo = [config_name]
-    while todo:
-        f = user / f"{todo.pop(0)}.yaml"
-        if not f.is_file() or f in out:
-            continue
-        out.append(f)
-        try:
-            data = OmegaConf.to_container(OmegaConf.load(f))
-        except Exception:  # Hydra reports a malformed file itself, with its path
-            continue
-        defaults = data.get("defaults") if isinstance(data, dict) else None
-        for entry in defaults if isinstance(defaults, list) else []:
-            if isinstance(entry, str) and entry != "_self_":
-                todo.append(entry)
-    return out
-
-
-def check_user_yaml(path: Path) -> None:
-    """A YAML file under --config-path uses our keys: a verl / rLLM / ROLL / TRL key there is refused with one line
-    naming the file, the key and what it is here (the command line's rewriting, config/aliases.py, done for the
-    entry); an unknown key with the closest real ones. Only command-line overrides are rewritten: a file keeps one
-    spelling, ours, which the run's config.yaml and every doc use."""
+def _written_in_ours(path: Path) -> bool:
+    """Whether a user's YAML file uses our keys only, at every depth (then Hydra composes it as it is); one with a
+    peer's keys, or an unknown one, is read through the alias table instead (`peer_yaml_overrides`)."""
     try:
         data = OmegaConf.to_container(OmegaConf.load(path))
     except Exception:  # malformed YAML: Hydra's own message names the file
-        return
+        return True
     if not isinstance(data, dict):
-        return
+        return True
 
-    def walk(node: dict[Any, Any], prefix: str) -> None:
+    def ours(node: dict[Any, Any], prefix: str) -> bool:
         for k, value in node.items():
             key = f"{prefix}{k}"
             if key in ("defaults", "hydra") or key.startswith("hydra."):
                 continue
-            if _in_schema(key):
-                if isinstance(value, dict) and is_dataclass(_schema_node(key)):
-                    walk(value, key + ".")
-                continue
-            row = find_alias(key)
-            if row is None and isinstance(value, dict) and value:
-                walk(value, key + ".")  # e.g. actor_rollout_ref: {actor: {...}}: its leaves may be aliases
-                continue
-            entry = f"{path}: {key}: {render_value(value)}"
-            if row is None:
-                raise ConfigError(unknown_key(key, entry))
-            try:
-                ours, _ = rewrite_overrides([f"{key}={render_value(value)}"])
-            except ConfigError as e:
-                raise ConfigError(f"{path}: {e}") from None
-            said = ", ".join(o.replace("=", ": ", 1) for o in ours) or "nothing (it changes nothing here; delete it)"
-            raise ConfigError(
-                f"{entry}: {row.source}'s key, which only command-line overrides may use (they are rewritten, a "
-                f"YAML file is not); write ours in the file: {said}"
-            )
+            if not _in_schema(key):
+                return False
+            if isinstance(value, dict) and is_dataclass(_schema_node(key)) and not ours(value, key + "."):
+                return False
+        return True
 
-    walk(data, "")
+    return ours(data, "")
 
 
 HYDRA_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic"
@@ -189,18 +152,39 @@ def check_override_syntax(arg: str) -> None:
 
 def load_config(
     overrides: list[str] | None = None,
-    config_name: str = "config",
+    config_name: str | None = None,
     config_path: str | None = None,
     notes: list[str] | None = None,
+    flags: bool = False,
 ) -> Config:
     """Compose `<config_name>.yaml` over the schema with `key=value` overrides; validate. The YAML is looked up
     in `config_path` (a user's directory, as Hydra's --config-path) first, then in the shipped configs
-    (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`). Overrides with
-    verl / rLLM / ROLL keys are rewritten to ours first (config/aliases.py); one line per alias used is appended
-    to `notes` for the caller to print."""
+    (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`). A user's file written
+    with a peer's keys (ROLL's YAML) is read as overrides, through the same table. Overrides with verl / rLLM / ROLL /
+    TRL keys are rewritten to ours first (config/aliases.py); one line per alias used is appended to `notes` for
+    the caller to print. `config_name` None: configs/config.yaml, or the defaults of the one peer whose keys the
+    overrides (or `flags`: given as TRL's `--key value`) are written in (configs/verl.yaml, roll.yaml, trl.yaml)."""
     for arg in overrides or []:
         check_override_syntax(arg)
-    overrides, alias_notes = rewrite_overrides(list(overrides or []))
+    overrides = list(overrides or [])
+    user = _user_dir(config_path)
+    files = _user_files(user, config_name or "config")
+    if files and not all(_written_in_ours(f) for f in files):
+        base, from_files = _peer_yaml(files[-1])
+        overrides = [*from_files, *overrides]
+        config_name, user = base, None
+    if config_name is None:
+        config_name = "config"
+        peer, keys = written_in(overrides, flags)
+        if peer is not None:
+            config_name = peer
+            if notes is not None:
+                shown = ", ".join(dict.fromkeys(keys[:3])) or "flags"
+                notes.append(
+                    f"defaults: {DEFAULTS_FROM[peer]}, as the keys given are {peer}'s ({shown}); --config-name "
+                    "config starts from this project's"
+                )
+    overrides, alias_notes = rewrite_overrides(overrides)
     if notes is not None:
         notes.extend(alias_notes)
     # Unknown keys (Hydra's `+key=value` appends them; the schema is closed) are refused here, with suggestions.
@@ -208,17 +192,12 @@ def load_config(
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
     shipped = default_config_dir()
-    primary, search = shipped, list(overrides or [])
-    if config_path is not None:
-        user = Path(config_path).expanduser().resolve()
-        if not user.is_dir():
-            raise ConfigError(f"--config-path {config_path!r} is not a directory of YAML configs")
+    primary, search = shipped, list(overrides)
+    if user is not None:
         # The primary config comes from whichever directory has it; the other one is on the search path.
         other = shipped
         if (user / f"{config_name}.yaml").is_file():
             primary = user
-            for f in _yaml_files(user, config_name):
-                check_user_yaml(f)
         else:
             other = user
         search = [f"hydra.searchpath=[file://{other}]", *search]
@@ -230,7 +209,115 @@ def load_config(
         raise ConfigError(_one_line(e)) from e
     assert isinstance(cfg, Config)
     validate(cfg)
+    critic = [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.lstrip("+~").startswith("critic.")]
+    if critic and cfg.algorithm.adv_estimator not in NEEDS_VALUES and notes is not None:
+        notes.append(
+            f"{', '.join(critic[:3])}{' ...' if len(critic) > 3 else ''} set a critic that "
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} does not use (only gae does): they change nothing"
+        )
     return cfg
+
+
+def _user_dir(config_path: str | None) -> Path | None:
+    if config_path is None:
+        return None
+    user = Path(config_path).expanduser().resolve()
+    if not user.is_dir():
+        raise ConfigError(f"--config-path {config_path!r} is not a directory of YAML configs")
+    return user
+
+
+def peer_yaml_overrides(path: Path) -> list[str]:
+    """A YAML file of a peer's keys (TRL's `--config recipe.yaml`) as overrides: `_peer_yaml` without a base."""
+    return _peer_yaml(path)[1]
+
+
+def _peer_yaml(path: Path) -> tuple[str | None, list[str]]:
+    """(the shipped config its `defaults` list names, if any; the `key=value` overrides of its leaves). A file in a
+    peer's keys (ROLL's pipeline configs): the files its `defaults` list names (relative to it, `name@_here_`
+    included) first, then its own keys; `hydra` dropped; interpolations resolved. Each override is checked here, so
+    an unknown or refused key's line names the file."""
+    base, chain = _peer_yaml_chain(path, [])
+    merged = OmegaConf.create({})
+    for f in chain:
+        try:
+            node = OmegaConf.load(f)
+        except Exception as e:
+            raise ConfigError(f"{f}: not readable YAML ({' '.join(str(e).split())})") from None
+        if isinstance(node, DictConfig):
+            node.pop("defaults", None)
+            node.pop("hydra", None)
+            merged = OmegaConf.merge(merged, node)
+    try:
+        data = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: an interpolation cannot be resolved ({_one_line(e)})") from None
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, value in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(value, dict) and value and not _leaf_section(key):
+                walk(value, key + ".")
+                continue
+            arg = f"{key}={render_value(value)}"
+            try:
+                check_override_syntax(arg)
+                check_keys(rewrite_overrides([arg])[0])
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
+            out.append(arg)
+
+    if isinstance(data, dict):
+        walk(data, "")
+    return base, out
+
+
+def _leaf_section(key: str) -> bool:
+    """A mapping that is one value (an alias row for exactly this key, or a schema field that is not a section)."""
+    row = find_alias(key)
+    if row is not None and row.key == key and not row.subtree:
+        return True
+    return _in_schema(key) and not is_dataclass(_schema_node(key)) and _schema_node(key) is not None
+
+
+def _peer_yaml_chain(path: Path, seen: list[Path]) -> tuple[str | None, list[Path]]:
+    """(a shipped config named in the `defaults` lists, the files to merge: each file after the files of its
+    `defaults` list, depth first, Hydra's order with `_self_` last)."""
+    if path in seen:
+        return None, []
+    seen.append(path)
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:
+        return None, [path]
+    base: str | None = None
+    chain: list[Path] = []
+    defaults = data.get("defaults") if isinstance(data, dict) else None
+    for entry in defaults if isinstance(defaults, list) else []:
+        if not isinstance(entry, str) or entry == "_self_" or entry == SCHEMA_NAME:
+            continue
+        name = entry.split("@", 1)[0]
+        f = (path.parent / f"{name}.yaml").resolve()
+        if not f.is_file() and (default_config_dir() / f"{name}.yaml").is_file():
+            base = name
+            continue
+        if not f.is_file():
+            raise ConfigError(f"{path}: defaults entry {entry!r}: {f} does not exist")
+        deeper, more = _peer_yaml_chain(f, seen)
+        base, chain = base or deeper, chain + more
+    return base, [*chain, path]
+
+
+def _user_files(user: Path | None, config_name: str) -> list[Path]:
+    """The user's YAML files a composition reads: `<config_name>.yaml` and, transitively, the files of the same
+    directory its `defaults` list names (those of the shipped configs are ours), the named file last."""
+    if user is None or not (user / f"{config_name}.yaml").is_file():
+        return []
+    try:
+        return _peer_yaml_chain(user / f"{config_name}.yaml", [])[1]
+    except ConfigError:
+        return [user / f"{config_name}.yaml"]
 
 
 def to_yaml(cfg: Config) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from torchrl_post.config.enums import (
     AdvEstimator,
+    Defaults,
     Device,
     Dtype,
     DtypeOrAuto,
@@ -310,6 +311,11 @@ class ActorConfig:
     """Prompts per optimizer step (x rollout.n samples); 0 means the whole train batch (one update per step)."""
     ppo_micro_batch_size_per_gpu: int = 32
     """Samples per forward/backward on one rank (gradient accumulation splits the mini-batch into these)."""
+    gradient_accumulation_steps: int = 0
+    """The optimizer step counted per rank, as ROLL and TRL count it: every actor data-parallel group steps after
+    this many micro-batches of ppo_micro_batch_size_per_gpu samples, so the plan sets ppo_mini_batch_size to
+    micro x steps x data-parallel size / rollout.n prompts (which then depends on the world launched). 0: unused,
+    ppo_mini_batch_size decides."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of a row count."""
     ppo_max_token_len_per_gpu: int = 4096
@@ -544,6 +550,11 @@ class PlacementConfig:
 
 @dataclass
 class TrainerConfig:
+    defaults_from: Annotated[str, Defaults] = "torchrl_post"
+    """Whose defaults every key not set starts from: this project's (configs/config.yaml) or a peer's
+    (configs/verl.yaml: verl's ppo_trainer.yaml; roll.yaml: ROLL's RLVR pipeline; trl.yaml: TRL's GRPOConfig). Set
+    by the config file (--config-name verl), or chosen when the command line uses one peer's keys; the plan's first
+    line says which."""
     project_name: str = "torchrl_post"
     """wandb project."""
     experiment_name: str = "demo"

@@ -203,6 +203,7 @@ def validate(cfg: Config) -> None:
     _positive("actor.ppo_epochs", cfg.actor.ppo_epochs)
     _positive("actor.ppo_micro_batch_size_per_gpu", cfg.actor.ppo_micro_batch_size_per_gpu)
     _positive("actor.ppo_mini_batch_size", cfg.actor.ppo_mini_batch_size, allow_zero=True)
+    _positive("actor.gradient_accumulation_steps", cfg.actor.gradient_accumulation_steps, allow_zero=True)
     _schedule("actor", cfg.actor)
     _positive("actor.clip_ratio", cfg.actor.clip_ratio)
     if len(cfg.actor.betas) != 2 or not all(0 <= b < 1 for b in cfg.actor.betas):
@@ -350,10 +351,31 @@ def _sequence_parallel(cfg: Config, ranks: dict[str, list[int]]) -> None:
             )
 
 
+def mini_batch_prompts(cfg: Config, actor_dp: int) -> int:
+    """Prompts per optimizer step: actor.ppo_mini_batch_size (0: the train batch), or, with
+    actor.gradient_accumulation_steps, micro-batch x steps samples per data-parallel group (ROLL's and TRL's unit)."""
+    a = cfg.actor
+    if not a.gradient_accumulation_steps:
+        return a.ppo_mini_batch_size or cfg.data.train_batch_size
+    if a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"actor.gradient_accumulation_steps={a.gradient_accumulation_steps} and actor.ppo_mini_batch_size="
+            f"{a.ppo_mini_batch_size} both size the optimizer step; keep one of them"
+        )
+    samples = a.ppo_micro_batch_size_per_gpu * a.gradient_accumulation_steps * actor_dp
+    if samples % cfg.rollout.n:
+        raise ConfigError(
+            f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu} x actor.gradient_accumulation_steps="
+            f"{a.gradient_accumulation_steps} x {actor_dp} data-parallel ranks = {samples} samples per optimizer step, "
+            f"not whole groups of rollout.n={cfg.rollout.n}; make it a multiple of {cfg.rollout.n}"
+        )
+    return samples // cfg.rollout.n
+
+
 def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str, int] | None = None) -> None:
     """Batch arithmetic against the data-parallel sizes (every engine and role takes whole prompts)."""
     bsz = cfg.data.train_batch_size
-    mini = cfg.actor.ppo_mini_batch_size or bsz
+    mini = mini_batch_prompts(cfg, actor_dp // cfg.model.ulysses_sequence_parallel_size)
     # (data-parallel size, what it counts): every engine and every trained/forward role takes whole prompts.
     sizes = [(actor_dp, "actor ranks"), (rollout_dp, "rollout engines")]
     sizes += [(dp, f"{role} ranks") for role, dp in (others or {}).items()]

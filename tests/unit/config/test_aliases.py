@@ -15,7 +15,7 @@ from torchrl_post.config.alias_table import ALIASES, CONCEPTS, SOURCES
 from torchrl_post.config.aliases import OUT, find_alias, our_keys, render, rewrite_overrides
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
-from torchrl_post.plan import planned_world
+from torchrl_post.plan import plan_run, planned_world
 
 KEYS = our_keys()
 
@@ -112,9 +112,16 @@ def test_every_refusal_is_one_line_naming_what_to_use() -> None:
         (["dual_clip_loss=false"], ["actor.clip_ratio_c=null"], ""),
         (
             ["resume_from_checkpoint=/ckpt/global_step_5"],
-            ["trainer.resume_from_path=/ckpt/global_step_5", "trainer.resume_mode=resume_path"],
+            ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/ckpt/global_step_5"],
             "trainer.resume_mode=resume_path",
         ),
+        # ROLL's false starts fresh (it became the path 'False' once), TRL's true takes the latest checkpoint
+        (["resume_from_checkpoint=false"], ["trainer.resume_mode=disable"], "start fresh"),
+        (["resume_from_checkpoint=true"], ["trainer.resume_mode=auto"], "the latest checkpoint"),
+        # ROLL's dual-clip bound is 1 + 2 x pg_clip (not a constant): 1.4 at its default 0.2, 1.56 at 0.28
+        (["dual_clip_loss=true"], ["actor.clip_ratio_c=1.4"], ""),
+        (["pg_clip=0.28", "dual_clip_loss=true"], ["actor.clip_ratio=0.28", "actor.clip_ratio_c=1.56"], ""),
+        (["max_steps=-1"], ["trainer.total_training_steps=null"], "no cap"),
         (["actor_rollout_ref.hybrid_engine=true"], [], "accepted, it changes nothing here"),
         (["trainer.critic_warmup=0"], [], "accepted"),
         (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40"], [], "actor.ppo_micro_batch_size_per_gpu"),
@@ -174,7 +181,6 @@ def test_rewrite(given: list[str], expected: list[str], note: str | None) -> Non
         (["actor_train.strategy_args.strategy_name=megatron_train"], "FSDP2 only"),
         (["actor_rollout_ref.rollout.name=sglang"], "rollout.engine=vllm"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size=128"], "actor.ppo_micro_batch_size_per_gpu"),
-        (["actor_train.training_args.gradient_accumulation_steps=32"], "actor.ppo_mini_batch_size"),
         (["trainer.critic_warmup=5"], "update every step"),
         (["actor_rollout_ref.hybrid_engine=false"], "placement.rollout"),
         (["actor_infer.device_mapping=list(range(0,8))"], "placement.rollout"),
@@ -210,7 +216,9 @@ def test_load_config_applies_aliases_and_returns_their_notes() -> None:
         ["actor_rollout_ref.actor.optim.lr=1e-6", "critic.optim.lr=2e-5", "rollout_batch_size=4"], notes=notes
     )
     assert (cfg.actor.lr, cfg.critic.lr, cfg.data.train_batch_size) == (1e-6, 2e-5, 4)
-    assert len(notes) == 3
+    # verl's and ROLL's keys together: this project's defaults (GRPO), so the critic key is said to change nothing
+    assert cfg.trainer.defaults_from == "torchrl_post"
+    assert len(notes) == 4 and notes[3].startswith("critic.lr set a critic that algorithm.adv_estimator=grpo"), notes
 
 
 # --- trainer.n_gpus_per_node x trainer.nnodes against the launched world -------------------------------------
@@ -221,7 +229,8 @@ def test_gpus_per_node_agreeing_with_the_launched_world() -> None:
     cfg = load_config(["trainer.n_gpus_per_node=2", "trainer.nnodes=1"], notes=notes)
     assert cfg.trainer.world_size == 2
     assert planned_world(cfg.trainer.world_size, 2, under_torchrun=True) == 2
-    assert len(notes) == 1 and "torchrun --nnodes 1 --nproc-per-node 2" in notes[0]
+    assert len(notes) == 2 and "torchrun --nnodes 1 --nproc-per-node 2" in notes[1]
+    assert notes[0].startswith("defaults: verl's ppo_trainer.yaml") and cfg.trainer.defaults_from == "verl"
 
 
 def test_gpus_per_node_disagreeing_with_the_launched_world() -> None:
@@ -303,3 +312,21 @@ def test_verl_gsm8k_command_dry_run_prints_one_note_per_alias(tmp_path: Path) ->
     assert len(notes) == len(aliased) - 1  # n_gpus_per_node and nnodes share one note
     assert "rollout engines (vllm, tensor_parallel_size=2): [[0, 1]]" in proc.stdout
     assert "samples_per_step: 20" in proc.stdout
+
+
+def test_gradient_accumulation_counts_the_optimizer_step_per_rank_as_roll_and_trl_do() -> None:
+    """ROLL's per-device micro-batch x gradient accumulation x data-parallel ranks is the step in samples: 1 x 32 x 2
+    ranks = 64 samples = 8 prompts of 8; on 4 ranks 16 prompts (the peers' unit depends on the world launched)."""
+    roll = [
+        "actor_train.training_args.per_device_train_batch_size=1",
+        "actor_train.training_args.gradient_accumulation_steps=32",
+        "num_return_sequences_in_group=8",
+        "rollout_batch_size=64",
+    ]
+    cfg = load_config(roll)
+    assert plan_run(cfg, 2).mini_batch_prompts == 8 and plan_run(cfg, 4).mini_batch_prompts == 16
+    # TRL's: 4 per process x 2 accumulated x 2 processes = 16 samples = 4 prompts of 4 generations
+    trl = load_config(["per_device_train_batch_size=4", "gradient_accumulation_steps=2", "num_generations=4"])
+    assert trl.trainer.defaults_from == "trl" and plan_run(trl, 2).mini_batch_prompts == 4
+    with pytest.raises(ConfigError, match=r"= 12 samples per optimizer step, not whole groups of rollout.n=8"):
+        plan_run(load_config(["actor.ppo_micro_batch_size_per_gpu=3", "actor.gradient_accumulation_steps=2"]), 2)

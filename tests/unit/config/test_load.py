@@ -393,7 +393,7 @@ def test_keys_below_a_field_that_takes_any_value_are_left_to_hydra() -> None:
     assert load_config(["placement.actor=[0,1]", "placement.rollout=[2]"]).placement.rollout == [2]
 
 
-# --- YAML files under --config-path use our keys -------------------------------------------------------------
+# --- YAML files under --config-path: ours composed by Hydra, a peer's read through the alias table --------------
 
 
 def _user_config(tmp_path: Any, text: str, extra: str | None = None) -> str:
@@ -413,17 +413,33 @@ def _yaml_error(path: str) -> str:
     return msg
 
 
-def test_a_roll_key_in_a_user_yaml_is_refused_naming_the_file_and_ours(tmp_path: Any) -> None:
-    msg = _yaml_error(_user_config(tmp_path, "rollout_batch_size: 4\n"))
-    assert str(tmp_path / "mine.yaml") in msg and "rollout_batch_size: 4: ROLL's key" in msg, msg
-    assert msg.endswith("write ours in the file: data.train_batch_size: 4"), msg
+def test_a_roll_key_in_a_user_yaml_is_read_as_on_the_command_line(tmp_path: Any) -> None:
+    notes: list[str] = []
+    cfg = load_config(["rollout.n=4"], "mine", _user_config(tmp_path, "rollout_batch_size: 4\n"), notes)
+    assert cfg.data.train_batch_size == 4 and cfg.rollout.n == 4  # the command line still wins over the file
+    assert cfg.trainer.defaults_from == "torchrl_post"  # its defaults list names ours
+    assert any("ROLL's rollout_batch_size=4 is data.train_batch_size=4" in n for n in notes), notes
 
 
-def test_a_verl_key_in_a_yaml_the_user_file_includes_is_refused(tmp_path: Any) -> None:
-    path = _user_config(tmp_path, "", extra="actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n")
-    msg = _yaml_error(path)
-    assert str(tmp_path / "extra.yaml") in msg and "actor_rollout_ref.actor.optim.lr" in msg, msg
-    assert "actor.lr: 1e-06" in msg, msg
+def test_a_verl_key_in_a_yaml_the_user_file_includes_is_read(tmp_path: Any) -> None:
+    path = _user_config(
+        tmp_path, "actor:\n  ppo_epochs: 2\n", extra="actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-6\n"
+    )
+    cfg = load_config([], "mine", path)
+    assert cfg.actor.lr == 1e-6 and cfg.actor.ppo_epochs == 2
+
+
+def test_a_roll_pipeline_yaml_of_its_own_takes_rolls_defaults_and_interpolations(tmp_path: Any) -> None:
+    (tmp_path / "base.yaml").write_text("seed: 7\nppo_epochs: 3\n")
+    (tmp_path / "rlvr.yaml").write_text(
+        "defaults:\n  - base@_here_\n  - _self_\nhydra:\n  run:\n    dir: .\nexp_name: demo\n"
+        "output_dir: ./output/${exp_name}\nrollout_batch_size: 4\nppo_epochs: 2\nresume_from_checkpoint: false\n"
+    )
+    notes: list[str] = []
+    cfg = load_config([], "rlvr", str(tmp_path), notes)
+    assert cfg.trainer.defaults_from == "roll", notes
+    assert cfg.trainer.seed == 7 and cfg.actor.ppo_epochs == 2  # its own keys after its defaults list's
+    assert cfg.trainer.default_local_dir == "./output/demo" and cfg.trainer.resume_mode == "disable"
 
 
 def test_a_refused_alias_and_a_typo_in_a_user_yaml(tmp_path: Any) -> None:
