@@ -1,0 +1,173 @@
+"""The peers' real launch scripts (tests/peer_scripts/) through our entrypoint's dry run, and the shell reader that
+turns them into arguments (tests/unit/config/peer_scripts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.config.peer_scripts import (
+    PEER_SCRIPTS,
+    Demo,
+    Launch,
+    World,
+    dry_run,
+    launches,
+    make_demo,
+    pairs,
+    read_launch,
+    read_shell,
+    strip_header,
+    substitute,
+)
+
+NAMES = [p.relative_to(PEER_SCRIPTS).as_posix() for p in launches()]
+
+EXPECTED: dict[str, str] = {name: "accepted" for name in NAMES}
+"""Each script's verdict: "accepted", or "refused: <a part of the error line>" (where a refusal is what we document).
+All "accepted" for now: the target of issue 37 item 5."""
+
+
+@pytest.fixture(scope="module")
+def peer_demo(
+    tiny_model: Path,
+    tiny_moe_model: Path,
+    tiny_vlms: dict[str, Path],
+    task_data: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Demo:
+    # The demo's rows (task_data writes what the `demo` fixture does, without its two-minute warm start).
+    out = tmp_path_factory.mktemp("peer_scripts")
+    return make_demo(tiny_model, tiny_vlms["qwen2_5_vl"], tiny_moe_model, *task_data, out)
+
+
+def test_at_least_sixteen_scripts_each_with_its_source() -> None:
+    assert len(NAMES) >= 16, NAMES
+    for path in PEER_SCRIPTS.rglob("*"):
+        if path.is_file():
+            first = path.read_text().splitlines()[0]
+            assert first.startswith("# source: https://github.com/") and "/blob/" in first, path
+            assert strip_header(path.read_text()) != path.read_text(), f"{path}: no '# kept verbatim below' line"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_peer_script_dry_run(name: str, peer_demo: Demo) -> None:
+    launch = substitute(read_launch(PEER_SCRIPTS / name), peer_demo)
+    verdict = dry_run(launch)
+    substituted = "\n".join(f"  {k}: {before} -> {after}" for k, before, after in launch.substituted)
+    assert verdict.matches(EXPECTED[name]), (
+        f"{name}: expected {EXPECTED[name]!r}, got {verdict}\nworld {launch.world}\nsubstituted:\n{substituted}\n"
+        f"added: {launch.added}\nargs: {launch.args}"
+    )
+
+
+def test_substitute_replaces_paths_and_sizes_only(peer_demo: Demo) -> None:
+    launch = substitute(read_launch(PEER_SCRIPTS / "verl/run_qwen2_5_vl-7b.sh"), peer_demo)
+    assert launch.world == World(2, 1)
+    changed = {k: after for k, _, after in launch.substituted}
+    assert changed == {
+        "data.train_files": str(peer_demo.train_files),
+        "data.val_files": str(peer_demo.val_files),
+        "actor_rollout_ref.model.path": str(peer_demo.vlm),  # a VL model's path gets the tiny VLM
+        "trainer.n_gpus_per_node": "2",
+        "trainer.nnodes": "1",
+    }
+    before = read_launch(PEER_SCRIPTS / "verl/run_qwen2_5_vl-7b.sh")
+    untouched = [a for a in before.args if a.split("=")[0] not in changed]
+    assert all(a in launch.args for a in untouched)
+    assert launch.added == []
+
+
+def test_substitute_world_fits_the_scripts_parallel_degrees(peer_demo: Demo) -> None:
+    # DAPO's Qwen2.5-32B: ulysses_sequence_parallel_size=8, rollout TP 4, 16 nodes: one node of 8 here.
+    launch = substitute(read_launch(PEER_SCRIPTS / "verl/run_dapo_qwen2.5_32b.sh"), peer_demo)
+    assert launch.world == World(8, 1)
+    changed = {k: after for k, _, after in launch.substituted}
+    assert changed["trainer.nnodes"] == "1" and changed["trainer.n_gpus_per_node"] == "8"
+    assert changed["actor_rollout_ref.model.path"] == str(peer_demo.model)
+    moe = substitute(read_launch(PEER_SCRIPTS / "verl/test_dapo_qwen3_30b_math.sh"), peer_demo)
+    assert {k: a for k, _, a in moe.substituted}["actor_rollout_ref.model.path"] == str(peer_demo.moe)
+
+
+def test_substitute_flags_and_roll_yaml(peer_demo: Demo) -> None:
+    trl = substitute(read_launch(PEER_SCRIPTS / "trl/clis_grpo_num_processes.sh"), peer_demo)
+    assert trl.args[trl.args.index("--num_processes") + 1] == "2"
+    assert trl.args[trl.args.index("--model_name_or_path") + 1] == str(peer_demo.model)
+    assert trl.args[trl.args.index("--dataset_name") + 1] == str(peer_demo.train_files)
+    roll = substitute(read_launch(PEER_SCRIPTS / "roll/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml"), peer_demo)
+    assert roll.world == World(4, 1)  # actor_train.model_args.ulysses_size: 4
+    values = dict(pairs(roll))
+    assert values["pretrain"] == str(peer_demo.moe)
+    assert values["actor_train.device_mapping"] == "'list(range(0,4))'"
+    assert values["actor_train.data_args.file_name"] == f"[{peer_demo.train_files}]"
+    assert values["actor_train.strategy_args.strategy_config.fsdp_size"] == "4"
+
+
+def test_rllm_script_gets_the_demo_data_added(peer_demo: Demo) -> None:
+    launch = substitute(read_launch(PEER_SCRIPTS / "rllm/train_math_with_tool.sh"), peer_demo)
+    assert launch.added == [f"data.train_files={peer_demo.train_files}", f"data.val_files={peer_demo.val_files}"]
+
+
+# ---- the shell reader ------------------------------------------------------------------------------------------
+
+
+def test_read_shell_continuations_comments_and_defaults() -> None:
+    script = """#!/bin/bash
+set -xeuo pipefail
+# a comment
+NNODES=${NNODES:-16}
+MODEL=${MODEL_PATH:-"${HOME}/models/Qwen2.5-32B"}
+max_prompt_length=$((1024 * 2))
+top_k=-1 # 0 for HF rollout
+python3 -m verl.trainer.main_ppo \\
+    actor_rollout_ref.model.path="${MODEL}" \\
+    data.max_prompt_length=${max_prompt_length} \\
+    actor_rollout_ref.rollout.top_k="${top_k}" \\
+    trainer.logger='["console","wandb"]' \\
+    trainer.nnodes="${NNODES}" $@
+"""
+    assert read_shell(script) == [
+        "actor_rollout_ref.model.path=__HOME__/models/Qwen2.5-32B",
+        "data.max_prompt_length=2048",
+        "actor_rollout_ref.rollout.top_k=-1",
+        'trainer.logger=["console","wandb"]',
+        "trainer.nnodes=16",
+    ]
+
+
+def test_read_shell_export_command_substitution_and_ray_job() -> None:
+    script = """export VLLM_USE_V1=1
+RLLM_DIR=$(python3 -c "import rllm")
+ENGINE=${1:-vllm}
+train_files="['$HOME/a.parquet', '$HOME/b.parquet']"
+ray job submit --no-wait --working-dir "${PWD}" \\
+    -- python3 -m recipe.dapo.main_dapo \\
+    data.train_files="$train_files" \\
+    actor_rollout_ref.rollout.name=$ENGINE \\
+    trainer.default_local_dir=$RLLM_DIR/ckpt 2>&1 | tee log.txt
+"""
+    assert read_shell(script) == [
+        "data.train_files=['__HOME__/a.parquet', '__HOME__/b.parquet']",
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.default_local_dir=__RLLM_DIR__/ckpt",
+    ]
+
+
+def test_read_shell_flags_after_accelerate_and_trl() -> None:
+    accelerate = """accelerate launch --config_file zero3.yaml examples/scripts/grpo_vlm.py \\
+    --model_name_or_path Qwen/Qwen2.5-VL-3B-Instruct --use_peft \\
+    --lora_target_modules "q_proj", "v_proj"
+"""
+    assert read_shell(accelerate) == [
+        "--model_name_or_path", "Qwen/Qwen2.5-VL-3B-Instruct", "--use_peft", "--lora_target_modules", "q_proj,",
+        "v_proj",
+    ]  # fmt: skip
+    assert read_shell("trl grpo --num_processes 4") == ["--num_processes", "4"]
+    launch = Launch("trl", PEER_SCRIPTS / "trl/x.sh", ["--use_peft", "--range", "0", "1", "--lr=1e-5"])
+    assert pairs(launch) == [("use_peft", "true"), ("range", "[0,1]"), ("lr", "1e-5")]
+
+
+def test_read_shell_without_an_entrypoint_is_an_error() -> None:
+    with pytest.raises(ValueError, match="entrypoint"):
+        read_shell("set -x\necho hello\n")
