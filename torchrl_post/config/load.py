@@ -15,7 +15,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
@@ -238,7 +238,7 @@ def _peer_yaml(path: Path) -> tuple[str | None, list[str]]:
     included) first, then its own keys; `hydra` dropped; interpolations resolved. Each override is checked here, so
     an unknown or refused key's line names the file."""
     base, chain = _peer_yaml_chain(path, [])
-    merged = OmegaConf.create({})
+    merged: DictConfig | ListConfig = OmegaConf.create({})
     for f in chain:
         try:
             node = OmegaConf.load(f)
