@@ -28,12 +28,11 @@ def _fail(msg: str) -> None:
 def run_dir_of_train_args(argv: list[str]) -> Path | None:
     """The run directory a `torchrl_post.train` command with these arguments writes metrics.jsonl to; None for a
     dry run or a validation-only run (they write none)."""
-    from torchrl_post.config import UserError, load_config
-    from torchrl_post.config.command_line import parse_command_line
+    from torchrl_post.config import UserError
+    from torchrl_post.config.load import load_command_line
 
-    line = parse_command_line(argv)
     try:
-        t = load_config(line.overrides, line.config_name, line.config_path, flags=bool(line.flags)).trainer
+        t = load_command_line(argv).trainer
     except UserError as e:
         _fail(str(e))
         raise  # unreachable: _fail exits

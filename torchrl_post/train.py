@@ -12,25 +12,20 @@ objects where these arguments name import paths and files: the same run through 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from torchrl_post import api
-from torchrl_post.config import UserError, load_config
-from torchrl_post.config.command_line import parse_command_line
-from torchrl_post.config.load import peer_yaml_overrides
+from torchrl_post.config import UserError
+from torchrl_post.config.load import load_command_line
 from torchrl_post.distributed.env import end_process
 
 
 def main(argv: list[str] | None = None) -> None:
     """The command line as a client of the Python API: the config from the arguments, then `api.run`, which
     resolves the config's import paths into the objects a script would pass."""
-    line = parse_command_line(sys.argv[1:] if argv is None else argv)
     code = 0
     alias_notes: list[str] = []  # verl / ROLL / rLLM / TRL names on the command line, one note each
     try:
-        given = [o for f in line.files for o in peer_yaml_overrides(Path(f))] + line.overrides  # TRL's --config
-        flags = bool(line.flags or line.files)
-        cfg = load_config(given, line.config_name, line.config_path, alias_notes, flags)
+        cfg = load_command_line(sys.argv[1:] if argv is None else argv, alias_notes)
         api.run(cfg, notes=alias_notes, process_ends=True)
     except UserError as e:
         api.report_error(e)  # a no-op for what api.run reported already

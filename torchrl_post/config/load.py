@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.alias_table import render_value
 from torchrl_post.config.aliases import DEFAULTS_FROM, find_alias, rewrite_overrides, unknown_key, written_in
+from torchrl_post.config.command_line import parse_command_line
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import validate
@@ -216,6 +217,15 @@ def load_config(
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} does not use (only gae does): they change nothing"
         )
     return cfg
+
+
+def load_command_line(argv: list[str], notes: list[str] | None = None) -> Config:
+    """The config of a `torchrl_post.train` command line, written as any peer writes one (config/command_line.py):
+    TRL's `--config` files and flags, ROLL's --config_path / --config_name, verl's and ours key=value."""
+    line = parse_command_line(argv)
+    given = [o for f in line.files for o in peer_yaml_overrides(Path(f))] + line.overrides
+    flags = bool(line.flags or line.files)
+    return load_config(given, line.config_name, line.config_path, notes, flags)
 
 
 def _user_dir(config_path: str | None) -> Path | None:

@@ -35,7 +35,7 @@ PEER_SCRIPTS = Path(__file__).resolve().parents[2] / "peer_scripts"
 Peer = Literal["verl", "rllm", "roll", "trl", "openrlhf"]
 PEERS: tuple[Peer, ...] = ("verl", "rllm", "roll", "trl", "openrlhf")
 HEADER_END = "# kept verbatim below"
-ROLL_FLAGS = ("--config-path", "--config-name")
+ROLL_FLAGS = ("--config_path", "--config_name")  # ROLL's own spelling, which the entrypoint takes
 """How a ROLL config is passed: ROLL's own scripts write --config_path / --config_name (underscores)."""
 FLAG_PEERS = ("trl", "openrlhf")
 """Peers whose arguments are `--flag value` tokens (the rest take Hydra's `key=value`)."""
@@ -631,16 +631,16 @@ def world_env(world: World) -> Iterator[None]:
 def dry_run(launch: Launch) -> Verdict:
     """`torchrl_post.train`'s dry run of the launch's arguments, in this process, as rank 0 of its world."""
     from torchrl_post import api
-    from torchrl_post.config import UserError, load_config
-    from torchrl_post.train import _parse_args
+    from torchrl_post.config import UserError
+    from torchrl_post.config.load import load_command_line
 
     out = io.StringIO()
     error = ""
     with world_env(launch.world or World(1)), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         notes: list[str] = []
         try:
-            name, path, overrides = _parse_args([*launch.args, "trainer.dry_run=true"])
-            api.run(load_config(overrides, name, path, notes=notes), notes=notes, process_ends=False)
+            cfg = load_command_line([*launch.args, "trainer.dry_run=true"], notes)
+            api.run(cfg, notes=notes, process_ends=False)
         except UserError as e:
             api.report_error(e)
             error = " ".join(str(e).split())
