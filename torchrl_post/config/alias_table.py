@@ -170,6 +170,42 @@ def _lora_target(v: Any) -> Any:
     return v
 
 
+def _template(v: Any) -> Any:
+    """ROLL's data_args.template: native (and qwen3, whose template is the tokenizer's own) is null, the tokenizer's
+    own chat template; another name is ours (data.chat_template checks it)."""
+    return None if v in (None, "native", "qwen3") else v
+
+
+def _extra_rounds(v: Any) -> int:
+    """DAPO's max_num_gen_batches counts every generation round; ours the rounds after the first. 0 is unbounded
+    there, which here would be a step that may never end."""
+    if not isinstance(v, int) or v < 1:
+        raise Refused("a bound of rounds >= 1; DAPO's 0 (no bound) could generate forever: give one")
+    return v - 1
+
+
+def _mask_truncated(v: Any) -> dict[str, Any]:
+    """rLLM's mask_truncated_samples / ROLL's max_len_mask: weight 0 for answers cut at the length, nothing else."""
+    if not isinstance(v, bool):
+        raise Refused("it takes true or false")
+    if not v:
+        return {}
+    flags = ("max_prompt_length_exceeded", "max_turns_exceeded", "timeout", "error", "env_done")
+    return {
+        "algorithm.compact_filtering.enable": True,
+        "algorithm.compact_filtering.mask_max_response_length_exceeded": True,
+        **{f"algorithm.compact_filtering.mask_{f}": False for f in flags},
+    }
+
+
+def _module_list(v: Any) -> Any:
+    """TRL's lora_target_modules: argparse's tokens, which TRL's own example writes `"q_proj", "v_proj"` (a trailing
+    comma on all but the last): the module names, commas dropped."""
+    tokens = v if isinstance(v, list) else [v]
+    names = [m.strip() for t in tokens for m in str(t).split(",") if m.strip()]
+    return names[0] if names == ["all-linear"] else names
+
+
 def _trl_loss_type(v: Any) -> str:
     modes = {
         "grpo": "seq-mean-token-mean",
@@ -238,6 +274,10 @@ _WORLD = (
     "launched (--nnodes x --nproc-per-node)"
 )
 _SP = "one value for the actor, critic and reference"
+_ROLL_ENVS = (
+    "ROLL's environments and their managers are ROLL's classes; an agent here is a Python environment class "
+    "(agent.env=package.module:Class, agent.agent=...; docs/agents.md)"
+)
 _LOGPROB_MB = "the actor's old-logprob forward uses actor.ppo_micro_batch_size_per_gpu micro-batches (memory only)"
 
 
@@ -249,8 +289,15 @@ def _same(source: str, key: str, note: str = "") -> Alias:
     return Alias(source, key, "same", key, note)
 
 
-def _noop(source: str, key: str, why: str, accepts: Callable[[Any], bool] | None = None, refuse: str = "") -> Alias:
-    return Alias(source, key, "noop", noop=why, accepts=accepts, refuse=refuse)
+def _noop(
+    source: str,
+    key: str,
+    why: str,
+    accepts: Callable[[Any], bool] | None = None,
+    refuse: str = "",
+    subtree: bool = False,
+) -> Alias:
+    return Alias(source, key, "noop", noop=why, accepts=accepts, refuse=refuse, subtree=subtree)
 
 
 def _refused(source: str, key: str, instead: str, subtree: bool = False) -> Alias:
@@ -382,9 +429,8 @@ ALIASES: tuple[Alias, ...] = (
     _noop(
         V,
         f"{A}.ppo_micro_batch_size",
-        "null: the per-GPU key decides",
-        _is(None),
-        "it counts samples over all GPUs; give actor.ppo_micro_batch_size_per_gpu (its value / the actor's ranks)",
+        "verl's deprecated global micro-batch sizes memory only, not the update; here per rank: "
+        "actor.ppo_micro_batch_size_per_gpu (its value / the actor's ranks)",
     ),
     _rename(V, f"{A}.use_dynamic_bsz", "actor.use_dynamic_bsz"),
     _rename(V, f"{A}.ppo_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
@@ -459,6 +505,41 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{RO}.limit_images", "rollout.limit_images"),
     _noop(V, f"{RO}.log_prob_micro_batch_size_per_gpu", _LOGPROB_MB),
     _noop(V, f"{RO}.enable_chunked_prefill", "vLLM's own default is used (a throughput setting)"),
+    _noop(V, f"{RO}.max_num_batched_tokens", "vLLM's own prefill budget is used (a throughput setting)"),
+    _noop(V, f"{RO}.layered_summon", "a LoRA sync sends the merged weights or the adapter (rollout.lora_sync)"),
+    _noop(V, f"{RO}.engine_kwargs", "vLLM's engine arguments are chosen here from rollout.*", subtree=True),
+    _noop(V, f"{RO}.trace", "no rollout tracing backend here: metrics.jsonl and val_generations", subtree=True),
+    _noop(
+        V,
+        f"{RO}.multi_turn.enable",
+        "a multi-turn rollout is an agent here: it runs when agent.agent or agent.tools is set",
+    ),
+    _noop(V, f"{M}.use_fused_kernels", "the LM head's logprobs are computed in bounded chunks here, always"),
+    _noop(V, f"{A}.use_torch_compile", "the trainer runs eagerly under FSDP2"),
+    _noop(V, f"{RF}.log_prob_use_dynamic_bsz", "the reference's forward follows actor.use_dynamic_bsz"),
+    _noop(V, f"{RF}.log_prob_max_token_len_per_gpu", "the reference's forward follows actor.ppo_max_token_len_per_gpu"),
+    _noop(
+        V,
+        "data.gen_batch_size",
+        "groups are drawn as needed: with rejection sampling (algorithm.filter_groups) a dropped group is replaced "
+        "by another, at most algorithm.rejection_sample.max_extra_rounds more rounds",
+    ),
+    _rename(V, "algorithm.filter_groups.enable", "algorithm.rejection_sample.enable", "DAPO's dynamic sampling"),
+    _rename(
+        V,
+        "algorithm.filter_groups.max_num_gen_batches",
+        "algorithm.rejection_sample.max_extra_rounds",
+        "generation rounds after the first; DAPO's 0 (unbounded) is refused",
+        convert=_extra_rounds,
+    ),
+    _noop(
+        V,
+        "algorithm.filter_groups.metric",
+        "a group is kept when its rewards differ (DAPO's acc and score agree on 0/1 rewards)",
+        _is("acc", "score", "seq_reward", "seq_final_reward"),
+        "groups are compared by their rewards (algorithm.rejection_sample.enable): acc, score, seq_reward or "
+        "seq_final_reward",
+    ),
     _noop(V, f"{RO}.log_prob_micro_batch_size", _LOGPROB_MB),
     _noop(V, f"{RO}.log_prob_use_dynamic_bsz", "the old-logprob forward follows actor.use_dynamic_bsz"),
     _noop(V, f"{RO}.log_prob_max_token_len_per_gpu", "the old-logprob forward follows actor.ppo_max_token_len_per_gpu"),
@@ -474,9 +555,8 @@ ALIASES: tuple[Alias, ...] = (
     _noop(
         V,
         f"{RF}.log_prob_micro_batch_size",
-        "null: the per-GPU key decides",
-        _is(None),
-        "it counts samples over all GPUs; give reference.log_prob_micro_batch_size_per_gpu (its value / the ranks)",
+        "verl's deprecated global micro-batch sizes memory only; here per rank: "
+        "reference.log_prob_micro_batch_size_per_gpu (its value / the ranks)",
     ),
     _rename(V, f"{RF}.fsdp_config.param_offload", "reference.param_offload", "the reference always reshards"),
     _same(V, "critic.model.path", "null: model.path"),
@@ -545,6 +625,13 @@ ALIASES: tuple[Alias, ...] = (
     ),
     _noop(
         V,
+        "trainer.default_hdfs_dir",
+        "null: no copy to HDFS",
+        _is(None, ""),
+        "the run directory (trainer.default_local_dir) is not copied anywhere; copy it after the run",
+    ),
+    _noop(
+        V,
         "trainer.critic_warmup",
         "0 updates the actor from the first step, as here",
         _ZERO,
@@ -557,11 +644,77 @@ ALIASES: tuple[Alias, ...] = (
     _rename(L, "rllm.rejection_sample.enable", "algorithm.rejection_sample.enable"),
     _rename(L, "rllm.compact_filtering", "algorithm.compact_filtering", subtree=True),
     _rename(L, "agent.max_steps", "agent.max_turns"),
+    _rename(L, "rllm.agent.max_steps", "agent.max_turns"),
+    _rename(
+        L,
+        "rllm.mask_truncated_samples",
+        "algorithm.compact_filtering.enable",
+        "true: answers cut at data.max_response_length get weight 0 (compact filtering of that reason alone)",
+        convert=_mask_truncated,
+    ),
     _refused(L, "agent.name", "agent.agent takes the agent class's import path: agent.agent=package.module:Class"),
     _refused(L, "env.name", "agent.env takes the environment class's import path: agent.env=package.module:Class"),
     # ---- ROLL: the pipeline ---------------------------------------------------------------------------------------
     _rename(R, "pretrain", "model.path"),
     _rename(R, "exp_name", "trainer.experiment_name"),
+    _refused(R, "custom_envs", _ROLL_ENVS, subtree=True),
+    _refused(R, "train_env_manager", _ROLL_ENVS, subtree=True),
+    _refused(R, "val_env_manager", _ROLL_ENVS, subtree=True),
+    _noop(R, "logging_dir", "logs go to stdout and the run directory (trainer.default_local_dir)"),
+    _noop(R, "logging_steps", "metrics are logged at every step"),
+    _noop(R, "tracker_kwargs", "the loggers write under the run directory (trainer.logger)", subtree=True),
+    _noop(R, "system_envs", "set environment variables in the launch script; nothing here reads them", subtree=True),
+    _noop(
+        R,
+        "checkpoint_config.type",
+        "checkpoints are DCP directories on the file system",
+        _is("file_system"),
+        "checkpoints are written under trainer.default_local_dir (a file system; copy them elsewhere after)",
+    ),
+    _noop(R, "checkpoint_config.output_dir", "checkpoints go to <trainer.default_local_dir>/checkpoints (output_dir)"),
+    _noop(
+        R,
+        "reward_pretrain",
+        "the rule rewards' tokenizer; rewards here are functions (a reward model is not built yet)",
+    ),
+    Alias(R, "num_gpus_per_node", "combined", "trainer.world_size", _WORLD.format("num_nodes")),
+    Alias(R, "num_nodes", "combined", "trainer.world_size", _WORLD.format("num_gpus_per_node")),
+    _rename(R, "whiten_advantages", "algorithm.whiten_advantages", "over the whole batch, every actor rank's"),
+    _rename(R, "advantage_clip", "algorithm.advantage_clip"),
+    _rename(R, "value_clip", "critic.cliprange_value", "null: no value clipping"),
+    _rename(
+        R,
+        "max_len_mask",
+        "algorithm.compact_filtering.enable",
+        "true: answers cut at the length get weight 0",
+        convert=_mask_truncated,
+    ),
+    _noop(
+        R,
+        "error_max_len_clip",
+        "false is the default",
+        _FALSE,
+        "answers cut at the length get weight 0 with algorithm.compact_filtering.enable=true (ROLL's max_len_mask)",
+    ),
+    _noop(
+        R,
+        "norm_mean_type",
+        "null: the estimator's own normalisation (algorithm.adv_estimator)",
+        _is(None),
+        "group normalisation is algorithm.adv_estimator=grpo (mean and std over the group) or rloo",
+    ),
+    _noop(
+        R,
+        "norm_std_type",
+        "null: the estimator's own normalisation (algorithm.adv_estimator)",
+        _is(None),
+        "group normalisation is algorithm.adv_estimator=grpo (mean and std over the group) or rloo",
+    ),
+    Alias(R, "difficulty_mask", "combined", "algorithm.rejection_sample.enable", "with its thresholds"),
+    Alias(R, "difficulty_low_threshold", "combined", "algorithm.rejection_sample.enable", "with difficulty_mask"),
+    Alias(R, "difficulty_high_threshold", "combined", "algorithm.rejection_sample.enable", "with difficulty_mask"),
+    _noop(R, "difficulty_loss_weight", "false is the default", _FALSE, "per-difficulty loss weights are not built"),
+    _noop(R, "length_loss_weight", "false is the default", _FALSE, "per-length loss weights are not built"),
     _rename(R, "rollout_batch_size", "data.train_batch_size", "prompts per step"),
     _rename(R, "num_return_sequences_in_group", "rollout.n"),
     _rename(R, "prompt_length", "data.max_prompt_length"),
@@ -611,7 +764,7 @@ ALIASES: tuple[Alias, ...] = (
         _ZERO,
         "the look-ahead is counted in whole steps here: trainer.max_off_policy_steps=k (rollout on ranks of its own)",
     ),
-    _refused(R, "rewards", "write a reward function and set reward.function=package.module:function", subtree=True),
+    Alias(R, "rewards", "combined", "reward.function", "one domain of MathRuleRewardWorker", subtree=True),
     # ---- ROLL: actor_train ------------------------------------------------------------------------------------------
     _rename(
         R,
@@ -651,16 +804,64 @@ ALIASES: tuple[Alias, ...] = (
         "per rank: the optimizer step is micro-batch x steps x data-parallel ranks samples",
     ),
     _rename(R, "actor_train.data_args.file_name", "data.train_files"),
-    _rename(R, "actor_train.data_args.prompt", "data.prompt_key"),
-    _rename(R, "actor_train.data_args.messages", "data.prompt_key", "a column of chat messages"),
+    _noop(R, "actor_train.data_args.dataset_dir", "data.train_files are read as given"),
+    _noop(R, "actor_train.data_args.preprocessing_num_workers", "the prompts are templated once, as they load"),
+    _noop(R, "actor_train.data_args.interleave_probs", "one set of files, read as one", _is(None, 1, 1.0, "1.0", "1")),
     _noop(
         R,
-        "actor_train.data_args.template",
-        "native is the tokenizer's chat template, as here",
-        _is("native"),
-        "prompts use the tokenizer's chat template: edit its chat_template, or data.apply_chat_template=false",
+        "actor_train.data_args.domain_interleave_probs",
+        "one domain takes every prompt",
+        lambda v: v in (None, 1, 1.0),
+        "prompts are not sampled by domain here: one domain (its ratio 1.0), or mix the files yourself",
+        subtree=True,
     ),
-    _noop(R, "actor_train.strategy_args.strategy_name", "the actor trains with FSDP2", _is("fsdp2_train"), _MEGATRON),
+    _noop(R, "actor_train.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "actor_train.model_args.attn_implementation", "attention is chosen by device (SDPA; flash on CUDA)"),
+    _noop(R, "actor_train.model_args.flash_attn", "attention is chosen by device (SDPA; flash on CUDA)"),
+    _rename(R, "actor_train.use_remove_padding", "model.use_remove_padding"),
+    _noop(R, f"{TSC}.wrap_policy", "FSDP2 shards every decoder layer", subtree=True),
+    _noop(R, f"{TSC}.use_batched_model_update", "the weight sync sends buckets (rollout.sync_bucket_mb)"),
+    _rename(R, "actor_train.training_args.num_train_epochs", "trainer.total_epochs", "max_steps stops it first"),
+    _rename(R, "actor_train.data_args.prompt", "data.prompt_key"),
+    _rename(R, "actor_train.data_args.messages", "data.prompt_key", "a column of chat messages"),
+    _rename(
+        R,
+        "actor_train.data_args.template",
+        "data.chat_template",
+        "native and qwen3 are the tokenizer's own (null); chatml, qwen2_5, llama3, base by name",
+        convert=_template,
+    ),
+    _noop(R, "actor_infer.data_args.template", "one template for every role: actor_train.data_args.template"),
+    _noop(R, "reference.data_args.template", "one template for every role: actor_train.data_args.template"),
+    _noop(R, "validation.data_args.template", "one template for every role: actor_train.data_args.template"),
+    _rename(R, "validation.data_args.file_name", "data.val_files"),
+    _noop(R, "validation.generating_args.max_new_tokens", "validation answers are data.max_response_length long"),
+    _rename(R, "validation.generating_args.temperature", "rollout.val_kwargs.temperature"),
+    _rename(R, "validation.generating_args.top_p", "rollout.val_kwargs.top_p"),
+    _rename(R, "validation.generating_args.top_k", "rollout.val_kwargs.top_k"),
+    _rename(R, "validation.generating_args.num_return_sequences", "rollout.val_kwargs.n"),
+    _noop(R, "validation.generating_args.num_beams", "sampling, no beam search", _ONE, "beam search is not built"),
+    _rename(R, "validation.eval_steps", "trainer.test_freq"),
+    _noop(R, "actor_infer.generating_args.num_beams", "sampling, no beam search", _ONE, "beam search is not built"),
+    _noop(R, "actor_infer.infer_batch_size", "the engine batches every request itself"),
+    _noop(R, "actor_infer.model_args.disable_gradient_checkpointing", "the engine does not train"),
+    _noop(R, "actor_infer.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "reference.model_args.disable_gradient_checkpointing", "the reference does not train"),
+    _noop(R, "reference.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "reference.model_args.dtype", "the reference loads as model.dtype (actor_train.model_args.dtype)"),
+    _noop(R, "reference.model_args.attn_implementation", "attention is chosen by device (SDPA; flash on CUDA)"),
+    _noop(R, "reference.model_args.ulysses_size", "one sequence-parallel size: actor_train.model_args.ulysses_size"),
+    _noop(R, "reference.strategy_args.strategy_config", "the reference is sharded as the actor", subtree=True),
+    _noop(
+        R,
+        "actor_train.strategy_args.strategy_name",
+        "the actor trains with FSDP2: Megatron at tensor, pipeline and context sizes 1 (each refused above 1) and "
+        "DeepSpeed ZeRO are data parallel, the same update",
+        _is("fsdp2_train", "megatron_train", "deepspeed_train"),
+        _MEGATRON,
+    ),
+    _noop(R, f"{TSC}.use_distributed_optimizer", "FSDP2 shards the optimizer state"),
+    _noop(R, f"{TSC}.recompute_granularity", "activation checkpointing is model.enable_gradient_checkpointing"),
     _rename(R, f"{TSC}.fsdp_size", "actor.fsdp.fsdp_size"),
     _rename(R, f"{TSC}.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "only 1: EP is not built"),
     _rename(R, "actor_train.router_replay.mode", "actor.router_replay", "R3 is true", convert=_router_replay),
@@ -672,7 +873,7 @@ ALIASES: tuple[Alias, ...] = (
     _noop(R, f"{TSC}.pipeline_model_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(R, f"{TSC}.context_parallel_size", "1 is what FSDP2 does", _ONE, _MEGATRON),
     _noop(R, "actor_train.infer_batch_size", _LOGPROB_MB),
-    _refused(R, "actor_train.device_mapping", f"the actor's ranks are placement.actor (a rank list); {_LAUNCHER}"),
+    Alias(R, "actor_train.device_mapping", "combined", "placement.actor", "the actor's ranks"),
     # ---- ROLL: actor_infer ------------------------------------------------------------------------------------------
     _rename(R, "actor_infer.generating_args.max_new_tokens", "data.max_response_length"),
     _rename(R, "actor_infer.generating_args.temperature", "rollout.temperature"),
@@ -689,11 +890,7 @@ ALIASES: tuple[Alias, ...] = (
     _noop(R, f"{RSC}.block_size", "vLLM's own block size is used"),
     _noop(R, f"{RSC}.max_model_len", "the engine's length is data.max_prompt_length + data.max_response_length"),
     _rename(R, "actor_infer.num_gpus_per_worker", "rollout.tensor_parallel_size", "ranks per engine"),
-    _refused(
-        R,
-        "actor_infer.device_mapping",
-        f"the engine's ranks are placement.rollout (`actor` colocates, or a rank list); {_LAUNCHER}",
-    ),
+    Alias(R, "actor_infer.device_mapping", "combined", "placement.rollout", "its ranks; the actor's: colocated"),
     # ---- ROLL: reference and critic -------------------------------------------------------------------------------
     _rename(R, "reference.strategy_args.strategy_config.offload_policy", "reference.param_offload"),
     _noop(
@@ -707,13 +904,26 @@ ALIASES: tuple[Alias, ...] = (
         "the reference runs FSDP2 only: it shards over its ranks (placement.reference)",
     ),
     _rename(R, "reference.infer_batch_size", "reference.log_prob_micro_batch_size_per_gpu"),
-    _refused(R, "reference.device_mapping", f"the reference's ranks are placement.reference; {_LAUNCHER}"),
+    Alias(R, "reference.device_mapping", "combined", "placement.reference", "its ranks; the actor's: colocated"),
     _rename(R, "critic.training_args.learning_rate", "critic.lr"),
     _rename(R, "critic.training_args.weight_decay", "critic.weight_decay"),
     _rename(R, "critic.training_args.per_device_train_batch_size", "critic.ppo_micro_batch_size_per_gpu"),
-    _refused(R, "critic.device_mapping", f"the critic's ranks are placement.critic; {_LAUNCHER}"),
+    Alias(R, "critic.device_mapping", "combined", "placement.critic", "its ranks; the actor's: colocated"),
     # ---- TRL (GRPOConfig): max_steps, seed, save_steps, eval_steps and output_dir are in ROLL's rows --------------
     _rename(T, "num_generations", "rollout.n"),
+    _rename(T, "model_name_or_path", "model.path", "a local directory: nothing is downloaded"),
+    _rename(T, "dataset_name", "data.train_files", "a local file or directory of the dataset (no hub download)"),
+    _rename(T, "dtype", "model.dtype", "bfloat16, float16, float32", convert=_dtype),
+    _noop(T, "log_completions", "samples are written at validation (trainer.log_val_generations)"),
+    Alias(T, "num_processes", "combined", "trainer.world_size", "accelerate's: the world torchrun launched"),
+    Alias(T, "num_machines", "combined", "trainer.world_size", "accelerate's, with num_processes"),
+    Alias(T, "use_peft", "combined", "model.lora_rank", "with lora_r (TRL's 16), lora_alpha (32), lora_dropout"),
+    Alias(T, "lora_r", "combined", "model.lora_rank", "with use_peft"),
+    Alias(T, "lora_alpha", "combined", "model.lora_alpha", "with use_peft"),
+    Alias(T, "lora_dropout", "combined", "model.lora_dropout", "with use_peft"),
+    _rename(
+        T, "lora_target_modules", "model.target_modules", "argparse's tokens, commas dropped", convert=_module_list
+    ),
     _rename(T, "weight_sync_timeout", "trainer.wait_timeout_s", "bounds every wait between ranks, the sync's too"),
     _rename(T, "learning_rate", "actor.lr"),
     _rename(T, "weight_decay", "actor.weight_decay"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -215,20 +216,177 @@ def _combine(rows: dict[str, tuple[Alias, str, str]], given: dict[str, str]) -> 
             f"ROLL's {arg} is actor.clip_ratio_c={render_value(bound)} here"
             + (f" (ROLL's bound, 1 + 2 x pg_clip={clip})" if on else "")
         )
-    if "trainer.n_gpus_per_node" in rows or "trainer.nnodes" in rows:
-        gpus, nodes = values.get("trainer.n_gpus_per_node", 8), values.get("trainer.nnodes", 1)
+    for gpus_key, nodes_key, who in _WORLD_KEYS:
+        if gpus_key not in rows and nodes_key not in rows:
+            continue
+        gpus, nodes = values.get(gpus_key, 8), values.get(nodes_key, 1)
         if not (isinstance(gpus, int) and isinstance(nodes, int) and gpus >= 1 and nodes >= 1):
             raise ConfigError(
-                f"verl's trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} must be whole numbers >= 1; the world "
+                f"{who}'s {gpus_key}={gpus} x {nodes_key}={nodes} must be whole numbers >= 1; the world "
                 "is the launcher's here: torchrun --nnodes N --nproc-per-node M"
             )
-        arg = args.get("trainer.n_gpus_per_node") or args["trainer.nnodes"]
-        used.append(_Used(arg, "trainer.world_size", str(gpus * nodes), _EXACT["trainer.n_gpus_per_node"]))
+        arg = args.get(gpus_key) or args[nodes_key]
+        used.append(
+            _Used(arg, "trainer.world_size", str(gpus * nodes), rows[gpus_key if gpus_key in rows else nodes_key][0])
+        )
         notes.append(
-            f"verl's trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} is trainer.world_size={gpus * nodes} "
+            f"{who}'s {gpus_key}={gpus} x {nodes_key}={nodes} is trainer.world_size={gpus * nodes} "
             f"here: the ranks to plan for, which must equal the world torchrun launched (torchrun --nnodes {nodes} "
             f"--nproc-per-node {gpus}); the launcher, not the config, sets it"
         )
+    for extra in (_peft, _difficulty_band, _roll_rewards, _device_mapping):
+        more_used, more_notes = extra(rows, values, args, given)
+        used += more_used
+        notes += more_notes
+    return used, notes
+
+
+_LISTS = {"trainer.logger"}
+"""List keys a peer also takes as one name (verl's trainer.logger=console): the name becomes a list of one."""
+
+_WORLD_KEYS = (
+    ("trainer.n_gpus_per_node", "trainer.nnodes", "verl"),
+    ("num_gpus_per_node", "num_nodes", "ROLL"),
+    ("num_processes", "num_machines", "TRL"),
+)
+"""A peer's (GPUs per node, nodes) keys: their product is trainer.world_size, which must equal the world launched."""
+
+_Parts = tuple[list[_Used], list[str]]
+
+
+def _peft(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """TRL's --use_peft with its lora_r / lora_alpha / lora_dropout (TRL's defaults 16, 32, 0.05): LoRA here."""
+    keys = ("use_peft", "lora_r", "lora_alpha", "lora_dropout")
+    if not any(k in rows for k in keys):
+        return [], []
+    if values.get("use_peft") is not True:
+        if values.get("use_peft") not in (None, False):
+            raise ConfigError(f"TRL's {args['use_peft']}: it takes true or false")
+        return [], ["TRL's " + ", ".join(args[k] for k in keys if k in rows) + " change nothing without use_peft"]
+    lora = {"model.lora_rank": values.get("lora_r", 16), "model.lora_alpha": values.get("lora_alpha", 32)}
+    lora["model.lora_dropout"] = values.get("lora_dropout", 0.05)
+    row = rows["use_peft"][0]
+    used = [_Used(args["use_peft"], k, render_value(v), row) for k, v in lora.items()]
+    said = ", ".join(f"{k}={render_value(v)}" for k, v in lora.items())
+    return used, [f"TRL's {', '.join(args[k] for k in keys if k in rows)} is {said} here (TRL's LoRA defaults)"]
+
+
+def _difficulty_band(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """ROLL's difficulty_mask keeps groups whose mean score lies in (low, high). With n samples of 0/1 rewards a band
+    with 0 < low <= 1/n and (n-1)/n <= high < 1 drops exactly the uniform groups: rejection sampling here (which
+    draws a group in each one's place). Any other band is refused."""
+    if "difficulty_mask" not in rows:
+        if any(k in rows for k in ("difficulty_low_threshold", "difficulty_high_threshold")):
+            return [], ["ROLL's difficulty thresholds change nothing without difficulty_mask=true"]
+        return [], []
+    arg = args["difficulty_mask"]
+    if values["difficulty_mask"] is not True:
+        return [], [f"ROLL's {arg}: no groups are dropped, as here by default"]
+    low, high = values.get("difficulty_low_threshold", 0.1), values.get("difficulty_high_threshold", 0.95)
+    n_text = given.get("num_return_sequences_in_group", given.get("rollout.n", given.get("num_generations", "8")))
+    n = _parse_value(n_text)
+    if not (isinstance(n, int) and 0 < low <= 1 / n and (n - 1) / n <= high < 1):
+        raise ConfigError(
+            f"ROLL's {arg} with the band ({low}, {high}) drops groups that are not uniform at {n} samples per prompt; "
+            "here rejection sampling drops exactly the uniform ones (algorithm.rejection_sample.enable=true): use "
+            f"thresholds with 0 < low <= 1/{n} and {n - 1}/{n} <= high < 1, or leave difficulty_mask out"
+        )
+    row = rows["difficulty_mask"][0]
+    return [_Used(arg, "algorithm.rejection_sample.enable", "true", row)], [
+        f"ROLL's {arg} with the band ({low}, {high}) at {n} samples per prompt drops the uniform groups: "
+        "algorithm.rejection_sample.enable=true here (a dropped group is replaced by a fresh one)"
+    ]
+
+
+_ROLL_MATH = "MathRuleRewardWorker"
+_MATH_REWARD = "torchrl_post.reward.builtin:math_boxed"
+
+
+def _roll_rewards(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """ROLL's rewards.<domain>.*: one domain scored by MathRuleRewardWorker is the built-in math reward (the answer
+    in the last \\boxed{}); its other keys (model_args, world_size, tag_included...) size ROLL's worker. Several
+    domains, or another worker, is refused in one line."""
+    keys = [k for k in rows if k.startswith("rewards.")]
+    if not keys:
+        return [], []
+    domains = sorted({k.split(".")[1] for k in keys})
+    workers = {d: str(values.get(f"rewards.{d}.worker_cls", "")) for d in domains}
+    if len(domains) != 1 or not workers[domains[0]].endswith(_ROLL_MATH):
+        shown = ", ".join(f"{d} ({w.rsplit('.', 1)[-1] or 'no worker_cls'})" for d, w in workers.items())
+        raise ConfigError(
+            f"ROLL's rewards: {shown}: only one domain scored by {_ROLL_MATH} maps here (the built-in math reward); "
+            "for other rules write a reward function and set reward.function=package.module:function (an LLM judge "
+            "or a reward model is not built yet)"
+        )
+    row = rows[keys[0]][0]
+    arg = args.get(f"rewards.{domains[0]}.worker_cls", args[keys[0]])
+    return [_Used(arg, "reward.function", _MATH_REWARD, row)], [
+        f"ROLL's rewards.{domains[0]} ({_ROLL_MATH}) is reward.function={_MATH_REWARD} here (the answer in the last "
+        "\\boxed{} against the ground truth); its worker's keys size ROLL's worker, nothing here"
+    ]
+
+
+_MAPPINGS = {
+    "actor_train.device_mapping": "actor",
+    "actor_infer.device_mapping": "rollout",
+    "reference.device_mapping": "reference",
+    "critic.device_mapping": "critic",
+}
+
+
+def _ranks(text: Any, arg: str) -> list[int]:
+    """ROLL's device_mapping: a list, or the string `list(range(a, b[, step]))` its examples write."""
+    if isinstance(text, list) and all(isinstance(r, int) for r in text):
+        return list(text)
+    m = re.fullmatch(r"\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?(?:,\s*(\d+)\s*)?\)\s*\)\s*", str(text))
+    if m is None:
+        raise ConfigError(f"ROLL's {arg}: a list of ranks or list(range(a, b)) is expected")
+    start, stop, step = m.groups()
+    if stop is None:
+        return list(range(int(start)))
+    return list(range(int(start), int(stop), int(step or 1)))
+
+
+def _device_mapping(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """ROLL's device_mapping per worker: the actor's ranks are placement.actor; a worker on ranks inside the actor's
+    is colocated with it (placement.<role>=actor, on all of the actor's: a note says when ROLL used fewer), one on
+    ranks apart from the actor's gets them; a partial overlap is refused."""
+    given_maps = {key: _ranks(values[key], args[key]) for key in _MAPPINGS if key in rows}
+    if not given_maps:
+        return [], []
+    actor = given_maps.get("actor_train.device_mapping")
+    used: list[_Used] = []
+    notes: list[str] = []
+    for key, ranks in given_maps.items():
+        role, row, arg = _MAPPINGS[key], rows[key][0], args[key]
+        if role == "actor":
+            used.append(_Used(arg, "placement.actor", render_value(ranks), row))
+            notes.append(f"ROLL's {key} is placement.actor={render_value(ranks)} here")
+            continue
+        if actor is not None and set(ranks) <= set(actor):
+            fewer = (
+                f" (ROLL used {len(ranks)} of the actor's {len(actor)} ranks; here all of them)"
+                if len(ranks) < len(actor)
+                else ""
+            )
+            used.append(_Used(arg, f"placement.{role}", "actor", row))
+            notes.append(f"ROLL's {key} is placement.{role}=actor here: colocated with the actor{fewer}")
+        elif actor is None or not set(ranks) & set(actor):
+            used.append(_Used(arg, f"placement.{role}", render_value(ranks), row))
+            notes.append(f"ROLL's {key} is placement.{role}={render_value(ranks)} here")
+        else:
+            raise ConfigError(
+                f"ROLL's {arg} overlaps the actor's ranks in part; here a role is colocated with the actor "
+                f"(placement.{role}=actor) or on ranks of its own (placement.{role}=[ranks])"
+            )
     return used, notes
 
 
@@ -244,6 +402,9 @@ def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
         key = head.lstrip("+~")
         prefix = head[: len(head) - len(key)]
         row = find_alias(key) if eq and key not in _KEYS else None
+        if key in _LISTS and eq and isinstance(_parse_value(text), str):  # verl takes a logger's name alone
+            used.append(_Used(f"{key}=[{text}]", key, f"[{text}]", None))
+            continue
         if row is None or row.kind == "same":
             used.append(_Used(arg, key, text, None))
             continue

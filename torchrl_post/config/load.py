@@ -171,7 +171,8 @@ def load_config(
     user = _user_dir(config_path)
     files = _user_files(user, config_name or "config")
     if files and not all(_written_in_ours(f) for f in files):
-        base, from_files = _peer_yaml(files[-1])
+        given = frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides)
+        base, from_files = _peer_yaml(files[-1], given)
         overrides = [*from_files, *overrides]
         config_name, user = base, None
     if config_name is None:
@@ -242,11 +243,12 @@ def peer_yaml_overrides(path: Path) -> list[str]:
     return _peer_yaml(path)[1]
 
 
-def _peer_yaml(path: Path) -> tuple[str | None, list[str]]:
+def _peer_yaml(path: Path, overridden: frozenset[str] = frozenset()) -> tuple[str | None, list[str]]:
     """(the shipped config its `defaults` list names, if any; the `key=value` overrides of its leaves). A file in a
     peer's keys (ROLL's pipeline configs): the files its `defaults` list names (relative to it, `name@_here_`
-    included) first, then its own keys; `hydra` dropped; interpolations resolved. Each override is checked here, so
-    an unknown or refused key's line names the file."""
+    included) first, then its own keys; `hydra` dropped; interpolations resolved; a key the command line sets
+    (`overridden`) left to it. The file's keys are checked here, so an unknown or refused key's line names the
+    file."""
     base, chain = _peer_yaml_chain(path, [])
     merged: DictConfig | ListConfig = OmegaConf.create({})
     for f in chain:
@@ -270,16 +272,19 @@ def _peer_yaml(path: Path) -> tuple[str | None, list[str]]:
             if isinstance(value, dict) and value and not _leaf_section(key):
                 walk(value, key + ".")
                 continue
-            arg = f"{key}={render_value(value)}"
-            try:
-                check_override_syntax(arg)
-                check_keys(rewrite_overrides([arg])[0])
-            except ConfigError as e:
-                raise ConfigError(f"{path}: {e}") from None
-            out.append(arg)
+            if key in overridden:
+                continue  # the command line sets it (verl's multi-turn yaml names sglang; its script, vllm)
+            out.append(f"{key}={render_value(value)}")
 
     if isinstance(data, dict):
         walk(data, "")
+    try:  # a key refused (no equivalent here) is said before an unknown or malformed one
+        rewritten = rewrite_overrides(out)[0]
+        for arg in out:
+            check_override_syntax(arg)
+        check_keys(rewritten)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return base, out
 
 
@@ -309,6 +314,9 @@ def _peer_yaml_chain(path: Path, seen: list[Path]) -> tuple[str | None, list[Pat
             continue
         name = entry.split("@", 1)[0]
         f = (path.parent / f"{name}.yaml").resolve()
+        if not f.is_file() and name in PEER_BASES:  # verl's own base config: its defaults are configs/verl.yaml
+            base = PEER_BASES[name]
+            continue
         if not f.is_file() and (default_config_dir() / f"{name}.yaml").is_file():
             base = name
             continue
@@ -317,6 +325,10 @@ def _peer_yaml_chain(path: Path, seen: list[Path]) -> tuple[str | None, list[Pat
         deeper, more = _peer_yaml_chain(f, seen)
         base, chain = base or deeper, chain + more
     return base, [*chain, path]
+
+
+PEER_BASES = {"ppo_trainer": "verl", "agent_ppo_trainer": "verl"}
+"""A peer's shipped config a user's YAML names in its defaults list (verl's, rLLM's) -> the base with its defaults."""
 
 
 def _user_files(user: Path | None, config_name: str) -> list[Path]:

@@ -485,8 +485,8 @@ class CriticConfig:
     """cosine: waves over the critic's decay (0.5: one half wave)."""
     grad_clip: float = 1.0
     """Clip the critic's gradient norm (<= 0 disables)."""
-    cliprange_value: float = 0.5
-    """Value clipping around the old values."""
+    cliprange_value: float | None = 0.5
+    """Value clipping around the old values; null: none (ROLL's value_clip default)."""
     loss_agg_mode: Annotated[str, LossAggMode] = "token-mean"
     """How token value losses become one number (as actor.loss_agg_mode)."""
     ppo_micro_batch_size_per_gpu: int = 32

@@ -236,7 +236,8 @@ def validate(cfg: Config) -> None:
     _positive("critic.lr", cfg.critic.lr)
     _positive("critic.weight_decay", cfg.critic.weight_decay, allow_zero=True)
     _schedule("critic", cfg.critic)
-    _positive("critic.cliprange_value", cfg.critic.cliprange_value)
+    if cfg.critic.cliprange_value is not None:
+        _positive("critic.cliprange_value", cfg.critic.cliprange_value)
     _positive("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)
     _positive("reference.log_prob_micro_batch_size_per_gpu", cfg.reference.log_prob_micro_batch_size_per_gpu)
     a = cfg.agent

@@ -24,6 +24,13 @@ def test_clipped_value_loss_token_mean():
     assert clipfrac.item() == pytest.approx(1 / 3)
 
 
+def test_no_value_clipping_is_the_plain_squared_error():
+    # (0,0): 0.5 * (1 - 1.5)^2 = 0.125 (the clipped term 0.18 is not taken); (0,1) 0.5; (1,0) 3.125
+    loss, clipfrac = clipped_value_loss(V, V_OLD, RET, V_MASK, None, "token-mean")
+    assert loss.item() == pytest.approx((0.125 + 0.5 + 3.125) / 3)
+    assert clipfrac.item() == 0.0
+
+
 def test_clipped_value_loss_other_modes():
     loss, _ = clipped_value_loss(V, V_OLD, RET, V_MASK, 0.2, "seq-mean-token-mean")
     assert loss.item() == pytest.approx(((0.18 + 0.5) / 2 + 3.125) / 2)

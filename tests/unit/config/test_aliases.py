@@ -178,12 +178,14 @@ def test_rewrite(given: list[str], expected: list[str], note: str | None) -> Non
         (["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
         (["actor_rollout_ref.actor.megatron.context_parallel_size=2"], "FSDP2 only"),
         (["actor_train.strategy_args.strategy_config.pipeline_model_parallel_size=2"], "actor.fsdp.fsdp_size"),
-        (["actor_train.strategy_args.strategy_name=megatron_train"], "FSDP2 only"),
+        (["actor_train.strategy_args.strategy_name=megatron_infer"], "FSDP2 only"),
         (["actor_rollout_ref.rollout.name=sglang"], "rollout.engine=vllm"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size=128"], "actor.ppo_micro_batch_size_per_gpu"),
         (["trainer.critic_warmup=5"], "update every step"),
         (["actor_rollout_ref.hybrid_engine=false"], "placement.rollout"),
-        (["actor_infer.device_mapping=list(range(0,8))"], "placement.rollout"),
+        (
+            ["actor_train.device_mapping='list(range(0,8))'", "actor_infer.device_mapping='list(range(4,12))'"],
+            "placement.rollout=actor",
+        ),
         (["async_generation_ratio=1"], "trainer.max_off_policy_steps"),
         (["algorithm.rollout_is_mode=mask"], "algorithm.rollout_correction.rollout_rs=token"),
         (["algorithm.rollout_is=geometric"], "algorithm.rollout_correction.rollout_is takes token, sequence"),
@@ -330,3 +332,52 @@ def test_gradient_accumulation_counts_the_optimizer_step_per_rank_as_roll_and_tr
     assert trl.trainer.defaults_from == "trl" and plan_run(trl, 2).mini_batch_prompts == 4
     with pytest.raises(ConfigError, match=r"= 12 samples per optimizer step, not whole groups of rollout.n=8"):
         plan_run(load_config(["actor.ppo_micro_batch_size_per_gpu=3", "actor.gradient_accumulation_steps=2"]), 2)
+
+
+@pytest.mark.parametrize(
+    ("train", "infer", "expected", "note"),
+    [
+        ("list(range(0,4))", "list(range(0,4))", ["placement.actor=[0,1,2,3]", "placement.rollout=actor"], ""),
+        ("list(range(0,4))", "list(range(0,2))", ["placement.actor=[0,1,2,3]", "placement.rollout=actor"], "2 of"),
+        ("list(range(0,2))", "list(range(2,4))", ["placement.actor=[0,1]", "placement.rollout=[2,3]"], ""),
+    ],
+)
+def test_roll_device_mappings_become_placements(train: str, infer: str, expected: list[str], note: str) -> None:
+    """ROLL's worker on ranks inside the actor's is colocated with it; on ranks of its own, it gets them."""
+    given = [f"actor_train.device_mapping='{train}'", f"actor_infer.device_mapping='{infer}'"]
+    rewritten, notes = rewrite_overrides(given)
+    assert rewritten == expected and any(note in n for n in notes), notes
+
+
+def test_roll_difficulty_band_is_rejection_sampling_only_where_it_drops_exactly_uniform_groups() -> None:
+    band = ["difficulty_mask=true", "difficulty_low_threshold=0.1", "difficulty_high_threshold=0.95"]
+    rewritten = rewrite_overrides([*band, "num_return_sequences_in_group=8"])[0]
+    assert rewritten == ["rollout.n=8", "algorithm.rejection_sample.enable=true"]
+    # at 16 samples a group with 1 of 16 right (mean 0.0625 < 0.1) is dropped by ROLL, kept here: refused
+    assert "not uniform at 16 samples" in _refused([*band, "num_return_sequences_in_group=16"])
+
+
+def test_roll_rewards_one_math_domain_is_the_builtin_and_several_are_refused() -> None:
+    worker = "roll.pipeline.rlvr.rewards.math_rule_reward_worker.MathRuleRewardWorker"
+    one = [f"rewards.math_rule.worker_cls={worker}", "rewards.math_rule.world_size=8"]
+    assert rewrite_overrides(one)[0] == ["reward.function=torchrl_post.reward.builtin:math_boxed"]
+    judge = "rewards.llm_judge.worker_cls=roll.pipeline.rlvr.rewards.llm_judge_reward_worker.LLMJudgeRewardWorker"
+    assert "llm_judge (LLMJudgeRewardWorker)" in _refused([*one, judge])
+
+
+def test_trl_peft_flags_are_lora_with_trls_defaults() -> None:
+    rewritten, _ = rewrite_overrides(["use_peft=true", "lora_r=8", "lora_target_modules=['q_proj,',v_proj]"])
+    assert rewritten == [
+        "model.target_modules=[q_proj,v_proj]",
+        "model.lora_rank=8",
+        "model.lora_alpha=32",
+        "model.lora_dropout=0.05",
+    ]
+    assert rewrite_overrides(["lora_r=8"])[0] == []  # without use_peft TRL trains the whole model
+
+
+def test_rllm_mask_truncated_samples_masks_the_length_reason_alone() -> None:
+    cfg = load_config(["rllm.mask_truncated_samples=true"])
+    f = cfg.algorithm.compact_filtering
+    assert f.enable and f.mask_max_response_length_exceeded
+    assert not (f.mask_timeout or f.mask_error or f.mask_max_turns_exceeded or f.mask_max_prompt_length_exceeded)
