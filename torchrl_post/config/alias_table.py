@@ -818,7 +818,13 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "actor_train.data_args.file_name", "data.train_files"),
     _noop(R, "actor_train.data_args.dataset_dir", "data.train_files are read as given"),
     _noop(R, "actor_train.data_args.preprocessing_num_workers", "the prompts are templated once, as they load"),
-    _noop(R, "actor_train.data_args.interleave_probs", "one set of files, read as one", _is(None, 1, 1.0, "1.0", "1")),
+    _noop(
+        R,
+        "actor_train.data_args.interleave_probs",
+        "one set of files, read as one",
+        _is(None, 1, 1.0, "1.0", "1"),
+        "the files of data.train_files are read as one set, not sampled by ratio: mix them into one file",
+    ),
     _noop(
         R,
         "actor_train.data_args.domain_interleave_probs",
