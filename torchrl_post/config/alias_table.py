@@ -274,6 +274,8 @@ _WORLD = (
     "launched (--nnodes x --nproc-per-node)"
 )
 _SP = "one value for the actor, critic and reference"
+_MODEL_TYPE = "model.path is loaded as a causal LM (a value model is the critic's: critic.model.path)"
+_BEAMS = "beam search is not built: answers are sampled (rollout.temperature, rollout.top_p)"
 _ROLL_ENVS = (
     "ROLL's environments and their managers are ROLL's classes; an agent here is a Python environment class "
     "(agent.env=package.module:Class, agent.agent=...; docs/agents.md)"
@@ -830,10 +832,11 @@ ALIASES: tuple[Alias, ...] = (
         "actor_train.data_args.domain_interleave_probs",
         "one domain takes every prompt",
         lambda v: v in (None, 1, 1.0),
-        "prompts are not sampled by domain here: one domain (its ratio 1.0), or mix the files yourself",
+        "prompts are not sampled by domain here: one domain (its ratio 1.0), or mix the files of data.train_files "
+        "into one",
         subtree=True,
     ),
-    _noop(R, "actor_train.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "actor_train.model_args.model_type", "null: a causal LM", _is(None), _MODEL_TYPE),
     _noop(R, "actor_train.model_args.attn_implementation", "attention is chosen by device (SDPA; flash on CUDA)"),
     _noop(R, "actor_train.model_args.flash_attn", "attention is chosen by device (SDPA; flash on CUDA)"),
     _rename(R, "actor_train.use_remove_padding", "model.use_remove_padding"),
@@ -858,14 +861,14 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, "validation.generating_args.top_p", "rollout.val_kwargs.top_p"),
     _rename(R, "validation.generating_args.top_k", "rollout.val_kwargs.top_k"),
     _rename(R, "validation.generating_args.num_return_sequences", "rollout.val_kwargs.n"),
-    _noop(R, "validation.generating_args.num_beams", "sampling, no beam search", _ONE, "beam search is not built"),
+    _noop(R, "validation.generating_args.num_beams", "sampling, no beam search", _ONE, _BEAMS),
     _rename(R, "validation.eval_steps", "trainer.test_freq"),
-    _noop(R, "actor_infer.generating_args.num_beams", "sampling, no beam search", _ONE, "beam search is not built"),
+    _noop(R, "actor_infer.generating_args.num_beams", "sampling, no beam search", _ONE, _BEAMS),
     _noop(R, "actor_infer.infer_batch_size", "the engine batches every request itself"),
     _noop(R, "actor_infer.model_args.disable_gradient_checkpointing", "the engine does not train"),
-    _noop(R, "actor_infer.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "actor_infer.model_args.model_type", "null: a causal LM", _is(None), _MODEL_TYPE),
     _noop(R, "reference.model_args.disable_gradient_checkpointing", "the reference does not train"),
-    _noop(R, "reference.model_args.model_type", "null: a causal LM", _is(None)),
+    _noop(R, "reference.model_args.model_type", "null: a causal LM", _is(None), _MODEL_TYPE),
     _noop(R, "reference.model_args.dtype", "the reference loads as model.dtype (actor_train.model_args.dtype)"),
     _noop(R, "reference.model_args.attn_implementation", "attention is chosen by device (SDPA; flash on CUDA)"),
     _noop(R, "reference.model_args.ulysses_size", "one sequence-parallel size: actor_train.model_args.ulysses_size"),
