@@ -111,7 +111,8 @@ def train(
     Config, or a dict or OmegaConf DictConfig of its keys (`as_config`). Each
     object given replaces the key that names it; None leaves the key in charge:
 
-    - reward_fn: reward.function, a function of (data_source, solution_str, ground_truth, extra_info)
+    - reward_fn: reward.function, a function of (data_source, solution_str, ground_truth, extra_info), or TRL's
+      (completions, **kwargs) -> list (reward/trl_signature.py)
     - train_data, val_data: data.train_files, data.val_files; rows as a list of dicts or a datasets.Dataset,
       parsed and checked as file rows (a bad row: `train_data[3]: ...`)
     - env_cls, env_args: agent.env; `env_cls(**env_args)` for every trajectory

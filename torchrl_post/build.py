@@ -168,6 +168,7 @@ def source_settings(run: Run) -> SourceSettings:
         reward_timeout_s=cfg.reward.timeout_s,
         val_batch_size=cfg.data.val_batch_size,
         log_val_generations=cfg.trainer.log_val_generations,
+        reward=cfg.reward,
     )
 
 

@@ -21,7 +21,7 @@ from torchrl_post.agent.loop import AgentParts
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import check_rows_shape
-from torchrl_post.reward.scoring import RewardFn, check_reward_signature, load_function
+from torchrl_post.reward.scoring import RewardFn, load_function, verl_reward
 from torchrl_post.tools import Tool, ToolBox
 
 Tools = Sequence[str | Tool] | Mapping[str, Tool]
@@ -159,11 +159,9 @@ def resolve_components(cfg: Config, given: Given | None = None) -> Components:
             tools = ToolBox.from_specs(list(a.tools)) if a.tools else None
         agent = AgentParts(_bind(env_cls, given.env_args), _bind(agent_cls, given.agent_args), tools)
     elif given.reward_fn is not None:
-        reward_fn = given.reward_fn
-        check_reward_signature(reward_fn, label(reward_fn), "reward_fn")
+        reward_fn = verl_reward(given.reward_fn, label(given.reward_fn), "reward_fn")
     elif cfg.reward.function is not None:
-        reward_fn = load_function(cfg.reward.function)
-        check_reward_signature(reward_fn, cfg.reward.function)
+        reward_fn = verl_reward(load_function(cfg.reward.function), cfg.reward.function)
     return Components(reward_fn, agent, given.train_data, given.val_data)
 
 

@@ -243,6 +243,54 @@ def _trl_report_to(v: Any) -> list[str]:
     return ["console", *(n for n in names if n not in ("none", None, "console"))]
 
 
+_TRL_REWARDS = {
+    name: f"torchrl_post.reward.builtin:{name}"
+    for name in ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+}
+"""TRL's --reward_funcs names -> our built-ins of the same name (verl's signature)."""
+_TRL_OVERLONG = {
+    "reward.overlong_buffer.enable": True,
+    "reward.overlong_buffer.len": 256,
+    "reward.overlong_buffer.penalty_factor": 1.0,
+    "reward.overlong_buffer.max_response_length": 1280,
+}
+"""TRL's registry entry get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256): DAPO's rule."""
+_OVERLONG_LOG = "reward/overlong_reward and reward/overlong are logged whenever reward.overlong_buffer.enable"
+
+
+def _trl_reward_funcs(v: Any) -> dict[str, Any]:
+    """TRL's reward_funcs (a name or a list of names) -> reward.function (and the overlong shaping)."""
+    names = [str(n) for n in v] if isinstance(v, (list, tuple)) else [str(v)]
+    out: dict[str, Any] = {}
+    if "get_soft_overlong_punishment" in names:
+        names.remove("get_soft_overlong_punishment")
+        out |= _TRL_OVERLONG
+        if not names:
+            raise Refused(
+                "get_soft_overlong_punishment is added to a reward function's score here (reward.overlong_buffer): "
+                "name one with it, e.g. --reward_funcs accuracy_reward get_soft_overlong_punishment"
+            )
+    if len(names) > 1:
+        raise Refused(
+            f"TRL sums several reward functions ({', '.join(names)}); reward.function is one here: write one that "
+            "returns their sum and set reward.function=package.module:function"
+        )
+    (name,) = names
+    if name in _TRL_REWARDS:
+        out["reward.function"] = _TRL_REWARDS[name]
+    elif ":" in name:
+        out["reward.function"] = name
+    elif "." in name:
+        module, _, fn = name.rpartition(".")
+        out["reward.function"] = f"{module}:{fn}"
+    else:
+        raise Refused(
+            f"the built-in reward functions are {', '.join(_TRL_REWARDS)} and get_soft_overlong_punishment; "
+            f"else give the function's import path (package.module.function), not {name}"
+        )
+    return out
+
+
 # ---- value tests of noop rows -----------------------------------------------------------------------------------
 
 
@@ -593,10 +641,34 @@ ALIASES: tuple[Alias, ...] = (
     _noop(
         V,
         "reward_model.reward_manager",
-        "naive scores each sample with the reward function, as here",
-        _is("naive"),
-        "rewards are scored per sample by reward.function (verl's naive manager)",
+        "naive and dapo score each sample with the reward function, as here; dapo's overlong shaping is "
+        "reward.overlong_buffer (reward_model.overlong_buffer.* and reward_kwargs.overlong_buffer_cfg.* set it)",
+        _is("naive", "dapo"),
+        "rewards are scored per sample by reward.function (verl's naive manager; dapo's shaping: reward.overlong_buffer)",
     ),
+    _rename(
+        V,
+        "reward_model.overlong_buffer",
+        "reward.overlong_buffer",
+        "DAPO's recipe: enable, len, penalty_factor; the maximum is data.max_response_length",
+        subtree=True,
+    ),
+    _noop(V, "reward_model.overlong_buffer.log", _OVERLONG_LOG),
+    _rename(
+        V,
+        "reward_model.reward_kwargs.overlong_buffer_cfg",
+        "reward.overlong_buffer",
+        "verl's DAPO reward manager: enable, len, penalty_factor",
+        subtree=True,
+    ),
+    _noop(V, "reward_model.reward_kwargs.overlong_buffer_cfg.log", _OVERLONG_LOG),
+    _rename(
+        V,
+        "reward_model.reward_kwargs.max_resp_len",
+        "reward.overlong_buffer.max_response_length",
+        "the overlong rule's maximum (null here: data.max_response_length)",
+    ),
+    _rename(R, "reward_clip", "reward.clip", "each score clamped to [-c, c] before advantages"),
     # ---- verl: trainer ----------------------------------------------------------------------------------------------
     _same(V, "trainer.total_epochs"),
     _same(V, "trainer.total_training_steps"),
@@ -998,8 +1070,13 @@ ALIASES: tuple[Alias, ...] = (
         _is("colocate"),
         "an engine on ranks of its own is placement.rollout=[ranks] (in-process, no server)",
     ),
-    _refused(
-        T, "reward_funcs", "reward.function=package.module:function (verl's signature) or a built-in by data_source"
+    _rename(
+        T,
+        "reward_funcs",
+        "reward.function",
+        "TRL's built-in names are ours too; pkg.mod.func is pkg.mod:func (TRL's signature taken); "
+        "get_soft_overlong_punishment is reward.overlong_buffer (256 of 1280); one function besides it",
+        convert=_trl_reward_funcs,
     ),
     _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
     # ---- SkyRL: asynchronous training ----------------------------------------------------------------------------

@@ -505,11 +505,33 @@ class ReferenceConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (verl's reward_model.overlong_buffer): a training response longer than
+    max_response_length - len tokens gets min(-(length - (max_response_length - len)) / len * penalty_factor, 0)
+    added to its score (reward/overlong_reward: the mean penalty, reward/overlong: the share penalised)."""
+
+    enable: bool = False
+    """Add the overlong penalty to every training sample's score (validation scores stay the task's)."""
+    len: int = 0
+    """The buffer, in tokens: the penalty grows linearly over the last `len` tokens before the maximum."""
+    penalty_factor: float = 1.0
+    """The penalty of a response of the maximum length (DAPO's 1.0)."""
+    max_response_length: int | None = None
+    """The maximum length of the rule (verl's reward_kwargs.max_resp_len); null: data.max_response_length."""
+
+
+@dataclass
 class RewardConfig:
     function: str | None = None
-    """Reward function as `package.module:function` (verl signature); null picks a built-in by data_source."""
+    """Reward function as `package.module:function` (verl's signature, or TRL's (completions, **kwargs) -> list);
+    null picks a built-in by data_source."""
     timeout_s: float = 30.0
     """A reward call running longer than this is stopped and scores 0 (counted in reward/errors); <= 0: no limit."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's overlong penalty on training scores."""
+    clip: float | None = None
+    """Clamp every training sample's score to [-clip, clip] before advantages, after the overlong penalty (ROLL's
+    reward_clip); null: no clamp."""
 
 
 @dataclass

@@ -50,6 +50,24 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _reward_shaping(cfg: Config) -> None:
+    """reward.overlong_buffer (its buffer inside its maximum length) and reward.clip."""
+    ob = cfg.reward.overlong_buffer
+    if ob.enable:
+        _positive("reward.overlong_buffer.len", ob.len)
+        _positive("reward.overlong_buffer.penalty_factor", ob.penalty_factor, allow_zero=True)
+        if ob.max_response_length is not None:
+            _positive("reward.overlong_buffer.max_response_length", ob.max_response_length)
+        longest = ob.max_response_length or cfg.data.max_response_length
+        if ob.len > longest:
+            raise ConfigError(
+                f"reward.overlong_buffer.len={ob.len} must be <= the maximum length {longest} "
+                "(reward.overlong_buffer.max_response_length, else data.max_response_length)"
+            )
+    if cfg.reward.clip is not None:
+        _positive("reward.clip", cfg.reward.clip)
+
+
 def file_list(key: str, value: Any, allow_none: bool = False) -> list[str]:
     """A path or list of paths -> list; None only where allowed (data.val_files)."""
     if value is None:
@@ -288,6 +306,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.reward.function is not None and ":" not in cfg.reward.function:
         raise ConfigError(f"reward.function={cfg.reward.function!r} must look like package.module:function")
+    _reward_shaping(cfg)
     t = cfg.trainer
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoints/global_step_N>")

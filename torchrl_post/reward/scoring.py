@@ -1,7 +1,8 @@
 """Resolve reward functions and score decoded responses.
 
 A reward function takes (data_source, solution_str, ground_truth, extra_info) and returns a float, or a
-dict with a "score" key (other numeric keys are averaged into reward/<key> metrics). One that raises or
+dict with a "score" key (other numeric keys are averaged into reward/<key> metrics); one written for TRL
+((completions, **kwargs) -> list) is wrapped to take them (reward/trl_signature.py). One that raises or
 returns NaN/inf gives that sample 0; the count goes to `reward/errors` and training goes on.
 """
 
@@ -26,6 +27,7 @@ import torch
 
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.reward.builtin import BUILTIN_BY_SOURCE
+from torchrl_post.reward.trl_signature import as_verl_reward
 
 log = logging.getLogger(__name__)
 RewardFn = Callable[..., Any]
@@ -106,12 +108,19 @@ def check_reward_signature(fn: RewardFn, path: str, key: str = "reward.function"
         ) from e
 
 
+def verl_reward(fn: RewardFn, path: str, key: str = "reward.function") -> RewardFn:
+    """`fn` as the scorer calls it: a TRL-style function wrapped (reward/trl_signature.py), verl's signature
+    checked."""
+    fn = as_verl_reward(fn, path, key)
+    check_reward_signature(fn, path, key)
+    return fn
+
+
 def resolve_reward_fn(function: str | None, data_sources: set[str]) -> Callable[[str], RewardFn]:
     """data_source -> reward function; imported and its signature checked up front, for every data source."""
     fn = None
     if function is not None:
-        fn = load_function(function)
-        check_reward_signature(fn, function)
+        fn = verl_reward(load_function(function), function)
     return reward_for_sources(fn, data_sources)
 
 

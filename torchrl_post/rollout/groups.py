@@ -40,6 +40,7 @@ import torch
 from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.checkpoint.dcp import partial_rollout_changed
 from torchrl_post.engines.batch import collate, version_rows
+from torchrl_post.reward.shaping import shape_scores
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
@@ -227,6 +228,7 @@ class Groups(Generic[M]):
         t = time.perf_counter()
         members = [group.done[j] for j in range(self.n)]
         batch = self.members.batch(group, members)
+        shape_scores(batch, self.source.settings.reward, self.source.settings.max_response_length)
         versions = [self.members.versions(m) for m in members]
         if self.source.masked:
             compact_filter(batch, self.source.masked)

@@ -9,14 +9,14 @@ an agent loop already built.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from torchrl_post.agent.base import Trajectory, trajectories_to_batch
-from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig
+from torchrl_post.config.schema import RejectionSampleConfig, RewardConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
@@ -49,6 +49,8 @@ class SourceSettings:
     reward_timeout_s: float
     val_batch_size: int
     log_val_generations: int
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """How training scores become rewards (reward.overlong_buffer, reward.clip: reward/shaping.py)."""
 
 
 class EpisodeRunner(Protocol):

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from torchrl_post.config.schema import RejectionSampleConfig, RolloutConfig, ValKwargs
+from torchrl_post.config.schema import (
+    OverlongBufferConfig,
+    RejectionSampleConfig,
+    RewardConfig,
+    RolloutConfig,
+    ValKwargs,
+)
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
@@ -318,3 +324,19 @@ def test_shutdown_shuts_the_engine_down() -> None:
     assert engine.shut == "torn down"
     source.shutdown(process_ends=True)  # the command line: only what outlives the process
     assert engine.shut == "process ends"
+
+
+# --- reward shaping (reward/shaping.py) -------------------------------------------------------------------------
+
+
+def test_training_scores_get_the_overlong_penalty_and_the_clamp_validation_scores_do_not() -> None:
+    shaping = RewardConfig(overlong_buffer=OverlongBufferConfig(enable=True, len=3), clip=0.5)
+    source, _ = _source(replace(_settings(val_n=2), reward=shaping))
+    source.next_batch(1)
+    batch = source.next_batch(2)
+    assert _texts(batch) == ["22", "1", "1", "333"]  # q2 and q3, both answered by "1"
+    # raw scores 0.2, 1, 1, 0.3; max 5, buffer 3: expected 2 tokens, "333" loses (3 - 2) / 3; then clamp to 0.5
+    assert batch.reward_extra["overlong_reward"].tolist() == pytest.approx([0.0, 0.0, 0.0, -1 / 3])
+    assert batch.scores is not None and batch.scores.tolist() == pytest.approx([0.2, 0.5, 0.5, 0.3 - 1 / 3])
+    totals = source.validation_totals(_data(["q3"], sources=["a"]), ["a"])
+    assert totals[0, 0].item() == pytest.approx(1.0 + 0.3), "validation: q3's '1' and '333', their own scores"
