@@ -1,4 +1,4 @@
-"""The alias table: verl / rLLM / ROLL / TRL keys and what each is here (the single source of docs/aliases.md).
+"""The alias table: verl / rLLM / ROLL / TRL / OpenRLHF / SkyRL keys and what each is here (the single source of docs/aliases.md).
 
 A row is one of five kinds: `rename` (their key is our key, its value converted where the values differ), `same`
 (the same name here: documented, nothing to rewrite), `noop` (accepted where its value changes nothing here, else
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["rename", "same", "noop", "refused", "combined"]
-SOURCES = ("verl", "rLLM", "ROLL", "TRL", "SkyRL")
+SOURCES = ("verl", "rLLM", "ROLL", "TRL", "OpenRLHF", "SkyRL")
 
 
 class Refused(Exception):
@@ -25,7 +25,7 @@ class Refused(Exception):
 @dataclass(frozen=True)
 class Alias:
     source: str
-    """verl, rLLM or ROLL."""
+    """One of SOURCES."""
     key: str
     """Their dotted key (the root of a subtree when `subtree`)."""
     kind: Kind
@@ -291,6 +291,104 @@ def _trl_reward_funcs(v: Any) -> dict[str, Any]:
     return out
 
 
+# ---- OpenRLHF's values ------------------------------------------------------------------------------------------
+
+REWARD_MODEL = (
+    "reward models are not built yet (a later issue); write a reward function and set "
+    "reward.function=package.module:function"
+)
+
+
+def _eps_low_high(v: Any) -> dict[str, Any]:
+    """OpenRLHF's actor.eps_clip_low_high (two numbers) -> actor.clip_ratio_low and actor.clip_ratio_high."""
+    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)):
+        raise Refused("it takes two numbers, low and high: actor.clip_ratio_low and actor.clip_ratio_high here")
+    return {"actor.clip_ratio_low": v[0], "actor.clip_ratio_high": v[1]}
+
+
+_ORLHF_ESTIMATORS: dict[str, dict[str, Any]] = {
+    # OpenRLHF whitens gae's and reinforce's advantages over the batch (experience_maker.py), group_norm divides
+    # by the group's std, dr_grpo and reinforce_baseline only subtract the group's mean
+    "gae": {"algorithm.adv_estimator": "gae", "algorithm.whiten_advantages": True},
+    "reinforce": {"algorithm.adv_estimator": "reinforce_plus_plus"},
+    "rloo": {"algorithm.adv_estimator": "rloo"},
+    "group_norm": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True},
+    "dr_grpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False},
+    "reinforce_baseline": {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": False,
+        "algorithm.whiten_advantages": True,
+    },
+}
+
+
+def _orlhf_estimator(v: Any) -> dict[str, Any]:
+    if v not in _ORLHF_ESTIMATORS:
+        raise Refused(f"the estimators here are algorithm.adv_estimator=grpo, gae, reinforce_plus_plus, rloo, not {v}")
+    return _ORLHF_ESTIMATORS[v]
+
+
+def _orlhf_scheduler(v: Any) -> str:
+    """OpenRLHF's (transformers') scheduler names: cosine_with_min_lr is cosine down to actor.min_lr_ratio."""
+    names = {
+        "cosine_with_min_lr": "cosine",
+        "cosine": "cosine",
+        "constant": "constant",
+        "constant_with_warmup": "constant",
+    }
+    if v not in names:
+        raise Refused(f"the schedules here are actor.lr_scheduler_type=cosine (to min_lr_ratio) or constant, not {v}")
+    return names[v]
+
+
+def _kl_target(v: Any) -> dict[str, Any]:
+    """OpenRLHF's algo.kl.target: a number is the adaptive controller's target, None the fixed coefficient."""
+    if v is None:
+        return {"algorithm.kl_ctrl.type": "fixed"}
+    return {"algorithm.kl_ctrl.type": "adaptive", "algorithm.kl_ctrl.target_kl": v}
+
+
+def _both_offloads(v: Any) -> dict[str, Any]:
+    """OpenRLHF's ds.enable_sleep: the DeepSpeed states leave the GPU while vLLM generates."""
+    return {"actor.fsdp.param_offload": v, "actor.fsdp.optimizer_offload": v}
+
+
+def _eval_temperature(v: Any) -> dict[str, Any]:
+    return {"rollout.val_kwargs.do_sample": bool(v), "rollout.val_kwargs.temperature": v}
+
+
+def _load_enable(v: Any) -> str:
+    if not isinstance(v, bool):
+        raise Refused("it takes true (resume the run directory's latest checkpoint, trainer.resume_mode=auto) or false")
+    return "auto" if v else "disable"
+
+
+def _wandb_key(v: Any) -> list[str]:
+    """OpenRLHF logs to wandb when its key is given; the key itself is wandb's own login here."""
+    return ["console", "wandb"] if v else ["console"]
+
+
+def _tensorboard_dir(v: Any) -> list[str]:
+    return ["console", "tensorboard"] if v else ["console"]
+
+
+def _files(v: Any) -> Any:
+    """OpenRLHF's comma-separated datasets -> a list; one as it is."""
+    if isinstance(v, str) and "," in v:
+        return [f.strip() for f in v.split(",") if f.strip()]
+    return v
+
+
+def _or_default(default: Any) -> Callable[[Any], Any]:
+    """None (OpenRLHF's unset) -> our value for the same thing."""
+    return lambda v: default if v is None else v
+
+
+def _zero_one(v: Any) -> bool:
+    """OpenRLHF's dynamic filtering band (0, 1): with rewards of 0 and 1, the groups not all equal."""
+    return isinstance(v, (list, tuple)) and [float(x) if isinstance(x, (int, float)) else x for x in v] == [0.0, 1.0]
+
+
 # ---- value tests of noop rows -----------------------------------------------------------------------------------
 
 
@@ -306,7 +404,7 @@ _FALSE = _is(None, False)
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
-V, L, R, T, S = "verl", "rLLM", "ROLL", "TRL", "SkyRL"
+V, L, R, T, OR, S = "verl", "rLLM", "ROLL", "TRL", "OpenRLHF", "SkyRL"
 A = "actor_rollout_ref.actor"
 M = "actor_rollout_ref.model"
 RO = "actor_rollout_ref.rollout"
@@ -1079,6 +1177,355 @@ ALIASES: tuple[Alias, ...] = (
         convert=_trl_reward_funcs,
     ),
     _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
+    # ---- OpenRLHF (openrlhf.cli.train_ppo_ray's flags; it has no base config here: ours are the defaults) -------
+    _rename(OR, "actor.model_name_or_path", "model.path", "a local HF directory: nothing is downloaded"),
+    _refused(OR, "reward.model_name_or_path", REWARD_MODEL),
+    _refused(OR, "reward.remote_url", REWARD_MODEL),
+    _noop(
+        OR,
+        "reward.normalize_enable",
+        "it normalises a reward model's scores; rewards come from reward.function here (a reward model is refused)",
+    ),
+    _rename(OR, "critic.model_name_or_path", "critic.model.path"),
+    _refused(
+        OR,
+        "train.agent_func_path",
+        "agents are classes here: agent.agent=package.module:Class and agent.env=package.module:Class",
+    ),
+    _rename(
+        OR,
+        "data.prompt_dataset",
+        "data.train_files",
+        "a local file or a list (.json, .jsonl, .csv, .parquet): nothing is downloaded; a comma list becomes a list",
+        convert=_files,
+    ),
+    _rename(OR, "eval.dataset", "data.val_files", "a local file or a list", convert=_files),
+    _rename(OR, "data.input_key", "data.prompt_key"),
+    _rename(OR, "data.label_key", "data.answer_key", "the ground truth handed to reward.function"),
+    _refused(
+        OR,
+        "data.input_template",
+        "prompts use the tokenizer's chat template (data.apply_chat_template=true) or one named by data.chat_template",
+    ),
+    _noop(
+        OR,
+        "data.prompt_split",
+        "the train split is the file data.train_files names",
+        _is("train"),
+        "data.train_files names the file of the split to train on",
+    ),
+    _noop(OR, "data.dataloader_num_workers", "the prompts are read into memory once when the data loads"),
+    _rename(OR, "data.max_images_per_prompt", "rollout.limit_images"),
+    Alias(
+        OR,
+        "data.max_len",
+        "combined",
+        "data.max_response_length",
+        "prompt + response; with rollout.max_new_tokens the response's share, else half each (OpenRLHF lets a "
+        "response fill what its prompt leaves; here they are two budgets, data.max_prompt_length sets the split)",
+    ),
+    Alias(
+        OR,
+        "rollout.max_new_tokens",
+        "combined",
+        "data.max_response_length",
+        "with data.max_len the prompt's budget is what the response leaves",
+    ),
+    Alias(
+        OR,
+        "data.max_samples",
+        "combined",
+        "trainer.total_training_steps",
+        "the first N rows: here the steps they fill, N / data.train_batch_size x train.num_episodes (the whole file "
+        "is read)",
+    ),
+    Alias(
+        OR,
+        "train.num_episodes",
+        "combined",
+        "trainer.total_epochs",
+        "passes over the prompts (OpenRLHF's default 1); no step cap unless data.max_samples gives one",
+    ),
+    _rename(OR, "rollout.batch_size", "data.train_batch_size", "prompts per step, as here"),
+    _rename(OR, "rollout.n_samples_per_prompt", "rollout.n"),
+    Alias(
+        OR,
+        "train.batch_size",
+        "combined",
+        "actor.ppo_mini_batch_size",
+        "samples per optimizer step (all GPUs); here prompts: train.batch_size / rollout.n_samples_per_prompt",
+    ),
+    _rename(OR, "train.micro_batch_size", "actor.ppo_micro_batch_size_per_gpu", "samples per GPU, as here"),
+    _rename(
+        OR,
+        "rollout.micro_batch_size",
+        "reference.log_prob_micro_batch_size_per_gpu",
+        "the reference's forward; the actor's old-logprob forward uses actor.ppo_micro_batch_size_per_gpu",
+    ),
+    _noop(
+        OR,
+        "rollout.vllm_generate_batch_size",
+        "null is one call of rollout.batch_size prompts, as here",
+        _is(None),
+        "generating ahead of the update is trainer.max_off_policy_steps=k (rollout on ranks of its own, placement.rollout)",
+    ),
+    _rename(OR, "train.max_epochs", "actor.ppo_epochs", "passes over each step's rollouts"),
+    _rename(OR, "train.dynamic_batch_enable", "actor.use_dynamic_bsz"),
+    _rename(OR, "train.max_tokens_per_gpu", "actor.ppo_max_token_len_per_gpu"),
+    _noop(OR, "rollout.max_tokens_per_gpu", "the old-logprob forward follows actor.ppo_max_token_len_per_gpu"),
+    _rename(OR, "train.seed", "trainer.seed"),
+    _noop(
+        OR,
+        "train.async_enable",
+        "false is on-policy, as here by default",
+        _FALSE,
+        "generation ahead of the update is trainer.max_off_policy_steps=1 (rollout on ranks of its own: placement.rollout)",
+    ),
+    _rename(OR, "train.partial_rollout_enable", "rollout.partial_rollout"),
+    # the cluster: the actor's nodes x GPUs is the world; colocate_all puts every role on them (the default here)
+    Alias(OR, "actor.num_nodes", "combined", "trainer.world_size", "times actor.num_gpus_per_node (1 x 8): the world"),
+    Alias(OR, "actor.num_gpus_per_node", "combined", "trainer.world_size", "times actor.num_nodes: the world"),
+    Alias(OR, "ref.num_nodes", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(OR, "ref.num_gpus_per_node", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(OR, "critic.num_nodes", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(OR, "critic.num_gpus_per_node", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(OR, "reward.num_nodes", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(OR, "reward.num_gpus_per_node", "combined", "trainer.world_size", "colocated: must match the actor's"),
+    Alias(
+        OR,
+        "vllm.num_engines",
+        "combined",
+        "trainer.world_size",
+        "times vllm.tensor_parallel_size: colocated, the actor's GPUs (one engine per rollout.tensor_parallel_size ranks)",
+    ),
+    _rename(OR, "vllm.tensor_parallel_size", "rollout.tensor_parallel_size"),
+    _noop(
+        OR,
+        "train.colocate_all",
+        "every role and the engines share the actor's GPUs, as here by default (placement.rollout=actor)",
+        _TRUE,
+        "roles on GPUs of their own are placement.rollout, placement.reference and placement.critic (rank lists)",
+    ),
+    _noop(
+        OR,
+        "train.colocate_actor_ref",
+        "the reference shares the actor's GPUs, as here by default",
+        _TRUE,
+        "a reference on GPUs of its own is placement.reference=[ranks]",
+    ),
+    _noop(
+        OR,
+        "train.colocate_critic_reward",
+        "no reward model here; the critic shares the actor's GPUs by default",
+        _TRUE,
+        "a critic on GPUs of its own is placement.critic=[ranks]",
+    ),
+    # vLLM
+    _rename(OR, "vllm.gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _rename(OR, "vllm.enforce_eager", "rollout.enforce_eager"),
+    _rename(OR, "vllm.enable_sleep", "rollout.free_cache_engine", "the colocated engine sleeps during the update"),
+    _noop(OR, "vllm.sync_backend", "the weights are synced in-process here (no separate engine processes)"),
+    _noop(OR, "vllm.sync_with_ray", "the weights are synced in-process here (no Ray)"),
+    _noop(OR, "vllm.enable_prefix_caching", "vLLM's own default is used (a throughput setting)"),
+    # DeepSpeed: the actor trains with FSDP2 here
+    _noop(
+        OR,
+        "ds.zero_stage",
+        "the actor trains with FSDP2, parameters, gradients and optimizer state sharded (ZeRO-3); "
+        "actor.fsdp.reshard_after_forward=false keeps the gathered parameters until backward (ZeRO-2's memory)",
+    ),
+    _rename(
+        OR,
+        "ds.param_dtype",
+        "actor.fsdp.param_dtype",
+        "bf16 becomes bfloat16; over float32 master weights",
+        convert=_dtype,
+    ),
+    _rename(
+        OR,
+        "ds.enable_sleep",
+        "actor.fsdp.param_offload",
+        "hybrid engine: the actor's parameters and optimizer state leave the GPU while the engine generates",
+        convert=_both_offloads,
+    ),
+    _rename(OR, "ds.adam_offload", "actor.fsdp.offload_policy", "the optimizer steps on CPU"),
+    _rename(OR, "ds.packing_samples", "model.use_remove_padding", "sequence packing, on by default here"),
+    _rename(OR, "actor.gradient_checkpointing_enable", "model.enable_gradient_checkpointing"),
+    _noop(OR, "actor.gradient_checkpointing_reentrant", "activation checkpointing here is non-reentrant"),
+    _noop(OR, "ds.attn_implementation", "the attention kernel is chosen here by device and packing"),
+    _noop(OR, "ds.use_liger_kernel", "the logprobs are computed by this project's own kernel"),
+    _noop(OR, "ds.overlap_comm", "FSDP2 overlaps its communication itself"),
+    _noop(OR, "ds.deepcompile", "DeepSpeed's compiler; FSDP2 here"),
+    _noop(
+        OR,
+        "ds.tensor_parallel_size",
+        "1 is what FSDP2 does",
+        _ONE,
+        "the actor trains with FSDP2 only (no tensor parallelism): shard it with actor.fsdp.fsdp_size",
+    ),
+    _noop(
+        OR,
+        "ds.ring_attn_size",
+        "1 is no context parallelism",
+        _ONE,
+        "sequence parallelism here is DeepSpeed-Ulysses: model.ulysses_sequence_parallel_size=(the size)",
+    ),
+    _noop(OR, "ds.ring_attn_head_stride", "only with ds.ring_attn_size > 1 (refused)"),
+    _rename(
+        OR, "ds.experts_implementation", "model.experts_implementation", "null is auto", convert=_or_default("auto")
+    ),
+    _rename(OR, "ds.lora.rank", "model.lora_rank"),
+    _rename(OR, "ds.lora.alpha", "model.lora_alpha"),
+    _rename(OR, "ds.lora.target_modules", "model.target_modules"),
+    _rename(OR, "ds.lora.dropout", "model.lora_dropout"),
+    # the optimizers
+    _rename(OR, "actor.adam.lr", "actor.lr"),
+    _rename(OR, "actor.adam.betas", "actor.betas"),
+    _rename(OR, "actor.adam.weight_decay", "actor.weight_decay"),
+    _rename(
+        OR,
+        "actor.lr_scheduler",
+        "actor.lr_scheduler_type",
+        "cosine_with_min_lr is cosine (to actor.min_lr_ratio, a key of ours too)",
+        convert=_orlhf_scheduler,
+    ),
+    _rename(OR, "actor.lr_warmup_ratio", "actor.lr_warmup_steps_ratio"),
+    _rename(OR, "actor.max_norm", "actor.grad_clip"),
+    _rename(OR, "critic.adam.lr", "critic.lr"),
+    _rename(OR, "critic.adam.weight_decay", "critic.weight_decay"),
+    _rename(
+        OR, "critic.lr_scheduler", "critic.lr_scheduler_type", "cosine_with_min_lr is cosine", convert=_orlhf_scheduler
+    ),
+    _rename(OR, "critic.lr_warmup_ratio", "critic.lr_warmup_steps_ratio"),
+    _rename(OR, "critic.max_norm", "critic.grad_clip"),
+    # the losses
+    _rename(OR, "actor.eps_clip", "actor.clip_ratio"),
+    _rename(
+        OR,
+        "actor.eps_clip_low_high",
+        "actor.clip_ratio_low",
+        "two numbers: actor.clip_ratio_low and actor.clip_ratio_high",
+        convert=_eps_low_high,
+    ),
+    _rename(OR, "actor.dual_clip", "actor.clip_ratio_c", "null (OpenRLHF's default) turns dual clip off"),
+    _rename(OR, "actor.entropy_coef", "actor.entropy_coeff", "null is 0", convert=_or_default(0.0)),
+    _rename(OR, "actor.policy_loss_type", "actor.policy_loss", "ppo is vanilla; gspo", convert=_pg_variant),
+    _rename(OR, "actor.aux_loss_coef", "actor.router_aux_loss_coef"),
+    _rename(OR, "critic.value_clip", "critic.cliprange_value"),
+    _noop(
+        OR,
+        "critic.freezing_steps",
+        "-1 (or 0) updates the actor from the first step, as here",
+        _is(None, -1, 0),
+        "no critic warm-up here (the actor and critic update every step); to start the actor gently use actor.lr_warmup_steps",
+    ),
+    _rename(OR, "ref.offload", "reference.param_offload"),
+    Alias(
+        OR,
+        "algo.kl.init_coef",
+        "combined",
+        "algorithm.kl_ctrl.kl_coef",
+        "with algo.kl.use_loss: actor.kl_loss_coef (a loss term), else the reward penalty's (algorithm.use_kl_in_reward "
+        "when > 0)",
+    ),
+    Alias(
+        OR,
+        "algo.kl.use_loss",
+        "combined",
+        "actor.use_kl_loss",
+        "the KL term in the loss, coefficient algo.kl.init_coef (OpenRLHF's default 0.01)",
+    ),
+    Alias(
+        OR,
+        "algo.kl.estimator",
+        "combined",
+        "actor.kl_loss_type",
+        "k1, k2, k3: the loss's estimator with algo.kl.use_loss, else the reward penalty's (algorithm.kl_penalty)",
+    ),
+    _rename(
+        OR, "algo.kl.target", "algorithm.kl_ctrl.target_kl", "a number: the adaptive controller", convert=_kl_target
+    ),
+    _rename(OR, "algo.kl.horizon", "algorithm.kl_ctrl.horizon"),
+    _rename(
+        OR,
+        "algo.advantage.estimator",
+        "algorithm.adv_estimator",
+        "group_norm: grpo; dr_grpo: grpo, no std; reinforce_baseline: grpo, no std, whitened; reinforce: "
+        "reinforce_plus_plus; gae: whitened over the batch, as OpenRLHF does",
+        convert=_orlhf_estimator,
+    ),
+    _noop(
+        OR,
+        "algo.advantage.no_std_norm",
+        "false divides the batch-whitened advantages by their std, as algorithm.whiten_advantages does",
+        _FALSE,
+        "the batch whitening here divides by the std: algorithm.whiten_advantages=false leaves the advantages as they are",
+    ),
+    _rename(OR, "algo.advantage.gamma", "algorithm.gamma"),
+    _rename(OR, "algo.advantage.lambd", "algorithm.lam"),
+    Alias(
+        OR,
+        "algo.advantage.is_correction_enable",
+        "combined",
+        f"{RC}.rollout_is",
+        "tis: token weights capped at the high threshold (OpenRLHF also raises those under the low one; here they "
+        "stay); icepop: tokens outside the band dropped; false: null",
+    ),
+    Alias(OR, "algo.advantage.is_correction_threshold", "combined", f"{RC}.rollout_is_threshold", "low and high"),
+    Alias(OR, "algo.advantage.is_correction_type", "combined", f"{RC}.rollout_rs", "tis or icepop"),
+    _rename(
+        OR,
+        "algo.dynamic_filtering_enable",
+        "algorithm.rejection_sample.enable",
+        "groups whose rewards are all equal are dropped and more generated",
+    ),
+    _noop(
+        OR,
+        "algo.dynamic_filtering_range",
+        "0 1 keeps the groups whose mean reward is strictly inside: with rewards 0 and 1, those not all equal, as "
+        "algorithm.rejection_sample.enable drops",
+        _zero_one,
+        "only groups with all rewards equal are dropped here (algorithm.rejection_sample.enable=true); other bands "
+        "are not built",
+    ),
+    # checkpoints, evaluation and logging
+    _rename(OR, "ckpt.path", "trainer.default_local_dir", "the run directory: checkpoints/ under it"),
+    _noop(
+        OR,
+        "ckpt.output_dir",
+        "the trained policy is the run directory's last checkpoint (trainer.default_local_dir; trainer.save_hf=true "
+        "writes it as an HF model)",
+    ),
+    _rename(OR, "ckpt.save_steps", "trainer.save_freq", "-1 (never) is <= 0 here"),
+    _rename(OR, "ckpt.save_hf", "trainer.save_hf"),
+    _rename(OR, "ckpt.max_num", "trainer.max_ckpt_to_keep"),
+    _rename(OR, "ckpt.load_enable", "trainer.resume_mode", "true: the latest checkpoint (auto)", convert=_load_enable),
+    _noop(OR, "ckpt.max_mem", "checkpoints are counted (trainer.max_ckpt_to_keep), not weighed"),
+    _noop(OR, "ckpt.disable_ds", "a checkpoint here is FSDP2's sharded state (trainer.save_hf adds an HF copy)"),
+    _rename(OR, "eval.steps", "trainer.test_freq", "-1 (never) is <= 0 here"),
+    _rename(
+        OR, "eval.temperature", "rollout.val_kwargs.temperature", "> 0 samples (do_sample)", convert=_eval_temperature
+    ),
+    _rename(OR, "eval.n_samples_per_prompt", "rollout.val_kwargs.n"),
+    _rename(
+        OR,
+        "logger.wandb.key",
+        "trainer.logger",
+        "a key turns wandb on; the key itself is wandb's login (WANDB_API_KEY)",
+        convert=_wandb_key,
+    ),
+    _rename(OR, "logger.wandb.project", "trainer.project_name"),
+    _rename(OR, "logger.wandb.run_name", "trainer.experiment_name"),
+    _noop(OR, "logger.wandb.org", "wandb's own entity (WANDB_ENTITY) is used"),
+    _noop(OR, "logger.wandb.group", "runs are not grouped"),
+    _rename(
+        OR,
+        "logger.tensorboard_dir",
+        "trainer.logger",
+        "a directory turns tensorboard on; it writes under the run directory",
+        convert=_tensorboard_dir,
+    ),
+    _noop(OR, "logger.logging_steps", "every step is logged here (metrics.jsonl)"),
     # ---- SkyRL: asynchronous training ----------------------------------------------------------------------------
     _rename(S, "trainer.fully_async.max_staleness_steps", "trainer.max_staleness", "in policy versions, as SkyRL's"),
 )

@@ -1,4 +1,4 @@
-"""The keys users bring from verl, rLLM, ROLL and TRL: one table, applied to command-line overrides before Hydra.
+"""The keys users bring from verl, rLLM, ROLL, TRL, OpenRLHF and SkyRL: one table, applied to command-line overrides before Hydra.
 
 Each row names their key (exact, or a subtree when `subtree` is set) and what it is here: our key (with a value
 conversion where the values differ), a key that changes nothing here (accepted with the reason; a value that
@@ -25,7 +25,7 @@ from typing import Any
 
 from torchrl_post.config.alias_table import ALIASES, CONCEPTS, SOURCES, Alias, Refused, render_value
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import Config, DataConfig, RolloutConfig
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "aliases.md"
 
@@ -100,16 +100,18 @@ DEFAULTS_FROM = {
 
 
 BASES = {"verl": "verl", "rLLM": "verl", "ROLL": "roll", "TRL": "trl"}
-"""A source -> the shipped config with its defaults (rLLM trains on verl's ppo_trainer.yaml)."""
-FLAG_SOURCES = ("TRL",)
-"""The sources whose command lines are argparse flags (`--learning_rate 1e-6`)."""
+"""A source -> the shipped config with its defaults (rLLM trains on verl's ppo_trainer.yaml). OpenRLHF has none:
+its command lines start from ours."""
+FLAG_SOURCES = ("TRL", "OpenRLHF")
+"""The sources whose command lines are argparse flags (`--learning_rate 1e-6`, `--actor.adam.lr 5e-7`)."""
 
 
 def written_in(overrides: list[str], flags: bool = False) -> tuple[str | None, list[str]]:
     """(the config with the defaults of the one peer whose keys the command line uses, or None; the keys that say
     so). A key that is ours, or the same name in several peers, says nothing alone; keys of two peers say nothing
-    (the caller's defaults stay). Flags (`--key value`) are TRL's way of writing a command line."""
-    peers = {BASES[s] for s in FLAG_SOURCES} if flags else None
+    (the caller's defaults stay). Flags (`--key value`) are TRL's and OpenRLHF's way of writing a command line; a
+    peer without a base config (OpenRLHF) keeps ours."""
+    peers = {BASES.get(s, s) for s in FLAG_SOURCES} if flags else None
     keys: list[str] = []
     for arg in overrides:
         head, eq, _ = arg.partition("=")
@@ -234,7 +236,18 @@ def _combine(rows: dict[str, tuple[Alias, str, str]], given: dict[str, str]) -> 
             f"here: the ranks to plan for, which must equal the world torchrun launched (torchrun --nnodes {nodes} "
             f"--nproc-per-node {gpus}); the launcher, not the config, sets it"
         )
-    for extra in (_peft, _difficulty_band, _roll_rewards, _device_mapping):
+    for extra in (
+        _peft,
+        _difficulty_band,
+        _roll_rewards,
+        _device_mapping,
+        _orlhf_world,
+        _orlhf_batch,
+        _orlhf_lengths,
+        _orlhf_run_length,
+        _orlhf_kl,
+        _orlhf_is,
+    ):
         more_used, more_notes = extra(rows, values, args, given)
         used += more_used
         notes += more_notes
@@ -390,6 +403,299 @@ def _device_mapping(
     return used, notes
 
 
+# ---- OpenRLHF's keys that make ours together ---------------------------------------------------------------------
+
+
+def _given(given: dict[str, str], keys: tuple[str, ...], default: Any) -> Any:
+    """The parsed value of the first of `keys` on the command line, else `default`."""
+    for key in keys:
+        if key in given:
+            return _parse_value(given[key])
+    return default
+
+
+def _emit(args: dict[str, str], first: tuple[str, ...], out: dict[str, Any]) -> list[_Used]:
+    """Our `key=value`s made by OpenRLHF's keys (`first`: theirs, the first given names the rewritten override)."""
+    key = next(k for k in first if k in args)
+    return [_Used(args[key], k, render_value(v), _EXACT[key]) for k, v in out.items()]
+
+
+def _said(out: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={render_value(v)}" for k, v in out.items())
+
+
+def _theirs(values: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return " + ".join(f"{k}={render_value(values[k])}" for k in keys if k in values)
+
+
+def _whole(value: Any, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+_ORLHF_CLUSTER = (
+    "actor.num_nodes",
+    "actor.num_gpus_per_node",
+    "ref.num_nodes",
+    "ref.num_gpus_per_node",
+    "critic.num_nodes",
+    "critic.num_gpus_per_node",
+    "reward.num_nodes",
+    "reward.num_gpus_per_node",
+    "vllm.num_engines",
+)
+
+
+def _orlhf_world(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF's GPU groups: the actor's nodes x GPUs (its defaults 1 x 8) is the world; with train.colocate_all
+    the reference, critic and engines share them (our default placement); a group of GPUs of its own is refused."""
+    if not any(k in values for k in _ORLHF_CLUSTER):
+        return [], []
+    nodes, gpus = values.get("actor.num_nodes", 1), values.get("actor.num_gpus_per_node", 8)
+    if not (_whole(nodes) and _whole(gpus)):
+        raise ConfigError(
+            f"OpenRLHF's actor.num_nodes={nodes} x actor.num_gpus_per_node={gpus} must be whole numbers >= 1; the "
+            "world is the launcher's here: torchrun --nnodes N --nproc-per-node M"
+        )
+    world = nodes * gpus
+    colocate_all = _given(given, ("train.colocate_all",), False) is True
+    colocate_ref = colocate_all or _given(given, ("train.colocate_actor_ref",), False) is True
+    out: dict[str, Any] = {"trainer.world_size": world}
+    for role, ours, colocated in (("ref", "reference", colocate_ref), ("critic", "critic", colocate_all)):
+        if f"{role}.num_nodes" not in values and f"{role}.num_gpus_per_node" not in values:
+            continue
+        size = (values.get(f"{role}.num_nodes", 1), values.get(f"{role}.num_gpus_per_node", 8))
+        if not colocated:
+            raise ConfigError(
+                f"OpenRLHF's {role}.num_nodes x {role}.num_gpus_per_node without train.colocate_all are GPUs of the "
+                f"{ours}'s own: here that is placement.{ours}=[ranks] in the one world torchrun launches (or add "
+                "--train.colocate_all: every role on the actor's ranks, the default here)"
+            )
+        if size != (nodes, gpus):
+            raise ConfigError(
+                f"OpenRLHF's {role}.num_nodes={size[0]} x {role}.num_gpus_per_node={size[1]} differ from the actor's "
+                f"{nodes} x {gpus}: colocated (train.colocate_all), every role uses the actor's ranks here; a {ours} "
+                f"on ranks of its own is placement.{ours}=[ranks]"
+            )
+    engines = ""
+    if "vllm.num_engines" in values:
+        n = values["vllm.num_engines"]
+        tp = _given(given, ("vllm.tensor_parallel_size", "rollout.tensor_parallel_size"), 1)
+        if n is None or n == 0:
+            out["rollout.engine"] = "hf"
+        elif not (_whole(n) and _whole(tp)):
+            raise ConfigError(
+                f"OpenRLHF's vllm.num_engines={n} x vllm.tensor_parallel_size={tp} must be whole numbers >= 1"
+            )
+        elif not colocate_all:
+            raise ConfigError(
+                f"OpenRLHF's vllm.num_engines={n} x vllm.tensor_parallel_size={tp} without train.colocate_all are "
+                "GPUs of the engines' own: here that is placement.rollout=[ranks] in the one world torchrun launches "
+                "(or add --train.colocate_all: the hybrid engine, placement.rollout=actor, the default here)"
+            )
+        elif n * tp != world:
+            raise ConfigError(
+                f"OpenRLHF's vllm.num_engines={n} x vllm.tensor_parallel_size={tp} must equal actor.num_nodes x "
+                f"actor.num_gpus_per_node = {world} with train.colocate_all (OpenRLHF asserts it too): colocated, "
+                "the engines here are the world / rollout.tensor_parallel_size; placement.rollout=[ranks] gives "
+                "them ranks of their own"
+            )
+        else:
+            engines = f"; its {n} vLLM engine(s) of tensor_parallel_size {tp} on the same ranks"
+    if out.get("rollout.engine") == "hf":
+        engines = "; vllm.num_engines=0 (no vLLM) is rollout.engine=hf"
+    reward = (
+        " (no reward model here: reward.num_* place nothing)" if any(k.startswith("reward.") for k in values) else ""
+    )
+    note = (
+        f"OpenRLHF's actor.num_nodes={nodes} x actor.num_gpus_per_node={gpus} is trainer.world_size={world} here: "
+        f"the ranks to plan for, which must equal the world torchrun launched (torchrun --nnodes {nodes} "
+        f"--nproc-per-node {gpus}), every role colocated on them (placement.rollout=actor){engines}{reward}"
+    )
+    return _emit(args, _ORLHF_CLUSTER, out), [note]
+
+
+def _orlhf_batch(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF's train.batch_size counts samples per optimizer step (all GPUs); actor.ppo_mini_batch_size counts
+    prompts: samples / rollout.n (OpenRLHF's rollout.n_samples_per_prompt, else ours)."""
+    if "train.batch_size" not in values:
+        return [], []
+    samples = values["train.batch_size"]
+    n = _given(given, ("rollout.n_samples_per_prompt", "rollout.n"), None)
+    whose = "ours: OpenRLHF's default is 1" if n is None else "given"
+    n = RolloutConfig().n if n is None else n
+    if not (_whole(samples) and _whole(n)):
+        raise ConfigError(f"OpenRLHF's train.batch_size={samples} and rollout.n={n} must be whole numbers >= 1")
+    if samples % n:
+        raise ConfigError(
+            f"OpenRLHF's train.batch_size={samples} samples per optimizer step is not whole groups of rollout.n={n}: "
+            f"here actor.ppo_mini_batch_size counts prompts (train.batch_size / n); give a multiple of {n}"
+        )
+    out = {"actor.ppo_mini_batch_size": samples // n}
+    note = (
+        f"OpenRLHF's train.batch_size={samples} (samples per optimizer step) is {_said(out)} here: prompts, "
+        f"{samples} / rollout.n={n} ({whose})"
+    )
+    return _emit(args, ("train.batch_size",), out), [note]
+
+
+def _orlhf_lengths(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF's data.max_len is prompt + response (a response fills what its prompt leaves, or
+    rollout.max_new_tokens); here two budgets: data.max_prompt_length and data.max_response_length."""
+    keys = ("data.max_len", "rollout.max_new_tokens")
+    if not any(k in values for k in keys):
+        return [], []
+    total, new = values.get("data.max_len"), values.get("rollout.max_new_tokens")
+    for v in (total, new):
+        if v is not None and not _whole(v):
+            raise ConfigError(f"OpenRLHF's {_theirs(values, keys)}: lengths are whole numbers >= 1")
+    out: dict[str, Any] = {}
+    how = ""
+    if new is not None:
+        out["data.max_response_length"] = new
+        if total is not None:
+            out["data.max_prompt_length"] = total - new
+            how = "the prompt's budget is what the response leaves"
+    elif total is not None:
+        prompt = _given(given, ("data.max_prompt_length",), None)
+        response = _given(given, ("data.max_response_length",), None)
+        if _whole(prompt):
+            out["data.max_response_length"] = total - prompt
+            how = "the response's budget is what data.max_prompt_length leaves"
+        elif _whole(response):
+            out["data.max_prompt_length"] = total - response
+            how = "the prompt's budget is what data.max_response_length leaves"
+        else:
+            out = {"data.max_prompt_length": total // 2, "data.max_response_length": total - total // 2}
+            how = (
+                "half each: OpenRLHF lets a response fill what its prompt leaves, here they are two budgets "
+                "(data.max_prompt_length or rollout.max_new_tokens moves the split)"
+            )
+    if any(not _whole(v) for v in out.values()):
+        raise ConfigError(
+            f"OpenRLHF's {_theirs(values, keys)} leave no room for a prompt or a response: the total must exceed "
+            "rollout.max_new_tokens (here data.max_prompt_length + data.max_response_length)"
+        )
+    if not out:
+        return [], [f"OpenRLHF's {_theirs(values, keys)} changes nothing here: data.max_response_length decides"]
+    note = f"OpenRLHF's {_theirs(values, keys)} is {_said(out)} here" + (f" ({how})" if how else "")
+    note += "; a longer prompt is dropped (data.filter_overlong_prompts), OpenRLHF cuts its start"
+    return _emit(args, keys, out), [note]
+
+
+def _orlhf_run_length(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF trains train.num_episodes passes over the first data.max_samples prompts: here trainer.total_epochs
+    and, with data.max_samples, trainer.total_training_steps (the steps those rows fill)."""
+    keys = ("data.max_samples", "train.num_episodes")
+    if not any(k in values for k in keys):
+        return [], []
+    episodes = values.get("train.num_episodes", 1)
+    first = values.get("data.max_samples")
+    if not _whole(episodes) or (first is not None and not _whole(first)):
+        raise ConfigError(f"OpenRLHF's {_theirs(values, keys)} must be whole numbers >= 1")
+    out: dict[str, Any] = {"trainer.total_epochs": episodes, "trainer.total_training_steps": None}
+    how = f"{episodes} pass(es) over the prompts, no step cap"
+    if first is not None:
+        batch = _given(given, ("rollout.batch_size", "data.train_batch_size"), DataConfig().train_batch_size)
+        if not _whole(batch):
+            raise ConfigError(f"OpenRLHF's data.max_samples={first}: the prompts per step must be whole, not {batch}")
+        out["trainer.total_training_steps"] = max(1, first // batch) * episodes
+        how = (
+            f"the steps its first {first} rows fill at {batch} prompts per step, x {episodes} episode(s); the whole "
+            "file is read, so a file of more rows trains on others than OpenRLHF's first ones"
+        )
+    note = f"OpenRLHF's {_theirs(values, keys)} is {_said(out)} here ({how})"
+    return _emit(args, keys, out), [note]
+
+
+def _orlhf_kl(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF's KL: algo.kl.init_coef (its default 0.01) is the loss term's coefficient with algo.kl.use_loss,
+    else the reward penalty's; algo.kl.estimator (k1 default) the estimator of whichever it is."""
+    keys = ("algo.kl.init_coef", "algo.kl.use_loss", "algo.kl.estimator")
+    if not any(k in values for k in keys):
+        return [], []
+    coef, loss = values.get("algo.kl.init_coef", 0.01), values.get("algo.kl.use_loss", False)
+    estimator = values.get("algo.kl.estimator", "k1")
+    if not isinstance(loss, bool) or estimator not in ("k1", "k2", "k3") or not isinstance(coef, (int, float)):
+        raise ConfigError(
+            f"OpenRLHF's {_theirs(values, keys)}: init_coef is a number, use_loss true or false, estimator k1, k2 or "
+            "k3 (here actor.kl_loss_type or algorithm.kl_penalty)"
+        )
+    out: dict[str, Any]
+    if loss:
+        out = {
+            "actor.use_kl_loss": True,
+            "actor.kl_loss_coef": coef,
+            "actor.kl_loss_type": estimator,
+            "algorithm.use_kl_in_reward": False,
+        }
+    elif coef > 0:
+        out = {"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.kl_coef": coef, "algorithm.kl_penalty": estimator}
+    else:
+        out = {"algorithm.use_kl_in_reward": False, "actor.use_kl_loss": False}
+    defaults = " (OpenRLHF's default init_coef 0.01)" if "algo.kl.init_coef" not in values else ""
+    note = f"OpenRLHF's {_theirs(values, keys)} is {_said(out)} here{defaults}"
+    return _emit(args, keys, out), [note]
+
+
+def _orlhf_is(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """OpenRLHF's vLLM importance-sampling correction: tis (token weights clamped to [low, high]) is
+    rollout_is=token capped at high; icepop (tokens outside [low, high] dropped) adds rollout_rs=token."""
+    keys = (
+        "algo.advantage.is_correction_enable",
+        "algo.advantage.is_correction_threshold",
+        "algo.advantage.is_correction_type",
+    )
+    if not any(k in values for k in keys):
+        return [], []
+    on = values.get(keys[0], False)
+    band = values.get(keys[1], [0.5, 5.0])
+    kind = values.get(keys[2], "tis")
+    rc = "algorithm.rollout_correction"
+    if not isinstance(on, bool) or not (
+        isinstance(band, list) and len(band) == 2 and all(isinstance(x, (int, float)) for x in band)
+    ):
+        raise ConfigError(
+            f"OpenRLHF's {_theirs(values, keys)}: is_correction_enable takes true or false and "
+            f"is_correction_threshold two numbers (here {rc}.rollout_is_threshold and rollout_rs_threshold_lower)"
+        )
+    low, high = band
+    out: dict[str, Any]
+    how = ""
+    if not on:
+        out = {f"{rc}.rollout_is": None}
+    elif kind == "tis":
+        out = {f"{rc}.rollout_is": "token", f"{rc}.rollout_is_threshold": high}
+        how = f"OpenRLHF also raises weights under {low} to it; here they stay"
+    elif kind == "icepop":
+        out = {
+            f"{rc}.rollout_is": "token",
+            f"{rc}.rollout_is_threshold": high,
+            f"{rc}.rollout_rs": "token",
+            f"{rc}.rollout_rs_threshold": high,
+            f"{rc}.rollout_rs_threshold_lower": low,
+        }
+    else:
+        raise ConfigError(
+            f"OpenRLHF's algo.advantage.is_correction_type={kind} has no equivalent here: the nearest is "
+            f"{rc}.rollout_rs=geometric (the sequence mask) with {rc}.rollout_is=token, whose weights are capped at "
+            f"{rc}.rollout_is_threshold"
+        )
+    note = f"OpenRLHF's {_theirs(values, keys)} is {_said(out)} here" + (f" ({how})" if how else "")
+    return _emit(args, keys, out), [note]
+
+
 def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
     """(the overrides with every alias replaced by our keys, one note per alias used). Keys that are ours pass
     through untouched; an unknown key that is no alias too (Hydra names it). A refused alias, or two keys that
@@ -458,7 +764,7 @@ def _what(row: Alias) -> str:
 
 def render() -> str:
     lines = [
-        "# Keys from verl, rLLM, ROLL, TRL and SkyRL",
+        "# Keys from verl, rLLM, ROLL, TRL, OpenRLHF and SkyRL",
         "",
         "Generated from `torchrl_post/config/alias_table.py` by `python -m torchrl_post.config.aliases`; a test keeps",
         "it current. Their keys work on our command line: each is rewritten to ours before the config is composed, and",

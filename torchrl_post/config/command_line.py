@@ -31,11 +31,11 @@ class CommandLine:
 
 def _value_text(values: list[str]) -> str:
     """argparse values as override text: none is true, one is itself (quoted when Hydra's grammar needs it), more
-    a list."""
+    a list of those (`--range 0 1` is [0,1], numbers as argparse's `type=float` reads them)."""
     if not values:
         return "true"
     if len(values) > 1:
-        return render_value(values)
+        return "[" + ",".join(_value_text([v]) for v in values) + "]"
     text = values[0]
     return text if _PLAIN.match(text) else render_value(text)
 
