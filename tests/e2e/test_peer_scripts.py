@@ -14,7 +14,7 @@ from tests.unit.config.peer_scripts import PEER_SCRIPTS, make_demo, read_launch,
 def test_trls_grpo_command_trains_two_steps_with_trls_defaults(
     tiny_model: Path, tiny_moe_model: Path, tiny_vlms: dict[str, Path], task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    demo = make_demo(tiny_model, tiny_vlms["qwen2_5_vl"], tiny_moe_model, *task_data, tmp_path / "demo")
+    demo = make_demo(tiny_model, tiny_vlms["qwen2_5_vl"], tiny_moe_model, *task_data, tmp_path / "demo", dry=False)
     launch = substitute(read_launch(PEER_SCRIPTS / "trl/clis_grpo.sh"), demo)
     run = tmp_path / "run"
     proc = torchrun(2, ["-m", "torchrl_post.train", *launch.args, "--max_steps", "2", "--output_dir", str(run)])

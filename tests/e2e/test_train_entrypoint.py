@@ -119,15 +119,16 @@ def test_hf_engine_without_validation_or_saving(tiny_model: Path, task_data: tup
     overrides = train_overrides(tiny_model, task_data, run, 2)
     overrides = [o for o in overrides if not o.startswith(("trainer.test_freq", "trainer.save_freq", "data.val_files"))]
     overrides += ["rollout.engine=hf", "trainer.test_freq=0", "trainer.save_freq=-1", "data.val_files=null"]
-    # Off-policy update: 2 epochs x 2 mini-batches, so old logprobs come from their own forward pass.
-    overrides += ["actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2", "actor.loss_agg_mode=seq-mean-token-mean"]
+    # Off-policy update: 2 epochs x 4 mini-batches of one prompt (4 samples: 2 per rank, as verl splits a mini-batch's
+    # samples, not its prompts, over the ranks), so old logprobs come from their own forward pass.
+    overrides += ["actor.ppo_epochs=2", "actor.ppo_mini_batch_size=1", "actor.loss_agg_mode=seq-mean-token-mean"]
     assert_ok(torchrun(2, ["-m", "torchrl_post.train", *overrides]))
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["training/global_step"] for r in rows] == [1, 2]
     assert not any(k.startswith("val/") for r in rows for k in r)
     assert not (run / "checkpoints").exists()
     assert rows[-1]["rollout/logprob_diff"] < 1e-3
-    assert all(r["actor/optimizer_steps"] == 4 and "timing_s/old_log_prob" in r for r in rows)
+    assert all(r["actor/optimizer_steps"] == 8 and "timing_s/old_log_prob" in r for r in rows)
     assert rows[-1]["actor/ppo_ratio_mean"] != 1.0  # later mini-batches see an updated policy
 
 

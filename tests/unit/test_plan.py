@@ -270,7 +270,11 @@ def test_total_steps_from_data_size() -> None:
         (2, ["trainer.max_off_policy_steps=1"], "needs the rollout on ranks of its own"),
         (4, ["actor.fsdp.fsdp_size=3"], "actor.fsdp.fsdp_size=3 does not divide the 4 actor ranks"),
         (2, ["rollout.engine=hf", "placement.actor=[0]", "placement.rollout=[1]"], "rollout.engine=hf runs on"),
-        (4, ["actor.ppo_mini_batch_size=2"], "actor.ppo_mini_batch_size=2 is not divisible by the 4 actor ranks"),
+        (
+            8,
+            ["actor.ppo_mini_batch_size=2", "rollout.n=2"],
+            "actor.ppo_mini_batch_size=2 x rollout.n=2 = 4 samples per optimizer step is not divisible by the 8 actor",
+        ),
         (
             4,
             ["model.ulysses_sequence_parallel_size=3"],

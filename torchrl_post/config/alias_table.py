@@ -1079,6 +1079,8 @@ ALIASES: tuple[Alias, ...] = (
     _rename(R, f"{RSC}.enforce_eager", "rollout.enforce_eager"),
     _rename(R, f"{RSC}.load_format", "rollout.load_format", "dummy or auto", convert=_load_format),
     _noop(R, f"{RSC}.block_size", "vLLM's own block size is used"),
+    _noop(R, RSC, "vLLM's other engine arguments are chosen here from rollout.*", subtree=True),
+    _noop(R, f"{RSC}.sleep_level", "the engine's sleep level is the plan's: by device and colocation (trainer plan)"),
     _noop(R, f"{RSC}.max_model_len", "the engine's length is data.max_prompt_length + data.max_response_length"),
     _rename(R, "actor_infer.num_gpus_per_worker", "rollout.tensor_parallel_size", "ranks per engine"),
     Alias(R, "actor_infer.device_mapping", "combined", "placement.rollout", "its ranks; the actor's: colocated"),

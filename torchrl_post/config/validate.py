@@ -406,12 +406,13 @@ def validate_batch(cfg: Config, actor_dp: int, rollout_dp: int, others: dict[str
             )
     if bsz % mini:
         raise ConfigError(f"actor.ppo_mini_batch_size={mini} does not divide data.train_batch_size={bsz}")
-    for dp, what in sizes[2:]:
-        if mini % dp:
+    # An optimizer step's samples are split over the ranks (each rank's own samples, of whole groups it generated
+    # or received), as verl splits a mini-batch of prompts x rollout.n over its data-parallel ranks; a step need
+    # not be whole prompts per rank.
+    n = cfg.rollout.n
+    for dp, what in [sizes[0], *sizes[2:]]:
+        if mini * n % dp:
             raise ConfigError(
-                f"actor.ppo_mini_batch_size={mini} is not divisible by the {dp} {what}; use a multiple of {dp}"
+                f"actor.ppo_mini_batch_size={mini} x rollout.n={n} = {mini * n} samples per optimizer step is not "
+                f"divisible by the {dp} {what}; use a mini-batch whose samples split evenly over them"
             )
-    if mini % actor_dp:
-        raise ConfigError(
-            f"actor.ppo_mini_batch_size={mini} is not divisible by the {actor_dp} actor ranks; use a multiple of {actor_dp}"
-        )

@@ -474,10 +474,19 @@ def _int(value: str) -> int | None:
         return None
 
 
+WORLDS = {
+    # ROLL steps the optimizer every 1 x 4 samples per data-parallel rank; at Ulysses 4, 4 ranks are one
+    # data-parallel rank and a step would be half a group of 8, which a step here cannot be: 8 ranks make it one
+    "roll/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml": 8,
+}
+"""Scripts that need more GPUs than their largest parallel degree for their batch arithmetic to hold."""
+
+
 def choose_world(launch: Launch, least: int = 2) -> World:
-    """One node with as many GPUs as the script's largest parallel degree (at least `least`)."""
+    """One node with as many GPUs as the script's largest parallel degree (at least `least`; WORLDS' where given)."""
     degrees = [_int(v) for k, v in pairs(launch) if any(fnmatch.fnmatchcase(k, p) for p in DEGREES)]
-    return World(max([least, *[d for d in degrees if d is not None]]))
+    name = launch.script.relative_to(PEER_SCRIPTS).as_posix() if launch.script.is_relative_to(PEER_SCRIPTS) else ""
+    return World(max([least, WORLDS.get(name, 0), *[d for d in degrees if d is not None]]))
 
 
 def _model_for(original: str, demo: Demo) -> Path:
@@ -703,8 +712,16 @@ POSITIONS = 32768
 as they do the models they name (the fixtures' tiny models have 256)."""
 
 
-def make_demo(model: Path, vlm: Path, moe: Path, train_files: Path, val_files: Path, out_dir: Path) -> Demo:
-    """A Demo of copies of the tiny models under `out_dir`, each with POSITIONS positions (its config.json only)."""
+HEADS = {"num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 8, "hidden_size": 320}
+"""The attention heads a dry run's tiny models declare (Qwen2.5-32B's 40 and 8): the scripts' Ulysses sizes (up to
+8) divide them, as they do the models they name. Only a dry run may use them: the weights have the fixtures' 2."""
+
+
+def make_demo(
+    model: Path, vlm: Path, moe: Path, train_files: Path, val_files: Path, out_dir: Path, dry: bool = True
+) -> Demo:
+    """A Demo of copies of the tiny models under `out_dir`, each with POSITIONS positions and, for a dry run (`dry`),
+    HEADS heads (their config.json only)."""
     copies = []
     for src in (model, vlm, moe):
         dst = out_dir / "models" / src.name
@@ -714,6 +731,8 @@ def make_demo(model: Path, vlm: Path, moe: Path, train_files: Path, val_files: P
         for section in (config, config.get("text_config") or {}):
             if "max_position_embeddings" in section:
                 section["max_position_embeddings"] = POSITIONS
+            if dry and "num_attention_heads" in section:
+                section.update(HEADS)
         config_json.write_text(json.dumps(config, indent=2))
         copies.append(dst)
     return Demo(copies[0], copies[1], copies[2], train_files, val_files, out_dir)

@@ -107,10 +107,10 @@ def test_substitute_flags_and_roll_yaml(peer_demo: Demo) -> None:
     assert trl.args[trl.args.index("--model_name_or_path") + 1] == str(peer_demo.model)
     assert trl.args[trl.args.index("--dataset_name") + 1] == str(peer_demo.train_files)
     roll = substitute(read_launch(PEER_SCRIPTS / "roll/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml"), peer_demo)
-    assert roll.world == World(4, 1)  # actor_train.model_args.ulysses_size: 4
+    assert roll.world == World(8, 1)  # ulysses_size 4, and 8 for its batch arithmetic (WORLDS)
     values = dict(pairs(roll))
     assert values["pretrain"] == str(peer_demo.moe)
-    assert values["actor_train.device_mapping"] == "'list(range(0,4))'"
+    assert values["actor_train.device_mapping"] == "'list(range(0,8))'"
     assert values["actor_train.data_args.file_name"] == f"[{peer_demo.train_files}]"
     assert values["actor_train.strategy_args.strategy_config.fsdp_size"] == "4"
 

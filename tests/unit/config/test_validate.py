@@ -44,10 +44,14 @@ def test_validate_batch_mini_batch_does_not_divide_batch():
     assert "\n" not in str(info.value)
 
 
-def test_validate_batch_mini_batch_not_divisible_by_actor_ranks():
+def test_validate_batch_mini_batch_samples_not_divisible_by_actor_ranks():
+    # 2 prompts x 8 samples over 4 ranks is 4 samples each (verl splits a mini-batch so); 1 x 3 over 4 is not whole
+    validate_batch(_cfg(train_batch_size=16, ppo_mini_batch_size=2), actor_dp=4, rollout_dp=4)
+    cfg = _cfg(train_batch_size=16, ppo_mini_batch_size=1)
+    cfg.rollout.n = 3
     with pytest.raises(ConfigError) as info:
-        validate_batch(_cfg(train_batch_size=16, ppo_mini_batch_size=2), actor_dp=4, rollout_dp=4)
-    assert "actor.ppo_mini_batch_size" in str(info.value)
+        validate_batch(cfg, actor_dp=4, rollout_dp=4)
+    assert "actor.ppo_mini_batch_size=1 x rollout.n=3 = 3 samples per optimizer step" in str(info.value)
 
 
 # --- placement checks -----------------------------------------------------------------------------------------
