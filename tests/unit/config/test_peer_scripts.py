@@ -112,7 +112,7 @@ def test_substitute_flags_and_roll_yaml(peer_demo: Demo) -> None:
     assert values["pretrain"] == str(peer_demo.moe)
     assert values["actor_train.device_mapping"] == "'list(range(0,8))'"
     assert values["actor_train.data_args.file_name"] == f"[{peer_demo.train_files}]"
-    assert values["actor_train.strategy_args.strategy_config.fsdp_size"] == "4"
+    assert values["actor_train.strategy_args.strategy_config.fsdp_size"] == "8"
 
 
 def test_rllm_script_gets_the_demo_data_added(peer_demo: Demo) -> None:
