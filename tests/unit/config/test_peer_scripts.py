@@ -182,3 +182,39 @@ def test_read_shell_flags_after_accelerate_and_trl() -> None:
 def test_read_shell_without_an_entrypoint_is_an_error() -> None:
     with pytest.raises(ValueError, match="entrypoint"):
         read_shell("set -x\necho hello\n")
+
+
+def test_verls_quickstart_trains_ppo_with_a_critic_for_its_epochs(peer_demo: Demo) -> None:
+    """The silent changes issue 37 found, on the script itself: verl's quickstart PPO became GRPO (this project's
+    estimator and n) with its critic.* keys doing nothing, and its 15 epochs stopped at 300 steps."""
+    from torchrl_post.config.load import load_command_line
+
+    launch = substitute(read_launch(PEER_SCRIPTS / "verl/quickstart_ppo.sh"), peer_demo)
+    verdict = dry_run(launch)
+    assert verdict.accepted, verdict
+    assert _first_plan_line(verdict.output) == "defaults: verl's ppo_trainer.yaml (configs/verl.yaml)"
+    assert "critic: colocated" in verdict.output and "group size: 1;" in verdict.output, verdict.output
+    cfg = load_command_line(launch.args)
+    assert (cfg.algorithm.adv_estimator, cfg.rollout.n, cfg.critic.lr) == ("gae", 1, 1e-5)
+    assert cfg.trainer.total_epochs == 15 and cfg.trainer.total_training_steps is None  # epochs mean epochs
+    assert cfg.trainer.logger == ["console"]  # verl's logger given as a name
+
+
+def _first_plan_line(output: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith("defaults: "))
+
+
+def test_roll_and_trl_values_keep_their_meaning(peer_demo: Demo) -> None:
+    """ROLL's resume_from_checkpoint false starts fresh (it became the path 'False'); its dual clip's bound is
+    1 + 2 x pg_clip (it became 3.0); TRL's LoRA flags carry TRL's defaults."""
+    from torchrl_post.config.load import load_command_line
+
+    roll = substitute(read_launch(PEER_SCRIPTS / "roll/qwen3-30BA3B-rlvr_fsdp2/rlvr_config.yaml"), peer_demo)
+    cfg = load_command_line(roll.args)
+    assert cfg.trainer.defaults_from == "roll" and cfg.trainer.resume_mode == "disable"
+    assert cfg.actor.clip_ratio_c == pytest.approx(1 + 2 * cfg.actor.clip_ratio)  # dual_clip_loss: true
+    assert cfg.reward.function == "torchrl_post.reward.builtin:math_boxed"  # its one MathRuleRewardWorker domain
+    trl = substitute(read_launch(PEER_SCRIPTS / "trl/grpo_vlm_qwen2_5_vl.sh"), peer_demo)
+    cfg = load_command_line(trl.args)
+    assert cfg.trainer.defaults_from == "trl" and cfg.rollout.engine == "vllm"  # --use_vllm
+    assert (cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.target_modules) == (16, 32, ["q_proj", "v_proj"])
