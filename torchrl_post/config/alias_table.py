@@ -176,6 +176,36 @@ def _template(v: Any) -> Any:
     return None if v in (None, "native", "qwen3") else v
 
 
+_MEGATRON_MODULES = {
+    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "linear_q": ("q_proj",),
+    "linear_k": ("k_proj",),
+    "linear_v": ("v_proj",),
+    "linear_proj": ("o_proj",),
+    "linear_fc1": ("gate_proj", "up_proj"),
+    "linear_fc1_gate": ("gate_proj",),
+    "linear_fc1_up": ("up_proj",),
+    "linear_fc2": ("down_proj",),
+}
+
+
+def _megatron_modules(v: Any) -> Any:
+    """verl's model.lora.target_modules name Megatron's fused layers; here the model's own (Qwen / Llama names)."""
+    names = v if isinstance(v, list) else [v]
+    out: list[str] = []
+    for name in names:
+        for module in _MEGATRON_MODULES.get(str(name), (str(name),)):
+            if module not in out:
+                out.append(module)
+    return out
+
+
+def _lora_merge(v: Any) -> str:
+    if not isinstance(v, bool):
+        raise Refused("it takes true (merged weights) or false (the adapter)")
+    return "merged" if v else "adapter"
+
+
 def _extra_rounds(v: Any) -> int:
     """DAPO's max_num_gen_batches counts every generation round; ours the rounds after the first. 0 is unbounded
     there, which here would be a step that may never end."""
@@ -553,6 +583,31 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{M}.lora_rank", "model.lora_rank"),
     _rename(V, f"{M}.lora_alpha", "model.lora_alpha"),
     _rename(V, f"{M}.target_modules", "model.target_modules"),
+    _rename(V, f"{M}.lora.rank", "model.lora_rank", "verl's newer LoRA section"),
+    _rename(V, f"{M}.lora.alpha", "model.lora_alpha"),
+    _rename(V, f"{M}.lora.dropout", "model.lora_dropout"),
+    _rename(
+        V,
+        f"{M}.lora.target_modules",
+        "model.target_modules",
+        "Megatron's module names become the model's own (linear_qkv is q_proj, k_proj, v_proj)",
+        convert=_megatron_modules,
+    ),
+    _rename(V, f"{M}.lora.merge", "rollout.lora_sync", "true: merged, false: adapter", convert=_lora_merge),
+    _noop(
+        V,
+        f"{M}.lora.type",
+        "PEFT's LoRA",
+        _is("lora", "canonical_lora"),
+        "LoRA here is PEFT's (model.lora_rank, model.target_modules): DoRA and vision LoRA types are not built",
+    ),
+    _noop(
+        V,
+        f"{M}.lora.lora_A_init_method",
+        "PEFT initialises A with Kaiming-uniform, B with zeros",
+        _is("kaiming", None),
+        "the adapter starts as PEFT's (A Kaiming-uniform, B zeros): model.lora_rank sets its size",
+    ),
     _noop(
         V,
         "actor_rollout_ref.hybrid_engine",

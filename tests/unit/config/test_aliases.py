@@ -598,3 +598,21 @@ def test_openrlhf_keys_that_are_ours_too_keep_our_meaning() -> None:
         [],
     )
     assert not [r.key for r in ALIASES if r.source == "OpenRLHF" and r.key in KEYS]
+
+
+def test_verls_newer_lora_section_with_megatrons_module_names() -> None:
+    rewritten, _ = rewrite_overrides(
+        [
+            "actor_rollout_ref.model.lora.rank=32",
+            "actor_rollout_ref.model.lora.alpha=64",
+            "actor_rollout_ref.model.lora.target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]",
+            "actor_rollout_ref.model.lora.merge=false",
+        ]
+    )
+    assert rewritten == [
+        "model.lora_rank=32",
+        "model.lora_alpha=64",
+        "model.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        "rollout.lora_sync=adapter",
+    ]
+    assert "DoRA" in _refused(["actor_rollout_ref.model.lora.type=dora"])
