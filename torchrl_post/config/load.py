@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from torchrl_post.algos.estimators import NEEDS_VALUES
 from torchrl_post.config.alias_table import render_value
-from torchrl_post.config.aliases import DEFAULTS_FROM, find_alias, rewrite_overrides, unknown_key, written_in
+from torchrl_post.config.aliases import BASES, DEFAULTS_FROM, find_alias, rewrite_overrides, unknown_key, written_in
 from torchrl_post.config.command_line import parse_command_line
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
@@ -182,8 +182,9 @@ def load_config(
             config_name = peer
             if notes is not None:
                 shown = ", ".join(dict.fromkeys(keys[:3])) or "flags"
+                who = next(source for source, base in BASES.items() if base == peer)
                 notes.append(
-                    f"defaults: {DEFAULTS_FROM[peer]}, as the keys given are {peer}'s ({shown}); --config-name "
+                    f"defaults: {DEFAULTS_FROM[peer]}, as the keys given are {who}'s ({shown}); --config-name "
                     "config starts from this project's"
                 )
     overrides, alias_notes = rewrite_overrides(overrides)
@@ -194,6 +195,13 @@ def load_config(
     ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
     GlobalHydra.instance().clear()
     shipped = default_config_dir()
+    if not any((d / f"{config_name}.yaml").is_file() for d in (shipped, *([user] if user else []))):
+        names = ", ".join(sorted(f.stem for f in shipped.glob("*.yaml")))
+        where = f"{user} nor " if user else ""
+        raise ConfigError(
+            f"--config-name {config_name}: neither {where}the shipped configs have {config_name}.yaml (shipped: "
+            f"{names}); give --config-path the directory of yours"
+        )
     primary, search = shipped, list(overrides)
     if user is not None:
         # The primary config comes from whichever directory has it; the other one is on the search path.

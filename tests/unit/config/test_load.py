@@ -466,3 +466,11 @@ def test_max_staleness_below_the_batches_filled_ahead_is_refused_for_whole_batch
     msg = _config_error([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=2"])
     assert msg.startswith("trainer.max_staleness=2 is below trainer.max_off_policy_steps=3"), msg
     load_config([*rollout_ranks, "trainer.max_off_policy_steps=3", "trainer.max_staleness=3"])
+
+
+def test_a_config_name_found_nowhere_is_one_line_naming_the_shipped_ones(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], "nosuch", str(tmp_path))
+    msg = str(info.value)
+    assert msg.startswith(f"--config-name nosuch: neither {tmp_path} nor the shipped configs have nosuch.yaml")
+    assert "verl" in msg and "\n" not in msg
