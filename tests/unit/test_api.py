@@ -105,10 +105,18 @@ def test_a_dict_or_dictconfig_is_a_config(tmp_path: Path, capsys: pytest.Capture
     from omegaconf import OmegaConf
 
     trainer = {"dry_run": True, "default_local_dir": str(tmp_path / "run")}
+    # verl's key makes verl's defaults the base (512-token lengths: the demo model's 256 positions need shorter)
+    lengths = {"max_prompt_length": 64, "max_response_length": 8}
     given = OmegaConf.create(
-        {"trainer": trainer, "rollout": {"n": 4}, "actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}}}
+        {
+            "trainer": trainer,
+            "rollout": {"n": 4},
+            "data": lengths,
+            "actor_rollout_ref": {"actor": {"optim": {"lr": 1e-6}}},
+        }
     )
     assert api.as_config(given).rollout.n == 4 and api.as_config(given).actor.lr == 1e-6
+    assert api.as_config(given).trainer.defaults_from == "verl"
     assert api.train(given).dry_run and api.validate(dict(trainer=trainer)).dry_run
     structured = OmegaConf.merge(OmegaConf.structured(Config), {"trainer": trainer})
     assert api.run(structured).dry_run
