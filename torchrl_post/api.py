@@ -81,10 +81,10 @@ def config(
     overrides: Sequence[str] | None = None, name: str | None = None, path: str | None = None, **sections: Any
 ) -> Config:
     """The config: `<name>.yaml` (the shipped configs/, or `path` first, as --config-name / --config-path; None:
-    configs/config.yaml, or the peer's base when the keys are one peer's: verl.yaml, roll.yaml, trl.yaml), then
-    `sections` (a dict of keys, or a section's dataclass, which sets all of its keys), then the `key=value`
-    `overrides` (the command line's: a script passes sys.argv[1:], which win over what the script sets). Validated;
-    a user error is one ConfigError line naming the key.
+    configs/config.yaml, or the peer's base when the keys are one peer's: verl.yaml, roll.yaml, trl.yaml,
+    openrlhf.yaml), then `sections` (a dict of keys, or a section's dataclass, which sets all of its keys), then the
+    `key=value` `overrides` (the command line's: a script passes sys.argv[1:], which win over what the script sets).
+    Validated; a user error is one ConfigError line naming the key.
 
         config(sys.argv[1:], name="lora", trainer={"total_training_steps": 20}, model=ModelConfig(path="m"))
 

@@ -337,13 +337,22 @@ def _eps_low_high(v: Any) -> dict[str, Any]:
 
 
 _ORLHF_ESTIMATORS: dict[str, dict[str, Any]] = {
-    # OpenRLHF whitens gae's and reinforce's advantages over the batch (experience_maker.py), group_norm divides
-    # by the group's std, dr_grpo and reinforce_baseline only subtract the group's mean
+    # OpenRLHF whitens gae's, reinforce's and reinforce_baseline's advantages over the batch (experience_maker.py),
+    # the others not (said explicitly: configs/openrlhf.yaml whitens, for gae); group_norm divides by the group's
+    # std, dr_grpo and reinforce_baseline only subtract the group's mean
     "gae": {"algorithm.adv_estimator": "gae", "algorithm.whiten_advantages": True},
-    "reinforce": {"algorithm.adv_estimator": "reinforce_plus_plus"},
-    "rloo": {"algorithm.adv_estimator": "rloo"},
-    "group_norm": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True},
-    "dr_grpo": {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False},
+    "reinforce": {"algorithm.adv_estimator": "reinforce_plus_plus", "algorithm.whiten_advantages": True},
+    "rloo": {"algorithm.adv_estimator": "rloo", "algorithm.whiten_advantages": False},
+    "group_norm": {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": True,
+        "algorithm.whiten_advantages": False,
+    },
+    "dr_grpo": {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.norm_adv_by_std_in_grpo": False,
+        "algorithm.whiten_advantages": False,
+    },
     "reinforce_baseline": {
         "algorithm.adv_estimator": "grpo",
         "algorithm.norm_adv_by_std_in_grpo": False,
@@ -1234,7 +1243,7 @@ ALIASES: tuple[Alias, ...] = (
         convert=_trl_reward_funcs,
     ),
     _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
-    # ---- OpenRLHF (openrlhf.cli.train_ppo_ray's flags; it has no base config here: ours are the defaults) -------
+    # ---- OpenRLHF (openrlhf.cli.train_ppo_ray's flags; its defaults: configs/openrlhf.yaml) ----------------------
     _rename(OR, "actor.model_name_or_path", "model.path", "a local HF directory: nothing is downloaded"),
     _refused(OR, "reward.model_name_or_path", REWARD_MODEL),
     _refused(OR, "reward.remote_url", REWARD_MODEL),

@@ -20,6 +20,7 @@ import difflib
 import re
 import sys
 from dataclasses import MISSING, dataclass, fields, is_dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +96,13 @@ DEFAULTS_FROM = {
     "verl": "verl's ppo_trainer.yaml (configs/verl.yaml)",
     "roll": "ROLL's RLVR pipeline (configs/roll.yaml)",
     "trl": "TRL's GRPOConfig (configs/trl.yaml)",
+    "openrlhf": "OpenRLHF's train_ppo_ray (configs/openrlhf.yaml)",
 }
 """trainer.defaults_from -> where its defaults come from (the plan's first line)."""
 
 
-BASES = {"verl": "verl", "rLLM": "verl", "ROLL": "roll", "TRL": "trl"}
-"""A source -> the shipped config with its defaults (rLLM trains on verl's ppo_trainer.yaml). OpenRLHF has none:
-its command lines start from ours."""
+BASES = {"verl": "verl", "rLLM": "verl", "ROLL": "roll", "TRL": "trl", "OpenRLHF": "openrlhf"}
+"""A source -> the shipped config with its defaults (rLLM trains on verl's ppo_trainer.yaml)."""
 FLAG_SOURCES = ("TRL", "OpenRLHF")
 """The sources whose command lines are argparse flags (`--learning_rate 1e-6`, `--actor.adam.lr 5e-7`)."""
 
@@ -109,8 +110,7 @@ FLAG_SOURCES = ("TRL", "OpenRLHF")
 def written_in(overrides: list[str], flags: bool = False) -> tuple[str | None, list[str]]:
     """(the config with the defaults of the one peer whose keys the command line uses, or None; the keys that say
     so). A key that is ours, or the same name in several peers, says nothing alone; keys of two peers say nothing
-    (the caller's defaults stay). Flags (`--key value`) are TRL's and OpenRLHF's way of writing a command line; a
-    peer without a base config (OpenRLHF) keeps ours."""
+    (the caller's defaults stay). Flags (`--key value`) are TRL's and OpenRLHF's way of writing a command line."""
     peers = {BASES.get(s, s) for s in FLAG_SOURCES} if flags else None
     keys: list[str] = []
     for arg in overrides:
@@ -186,9 +186,12 @@ def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used
     return used, f"{who} is {said} here" + (f" ({row.note})" if row.note and row.convert else "")
 
 
-def _combine(rows: dict[str, tuple[Alias, str, str]], given: dict[str, str]) -> tuple[list[_Used], list[str]]:
+def _combine(
+    rows: dict[str, tuple[Alias, str, str]], given: dict[str, str], base: str = "config"
+) -> tuple[list[_Used], list[str]]:
     """Keys that together make one of ours: verl's custom_reward_function.path + .name, trainer.n_gpus_per_node
-    x trainer.nnodes, ROLL's dual_clip_loss with its pg_clip (`given`: every key=value of the command line)."""
+    x trainer.nnodes, ROLL's dual_clip_loss with its pg_clip (`given`: every key=value of the command line; `base`:
+    the shipped config the run starts from, whose values stand in for keys the command line leaves out)."""
     used: list[_Used] = []
     notes: list[str] = []
     values = {key: _parse_value(text) for key, (_, text, _) in rows.items()}
@@ -242,9 +245,9 @@ def _combine(rows: dict[str, tuple[Alias, str, str]], given: dict[str, str]) -> 
         _roll_rewards,
         _device_mapping,
         _orlhf_world,
-        _orlhf_batch,
+        partial(_orlhf_batch, base=base),
         _orlhf_lengths,
-        _orlhf_run_length,
+        partial(_orlhf_run_length, base=base),
         _orlhf_kl,
         _orlhf_is,
     ):
@@ -406,6 +409,21 @@ def _device_mapping(
 # ---- OpenRLHF's keys that make ours together ---------------------------------------------------------------------
 
 
+def _base_value(base: str, key: str, fallback: Any) -> Any:
+    """`key` in the shipped config `base` (configs/<base>.yaml, else configs/config.yaml under it), else `fallback`
+    (a user's config under --config-path is not read: its value is what the command line leaves out)."""
+    from omegaconf import OmegaConf
+
+    from torchrl_post.config.load import default_config_dir  # load imports this module
+
+    for name in dict.fromkeys((base, "config")):
+        path = default_config_dir() / f"{name}.yaml"
+        value = OmegaConf.select(OmegaConf.load(path), key) if path.is_file() else None
+        if value is not None:
+            return value
+    return fallback
+
+
 def _given(given: dict[str, str], keys: tuple[str, ...], default: Any) -> Any:
     """The parsed value of the first of `keys` on the command line, else `default`."""
     for key in keys:
@@ -517,16 +535,22 @@ def _orlhf_world(
 
 
 def _orlhf_batch(
-    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+    rows: dict[str, tuple[Alias, str, str]],
+    values: dict[str, Any],
+    args: dict[str, str],
+    given: dict[str, str],
+    base: str = "config",
 ) -> _Parts:
     """OpenRLHF's train.batch_size counts samples per optimizer step (all GPUs); actor.ppo_mini_batch_size counts
-    prompts: samples / rollout.n (OpenRLHF's rollout.n_samples_per_prompt, else ours)."""
+    prompts: samples / rollout.n (OpenRLHF's rollout.n_samples_per_prompt, else the base config's)."""
     if "train.batch_size" not in values:
         return [], []
     samples = values["train.batch_size"]
     n = _given(given, ("rollout.n_samples_per_prompt", "rollout.n"), None)
-    whose = "ours: OpenRLHF's default is 1" if n is None else "given"
-    n = RolloutConfig().n if n is None else n
+    whose = "given"
+    if n is None:
+        n = _base_value(base, "rollout.n", RolloutConfig().n)
+        whose = "OpenRLHF's default" if base == "openrlhf" else f"configs/{base}.yaml's: OpenRLHF's default is 1"
     if not (_whole(samples) and _whole(n)):
         raise ConfigError(f"OpenRLHF's train.batch_size={samples} and rollout.n={n} must be whole numbers >= 1")
     if samples % n:
@@ -589,7 +613,11 @@ def _orlhf_lengths(
 
 
 def _orlhf_run_length(
-    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+    rows: dict[str, tuple[Alias, str, str]],
+    values: dict[str, Any],
+    args: dict[str, str],
+    given: dict[str, str],
+    base: str = "config",
 ) -> _Parts:
     """OpenRLHF trains train.num_episodes passes over the first data.max_samples prompts: here trainer.total_epochs
     and, with data.max_samples, trainer.total_training_steps (the steps those rows fill)."""
@@ -603,7 +631,8 @@ def _orlhf_run_length(
     out: dict[str, Any] = {"trainer.total_epochs": episodes, "trainer.total_training_steps": None}
     how = f"{episodes} pass(es) over the prompts, no step cap"
     if first is not None:
-        batch = _given(given, ("rollout.batch_size", "data.train_batch_size"), DataConfig().train_batch_size)
+        default = _base_value(base, "data.train_batch_size", DataConfig().train_batch_size)
+        batch = _given(given, ("rollout.batch_size", "data.train_batch_size"), default)
         if not _whole(batch):
             raise ConfigError(f"OpenRLHF's data.max_samples={first}: the prompts per step must be whole, not {batch}")
         out["trainer.total_training_steps"] = max(1, first // batch) * episodes
@@ -696,10 +725,12 @@ def _orlhf_is(
     return _emit(args, keys, out), [note]
 
 
-def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+def rewrite_overrides(overrides: list[str], base: str = "config") -> tuple[list[str], list[str]]:
     """(the overrides with every alias replaced by our keys, one note per alias used). Keys that are ours pass
     through untouched; an unknown key that is no alias too (Hydra names it). A refused alias, or two keys that
-    set one of ours to different values, raises one ConfigError line."""
+    set one of ours to different values, raises one ConfigError line. `base`: the shipped config the run starts
+    from (--config-name), whose values a rewrite reads for keys the command line leaves out (OpenRLHF's
+    train.batch_size divided by its rollout.n)."""
     used: list[_Used] = []
     notes: list[str] = []
     combined: dict[str, tuple[Alias, str, str]] = {}
@@ -722,7 +753,7 @@ def rewrite_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
         notes.append(note)
     if combined:
         given = {a.partition("=")[0].lstrip("+~"): a.partition("=")[2] for a in overrides}
-        out, more = _combine(combined, given)
+        out, more = _combine(combined, given, base)
         used += out
         notes += more
     _check_conflicts(used)

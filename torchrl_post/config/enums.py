@@ -58,7 +58,7 @@ ResumeMode = Literal["auto", "disable", "resume_path"]
 """trainer.resume_mode (loop.py: resume)."""
 Logger = Literal["console", "wandb", "tensorboard"]
 """Each of trainer.logger (logging/metrics.py)."""
-Defaults = Literal["torchrl_post", "verl", "roll", "trl"]
+Defaults = Literal["torchrl_post", "verl", "roll", "trl", "openrlhf"]
 """trainer.defaults_from: whose defaults the config started from (configs/<name>.yaml; config/load.py picks one)."""
 Device = Literal["auto", "cpu", "cuda"]
 """trainer.device (distributed/env.py: resolve_device_type)."""

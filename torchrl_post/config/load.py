@@ -162,9 +162,10 @@ def load_config(
     in `config_path` (a user's directory, as Hydra's --config-path) first, then in the shipped configs
     (default_config_dir), so a user's file can start from ours (`defaults: [config, _self_]`). A user's file written
     with a peer's keys (ROLL's YAML) is read as overrides, through the same table. Overrides with verl / rLLM / ROLL /
-    TRL keys are rewritten to ours first (config/aliases.py); one line per alias used is appended to `notes` for
-    the caller to print. `config_name` None: configs/config.yaml, or the defaults of the one peer whose keys the
-    overrides (or `flags`: given as TRL's `--key value`) are written in (configs/verl.yaml, roll.yaml, trl.yaml)."""
+    TRL / OpenRLHF keys are rewritten to ours first (config/aliases.py); one line per alias used is appended to
+    `notes` for the caller to print. `config_name` None: configs/config.yaml, or the defaults of the one peer whose
+    keys the overrides (or `flags`: given as TRL's and OpenRLHF's `--key value`) are written in (configs/verl.yaml,
+    roll.yaml, trl.yaml, openrlhf.yaml)."""
     for arg in overrides or []:
         check_override_syntax(arg)
     overrides = list(overrides or [])
@@ -187,7 +188,7 @@ def load_config(
                     f"defaults: {DEFAULTS_FROM[peer]}, as the keys given are {who}'s ({shown}); --config-name "
                     "config starts from this project's"
                 )
-    overrides, alias_notes = rewrite_overrides(overrides)
+    overrides, alias_notes = rewrite_overrides(overrides, base=config_name)
     if notes is not None:
         notes.extend(alias_notes)
     # Unknown keys (Hydra's `+key=value` appends them; the schema is closed) are refused here, with suggestions.

@@ -574,9 +574,9 @@ class PlacementConfig:
 class TrainerConfig:
     defaults_from: Annotated[str, Defaults] = "torchrl_post"
     """Whose defaults every key not set starts from: this project's (configs/config.yaml) or a peer's
-    (configs/verl.yaml: verl's ppo_trainer.yaml; roll.yaml: ROLL's RLVR pipeline; trl.yaml: TRL's GRPOConfig). Set
-    by the config file (--config-name verl), or chosen when the command line uses one peer's keys; the plan's first
-    line says which."""
+    (configs/verl.yaml: verl's ppo_trainer.yaml; roll.yaml: ROLL's RLVR pipeline; trl.yaml: TRL's GRPOConfig;
+    openrlhf.yaml: OpenRLHF's train_ppo_ray). Set by the config file (--config-name verl), or chosen when the command
+    line uses one peer's keys; the plan's first line says which."""
     project_name: str = "torchrl_post"
     """wandb project."""
     experiment_name: str = "demo"

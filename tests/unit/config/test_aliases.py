@@ -408,7 +408,11 @@ _RC = "algorithm.rollout_correction"
         ),
         (
             ["algo.advantage.estimator=group_norm"],
-            ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true"],
+            [
+                "algorithm.adv_estimator=grpo",
+                "algorithm.norm_adv_by_std_in_grpo=true",
+                "algorithm.whiten_advantages=false",
+            ],
             "grpo",
         ),
         (
@@ -561,7 +565,7 @@ def test_openrlhf_reward_model_refused_in_one_line(key: str) -> None:
     )
 
 
-def test_openrlhf_flags_keep_our_defaults() -> None:
+def test_openrlhf_flags_pick_openrlhfs_defaults() -> None:
     from torchrl_post.config.aliases import written_in
     from torchrl_post.config.command_line import parse_command_line
     from torchrl_post.config.load import load_command_line
@@ -571,14 +575,23 @@ def test_openrlhf_flags_keep_our_defaults() -> None:
     )
     assert line.overrides == ["actor.adam.lr=5e-7", "actor.eps_clip_low_high=[0.2,0.27]", "ds.packing_samples=true"]
     assert written_in(line.overrides, flags=True) == (
-        None,
+        "openrlhf",
         ["actor.adam.lr", "actor.eps_clip_low_high", "ds.packing_samples"],
     )
     assert written_in(["num_generations=4"], flags=True)[0] == "trl"  # TRL's flags still pick TRL's defaults
+    assert written_in(["rollout.temperature=0.6"], flags=True)[0] is None  # a key of ours alone says nothing
     notes: list[str] = []
     cfg = load_command_line(["--actor.adam.lr", "5e-7", "--actor.eps_clip_low_high", "0.2", "0.27"], notes)
-    assert cfg.trainer.defaults_from == "torchrl_post" and not any(n.startswith("defaults:") for n in notes)
+    assert cfg.trainer.defaults_from == "openrlhf"
+    assert notes[0].startswith("defaults: OpenRLHF's train_ppo_ray (configs/openrlhf.yaml)"), notes
     assert (cfg.actor.lr, cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (5e-7, 0.2, 0.27)
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.rollout.n == 1  # OpenRLHF's, not ours (grpo, 8)
+    # train.batch_size alone (samples) is divided by the base's n (OpenRLHF's 1), not ours
+    cfg = load_command_line(["--train.batch_size", "64"], notes)
+    assert cfg.actor.ppo_mini_batch_size == 64 and cfg.rollout.n == 1
+    # an estimator OpenRLHF does not whiten is not whitened here either (the base whitens gae's)
+    cfg = load_command_line(["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4"], [])
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.algorithm.whiten_advantages
 
 
 def test_openrlhf_keys_that_are_ours_too_keep_our_meaning() -> None:

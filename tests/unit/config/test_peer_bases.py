@@ -1,5 +1,6 @@
-"""Tests of configs/verl.yaml, configs/roll.yaml and configs/trl.yaml: each peer's defaults in our keys (verl
-v0.7.0's ppo_trainer.yaml, ROLL v0.3.0's RLVR pipeline dataclasses, TRL 1.16.0's GRPOConfig). Each composes and
+"""Tests of configs/verl.yaml, roll.yaml, trl.yaml and openrlhf.yaml: each peer's defaults in our keys (verl
+v0.7.0's ppo_trainer.yaml, ROLL v0.3.0's RLVR pipeline dataclasses, TRL 1.16.0's GRPOConfig, OpenRLHF's
+train_ppo_ray.py at 3c3be62). Each composes and
 validates, plans on one and two ranks, sets only keys whose peer default differs from the demo's (each line naming
 the peer's key), and a handful of its values are asserted with their source."""
 
@@ -16,7 +17,12 @@ from torchrl_post import api
 from torchrl_post.config.load import default_config_dir, load_config
 from torchrl_post.plan import plan_run
 
-BASES = {"verl": "verl", "roll": "ROLL", "trl": "TRL"}  # --config-name -> the peer its comments name
+BASES = {
+    "verl": "verl",
+    "roll": "ROLL",
+    "trl": "TRL",
+    "openrlhf": "OpenRLHF",
+}  # --config-name -> the peer its comments name
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -99,6 +105,29 @@ def test_trl_base() -> None:
     # num_train_epochs 3 with max_steps -1 (TrainingArguments): epochs mean epochs
     assert cfg.trainer.total_epochs == 3 and cfg.trainer.total_training_steps is None
     assert plan_run(cfg, 1).total_steps(train_prompts=5 * 16) == 5 * 3
+
+
+def test_openrlhf_base() -> None:
+    cfg = load_config([], config_name="openrlhf")
+    # algo.advantage.estimator gae, whitened over the batch (train_ppo_ray.py, experience_maker.py)
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.algorithm.whiten_advantages
+    assert cfg.rollout.n == 1 and cfg.data.train_batch_size == 1024  # rollout.n_samples_per_prompt, rollout.batch_size
+    assert cfg.actor.lr == 1e-6 and cfg.critic.lr == 9e-6  # actor.adam.lr, critic.adam.lr
+    # algo.kl.init_coef 0.01, algo.kl.estimator k1, no algo.kl.use_loss: a reward penalty
+    assert cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_ctrl.kl_coef == 0.01 and not cfg.actor.use_kl_loss
+    # actor.lr_scheduler cosine_with_min_lr, actor.lr_warmup_ratio 0.03, actor.min_lr_ratio 0.1
+    assert (cfg.actor.lr_scheduler_type, cfg.actor.lr_warmup_steps_ratio, cfg.actor.min_lr_ratio) == (
+        "cosine",
+        0.03,
+        0.1,
+    )
+    assert cfg.actor.clip_ratio_c is None and cfg.algorithm.rollout_correction.rollout_is is None  # dual_clip None
+    assert not cfg.data.apply_chat_template  # data.apply_chat_template false
+    # train.batch_size 128 samples of n 1 and train.micro_batch_size 1
+    assert cfg.actor.ppo_mini_batch_size == 128 and cfg.actor.ppo_micro_batch_size_per_gpu == 1
+    # train.num_episodes 1 (data.max_samples 1e8: no step cap)
+    assert cfg.trainer.total_epochs == 1 and cfg.trainer.total_training_steps is None
+    assert plan_run(cfg, 1).total_steps(train_prompts=3 * 1024) == 3
 
 
 def test_a_verl_dry_run_on_two_ranks_plans_a_critic(
