@@ -2,7 +2,7 @@
 `torchrl_post/configs/`. Everything else about the package is in pyproject.toml.
 
 An editable install (`pip install -e .`, as the Makefile does) copies nothing: there
-torchrl_post.config.load.default_config_dir reads `configs/` from the checkout.
+torchrl_post.config.shipped.default_config_dir reads `configs/` from the checkout.
 """
 
 from __future__ import annotations

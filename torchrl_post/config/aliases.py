@@ -27,6 +27,7 @@ from typing import Any
 from torchrl_post.config.alias_table import ALIASES, CONCEPTS, SOURCES, Alias, Refused, render_value
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config, DataConfig, RolloutConfig
+from torchrl_post.config.shipped import default_config_dir
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "aliases.md"
 
@@ -413,8 +414,6 @@ def _base_value(base: str, key: str, fallback: Any) -> Any:
     """`key` in the shipped config `base` (configs/<base>.yaml, else configs/config.yaml under it), else `fallback`
     (a user's config under --config-path is not read: its value is what the command line leaves out)."""
     from omegaconf import OmegaConf
-
-    from torchrl_post.config.load import default_config_dir  # load imports this module
 
     for name in dict.fromkeys((base, "config")):
         path = default_config_dir() / f"{name}.yaml"

@@ -24,22 +24,10 @@ from torchrl_post.config.aliases import BASES, DEFAULTS_FROM, find_alias, rewrit
 from torchrl_post.config.command_line import parse_command_line
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
+from torchrl_post.config.shipped import default_config_dir
 from torchrl_post.config.validate import validate
 
 SCHEMA_NAME = "torchrl_post_schema"
-
-
-def default_config_dir() -> Path:
-    """The shipped YAML configs: `torchrl_post/configs/` inside an installed wheel (setup.py copies the repository's
-    `configs/` there at build time), else `configs/` at the root of the source checkout (editable installs)."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "configs", package.parent / "configs"):
-        if (candidate / "config.yaml").is_file():
-            return candidate
-    raise ConfigError(
-        f"the default YAML configs are missing: neither {package / 'configs'} (an installed wheel) nor "
-        f"{package.parent / 'configs'} (a source checkout) has config.yaml"
-    )
 
 
 def _one_line(exc: BaseException) -> str:
