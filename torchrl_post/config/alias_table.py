@@ -206,6 +206,21 @@ def _lora_merge(v: Any) -> str:
     return "merged" if v else "adapter"
 
 
+def _multiplier(v: Any) -> int:
+    if not isinstance(v, int) or v < 1:
+        raise Refused("a whole multiplier >= 1 (algorithm.rejection_sample.max_extra_rounds is it minus 1)")
+    return v - 1
+
+
+def _timeout(v: Any) -> dict[str, Any]:
+    """rLLM's trajectory_timeout: null is no bound there; here episodes keep agent.timeout_s's bound (60 s)."""
+    if v is None:
+        return {}
+    if not isinstance(v, (int, float)) or v <= 0:
+        raise Refused("seconds > 0, or null (agent.timeout_s's 60 s bound stays)")
+    return {"agent.timeout_s": float(v)}
+
+
 def _extra_rounds(v: Any) -> int:
     """DAPO's max_num_gen_batches counts every generation round; ours the rounds after the first. 0 is unbounded
     there, which here would be a step that may never end."""
@@ -436,6 +451,7 @@ def _is(*values: Any) -> Callable[[Any], bool]:
 
 
 _ONE = _is(None, 1)
+_EMPTY = _is(None, {}, "{}")
 _ZERO = _is(None, 0, False)
 _TRUE = _is(True)
 _FALSE = _is(None, False)
@@ -459,6 +475,11 @@ _WORLD = (
     "launched (--nnodes x --nproc-per-node)"
 )
 _SP = "one value for the actor, critic and reference"
+_PY_ARGS = (
+    "an agent's or environment's arguments are Python objects: api.train(cfg, agent_args=..., env_args=...) with "
+    "agent.agent and agent.env"
+)
+_UNKNOWN_REASON = "episodes end for a named reason here; choose which get weight 0 with algorithm.compact_filtering.*"
 _MODEL_TYPE = "model.path is loaded as a causal LM (a value model is the critic's: critic.model.path)"
 _BEAMS = "beam search is not built: answers are sampled (rollout.temperature, rollout.top_p)"
 _ROLL_ENVS = (
@@ -890,6 +911,66 @@ ALIASES: tuple[Alias, ...] = (
     ),
     _refused(L, "agent.name", "agent.agent takes the agent class's import path: agent.agent=package.module:Class"),
     _refused(L, "env.name", "agent.env takes the environment class's import path: agent.env=package.module:Class"),
+    _refused(L, "rllm.agent.name", "agent.agent takes the agent class's import path: agent.agent=package.module:Class"),
+    _refused(L, "rllm.env.name", "agent.env takes the environment class's import path: agent.env=package.module:Class"),
+    _rename(
+        L,
+        "rllm.rejection_sample.multiplier",
+        "algorithm.rejection_sample.max_extra_rounds",
+        "rLLM draws multiplier x the batch at once; here at most multiplier - 1 more rounds, drawn as groups drop",
+        convert=_multiplier,
+    ),
+    _rename(L, "rllm.agent.trajectory_timeout", "agent.timeout_s", "null: agent.timeout_s (60 s)", convert=_timeout),
+    _rename(
+        L,
+        "rllm.agent.overlong_filter",
+        "algorithm.compact_filtering.enable",
+        "true: episodes cut at the length get weight 0",
+        convert=_mask_truncated,
+    ),
+    _noop(L, "rllm.agent.agent_args", "empty", _EMPTY, _PY_ARGS),
+    _noop(L, "rllm.agent.engine_args", "empty", _EMPTY, _PY_ARGS),
+    _noop(L, "rllm.env.env_args", "empty", _EMPTY, _PY_ARGS),
+    _noop(
+        L,
+        "rllm.workflow.use_workflow",
+        "false: the agent loop runs episodes, as here",
+        _FALSE,
+        "rLLM's workflows are its classes; an episode here is an environment and an agent class: agent.env, "
+        "agent.agent",
+    ),
+    _noop(L, "rllm.workflow", "used only with rllm.workflow.use_workflow=true (refused)", subtree=True),
+    _noop(L, "rllm.disable_thinking", "false is the default", _FALSE, "the chat template decides: data.chat_template"),
+    _noop(
+        L,
+        "rllm.accumulate_reasoning",
+        "false is the default",
+        _FALSE,
+        "an agent's earlier turns are kept as the chat template renders them (data.chat_template)",
+    ),
+    _noop(
+        L,
+        "rllm.filter_token_mismatch",
+        "the engine's and the trainer's logprobs are compared every step (rollout/logprob_diff)",
+    ),
+    _noop(L, "rllm.compact_filtering.mask_unknown", "false is the default", _FALSE, _UNKNOWN_REASON),
+    _noop(
+        L,
+        "rllm.distill.enable",
+        "false is the default",
+        _FALSE,
+        "distillation from a teacher is not built yet (a later issue); train with reward.function",
+    ),
+    _noop(L, "rllm.distill", "used only with rllm.distill.enable=true (refused)", subtree=True),
+    _noop(L, "rllm.sdk", "rLLM's trace store and proxy: episodes run in-process here", subtree=True),
+    _noop(
+        L,
+        "trainer.log_episodes",
+        "false is the default",
+        _FALSE,
+        "validation samples are written with trainer.log_val_generations=N (val_generations/)",
+    ),
+    _noop(L, "trainer.episode_log_dir", "episodes are not logged to a directory (trainer.log_val_generations)"),
     # ---- ROLL: the pipeline ---------------------------------------------------------------------------------------
     _rename(R, "pretrain", "model.path"),
     _rename(R, "exp_name", "trainer.experiment_name"),

@@ -174,7 +174,9 @@ def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[_Used
             converted = row.convert(value)
         except Refused as e:
             raise ConfigError(f"{who} has no equivalent here: {e}") from None
-        if isinstance(converted, dict):  # one of theirs is several of ours
+        if isinstance(converted, dict):  # one of theirs is several of ours (or, for this value, none)
+            if not converted:
+                return [], f"{who} accepted, it changes nothing here" + (f" ({row.note})" if row.note else "")
             used = [_Used(f"{prefix}{key}={text}", k, render_value(v), row) for k, v in converted.items()]
             said = ", ".join(f"{u.key}={u.value}" for u in used)
             return used, f"{who} is {said} here" + (f" ({row.note})" if row.note else "")

@@ -629,3 +629,20 @@ def test_verls_newer_lora_section_with_megatrons_module_names() -> None:
         "rollout.lora_sync=adapter",
     ]
     assert "DoRA" in _refused(["actor_rollout_ref.model.lora.type=dora"])
+
+
+def test_rllm_agent_trainer_keys() -> None:
+    rewritten, notes = rewrite_overrides(
+        [
+            "rllm.rejection_sample.multiplier=3",
+            "rllm.agent.trajectory_timeout=null",
+            "rllm.workflow.use_workflow=False",
+            "rllm.workflow.n_parallel_tasks=256",
+            "rllm.agent.trajectory_timeout=120",
+        ][:4]
+    )
+    assert rewritten == ["algorithm.rejection_sample.max_extra_rounds=2"]  # 3 x the batch: 2 more rounds at most
+    assert "rllm.agent.trajectory_timeout=null accepted, it changes nothing here" in notes[1], notes
+    assert rewrite_overrides(["rllm.agent.trajectory_timeout=120"])[0] == ["agent.timeout_s=120.0"]
+    assert "agent.env" in _refused(["rllm.workflow.use_workflow=true"])
+    assert "a later issue" in _refused(["rllm.distill.enable=true"])
