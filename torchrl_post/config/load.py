@@ -221,7 +221,9 @@ def load_command_line(argv: list[str], notes: list[str] | None = None) -> Config
     """The config of a `torchrl_post.train` command line, written as any peer writes one (config/command_line.py):
     TRL's `--config` files and flags, ROLL's --config_path / --config_name, verl's and ours key=value."""
     line = parse_command_line(argv)
-    given = [o for f in line.files for o in peer_yaml_overrides(Path(f))] + line.overrides
+    typed = {o.split("=", 1)[0].lstrip("+~") for o in line.overrides}  # a flag typed wins over the file's (TRL's)
+    from_files = [o for f in line.files for o in peer_yaml_overrides(Path(f))]
+    given = [o for o in from_files if o.split("=", 1)[0] not in typed] + line.overrides
     flags = bool(line.flags or line.files)
     return load_config(given, line.config_name, line.config_path, notes, flags)
 
