@@ -88,18 +88,18 @@ def test_streamed_colocated_groups_survive_the_update_and_resume_exactly(
 def test_update_on_arrival_keeps_the_rollout_rank_generating_within_the_staleness_bound(
     tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """rollout.update_on_arrival: the rollout rank generates until the actor's weights arrive (their update point
-    depends on timing, so bounds are checked, not exact values). The counted fill of the same config stops once a
-    batch is ready and carries the rest across the update (partial samples at steps 3 and 4: the test above); on
-    arrival the rank goes on while the actor trains and finishes every request it holds before the weights come
-    (12 tokens at most, an update takes far longer), so none spans an update."""
+    """rollout.update_on_arrival: the rollout rank generates until the actor's weights arrive. Their update point
+    depends on timing, so bounds are checked, not exact values: whether a request is still running when the weights
+    come (and so spans an update) is a race between 12 tokens of generation and the actor's update on a loaded
+    machine (a CI run saw 3 of 4 samples span one at step 4), so spans are allowed; what the mode promises is the
+    staleness bound, for every group and every trained token."""
     rows = _train(
         3, tiny_model, task_data, tmp_path / "run", 4, *STREAM, *OWN_RANK, "trainer.max_staleness=2",
         "rollout.update_on_arrival=true",
     )  # fmt: skip
     _check_streamed(rows, groups=4, spans=False)
     assert all(1 <= rows[s]["rollout/staleness"] <= 2 for s in (2, 3, 4)), "filled ahead, within trainer.max_staleness"
-    assert [rows[s]["rollout/partial_samples"] for s in (3, 4)] == [0, 0], "generated on while the weights were coming"
+    assert all(rows[s]["training/off_policy/token_staleness/max"] <= 2 for s in (1, 2, 3, 4)), "every token too"
     assert (tmp_path / "run" / "checkpoints" / "global_step_4").is_dir()
 
 

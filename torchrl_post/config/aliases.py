@@ -126,13 +126,15 @@ def written_in(overrides: list[str], flags: bool = False) -> tuple[str | None, l
     return (peer if peer in BASES.values() else None), keys
 
 
-def _who(row: Alias, key: str) -> str:
-    return f"{row.source}'s {key}"
+def _who(row: Alias, key: str, base: str = "config") -> str:
+    """Whose key it is, said as the run's base peer when the key is that peer's too (TRL's max_steps, not ROLL's)."""
+    source = next((s for s in row.shared if BASES.get(s) == base), row.source)
+    return f"{source}'s {key}"
 
 
-def _apply_row(row: Alias, key: str, text: str, prefix: str) -> tuple[list[Used], str]:
+def _apply_row(row: Alias, key: str, text: str, prefix: str, base: str = "config") -> tuple[list[Used], str]:
     """The overrides and the note for one aliased `key=text`; a refusal raises one ConfigError line."""
-    who = f"{_who(row, key)}={text}"
+    who = f"{_who(row, key, base)}={text}"
     if row.kind == "refused":
         raise ConfigError(f"{who} has no equivalent here: {row.refuse}")
     value = parse_value(text)
@@ -196,7 +198,7 @@ def rewrite_overrides(overrides: list[str], base: str = "config") -> tuple[list[
         if row.kind == "combined":
             combined[key] = (row, text, arg)
             continue
-        out, note = _apply_row(row, key, text, prefix.replace("+", ""))
+        out, note = _apply_row(row, key, text, prefix.replace("+", ""), base)
         used += out
         notes.append(note)
     if combined:
