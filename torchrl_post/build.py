@@ -3,7 +3,7 @@ the plan's values, never the whole config or the set-up object.
 
     actor ranks           Trainer(actor, rollouts, weights, critic?, reference?)        trainer.py
     rollout-only ranks    RolloutServer(engine source, producer, broadcast sync, transfer) rollout/remote.py
-    critic/reference-only RoleServer(link, critic?, reference?, transfer?)              workers/remote.py
+    critic/reference/RM   RoleServer(link, critic?, reference?, transfer?, reward model?) workers/remote.py
 
 What each rank holds follows from the plan: a role is local where the rank is one of its ranks, a proxy where
 the role sits on ranks of its own, absent where the plan has none.
@@ -34,7 +34,16 @@ from torchrl_post.trainer import RankInfo, StepRoles, Trainer
 from torchrl_post.workers.actor import Actor, AdapterOffReference
 from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.reference import Reference
-from torchrl_post.workers.remote import CriticRole, ReferenceRole, RemoteCritic, RemoteReference, RoleServer
+from torchrl_post.workers.remote import (
+    CriticRole,
+    ReferenceRole,
+    RemoteCritic,
+    RemoteReference,
+    RemoteRewardModel,
+    RewardModelRole,
+    RoleServer,
+)
+from torchrl_post.workers.reward_model import RewardModel
 
 
 def build_program(run: Run) -> RankProgram:
@@ -47,8 +56,10 @@ def build_program(run: Run) -> RankProgram:
         return build_rollout_server(run, transfer)
     critic = build_critic(run) if run.topo.has("critic") else None
     reference = build_reference(run) if run.topo.has("reference") else None
-    link = role_link(run, "critic" if critic is not None else "reference")
-    return RoleServer(link, critic, reference, transfer.take_part if transfer is not None else None)
+    reward_model = build_reward_model(run) if run.topo.has("reward_model") else None
+    served = "critic" if critic is not None else "reference" if reference is not None else "reward_model"
+    link = role_link(run, served)
+    return RoleServer(link, critic, reference, transfer.take_part if transfer is not None else None, reward_model)
 
 
 def build_trainer(run: Run) -> Trainer:
@@ -86,6 +97,11 @@ def build_trainer(run: Run) -> Trainer:
         reference = RemoteReference(role_link(run, "reference"))
     elif plan.reference == "adapter_off":
         reference = AdapterOffReference(actor)
+    reward_model: RewardModelRole | None = None
+    if plan.reward_model == "colocated":
+        reward_model = build_reward_model(run)
+    elif plan.reward_model == "own_ranks":
+        reward_model = RemoteRewardModel(role_link(run, "reward_model"))
     keep: Keep | None = is_adapter if plan.lora_sync == "adapter" else None
     if plan.disaggregated:
         rejection = cfg.algorithm.rejection_sample.enable
@@ -97,7 +113,7 @@ def build_trainer(run: Run) -> Trainer:
         weights = BroadcastSync(
             run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep, run.topo.store
         )
-        roles = StepRoles(actor, rollouts, weights, critic, reference)
+        roles = StepRoles(actor, rollouts, weights, critic, reference, reward_model)
     else:
         dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
         share = plan.actor_ranks.index(run.env.rank)
@@ -108,7 +124,7 @@ def build_trainer(run: Run) -> Trainer:
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
-        roles = StepRoles(actor, local, sync, critic, reference)
+        roles = StepRoles(actor, local, sync, critic, reference, reward_model)
     info = RankInfo(
         run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
     )
@@ -169,6 +185,9 @@ def source_settings(run: Run) -> SourceSettings:
         val_batch_size=cfg.data.val_batch_size,
         log_val_generations=cfg.trainer.log_val_generations,
         reward=cfg.reward,
+        mixes_rewards=plan.mixes_rewards,
+        reward_tokenizer=run.reward_tokenizer,
+        reward_max_length=cfg.reward_model.max_length,
     )
 
 
@@ -243,6 +262,11 @@ def build_reference(run: Run) -> Reference:
         replay=run.plan.router_replay,
         truncation=run.plan.sampling_support,
     )
+
+
+def build_reward_model(run: Run) -> RewardModel:
+    cfg, role = run.cfg, run.plan.roles["reward_model"]
+    return RewardModel(cfg.model, cfg.reward_model, role.fsdp, run.topo.mesh("reward_model"), run.env.device)
 
 
 def role_link(run: Run, role: str) -> RoleLink:

@@ -30,7 +30,7 @@ from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import mini_batch_prompts, validate_batch, validate_placement
 from torchrl_post.distributed.liveness import Deadlines, deadlines
-from torchrl_post.distributed.placement import Placement, mesh_shape, plan_placement
+from torchrl_post.distributed.placement import SERVED, Placement, mesh_shape, plan_placement
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, EngineSpec
 from torchrl_post.rollout.filters import masked_reasons
 from torchrl_post.rollout.taken import Fill
@@ -88,6 +88,12 @@ class RunPlan:
     rollout correction that rejects (its mask sets the loss denominators before the update)."""
     reference: ReferenceSource
     critic: Where
+    reward_model: Where
+    """The frozen reward model (reward_model.enable): with the actor, on ranks of its own, or none."""
+    reward_weights: dict[str, float]
+    """Reward source -> weight of each training score (reward.weights, or the one source there is:
+    reward/mixing.py); reward.combine says how they combine."""
+    reward_combine: str
     lora_sync: LoraSync
     sync: SyncKind
     """reload: every colocated actor rank pushes into its engine; broadcast: to rollout ranks."""
@@ -132,6 +138,12 @@ class RunPlan:
     @property
     def rollout_ranks(self) -> list[int]:
         return self.placement.ranks["rollout"]
+
+    @property
+    def mixes_rewards(self) -> bool:
+        """Training scores are the rule's and other sources' mix, made on the actor's ranks after the reward model
+        scored them (trainer.py); else the rule's score as the producer shaped it (rollout/groups.py)."""
+        return set(self.reward_weights) != {"rule"}
 
     @property
     def disaggregated(self) -> bool:
@@ -210,7 +222,11 @@ class RunPlan:
         )
         lines += [
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
-            f"  reference: {self.reference}; critic: {self.critic}; lora sync: {self.lora_sync}",
+            f"  reference: {self.reference}; critic: {self.critic}; reward model: {self.reward_model}; "
+            f"lora sync: {self.lora_sync}",
+            "  training reward: "
+            + " + ".join(f"{w:g} x {name}" for name, w in self.reward_weights.items())
+            + ("" if set(self.reward_weights) == {"rule"} else f" ({self.reward_combine}); validation: rule"),
             f"  weight sync: {self.sync}, buckets of {self.sync_bucket_bytes / MB:g} MiB",
             f"  rollout correction: {self.rollout_correction.describe()}",
             "  MoE routing: "
@@ -255,6 +271,13 @@ def needs_critic(cfg: Config) -> bool:
     return cfg.algorithm.adv_estimator in NEEDS_VALUES
 
 
+def reward_weights(cfg: Config) -> dict[str, float]:
+    """reward.weights, or the one source there is: the reward model when one is enabled, else the rule."""
+    if cfg.reward.weights:
+        return dict(cfg.reward.weights)
+    return {"reward_model": 1.0} if cfg.reward_model.enable else {"rule": 1.0}
+
+
 def needs_kl(cfg: Config) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
@@ -266,6 +289,7 @@ def _role_placement(cfg: Config) -> tuple[PlacementConfig, list[str]]:
     for role, needed, why in (
         ("critic", needs_critic(cfg), f"algorithm.adv_estimator={cfg.algorithm.adv_estimator}"),
         ("reference", needs_kl(cfg) and not lora, "actor.use_kl_loss / algorithm.use_kl_in_reward without LoRA"),
+        ("reward_model", cfg.reward_model.enable, "reward_model.enable"),
     ):
         value = getattr(placed, role)
         if needed and value is None:
@@ -420,16 +444,19 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         )
     tp = cfg.rollout.tensor_parallel_size
     engines = len(placement.ranks["rollout"]) // tp
-    others: dict[str, int] = {r: len(placement.ranks[r]) for r in ("critic", "reference") if r in placement.ranks}
+    others: dict[str, int] = {r: len(placement.ranks[r]) for r in SERVED if r in placement.ranks}
     validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
     n, bsz = cfg.rollout.n, cfg.data.train_batch_size
     mini = mini_batch_prompts(cfg, len(placement.ranks["actor"]) // cfg.model.ulysses_sequence_parallel_size)
     fsdp = {
         role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
-        for role, f in (("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp))
-    }
+        for role, f in (
+            ("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp),
+            ("reward_model", cfg.actor.fsdp),
+        )
+    }  # fmt: skip
     roles: dict[str, RolePlan] = {}
-    for role in ("actor", "critic", "reference"):
+    for role in ("actor", *SERVED):
         if role not in placement.ranks:
             continue
         ranks, sp = placement.ranks[role], cfg.model.ulysses_sequence_parallel_size
@@ -461,6 +488,9 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward or correction.rejects,
         reference=reference,
         critic=roles["critic"].where if "critic" in roles else "none",
+        reward_model=roles["reward_model"].where if "reward_model" in roles else "none",
+        reward_weights=reward_weights(cfg),
+        reward_combine=cfg.reward.combine,
         lora_sync=lora_sync(cfg),
         sync="reload" if placement.colocated["rollout"] else "broadcast",
         sync_bucket_bytes=cfg.rollout.sync_bucket_mb * MB,

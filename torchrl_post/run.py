@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from torchrl_post.checkpoint.run_dir import lock_run_dir
 from torchrl_post.components import Components
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.preflight import check_critic, check_run_dir, check_tokenizer, preflight
+from torchrl_post.config.preflight import check_critic, check_reward_model, check_run_dir, check_tokenizer, preflight
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
 from torchrl_post.data.chat_templates import use_chat_template
@@ -76,6 +76,8 @@ class Run:
     vision: VisionSpec | None = None
     components: Components = Components()
     """The user's objects (`components.resolve_components`); the builders read the agent's parts here."""
+    reward_tokenizer: Any = None
+    """The reward model's own tokenizer (reward_model.enable): the rollout source re-tokenises with it."""
 
     @staticmethod
     def prepare(cfg: Config, plan: RunPlan, env: DistEnv, topo: Topology, parts: Components) -> Run:
@@ -98,6 +100,7 @@ class Run:
         use_chat_template(cfg.data.chat_template, tokenizer, processor)
         check_tokenizer(tokenizer, model_config, m.path)
         check_critic(cfg, tokenizer, plan.critic != "none")
+        reward_tokenizer = check_reward_model(cfg, plan.reward_model != "none")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"
@@ -114,7 +117,10 @@ class Run:
         total = plan.total_steps(len(train))
         torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
         run_dir = Path(cfg.trainer.default_local_dir)
-        return Run(cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision, parts)
+        return Run(
+            cfg, plan, env, topo, tokenizer, train, val, reward_fn_for, run_dir, total, processor, vision, parts,
+            reward_tokenizer,
+        )  # fmt: skip
 
     @property
     def pad_id(self) -> int:

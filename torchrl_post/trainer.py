@@ -1,8 +1,9 @@
-"""The RL step on the actor's ranks: rollout -> (old, reference, value tensors) -> advantage -> updates -> sync.
+"""The RL step on the actor's ranks: rollout -> reward-model scores -> (old, reference, value tensors) -> advantage
+-> updates -> sync.
 
 `Trainer.train_step` reads as the data flows. Where each role sits (on these ranks or its own) was decided once,
-in the run plan, and the roles were built for it (build.py): the rollout source, critic and reference are local
-objects or proxies with the same interface (rollout/remote.py, workers/remote.py). `loop.fit` drives the steps.
+in the run plan, and the roles were built for it (build.py): the rollout source, reward model, critic and reference are
+local objects or proxies with the same interface (rollout/remote.py, workers/remote.py). `loop.fit` drives the steps.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from torchrl_post.distributed.placement import all_reduce_max, all_reduce_sum, d
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.plan import RunPlan
+from torchrl_post.reward.mixing import combine_scores, source_metrics
+from torchrl_post.reward.shaping import shape_scores
 from torchrl_post.rollout.source import RolloutSource
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
-from torchrl_post.workers.remote import CriticRole, ReferenceRole
+from torchrl_post.workers.remote import CriticRole, ReferenceRole, RewardModelRole
 
 log = logging.getLogger("torchrl_post")
 
@@ -58,6 +61,7 @@ class StepRoles:
     weights: WeightSync
     critic: CriticRole | None = None
     reference: ReferenceRole | None = None
+    reward_model: RewardModelRole | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class Trainer:
     def __init__(self, cfg: Config, plan: RunPlan, roles: StepRoles, timer: Timer, info: RankInfo) -> None:
         self.cfg, self.plan, self.info, self.timer = cfg, plan, info, timer
         self.actor, self.rollouts, self.weights = roles.actor, roles.rollouts, roles.weights
-        self.critic, self.reference = roles.critic, roles.reference
+        self.critic, self.reference, self.reward_model = roles.critic, roles.reference, roles.reward_model
         self.group = dp_group(self.actor.mesh)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = (
@@ -106,6 +110,7 @@ class Trainer:
         timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
         self.actor.offload()  # the engine generates: the actor's host offload, where configured
         batch = self._even(self.rollouts.next_batch(step))  # prompts -> engine -> reward, on this rank
+        mixed = timed("reward_model", self._mixed_scores, batch) if self.plan.mixes_rewards else {}
         if self.plan.needs_old_log_probs:
             batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
         if self.reference is not None:
@@ -119,7 +124,19 @@ class Trainer:
         self._check_finite(step)
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
         stats = batch_metrics(batch, self.plan.masked_reasons, step)
-        return metrics | stats.metrics | self.rollouts.metrics(), stats.tokens
+        return metrics | mixed | stats.metrics | self.rollouts.metrics(), stats.tokens
+
+    def _mixed_scores(self, batch: Batch) -> dict[str, float]:
+        """The training score of every sample from its sources (reward.weights: the rule's score the producer
+        left unshaped, the reward model's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
+        reward/<source>/mean for each source scored."""
+        assert batch.scores is not None
+        sources = {"rule": batch.scores}
+        if self.reward_model is not None:
+            sources["reward_model"] = self.reward_model.scores(batch)
+        batch.scores = combine_scores(sources, self.plan.reward_weights, batch.group_ids, self.plan.reward_combine)
+        shape_scores(batch, self.cfg.reward, self.cfg.data.max_response_length)
+        return source_metrics(sources, self.group)
 
     def _even(self, batch: Batch) -> Batch:
         """Step-wise batches differ in rows per rank, and FSDP ranks must run the same mini- and

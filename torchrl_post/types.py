@@ -46,6 +46,8 @@ class PromptBatch:
     """Vision-language models: each prompt's images (PIL); empty for text-only models."""
     mm_inputs: list[dict[str, Any]] = field(default_factory=list)
     """Each prompt's image processor outputs (pixel_values, image_grid_thw); {} for a prompt without images."""
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Each prompt's chat messages, text only (what a reward model re-tokenises); empty where not kept."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -91,7 +93,9 @@ SAMPLE_FIELDS = (  # [B]
     "traj_ids",
     "step_ids",
     "step_rewards",
+    "rm_scores",
 )
+OWN_TOKEN_FIELDS = ("reward_inputs",)  # [B, L]: another tokenizer's ids, right-padded with -1
 ROUTE_FIELDS = ("routed_experts",)  # [B, L, k, P + R]: optional, padded with -1 (no record)
 IMAGE_FIELDS = ("image_counts", "image_grid_thw", "pixel_values")  # rows' images, concatenated in row order
 
@@ -117,6 +121,10 @@ class Batch:
     traj_ids: torch.Tensor | None = None  # [B] long: the trajectory of a step-wise row (-1: padding row)
     step_ids: torch.Tensor | None = None  # [B] long: the step's index in its trajectory (step-wise rows)
     step_rewards: torch.Tensor | None = None  # [B] the step's own reward (step-wise rows)
+    # [B, L] long: the reward model's tokens of each sample's conversation (reward/model_inputs.py), right-padded
+    # with -1; set by the rollout source when a reward model scores (reward_model.enable)
+    reward_inputs: torch.Tensor | None = None
+    rm_scores: torch.Tensor | None = None  # [B] the reward model's score of each sample
     # [B, R] long: the policy version (the update whose weights sampled it) of each response token; -1 where none
     # (observation tokens, padding). Set by every rollout producer; read by the behaviour-version metrics.
     behavior_versions: torch.Tensor | None = None
@@ -259,6 +267,14 @@ class Batch:
         for name in (*SAMPLE_FIELDS, *IMAGE_FIELDS):
             values = [getattr(b, name) for b in parts]
             out[name] = None if any(v is None for v in values) else torch.cat(values)
+        for name in OWN_TOKEN_FIELDS:
+            values = [getattr(b, name) for b in parts]
+            width = max((v.shape[1] for v in values if v is not None), default=0)
+            out[name] = (
+                None
+                if any(v is None for v in values)
+                else torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1]), value=-1) for v in values])
+            )
         keys = set(parts[0].reward_extra)
         if any(set(b.reward_extra) != keys for b in parts):  # a key one part lacks is NaN there
             keys = set().union(*(b.reward_extra for b in parts))

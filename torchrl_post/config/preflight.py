@@ -16,9 +16,10 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     ... load the tokenizer (or processor) ...
     check_tokenizer(tokenizer, model_config, cfg.model.path)
     check_critic(cfg, tokenizer)
+    check_reward_model(cfg)                     # reward_model.enable: a sequence classifier; returns its tokenizer
 
-(`preflight(cfg)` runs the first nine; the dry run, `preflight(cfg, dry_run=True)` and `check_critic`, the same
-but for the weights and the tool parser.) None of them loads a tensor; a safetensors file is checked by its
+(`preflight(cfg)` runs the first nine; the dry run, `preflight(cfg, dry_run=True)`, `check_critic` and
+`check_reward_model`, the same but for the weights and the tool parser.) None of them loads a tensor; a safetensors file is checked by its
 header alone: 8 bytes of header length, the JSON header, then the data its offsets describe, and LoRA's
 target modules against the architecture built on the meta device from config.json.
 """
@@ -314,6 +315,37 @@ def check_critic(cfg: Config, tokenizer: Any = None, used: bool = True, weights:
             "tokenizer: the critic must read the actor's token ids; use a critic of the same model family"
         )
     return critic_config
+
+
+def check_reward_model(cfg: Config, used: bool = True, weights: bool = True) -> Any:
+    """When a reward model is `used` (the plan has one): reward_model.model.path is a model directory of a
+    sequence classifier with one label, with a tokenizer. Returns that tokenizer (None when not used)."""
+    if not used:
+        return None
+    key, path = "reward_model.model.path", cfg.reward_model.model.path
+    if path is None:
+        raise ConfigError(
+            f"reward_model.enable=true but {key} is not set; give a sequence-classification checkpoint "
+            "(e.g. `make reward-model` builds outputs/demo_reward_model)"
+        )
+    trust = cfg.reward_model.model.trust_remote_code
+    rm_config = check_model_dir(path, key, trust, weights)
+    archs = list(getattr(rm_config, "architectures", None) or [])
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ConfigError(
+            f"{key}={path!r} is a {archs[0]}, not a sequence classifier: a reward model here is an "
+            "AutoModelForSequenceClassification checkpoint with num_labels=1 (a *ForSequenceClassification head)"
+        )
+    if rm_config.num_labels != 1:
+        raise ConfigError(
+            f"{key}={path!r} has num_labels={rm_config.num_labels}; a reward model gives one score per sample "
+            "(num_labels=1): give a reward model's checkpoint, not a classifier's"
+        )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    check_tokenizer(tokenizer, rm_config, path, key)
+    return tokenizer
 
 
 def check_run_dir(path: str, key: str = "trainer.default_local_dir") -> None:

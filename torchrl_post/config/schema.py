@@ -31,6 +31,7 @@ from torchrl_post.config.enums import (
     ModelLoadFormat,
     PolicyLoss,
     ResumeMode,
+    RewardCombine,
     RolloutIS,
     RolloutMode,
     RSLevel,
@@ -505,6 +506,30 @@ class ReferenceConfig:
 
 
 @dataclass
+class RewardModelSource:
+    path: str | None = None
+    """A Hugging Face sequence-classification checkpoint (AutoModelForSequenceClassification, num_labels=1: a
+    Qwen2/Llama *ForSequenceClassification) with its own tokenizer and chat template."""
+    trust_remote_code: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    """A frozen reward model scoring every training sample: the prompt's messages and the response, re-tokenised
+    by its own tokenizer (reward/model_inputs.py), scored at the last token; sharded with FSDP2 like the reference
+    (placement.reward_model: with the actor, or ranks of its own). reward.weights mixes it with the rule."""
+
+    enable: bool = False
+    model: RewardModelSource = field(default_factory=RewardModelSource)
+    micro_batch_size_per_gpu: int = 16
+    """Samples per reward-model forward on one rank."""
+    max_length: int = 2048
+    """Reward-model tokens per sample: a longer conversation keeps its last max_length (reward_model/truncated)."""
+    param_offload: bool = False
+    """Keep the frozen reward-model weights in CPU memory between forwards (FSDP2 CPUOffloadPolicy)."""
+
+
+@dataclass
 class OverlongBufferConfig:
     """DAPO's overlong reward shaping (verl's reward_model.overlong_buffer): a training response longer than
     max_response_length - len tokens gets min(-(length - (max_response_length - len)) / len * penalty_factor, 0)
@@ -532,6 +557,14 @@ class RewardConfig:
     clip: float | None = None
     """Clamp every training sample's score to [-clip, clip] before advantages, after the overlong penalty (ROLL's
     reward_clip); null: no clamp."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Reward source -> weight in each training sample's score: `rule` (reward.function or the data source's
+    built-in) and `reward_model` (reward_model.enable). Empty: the rule alone, or the reward model alone when one is
+    enabled (verl's and OpenRLHF's meaning); TRL's reward_weights. Validation is always scored by the rule."""
+    combine: Annotated[str, RewardCombine] = "sum_then_normalize"
+    """How the sources' scores combine: `sum_then_normalize` (the weighted sum, normalised by the estimator, as
+    TRL's) or `normalize_then_sum` (GDPO: each source standardised within its prompt's group first, so a source with
+    a large scale does not drown the others)."""
 
 
 @dataclass
@@ -568,6 +601,8 @@ class PlacementConfig:
     """Critic ranks: `actor` or a list of ranks; null places it with the actor when the estimator needs values."""
     reference: Any = None
     """Reference ranks: `actor` or a list; null places it with the actor when a KL term needs it."""
+    reward_model: Any = None
+    """Reward-model ranks: `actor` or a list; null places it with the actor when reward_model.enable."""
 
 
 @dataclass
@@ -662,6 +697,7 @@ class Config:
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

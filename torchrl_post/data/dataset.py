@@ -180,6 +180,8 @@ class PromptDataset:
     extra_infos: list[dict[str, Any]]
     questions: list[str] = field(default_factory=list)
     """The last user message of each row: the question an agent environment is reset with (`task["question"]`)."""
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Each row's prompt as chat messages (text content): what a reward model re-tokenises with its own template."""
     images: list[list[Any]] = field(default_factory=list)
     """Vision-language models: each row's images (PIL, RGB); empty for a text-only model."""
     mm_inputs: list[dict[str, Any]] = field(default_factory=list)
@@ -514,10 +516,16 @@ def _append(
     out.answers.append(answer)
     out.data_sources.append(source)
     out.extra_infos.append(extra if isinstance(extra, dict) else {"index": i})
-    question = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), msgs[-1]["content"])
-    if not isinstance(question, str):  # content items: their text
-        question = "".join(str(item.get("text", "")) for item in question if isinstance(item, dict))
-    out.questions.append(question)
+    text = [{"role": m["role"], "content": _text(m["content"])} for m in msgs]
+    out.messages.append(text)
+    out.questions.append(next((m["content"] for m in reversed(text) if m["role"] == "user"), text[-1]["content"]))
+
+
+def _text(content: Any) -> str:
+    """A message's text: its string, or its content items' text (images dropped)."""
+    if isinstance(content, str):
+        return content
+    return "".join(str(item.get("text", "")) for item in content if isinstance(item, dict))
 
 
 def _add_image_row(

@@ -1,4 +1,4 @@
-"""Role placement: which ranks run the actor, rollout, critic and reference, and their meshes and groups.
+"""Role placement: which ranks run the actor, rollout, critic, reference and reward model, and their meshes and groups.
 
 `plan_placement` is pure (no process group) and validates the config against the world size, so bad
 placements fail before anything heavy starts. `RoleMeshes` is the one place that creates DeviceMeshes
@@ -18,7 +18,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.distributed.env import DistEnv, RawGroup, init_distributed, new_group, open_store
 
-ROLES = ("actor", "rollout", "critic", "reference")
+ROLES = ("actor", "rollout", "critic", "reference", "reward_model")
+SERVED = ("critic", "reference", "reward_model")
+"""Roles that may sit on ranks of their own and answer the actor over a link (workers/remote.py)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Placement:
             if sync
             else "  weight sync: in-process reload on every actor rank (colocated)"
         )
-        for role in ("critic", "reference"):
+        for role in SERVED:
             if self.has(role) and not self.colocated[role]:
                 lines.append(
                     f"  {role} link: actor ranks {self.ranks['actor']} <-> {role} ranks {self.ranks[role]} "
@@ -97,7 +99,7 @@ def plan_placement(cfg: Any, world_size: int) -> Placement:
     actor = list(range(world_size)) if cfg.actor is None else _parse_ranks("placement.actor", cfg.actor, world_size)
     ranks: dict[str, list[int]] = {"actor": actor}
     colocated = {"actor": True}
-    for role in ("rollout", "critic", "reference"):
+    for role in ("rollout", *SERVED):
         value = getattr(cfg, role)
         if value is None:
             if role == "rollout":
@@ -116,7 +118,7 @@ def plan_placement(cfg: Any, world_size: int) -> Placement:
                 f"use `actor` to colocate or disjoint ranks"
             )
         ranks[role], colocated[role] = rr, rr == actor
-    for role in ("critic", "reference"):
+    for role in SERVED:
         if role in ranks and not colocated[role]:
             others = {r for k, v in ranks.items() if k not in (role, "actor") and not colocated[k] for r in v}
             clash = sorted(set(ranks[role]) & others)
@@ -137,7 +139,7 @@ class Topology:
     builds its groups over the default world, so a rollout cell must be one). Roles talk across cells over:
       world   gloo over all ranks: batch transfer, metrics, barriers (None when fully colocated)
       sync    {first actor rank} + rollout ranks on the device backend: weight broadcast (None if colocated)
-      links   per critic/reference on ranks of its own: gloo over the actor's and its ranks (role_link.py)
+      links   per critic/reference/reward model on ranks of its own: gloo over the actor's and its ranks (role_link.py)
     Every group here is built by its members only, so no cell waits on another to build its own.
     """
 
@@ -162,9 +164,9 @@ class Topology:
         self.sync = (
             None if not self.sync_ranks else new_group(env, self.store, "sync", self.sync_ranks, True, timeout_s)
         )
-        # A critic or reference on ranks of its own talks to the actor over a gloo group of both.
+        # A critic, reference or reward model on ranks of its own talks to the actor over a gloo group of both.
         self.links: dict[str, RawGroup | None] = {}
-        for role in ("critic", "reference"):
+        for role in SERVED:
             if placement.has(role) and not placement.colocated[role]:
                 members = placement.ranks["actor"] + placement.ranks[role]
                 self.links[role] = new_group(env, self.store, f"link_{role}", members, False, timeout_s)

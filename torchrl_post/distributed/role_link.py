@@ -74,6 +74,23 @@ class RoleLink:
             out[idx, : got[g].shape[1]] = got[g].float()
         return out * batch.response_mask
 
+    def sample_to_actor(self, batch: Batch, name: str) -> torch.Tensor | None:
+        """Per-sample field `name` ([B]: a reward model's scores) from the role's batch to the actor's; returns it
+        on the actor's side."""
+        rows = _rows_of_groups(batch)
+        items: dict[int, Any] = {}
+        send = not self.is_actor
+        if send:
+            values = getattr(batch, name)
+            items = {g: values[idx].detach().cpu().clone() for g, idx in rows.items()}
+        got = route(self.group, items, self.dest, self.owner)
+        if send:
+            return None
+        out = torch.zeros(len(batch), dtype=torch.float32)
+        for g, idx in rows.items():
+            out[idx] = got[g].float()
+        return out
+
     def metrics_to_actor(self, metrics: dict[str, float] | None) -> dict[str, float]:
         """The role's first rank sends its (already group-reduced) metrics to every actor rank."""
         actors = [r for r in range(self.group.size()) if r not in self.role_ranks]

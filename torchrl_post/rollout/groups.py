@@ -228,7 +228,8 @@ class Groups(Generic[M]):
         t = time.perf_counter()
         members = [group.done[j] for j in range(self.n)]
         batch = self.members.batch(group, members)
-        shape_scores(batch, self.source.settings.reward, self.source.settings.max_response_length)
+        if not self.source.settings.mixes_rewards:  # else the actor's ranks shape the mixed score (trainer.py)
+            shape_scores(batch, self.source.settings.reward, self.source.settings.max_response_length)
         versions = [self.members.versions(m) for m in members]
         if self.source.masked:
             compact_filter(batch, self.source.masked)

@@ -25,6 +25,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
+from torchrl_post.reward.model_inputs import reward_model_ids
 from torchrl_post.reward.scoring import RewardFn
 from torchrl_post.rollout.filters import compact_filter
 from torchrl_post.types import Batch, PromptBatch
@@ -51,6 +52,12 @@ class SourceSettings:
     log_val_generations: int
     reward: RewardConfig = field(default_factory=RewardConfig)
     """How training scores become rewards (reward.overlong_buffer, reward.clip: reward/shaping.py)."""
+    mixes_rewards: bool = False
+    """The plan's mixes_rewards: the actor's ranks mix and shape the training scores (trainer.py), not the producer."""
+    reward_tokenizer: Any = None
+    """The reward model's tokenizer (reward_model.enable): each training sample's conversation is re-tokenised
+    with it into `batch.reward_inputs` as its group is scored."""
+    reward_max_length: int = 0
 
 
 class EpisodeRunner(Protocol):
@@ -191,6 +198,7 @@ class EngineSource:
             [d.questions[i] for i in idx] if d.questions else [],
             images,
             mm,
+            [d.messages[i] for i in idx] if d.messages else [],
         )
 
     def generate(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
@@ -198,8 +206,9 @@ class EngineSource:
         gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
         return collate(prompts, gen, params.n, self.pad_id, self.vision)
 
-    def score(self, batch: Batch, prompts: PromptBatch, n: int) -> None:
-        """The reward of every sample (`n` per prompt): `batch.scores`, `reward_errors`, per-key `reward_extra`."""
+    def score(self, batch: Batch, prompts: PromptBatch, n: int, training: bool = True) -> None:
+        """The reward of every sample (`n` per prompt): `batch.scores`, `reward_errors`, per-key `reward_extra`;
+        in training with a reward model, its tokens of each conversation (`batch.reward_inputs`)."""
         texts = self.tokenizer.batch_decode(batch.responses.tolist(), skip_special_tokens=True)
         rep = [i // n for i in range(len(batch))]
         scores = score_batch(
@@ -211,6 +220,15 @@ class EngineSource:
             self.settings.reward_timeout_s,
         )
         batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
+        tok = self.settings.reward_tokenizer
+        if training and tok is not None:
+            rows = [
+                reward_model_ids(tok, prompts.messages[j], text, self.settings.reward_max_length)
+                for j, text in zip(rep, texts, strict=True)
+            ]
+            width = max(len(r.ids) for r in rows)
+            batch.reward_inputs = torch.tensor([r.ids + [-1] * (width - len(r.ids)) for r in rows], dtype=torch.long)
+            batch.reward_extra["reward_model/truncated"] = torch.tensor([float(r.truncated) for r in rows])
 
     # ---- validation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -232,7 +250,7 @@ class EngineSource:
                 batch = self._episodes(prompts, params)
             else:
                 batch = self.generate(prompts, params)
-                self.score(batch, prompts, params.n)
+                self.score(batch, prompts, params.n, training=False)
             if not self.engine_leader:
                 continue
             assert batch.scores is not None

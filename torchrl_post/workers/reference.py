@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.config.schema import FSDPConfig, ModelConfig, ReferenceConfig
 from torchrl_post.types import Batch
-from torchrl_post.workers.loading import fsdp_model
+from torchrl_post.workers.frozen import frozen_model
 from torchrl_post.workers.logprobs import batched_log_probs
 from torchrl_post.workers.models import load_causal_lm
 from torchrl_post.workers.sequence import SequenceGroup
@@ -43,14 +41,14 @@ class Reference:
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         # On a CPU mesh the policy runs but changes no placement (the shards already live in CPU memory).
-        self.model = fsdp_model(
+        self.model = frozen_model(
             lambda empty: load_causal_lm(model_cfg, trainable=False, empty=empty),
             model_cfg,
             mesh,
-            replace(fsdp, offload_policy=cfg.param_offload),
+            fsdp,
             device,
             role="reference",
-            frozen=True,
+            param_offload=cfg.param_offload,
         )
 
     def log_probs(self, batch: Batch) -> torch.Tensor:

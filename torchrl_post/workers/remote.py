@@ -1,8 +1,9 @@
-"""A critic or reference on ranks of its own: the actor-side proxies (`RemoteCritic`, `RemoteReference`, with
-the interface of the local `Critic` / `Reference`, so the step never asks where a role sits) and the program of
-those ranks (`RoleServer`). Both sides of a pair make the same collectives in the same order: the rollout
-transfer at the start of the step (rollout ranks only), then the link's exchanges in the actor's order
-(reference logprobs, critic values, returns out, critic metrics back).
+"""A critic, reference or reward model on ranks of its own: the actor-side proxies (`RemoteCritic`,
+`RemoteReference`, `RemoteRewardModel`, with the interface of the local `Critic` / `Reference` / `RewardModel`, so
+the step never asks where a role sits) and the program of those ranks (`RoleServer`). Both sides of a pair make the
+same collectives in the same order: the rollout transfer at the start of the step (rollout ranks only), then the
+link's exchanges in the actor's order (reward-model scores, reference logprobs, critic values, returns out, critic
+metrics back).
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from torchrl_post.program import no_validation
 from torchrl_post.types import Batch
 from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.reference import Reference
+from torchrl_post.workers.reward_model import RewardModel
 
 
 class ReferenceRole(Protocol):
     """A reference policy here (`workers.reference.Reference`) or on its own ranks (`RemoteReference`)."""
 
     def log_probs(self, batch: Batch) -> torch.Tensor: ...
+
+
+class RewardModelRole(Protocol):
+    """A reward model here (`workers.reward_model.RewardModel`) or on its own ranks (`RemoteRewardModel`)."""
+
+    def scores(self, batch: Batch) -> torch.Tensor: ...
 
 
 class CriticRole(Protocol):
@@ -50,6 +58,17 @@ class RemoteReference:
     def log_probs(self, batch: Batch) -> torch.Tensor:
         self.link.send_batch(batch)
         out = self.link.to_actor(batch, "ref_log_probs")
+        assert out is not None  # the actor side receives
+        return out
+
+
+class RemoteRewardModel:
+    def __init__(self, link: RoleLink) -> None:
+        self.link = link
+
+    def scores(self, batch: Batch) -> torch.Tensor:
+        self.link.send_batch(batch)
+        out = self.link.sample_to_actor(batch, "rm_scores")
         assert out is not None  # the actor side receives
         return out
 
@@ -80,7 +99,8 @@ class RemoteCritic:
 
 
 class RoleServer:
-    """Rank program of a critic or reference on ranks of its own: answer the actor's groups, update the critic.
+    """Rank program of a critic, reference or reward model on ranks of its own: answer the actor's groups, update
+    the critic.
 
     Mirrors the actor's calls: the rollout transfer (it holds nothing there), then its link's exchanges."""
 
@@ -90,14 +110,23 @@ class RoleServer:
         critic: Critic | None,
         reference: Reference | None,
         rollout_transfer: Callable[[], None] | None,
+        reward_model: RewardModel | None = None,
     ) -> None:
         """`rollout_transfer`: this rank's part in the rollout ranks' transfer (None when colocated)."""
         self.link, self.critic, self.reference, self.rollout_transfer = link, critic, reference, rollout_transfer
+        self.reward_model = reward_model
 
     def step(self, step: int) -> dict[str, float]:
         liveness.enter("transfer", step)
         if self.rollout_transfer is not None:
             self.rollout_transfer()
+        if self.reward_model is not None:  # the actor asks it first, before the rest of its step (trainer.py)
+            batch = self.link.send_batch(None)
+            assert batch is not None
+            liveness.enter("reward_model")
+            batch.rm_scores = self.reward_model.scores(batch)
+            self.link.sample_to_actor(batch, "rm_scores")
+            return {}
         batch = self.link.send_batch(None)
         assert batch is not None  # the role side receives
         if self.reference is not None:
