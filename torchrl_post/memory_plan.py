@@ -60,6 +60,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,13 +126,14 @@ def _adapter_params(model: torch.nn.Module, cfg: ModelConfig, module: torch.nn.M
     return total
 
 
-def model_shape(cfg: ModelConfig) -> ModelShape:
-    """model.path's config.json and its model built on the meta device (parameters counted, nothing loaded)."""
+def model_shape(cfg: ModelConfig, auto: Any = None) -> ModelShape:
+    """model.path's config.json and its model (by `auto`, default the causal LM's class; a reward model's is
+    AutoModelForSequenceClassification) built on the meta device: parameters counted, nothing loaded."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
     text = config.get_text_config()
-    model = empty_model(cfg, config)
+    model = empty_model(cfg, config, auto)
     layers = decoder_layers(model)
     layer_counts = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     params = sum(p.numel() for p in model.parameters())  # a tied head is one parameter, counted once
@@ -408,16 +410,20 @@ def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: i
     return RoleMemory(role, items, variants)
 
 
-def _reference(cfg: Config, plan: RunPlan, s: ModelShape, chunk: int) -> RoleMemory:
-    fsdp, shards = plan.roles["reference"].fsdp, plan.roles["reference"].mesh_shape[-1]
+def _frozen(
+    role: str, cfg: Config, plan: RunPlan, s: ModelShape, micro: int, row: int, offload: bool, head_chunk: int
+) -> RoleMemory:
+    """A frozen role (the reference: `row` = prompt + response, an LM head over chunks of `head_chunk` positions; the
+    reward model: `row` = reward_model.max_length, a one-label head, `head_chunk` 0): its parameter shards and one
+    micro-batch's no-grad forward."""
+    fsdp, shards = plan.roles[role].fsdp, plan.roles[role].mesh_shape[-1]
     m, p = DTYPE_BYTES[cfg.model.dtype], DTYPE_BYTES[fsdp.param_dtype]
-    row = cfg.data.max_prompt_length + cfg.data.max_response_length
-    tokens = cfg.reference.log_prob_micro_batch_size_per_gpu * row // plan.roles["reference"].sequence_parallel
-    forward = forward_bytes(s, p, tokens, row) + loss_path_bytes(tokens, s.vocab, p, chunk)
+    tokens = micro * row // plan.roles[role].sequence_parallel
+    forward = forward_bytes(s, p, tokens, row) + (loss_path_bytes(tokens, s.vocab, p, head_chunk) if head_chunk else 0)
     return RoleMemory(
-        "reference",
+        role,
         (
-            Item("parameters", s.params * m // shards, True, cfg.reference.param_offload, f"/ {shards}"),
+            Item("parameters", s.params * m // shards, True, offload, f"/ {shards}"),
             Item("gathered units", gathered_bytes(s, fsdp, False, False), False, False, f"in {fsdp.param_dtype}"),
             Item("forward", forward, False, False, f"micro-batch {tokens} tokens, no grad"),
         ),
@@ -450,6 +456,13 @@ def _levers(cfg: Config, plan: RunPlan) -> dict[str, tuple[str, ...]]:
             *awake,
             more,
         ),
+        "reward_model forward": (
+            f"reward_model.micro_batch_size_per_gpu (now {cfg.reward_model.micro_batch_size_per_gpu})",
+            f"reward_model.max_length (now {cfg.reward_model.max_length})",
+            *([] if cfg.reward_model.param_offload else ["reward_model.param_offload=true"]),
+            *awake,
+            more,
+        ),
         "reference forward": (
             f"reference.log_prob_micro_batch_size_per_gpu (now {cfg.reference.log_prob_micro_batch_size_per_gpu})",
             *([] if cfg.reference.param_offload else ["reference.param_offload=true"]),
@@ -467,6 +480,7 @@ def plan_memory(
     card_bytes: int,
     loss_chunk_tokens: int = HEAD_CHUNK_TOKENS,
     critic_shape: ModelShape | None = None,
+    reward_shape: ModelShape | None = None,
 ) -> MemoryPlan:
     """Every rank's memory for `cfg` under `plan` on `card_bytes` of device memory (pure: no file, no device)."""
     roles_of: dict[int, list[str]] = {}
@@ -479,7 +493,15 @@ def plan_memory(
     if "critic" in plan.roles:
         memory["critic"] = _trained_role("critic", cfg, plan, critic_shape or shape, loss_chunk_tokens, True)
     if "reference" in plan.roles:
-        memory["reference"] = _reference(cfg, plan, shape, loss_chunk_tokens)
+        ref, row = cfg.reference, cfg.data.max_prompt_length + cfg.data.max_response_length
+        micro = ref.log_prob_micro_batch_size_per_gpu
+        memory["reference"] = _frozen("reference", cfg, plan, shape, micro, row, ref.param_offload, loss_chunk_tokens)
+    if "reward_model" in plan.roles:
+        rm = cfg.reward_model
+        memory["reward_model"] = _frozen(
+            "reward_model", cfg, plan, reward_shape or shape, rm.micro_batch_size_per_gpu, rm.max_length,
+            rm.param_offload, 0,
+        )  # fmt: skip
     ro, row = cfg.rollout, plan.engine.max_model_len
     e, tp = DTYPE_BYTES[plan.engine.dtype], plan.tensor_parallel_size
     weights = shape.params * e // tp
@@ -517,7 +539,9 @@ def plan_memory(
     groups = []
     for roles, ranks in by_roles.items():
         has_engine = "rollout" in roles
-        trainer = tuple(memory[r] for r in ("actor", "critic", "reference") if r in roles and r in memory)
+        trainer = tuple(
+            memory[r] for r in ("actor", "critic", "reference", "reward_model") if r in roles and r in memory
+        )
         share = engine_share(trainer) if has_engine else 0
         items = engine(share) if has_engine else ()
         groups.append(
@@ -564,12 +588,17 @@ def memory_plan_for_run(
     try:
         shape = model_shape(cfg.model)
         critic = cfg.critic.model.path
-        critic_shape = None
+        critic_shape = reward_shape = None
         if "critic" in plan.roles and critic is not None:
             critic_shape = model_shape(_with_path(cfg.model, critic))
+        if "reward_model" in plan.roles and cfg.reward_model.model.path is not None:
+            from transformers import AutoModelForSequenceClassification
+
+            rm_path = cfg.reward_model.model.path
+            reward_shape = model_shape(_with_path(cfg.model, rm_path), AutoModelForSequenceClassification)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.path={cfg.model.path!r}: config.json cannot be read for the memory plan ({e})") from e
-    return plan_memory(cfg, plan, shape, device_type, card, critic_shape=critic_shape)
+    return plan_memory(cfg, plan, shape, device_type, card, critic_shape=critic_shape, reward_shape=reward_shape)
 
 
 def _with_path(cfg: ModelConfig, path: str) -> ModelConfig:

@@ -320,7 +320,8 @@ def test_describe_shows_every_decision() -> None:
         "rollout engines (vllm, tensor_parallel_size=1): [[2], [3]]",
         "weight sync: broadcast, buckets of 64 MiB",
         "group size: 8; old logprobs: no",
-        "reference: none; critic: none; lora sync: none",
+        "reference: none; critic: none; reward model: none; lora sync: none",
+        "training reward: 1 x rule",
         "samples_per_mini_batch_per_rank: 64",
     ):
         assert line in text, (line, text)

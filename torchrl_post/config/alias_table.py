@@ -338,10 +338,15 @@ def _trl_reward_funcs(v: Any) -> dict[str, Any]:
 
 # ---- OpenRLHF's values ------------------------------------------------------------------------------------------
 
-REWARD_MODEL = (
-    "reward models are not built yet (a later issue); write a reward function and set "
-    "reward.function=package.module:function"
+REMOTE_REWARD = (
+    "a reward server by URL is not built yet; a reward model runs in-process here (reward_model.enable=true "
+    "reward_model.model.path=<a sequence classifier>), a rule as reward.function=package.module:function"
 )
+
+
+def _orlhf_reward_model(v: Any) -> dict[str, Any]:
+    """OpenRLHF's reward.model_name_or_path: the reward model, enabled."""
+    return {"reward_model.enable": v is not None, "reward_model.model.path": v}
 
 
 def _eps_low_high(v: Any) -> dict[str, Any]:
@@ -814,13 +819,24 @@ ALIASES: tuple[Alias, ...] = (
     # ---- verl: reward -----------------------------------------------------------------------------------------------
     Alias(V, "custom_reward_function.path", "combined", "reward.function", "with .name: reward.function=path:name"),
     Alias(V, "custom_reward_function.name", "combined", "reward.function", "compute_score if only .path is given"),
+    _same(V, "reward_model.enable", "scores replace the rule's unless reward.weights mixes them (verl's meaning)"),
+    _same(V, "reward_model.model.path", "a sequence classifier (num_labels=1) with its own tokenizer"),
+    _same(V, "reward_model.model.trust_remote_code"),
     _noop(
         V,
-        "reward_model.enable",
-        "false: rewards come from reward.function (or the built-in for the data source)",
-        _FALSE,
-        "no reward model here: write a reward function and set reward.function=package.module:function",
+        "reward_model.model.input_tokenizer",
+        "the policy's tokenizer decodes each response; the reward model's own re-tokenises it (always, as verl does "
+        "when the two differ)",
     ),
+    _rename(V, "reward_model.model.fsdp_config.param_offload", "reward_model.param_offload"),
+    _noop(V, "reward_model.model.fsdp_config", "the reward model is sharded with the actor's FSDP settings", subtree=True),
+    _noop(V, "reward_model.model.use_remove_padding", "the reward model runs padded forwards (right-padded rows)"),
+    _noop(V, "reward_model.strategy", "the reward model is sharded with FSDP2", _is("fsdp", "fsdp2"), _MEGATRON),
+    _same(V, "reward_model.micro_batch_size_per_gpu"),
+    _noop(V, "reward_model.micro_batch_size", "deprecated in verl; reward_model.micro_batch_size_per_gpu sizes it"),
+    _same(V, "reward_model.max_length", "a longer conversation keeps its last max_length tokens"),
+    _noop(V, "reward_model.use_dynamic_bsz", "fixed micro-batches of reward_model.micro_batch_size_per_gpu"),
+    _noop(V, "reward_model.forward_max_token_len_per_gpu", "fixed micro-batches (use_dynamic_bsz is not read)"),
     _noop(
         V,
         "reward_model.reward_manager",
@@ -992,7 +1008,7 @@ ALIASES: tuple[Alias, ...] = (
     _noop(
         R,
         "reward_pretrain",
-        "the rule rewards' tokenizer; rewards here are functions (a reward model is not built yet)",
+        "the rule rewards' tokenizer (ROLL's rule workers load it); a reward model here is reward_model.model.path",
     ),
     Alias(R, "num_gpus_per_node", "combined", "trainer.world_size", _WORLD.format("num_nodes")),
     Alias(R, "num_nodes", "combined", "trainer.world_size", _WORLD.format("num_gpus_per_node")),
@@ -1326,13 +1342,21 @@ ALIASES: tuple[Alias, ...] = (
     _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
     # ---- OpenRLHF (openrlhf.cli.train_ppo_ray's flags; its defaults: configs/openrlhf.yaml) ----------------------
     _rename(OR, "actor.model_name_or_path", "model.path", "a local HF directory: nothing is downloaded"),
-    _refused(OR, "reward.model_name_or_path", REWARD_MODEL),
-    _refused(OR, "reward.remote_url", REWARD_MODEL),
+    _rename(
+        OR,
+        "reward.model_name_or_path",
+        "reward_model.model.path",
+        "a local sequence classifier; sets reward_model.enable (its score replaces the rule's: reward.weights)",
+        convert=_orlhf_reward_model,
+    ),
+    _refused(OR, "reward.remote_url", REMOTE_REWARD),
     _noop(
         OR,
         "reward.normalize_enable",
-        "it normalises a reward model's scores; rewards come from reward.function here (a reward model is refused)",
+        "it whitens the reward model's scores by the mean and std saved in its head; GRPO-style estimators here "
+        "normalise within each group, and reward.combine=normalize_then_sum standardises each source",
     ),
+    _rename(OR, "reward.micro_batch_size", "reward_model.micro_batch_size_per_gpu", "OpenRLHF's micro_reward batch"),
     _rename(OR, "critic.model_name_or_path", "critic.model.path"),
     _refused(
         OR,

@@ -511,6 +511,7 @@ class RewardModelSource:
     """A Hugging Face sequence-classification checkpoint (AutoModelForSequenceClassification, num_labels=1: a
     Qwen2/Llama *ForSequenceClassification) with its own tokenizer and chat template."""
     trust_remote_code: bool = False
+    """Run the checkpoint's own modelling code (transformers' trust_remote_code)."""
 
 
 @dataclass
@@ -520,6 +521,7 @@ class RewardModelConfig:
     (placement.reward_model: with the actor, or ranks of its own). reward.weights mixes it with the rule."""
 
     enable: bool = False
+    """Build the reward model and score training samples with it (verl's reward_model.enable)."""
     model: RewardModelSource = field(default_factory=RewardModelSource)
     micro_batch_size_per_gpu: int = 16
     """Samples per reward-model forward on one rank."""

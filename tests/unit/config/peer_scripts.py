@@ -404,15 +404,18 @@ class Demo:
     val_files: Path
     out_dir: Path
     """Checkpoint and log directories go under it; ROLL's YAML copies too."""
+    reward_model: Path | None = None
+    """The tiny model as a sequence classifier (a reward model's path)."""
 
 
-What = Literal["model", "train", "val", "dir", "kept", "gpus", "nodes", "world", "device_mapping", "fsdp", "engines"]
+What = Literal["model", "reward_model", "train", "val", "dir", "kept", "gpus", "nodes", "world", "device_mapping", "fsdp", "engines"]
 
 RULES: tuple[tuple[str, What], ...] = (
     # models: the tiny one of the same kind (`_model_for`)
     ("actor_rollout_ref.model.path", "model"),
     ("critic.model.path", "model"),
-    ("reward_model.model.path", "model"),
+    ("reward_model.model.path", "reward_model"),
+    ("reward.model_name_or_path", "reward_model"),
     ("pretrain", "model"),
     ("reward_pretrain", "model"),
     ("model_name_or_path", "model"),
@@ -513,6 +516,8 @@ def _new_value(key: str, value: str, launch: Launch, demo: Demo, world: World, t
         return None
     if what == "model":
         return str(_model_for(value, demo))
+    if what == "reward_model":
+        return str(demo.reward_model or demo.model)
     if what in ("train", "val"):
         return str(demo.train_files if what == "train" else demo.val_files)
     if what == "dir":
@@ -735,7 +740,12 @@ def make_demo(
                 section.update(HEADS)
         config_json.write_text(json.dumps(config, indent=2))
         copies.append(dst)
-    return Demo(copies[0], copies[1], copies[2], train_files, val_files, out_dir)
+    reward_model = out_dir / "models" / "reward_model"  # the tiny model read as a sequence classifier
+    shutil.copytree(copies[0], reward_model)
+    config = json.loads((reward_model / "config.json").read_text())
+    config |= {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1}
+    (reward_model / "config.json").write_text(json.dumps(config, indent=2))
+    return Demo(copies[0], copies[1], copies[2], train_files, val_files, out_dir, reward_model)
 
 
 def build_demo(root: Path) -> Demo:

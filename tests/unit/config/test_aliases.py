@@ -556,13 +556,16 @@ def test_openrlhf_train_batch_counts_samples_ours_prompts() -> None:
     assert "not whole groups of rollout.n=8" in _refused(["rollout.n_samples_per_prompt=8", "train.batch_size=100"])
 
 
-@pytest.mark.parametrize("key", ["reward.model_name_or_path", "reward.remote_url"])
-def test_openrlhf_reward_model_refused_in_one_line(key: str) -> None:
-    msg = _refused([f"{key}=OpenRLHF/Llama-3-8b-rm-700k"])
-    assert msg == (
-        f"OpenRLHF's {key}=OpenRLHF/Llama-3-8b-rm-700k has no equivalent here: reward models are not built yet (a "
-        "later issue); write a reward function and set reward.function=package.module:function"
-    )
+def test_openrlhf_reward_model_is_ours_and_a_reward_server_refused_in_one_line() -> None:
+    rewritten, _ = rewrite_overrides(["reward.model_name_or_path=/models/rm", "reward.micro_batch_size=4"])
+    assert set(rewritten) == {
+        "reward_model.enable=true",
+        "reward_model.model.path=/models/rm",
+        "reward_model.micro_batch_size_per_gpu=4",
+    }
+    msg = _refused(["reward.remote_url=http://rm:5000/get_reward"])
+    assert msg.startswith("OpenRLHF's reward.remote_url=http://rm:5000/get_reward has no equivalent here: a reward ")
+    assert "reward_model.enable=true" in msg
 
 
 def test_openrlhf_flags_pick_openrlhfs_defaults() -> None:
