@@ -829,7 +829,9 @@ ALIASES: tuple[Alias, ...] = (
         "when the two differ)",
     ),
     _rename(V, "reward_model.model.fsdp_config.param_offload", "reward_model.param_offload"),
-    _noop(V, "reward_model.model.fsdp_config", "the reward model is sharded with the actor's FSDP settings", subtree=True),
+    _noop(
+        V, "reward_model.model.fsdp_config", "the reward model is sharded with the actor's FSDP settings", subtree=True
+    ),
     _noop(V, "reward_model.model.use_remove_padding", "the reward model runs padded forwards (right-padded rows)"),
     _noop(V, "reward_model.strategy", "the reward model is sharded with FSDP2", _is("fsdp", "fsdp2"), _MEGATRON),
     _same(V, "reward_model.micro_batch_size_per_gpu"),

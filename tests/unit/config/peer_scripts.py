@@ -408,7 +408,20 @@ class Demo:
     """The tiny model as a sequence classifier (a reward model's path)."""
 
 
-What = Literal["model", "reward_model", "train", "val", "dir", "kept", "gpus", "nodes", "world", "device_mapping", "fsdp", "engines"]
+What = Literal[
+    "model",
+    "reward_model",
+    "train",
+    "val",
+    "dir",
+    "kept",
+    "gpus",
+    "nodes",
+    "world",
+    "device_mapping",
+    "fsdp",
+    "engines",
+]
 
 RULES: tuple[tuple[str, What], ...] = (
     # models: the tiny one of the same kind (`_model_for`)
