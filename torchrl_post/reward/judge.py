@@ -52,7 +52,6 @@ _NAME = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _LATEX_BEFORE = re.compile(r"(\\[A-Za-z]+|\})$")  # `\frac{a}{b}`: LaTeX arguments, not placeholders
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _BOXED = re.compile(r"\\boxed\s*\{")
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 
 
 def _as_text(value: Any) -> str:
@@ -142,6 +141,14 @@ def _last_label(text: str, labels: dict[str, float]) -> float | None:
     return by_name[found[-1].group(0).casefold()] if found else None
 
 
+def _without_thinking(text: str) -> str:
+    """What follows a reasoning judge's last </think> (its <think> may be in the prompt, as Qwen3's template puts
+    it); a reply cut off inside <think> keeps only what came before it."""
+    if "</think>" in text:
+        return text.rpartition("</think>")[2]
+    return text.partition("<think>")[0]
+
+
 def _to_unit(value: float, scale: tuple[float, float] | list[float] | None) -> float:
     if scale is None:
         return value
@@ -160,7 +167,7 @@ def parse_score(
     parser `number`: the last number; `boxed`: the content of the last \\boxed{...} - a label's score if it names one
     of `labels`, else its one number (None if it has several); `label`: the score in `labels` of the label mentioned
     last. `scale` (low, high) maps a number read (not a label's score) to (x - low) / (high - low), clamped to
-    [0, 1]. A reasoning judge's <think>...</think> is dropped first.
+    [0, 1]. A reasoning judge's thoughts (up to its last </think>) are dropped first.
 
     >>> parse_score("Good work. Score: 8", "number", scale=(0, 10))
     0.8
@@ -169,7 +176,7 @@ def parse_score(
     """
     if not text:
         return None
-    text = _THINK.sub("", text)
+    text = _without_thinking(text)
     if parser == "label":
         return _last_label(text, labels or {})
     if parser == "boxed":
