@@ -273,8 +273,9 @@ def needs_critic(cfg: Config) -> bool:
 
 def reward_weights(cfg: Config) -> dict[str, float]:
     """reward.weights, or the one source there is: the reward model when one is enabled, else the rule."""
-    if cfg.reward.weights:
-        return dict(cfg.reward.weights)
+    given = {k: float(v) for k, v in vars(cfg.reward.weights).items() if v is not None}
+    if given:
+        return given
     return {"reward_model": 1.0} if cfg.reward_model.enable else {"rule": 1.0}
 
 

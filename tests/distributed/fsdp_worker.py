@@ -20,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from tests.distributed.checks import make_actor
+from tests.distributed.reward_model_checks import reward_model_parity
 from torchrl_post.algos.policy_loss import LOSS_AGG_MODES
 from torchrl_post.algos.rollout_correction import RolloutCorrection
 from torchrl_post.config.schema import Config
@@ -479,6 +480,7 @@ def main() -> None:
     report |= packing(cfg, mesh, env.rank, env.world_size)
     report |= skipping(cfg, mesh, env.rank, env.world_size)
     report |= corrections(cfg, mesh, half)
+    report |= reward_model_parity(cfg, mesh, env.rank, env.world_size)
     gathered: list[object] = [None] * env.world_size
     dist.all_gather_object(gathered, report)
     if env.rank == 0:

@@ -71,6 +71,8 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
             assert rank[f"shared_prompt_frac_{name}"] == 0.0, name
         assert rank["critic_pack_max_diff"] < 5e-5  # Adam on near-zero gradients (a shared prompt: 1e-5)
         check_rollout_correction(rank)
+        # the sharded reward model's scores are transformers' single-row forwards, to float32 noise
+        assert rank["rm_sharded"] and rank["rm_max_diff"] < 1e-5, rank["rm_max_diff"]
         values = torch.tensor(rank["critic_values_True"]) - torch.tensor(rank["critic_values_False"])
         assert values.abs().max() < 2e-6
     for ranks in (one, two):

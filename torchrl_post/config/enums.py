@@ -62,7 +62,5 @@ Defaults = Literal["torchrl_post", "verl", "roll", "trl", "openrlhf"]
 """trainer.defaults_from: whose defaults the config started from (configs/<name>.yaml; config/load.py picks one)."""
 RewardCombine = Literal["sum_then_normalize", "normalize_then_sum"]
 """reward.combine (reward/mixing.py)."""
-RewardSource = Literal["rule", "reward_model"]
-"""A key of reward.weights (reward/mixing.py)."""
 Device = Literal["auto", "cpu", "cuda"]
 """trainer.device (distributed/env.py: resolve_device_type)."""

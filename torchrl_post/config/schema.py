@@ -548,6 +548,17 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardWeights:
+    """null everywhere: the rule alone, or the reward model alone when one is enabled (verl's and OpenRLHF's
+    meaning). Any set: exactly the sources set, a weight 0 scored and logged but not trained on."""
+
+    rule: float | None = None
+    """The rule's score (reward.function, or the data source's built-in)."""
+    reward_model: float | None = None
+    """The reward model's score (reward_model.enable)."""
+
+
+@dataclass
 class RewardConfig:
     function: str | None = None
     """Reward function as `package.module:function` (verl's signature, or TRL's (completions, **kwargs) -> list);
@@ -559,10 +570,9 @@ class RewardConfig:
     clip: float | None = None
     """Clamp every training sample's score to [-clip, clip] before advantages, after the overlong penalty (ROLL's
     reward_clip); null: no clamp."""
-    weights: dict[str, float] = field(default_factory=dict)
-    """Reward source -> weight in each training sample's score: `rule` (reward.function or the data source's
-    built-in) and `reward_model` (reward_model.enable). Empty: the rule alone, or the reward model alone when one is
-    enabled (verl's and OpenRLHF's meaning); TRL's reward_weights. Validation is always scored by the rule."""
+    weights: RewardWeights = field(default_factory=lambda: RewardWeights())
+    """Each reward source's weight in a training sample's score (TRL's reward_weights); validation is always scored
+    by the rule."""
     combine: Annotated[str, RewardCombine] = "sum_then_normalize"
     """How the sources' scores combine: `sum_then_normalize` (the weighted sum, normalised by the estimator, as
     TRL's) or `normalize_then_sum` (GDPO: each source standardised within its prompt's group first, so a source with

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from omegaconf import ListConfig
 
 from torchrl_post.algos.rollout_correction import rs_band
-from torchrl_post.config.enums import ChatTemplateName, GroupEstimator, RewardSource
+from torchrl_post.config.enums import ChatTemplateName, GroupEstimator
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import ActorConfig, Config, CriticConfig
 
@@ -71,20 +71,13 @@ def _reward_shaping(cfg: Config) -> None:
 def _reward_sources(cfg: Config) -> None:
     """reward.weights against the sources there are, and the reward model's keys (reward/mixing.py)."""
     rm = cfg.reward_model
-    sources = typing.get_args(RewardSource)
-    for name, w in cfg.reward.weights.items():
-        if name not in sources:
-            raise ConfigError(
-                f"reward.weights names {name!r}, which is not a reward source; the sources are {', '.join(sources)}"
-            )
-        if not isinstance(w, (int, float)) or isinstance(w, bool):
-            raise ConfigError(f"reward.weights.{name}={w!r} must be a number")
-    if "reward_model" in cfg.reward.weights and not rm.enable:
+    given = {k: v for k, v in vars(cfg.reward.weights).items() if v is not None}
+    if given.get("reward_model") is not None and not rm.enable:
         raise ConfigError(
             "reward.weights.reward_model is set but reward_model.enable=false; enable the reward model "
             "(reward_model.enable=true reward_model.model.path=...) or drop its weight"
         )
-    if cfg.reward.weights and not any(cfg.reward.weights.values()):
+    if given and not any(given.values()):
         raise ConfigError("reward.weights are all 0: every training score would be 0; give a source a weight")
     if not rm.enable:
         return
@@ -95,7 +88,7 @@ def _reward_sources(cfg: Config) -> None:
             "reward_model.enable=true scores single-turn samples; agent episodes (agent.env) are scored by their "
             "environment: unset one of them"
         )
-    if cfg.algorithm.rejection_sample.enable and set(cfg.reward.weights or {"reward_model": 1.0}) != {"rule"}:
+    if cfg.algorithm.rejection_sample.enable and set(given or {"reward_model": 1.0}) != {"rule"}:
         raise ConfigError(
             "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores, before the "
             "reward model scores them; turn it off with a reward model (a uniform group then has advantage 0)"

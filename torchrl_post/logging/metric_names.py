@@ -19,7 +19,7 @@ SECTIONS: dict[str, str] = {
     "ratios pi_old / pi_rollout over the trained tokens before rejection, a sequence's once per token",
     "response_length": "Lengths",
     "prompt_length": "Lengths",
-    "reward": "The reward function",
+    "reward": "The rewards: the rule function, the reward model, their mix (reward.weights)",
     "filter": "Filters (rejection sampling, compact filtering): fractions of the step's samples",
     "agent": "Agent episodes (per trajectory)",
     "val": "Validation (greedy unless rollout.val_kwargs.do_sample)",
@@ -112,6 +112,10 @@ METRICS: dict[str, str] = {
     "prompt_length/mean": "Mean prompt tokens per sample.",
     "reward/errors": "Reward calls that raised, timed out or returned NaN (scored 0).",
     "reward/<key>": "The mean of an extra value a reward function returned in its dict.",
+    "reward/<source>/mean": "With a reward model: each source's raw score over the step's samples, before the weights "
+    "mix them (rule, reward_model); also /max and /min. critic/score/* is the mixed, shaped score trained on.",
+    "reward/reward_model/truncated": "Fraction of samples whose conversation had more than reward_model.max_length "
+    "of the reward model's tokens (its first ones dropped).",
     "filter/<reason>": "Fraction of samples masked by compact filtering for this termination reason.",
     "filter/rejection/<count>": "Rejection sampling: dropped_groups, extra_rounds, short_groups this step.",
     "agent/num_turns/mean": "Turns per trajectory.",
@@ -130,7 +134,7 @@ METRICS: dict[str, str] = {
     "perf/optimizer_bytes": "The actor's optimizer state bytes on the rank holding the most (its shards).",
     "perf/params": "The actor's parameters (the whole model's).",
     "perf/trainable_params": "The actor's trainable parameters (with LoRA: the adapters').",
-    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, old_log_prob, ref, values, adv, "
+    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, reward_model (its scores and the mix), old_log_prob, ref, values, adv, "
     "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
     "ranks of their own, timing_s/gen is the actor's wait for the batch and timing_s/rollout_wait the longest a "
     "rollout rank was blocked in the last step's exchanges (the weight broadcast and the batch handover): with "

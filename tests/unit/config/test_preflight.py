@@ -23,6 +23,7 @@ from torchrl_post.config.preflight import (
     check_model_dir,
     check_moe_lora,
     check_resume_path,
+    check_reward_model,
     check_run_dir,
     check_sequence_parallel,
     check_tokenizer,
@@ -288,6 +289,35 @@ def test_critic_vocabulary_must_cover_the_tokenizer(model_copy: Path, tiny_model
     cfg = load_config(["algorithm.adv_estimator=gae", f"critic.model.path={model_copy}"])
     msg = _error(check_critic, cfg, AutoTokenizer.from_pretrained(tiny_model))
     assert "vocab_size=64" in msg and "101 tokens" in msg
+
+
+# --- check_reward_model -------------------------------------------------------------------------------------
+
+
+def _as_classifier(model_copy: Path, **changes: Any) -> Path:
+    raw = json.loads((model_copy / "config.json").read_text())
+    raw |= {"architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1, **changes}
+    (model_copy / "config.json").write_text(json.dumps(raw))
+    return model_copy
+
+
+def test_reward_model_is_a_one_label_sequence_classifier(model_copy: Path) -> None:
+    enabled = ["reward_model.enable=true"]
+    assert "reward_model.model.path is not set" in _error(check_reward_model, load_config(enabled))
+    cfg = load_config([*enabled, f"reward_model.model.path={model_copy}"])
+    msg = _error(check_reward_model, cfg)  # the tiny causal LM given as a reward model
+    assert msg.startswith(f"reward_model.model.path={str(model_copy)!r} is a Qwen2ForCausalLM, not a sequence")
+    raw = json.loads((model_copy / "config.json").read_text())
+    _as_classifier(model_copy, num_labels=2, id2label={"0": "bad", "1": "good"})
+    assert "num_labels=2" in _error(check_reward_model, cfg)
+    (model_copy / "config.json").write_text(json.dumps(raw))
+    _as_classifier(model_copy)
+    assert check_reward_model(cfg).eos_token_id is not None  # its own tokenizer
+    assert check_reward_model(load_config([f"reward_model.model.path={tmp_path_missing(model_copy)}"]), False) is None
+
+
+def tmp_path_missing(model_copy: Path) -> Path:
+    return model_copy.parent / "nope"
 
 
 # --- check_run_dir and check_resume_path --------------------------------------------------------------------

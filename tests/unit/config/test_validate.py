@@ -164,3 +164,24 @@ def test_truncation_and_advantage_keys_accepted() -> None:
         False,
         None,
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "part"),
+    [
+        (["reward.weights.judge=1.0"], "unknown config key 'reward.weights.judge'"),
+        (["reward.weights.reward_model=1.0"], "reward.weights.reward_model is set but reward_model.enable=false"),
+        (["reward.weights.rule=0"], "reward.weights are all 0"),
+        (["reward.combine=mean"], "reward.combine"),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=/rm", "algorithm.rejection_sample.enable=true"],
+            "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores",
+        ),
+        (["reward_model.enable=true", "reward_model.max_length=0"], "reward_model.max_length=0 must be > 0"),
+    ],
+)
+def test_reward_sources_refused_in_one_line(overrides: list[str], part: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    msg = str(info.value)
+    assert "\n" not in msg and part in msg, msg
