@@ -22,6 +22,7 @@ from torchrl_post.engines.build import build_engine
 from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
+from torchrl_post.reward.judges import build_judge
 from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
@@ -188,6 +189,8 @@ def source_settings(run: Run) -> SourceSettings:
         mixes_rewards=plan.mixes_rewards,
         reward_tokenizer=run.reward_tokenizer,
         reward_max_length=cfg.reward_model.max_length,
+        judge=build_judge(cfg.reward.judge, run.env.device, cfg.trainer.seed),
+        judge_on_error=cfg.reward.judge.on_error,
     )
 
 

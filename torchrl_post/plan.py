@@ -272,11 +272,14 @@ def needs_critic(cfg: Config) -> bool:
 
 
 def reward_weights(cfg: Config) -> dict[str, float]:
-    """reward.weights, or the one source there is: the reward model when one is enabled, else the rule."""
+    """reward.weights, or each model source enabled at weight 1 (the reward model, the judge), else the rule."""
     given = {k: float(v) for k, v in vars(cfg.reward.weights).items() if v is not None}
     if given:
         return given
-    return {"reward_model": 1.0} if cfg.reward_model.enable else {"rule": 1.0}
+    models = [
+        name for name, on in (("reward_model", cfg.reward_model.enable), ("judge", cfg.reward.judge.enable)) if on
+    ]
+    return dict.fromkeys(models or ["rule"], 1.0)
 
 
 def needs_kl(cfg: Config) -> bool:

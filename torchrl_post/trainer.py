@@ -128,12 +128,14 @@ class Trainer:
 
     def _mixed_scores(self, batch: Batch) -> dict[str, float]:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer
-        left unshaped, the reward model's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
+        left unshaped, the reward model's, the judge's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
         reward/<source>/mean for each source scored."""
         assert batch.scores is not None
         sources = {"rule": batch.scores}
         if self.reward_model is not None:
             sources["reward_model"] = self.reward_model.scores(batch)
+        if batch.judge_scores is not None:
+            sources["judge"] = batch.judge_scores
         batch.scores = combine_scores(sources, self.plan.reward_weights, batch.group_ids, self.plan.reward_combine)
         shape_scores(batch, self.cfg.reward, self.cfg.data.max_response_length)
         return source_metrics(sources, self.group)

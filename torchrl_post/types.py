@@ -94,6 +94,7 @@ SAMPLE_FIELDS = (  # [B]
     "step_ids",
     "step_rewards",
     "rm_scores",
+    "judge_scores",
 )
 OWN_TOKEN_FIELDS = ("reward_inputs",)  # [B, L]: another tokenizer's ids, right-padded with -1
 ROUTE_FIELDS = ("routed_experts",)  # [B, L, k, P + R]: optional, padded with -1 (no record)
@@ -125,6 +126,7 @@ class Batch:
     # with -1; set by the rollout source when a reward model scores (reward_model.enable)
     reward_inputs: torch.Tensor | None = None
     rm_scores: torch.Tensor | None = None  # [B] the reward model's score of each sample
+    judge_scores: torch.Tensor | None = None  # [B] the judge's score of each training sample (reward.judge)
     # [B, R] long: the policy version (the update whose weights sampled it) of each response token; -1 where none
     # (observation tokens, padding). Set by every rollout producer; read by the behaviour-version metrics.
     behavior_versions: torch.Tensor | None = None

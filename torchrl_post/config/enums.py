@@ -62,5 +62,9 @@ Defaults = Literal["torchrl_post", "verl", "roll", "trl", "openrlhf"]
 """trainer.defaults_from: whose defaults the config started from (configs/<name>.yaml; config/load.py picks one)."""
 RewardCombine = Literal["sum_then_normalize", "normalize_then_sum"]
 """reward.combine (reward/mixing.py)."""
+JudgeParser = Literal["number", "boxed", "label"]
+"""reward.judge.parser (reward/judge.py: parse_score)."""
+JudgeOnError = Literal["zero", "skip_group"]
+"""reward.judge.on_error."""
 Device = Literal["auto", "cpu", "cuda"]
 """trainer.device (distributed/env.py: resolve_device_type)."""

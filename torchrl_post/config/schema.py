@@ -22,6 +22,8 @@ from torchrl_post.config.enums import (
     EngineLoadFormat,
     ExpertsImplementation,
     InflightUpdate,
+    JudgeOnError,
+    JudgeParser,
     KLControl,
     KLKind,
     Logger,
@@ -548,6 +550,49 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """An LLM judge scoring each training sample (reward.weights.judge mixes it with the rule and a reward model)."""
+
+    enable: bool = False
+    """Score training responses with an LLM judge."""
+    url: str | None = None
+    """An OpenAI-compatible server's base URL (http://host:8000/v1: chat completions), for judges too big to
+    co-host; null: a judge co-hosted with the run."""
+    model: str = ""
+    """The judge model: the served model's name (the request's `model`), or a co-hosted judge's path."""
+    api_key_env: str | None = None
+    """The NAME of the environment variable that holds the server's API key (sent as a bearer token); the key
+    itself never goes in the config, logs or metrics. null: no key."""
+    template: str | None = None
+    """The judge prompt: text with {question}, {response} (required) and {ground_truth}, other braces kept as
+    written; or a .txt/.jinja file's path; null: the shipped template (a 0-10 grade in \\boxed{})."""
+    system: str | None = None
+    """A system message sent before the prompt; null: none."""
+    parser: Annotated[str, JudgeParser] = "boxed"
+    """How the reply is read: `number` (its last number), `boxed` (the last \\boxed{}: a number or a label) or
+    `label` (the last of `labels` it mentions, whole words, any case)."""
+    labels: dict[str, float] | None = None
+    """Label -> score for parser `label` (and labels in \\boxed{}), e.g. {correct: 1.0, incorrect: 0.0}."""
+    scale: list[float] | None = field(default_factory=lambda: [0.0, 10.0])
+    """[low, high]: a number read maps linearly to [0, 1] and is clamped (a label's score is used as is); null: the
+    number as read. The default fits the shipped template."""
+    timeout_s: float = 60.0
+    """Seconds one request may wait on the judge's server; a request that times out is retried."""
+    max_concurrency: int = 16
+    """Requests in flight to the judge at most."""
+    max_retries: int = 3
+    """Retries of a request (exponential backoff) after a connection error, a timeout, HTTP 429 or 5xx; other
+    HTTP errors fail the sample at once."""
+    on_error: Annotated[str, JudgeOnError] = "zero"
+    """A sample the judge failed on (no reply, or one without a score): `zero` scores it 0; `skip_group` gives its
+    whole group weight 0. Counted either way."""
+    temperature: float = 0.0
+    """The judge's sampling temperature (0: greedy)."""
+    max_tokens: int = 1024
+    """The longest judge reply, in tokens; a reply cut off before its score is a failure."""
+
+
+@dataclass
 class RewardWeights:
     """null everywhere: the rule alone, or the reward model alone when one is enabled (verl's and OpenRLHF's
     meaning). Any set: exactly the sources set, a weight 0 scored and logged but not trained on."""
@@ -556,6 +601,8 @@ class RewardWeights:
     """The rule's score (reward.function, or the data source's built-in)."""
     reward_model: float | None = None
     """The reward model's score (reward_model.enable)."""
+    judge: float | None = None
+    """The judge's score (reward.judge.enable)."""
 
 
 @dataclass
@@ -570,6 +617,8 @@ class RewardConfig:
     clip: float | None = None
     """Clamp every training sample's score to [-clip, clip] before advantages, after the overlong penalty (ROLL's
     reward_clip); null: no clamp."""
+    judge: JudgeConfig = field(default_factory=lambda: JudgeConfig())
+    """An LLM judge: served by URL (OpenAI-compatible), or co-hosted (a local model on each rank)."""
     weights: RewardWeights = field(default_factory=lambda: RewardWeights())
     """Each reward source's weight in a training sample's score (TRL's reward_weights); validation is always scored
     by the rule."""

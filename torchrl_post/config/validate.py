@@ -13,6 +13,7 @@ from torchrl_post.algos.rollout_correction import rs_band
 from torchrl_post.config.enums import ChatTemplateName, GroupEstimator
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import ActorConfig, Config, CriticConfig
+from torchrl_post.reward.judge import validate_judge
 
 
 def _one_of(key: str, value: Any, allowed: tuple[str | None, ...]) -> None:
@@ -69,30 +70,34 @@ def _reward_shaping(cfg: Config) -> None:
 
 
 def _reward_sources(cfg: Config) -> None:
-    """reward.weights against the sources there are, and the reward model's keys (reward/mixing.py)."""
-    rm = cfg.reward_model
+    """reward.weights against the sources that are on, the judge's keys, the reward model's (reward/mixing.py)."""
+    rm, judge = cfg.reward_model, cfg.reward.judge
     given = {k: v for k, v in vars(cfg.reward.weights).items() if v is not None}
-    if given.get("reward_model") is not None and not rm.enable:
-        raise ConfigError(
-            "reward.weights.reward_model is set but reward_model.enable=false; enable the reward model "
-            "(reward_model.enable=true reward_model.model.path=...) or drop its weight"
-        )
+    for source, on, how in (
+        ("reward_model", rm.enable, "reward_model.enable=true reward_model.model.path=..."),
+        ("judge", judge.enable, "reward.judge.enable=true reward.judge.model=..."),
+    ):
+        if given.get(source) is not None and not on:
+            raise ConfigError(
+                f"reward.weights.{source} is set but that source is off; turn it on ({how}) or drop its weight"
+            )
     if given and not any(given.values()):
         raise ConfigError("reward.weights are all 0: every training score would be 0; give a source a weight")
-    if not rm.enable:
-        return
-    _positive("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)
-    _positive("reward_model.max_length", rm.max_length)
-    if cfg.agent.env is not None:
+    validate_judge(judge)
+    models = rm.enable or judge.enable
+    if models and cfg.agent.env is not None:
         raise ConfigError(
-            "reward_model.enable=true scores single-turn samples; agent episodes (agent.env) are scored by their "
+            "a reward model or judge scores single-turn samples; agent episodes (agent.env) are scored by their "
             "environment: unset one of them"
         )
-    if cfg.algorithm.rejection_sample.enable and set(given or {"reward_model": 1.0}) != {"rule"}:
+    if models and cfg.algorithm.rejection_sample.enable and set(given) != {"rule"}:
         raise ConfigError(
-            "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores, before the "
-            "reward model scores them; turn it off with a reward model (a uniform group then has advantage 0)"
+            "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores, before a reward "
+            "model or judge scores them; turn it off with them (a uniform group then has advantage 0)"
         )
+    if rm.enable:
+        _positive("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)
+        _positive("reward_model.max_length", rm.max_length)
 
 
 def file_list(key: str, value: Any, allow_none: bool = False) -> list[str]:

@@ -4,7 +4,8 @@ A `JudgeTemplate` is prompt text with three placeholders, `{question}`, `{respon
 these are replaced (in one pass, so a response that contains `{ground_truth}` is left as written), and every other
 brace is kept, so `\\boxed{}` or JSON survive. `parse_score` reads the judge's reply with one of three parsers
 (`number`, `boxed`, `label`) and maps it to [0, 1] with `scale`; None means the reply held no score, a failure the
-caller counts. The client for a judge served elsewhere is reward/judge_client.py; `JudgeConfig` is its config.
+caller counts. The client for a judge served elsewhere is reward/judge_client.py; its config is reward.judge
+(config/schema.py: JudgeConfig).
 
 Deliberately simple: no Jinja (a `.jinja` template file is read as text with the same three placeholders), and
 `number` reads the last number literally, so "7/10" reads as 10 (ask for a bare number, or use `boxed`).
@@ -16,14 +17,14 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
+from torchrl_post.config.enums import JudgeOnError, JudgeParser
 from torchrl_post.config.errors import ConfigError
+from torchrl_post.config.schema import JudgeConfig
 
-JudgeParser = Literal["number", "boxed", "label"]
-JudgeOnError = Literal["zero", "skip_group"]
 PLACEHOLDERS = ("question", "response", "ground_truth")
 TEMPLATE_KEY = "reward.judge.template"
 
@@ -195,47 +196,6 @@ def parse_score(
         raise ValueError(f"unknown judge parser {parser!r}; one of {JudgeParser.__args__}")  # type: ignore[attr-defined]
     value = float(found) if found is not None else math.nan
     return _to_unit(value, scale) if math.isfinite(value) else None
-
-
-@dataclass
-class JudgeConfig:
-    enable: bool = False
-    """Score responses with an LLM judge (reward from the judge's reply instead of a reward function)."""
-    url: str | None = None
-    """An OpenAI-compatible server's base URL (http://host:8000/v1: chat completions), for judges too big to
-    co-host; null: a judge co-hosted with the run."""
-    model: str = ""
-    """The judge model: the served model's name (the request's `model`), or a co-hosted judge's path."""
-    api_key_env: str | None = None
-    """The NAME of the environment variable that holds the server's API key (sent as a bearer token); the key
-    itself never goes in the config, logs or metrics. null: no key."""
-    template: str | None = None
-    """The judge prompt: text with {question}, {response} (required) and {ground_truth}, other braces kept as
-    written; or a .txt/.jinja file's path; null: the shipped template (a 0-10 grade in \\boxed{})."""
-    system: str | None = None
-    """A system message sent before the prompt; null: none."""
-    parser: Annotated[str, JudgeParser] = "boxed"
-    """How the reply is read: `number` (its last number), `boxed` (the last \\boxed{}: a number or a label) or
-    `label` (the last of `labels` it mentions, whole words, any case)."""
-    labels: dict[str, float] | None = None
-    """Label -> score for parser `label` (and labels in \\boxed{}), e.g. {correct: 1.0, incorrect: 0.0}."""
-    scale: list[float] | None = field(default_factory=lambda: [0.0, 10.0])
-    """[low, high]: a number read maps linearly to [0, 1] and is clamped (a label's score is used as is); null: the
-    number as read. The default fits the shipped template."""
-    timeout_s: float = 60.0
-    """Seconds one request may wait on the judge's server; a request that times out is retried."""
-    max_concurrency: int = 16
-    """Requests in flight to the judge at most."""
-    max_retries: int = 3
-    """Retries of a request (exponential backoff) after a connection error, a timeout, HTTP 429 or 5xx; other
-    HTTP errors fail the sample at once."""
-    on_error: Annotated[str, JudgeOnError] = "zero"
-    """A sample the judge failed on (no reply, or one without a score): `zero` scores it 0; `skip_group` gives its
-    whole group weight 0. Counted either way."""
-    temperature: float = 0.0
-    """The judge's sampling temperature (0: greedy)."""
-    max_tokens: int = 1024
-    """The longest judge reply, in tokens; a reply cut off before its score is a failure."""
 
 
 def validate_judge(cfg: JudgeConfig, prefix: str = "reward.judge.") -> None:

@@ -58,6 +58,10 @@ class SourceSettings:
     """The reward model's tokenizer (reward_model.enable): each training sample's conversation is re-tokenised
     with it into `batch.reward_inputs` as its group is scored."""
     reward_max_length: int = 0
+    judge: Any = None
+    """The LLM judge (reward.judge.enable; reward/judges.py): each training sample is scored by it too, into
+    `batch.judge_scores`, as its group is scored."""
+    judge_on_error: str = "zero"
 
 
 class EpisodeRunner(Protocol):
@@ -229,6 +233,22 @@ class EngineSource:
             width = max(len(r.ids) for r in rows)
             batch.reward_inputs = torch.tensor([r.ids + [-1] * (width - len(r.ids)) for r in rows], dtype=torch.long)
             batch.reward_extra["reward_model/truncated"] = torch.tensor([float(r.truncated) for r in rows])
+        if training and self.settings.judge is not None:
+            self._judged(batch, prompts, texts, rep)
+
+    def _judged(self, batch: Batch, prompts: PromptBatch, texts: list[str], rep: list[int]) -> None:
+        """The judge's score of every sample; a sample it failed on scores 0 and counts in reward/errors, and with
+        reward.judge.on_error=skip_group its whole group leaves the update (weight 0)."""
+        questions = [prompts.questions[j] if prompts.questions else "" for j in rep]
+        judged = self.settings.judge.score(questions, texts, [prompts.answers[j] for j in rep])
+        batch.judge_scores = judged.scores.float()
+        failed = judged.failed.float()
+        assert batch.reward_errors is not None
+        batch.reward_errors = torch.maximum(batch.reward_errors, failed)
+        batch.reward_extra["judge/failed"] = failed
+        if self.settings.judge_on_error == "skip_group":
+            for j in {rep[i] for i in failed.nonzero().flatten().tolist()}:
+                batch.weights[torch.tensor(rep) == j] = 0.0
 
     # ---- validation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -283,4 +303,6 @@ class EngineSource:
         return out
 
     def shutdown(self, process_ends: bool = False) -> None:
+        if self.settings.judge is not None:
+            self.settings.judge.close()
         self.engine.shutdown(process_ends)

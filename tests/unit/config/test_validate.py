@@ -169,8 +169,13 @@ def test_truncation_and_advantage_keys_accepted() -> None:
 @pytest.mark.parametrize(
     ("overrides", "part"),
     [
-        (["reward.weights.judge=1.0"], "unknown config key 'reward.weights.judge'"),
-        (["reward.weights.reward_model=1.0"], "reward.weights.reward_model is set but reward_model.enable=false"),
+        (["reward.weights.critic=1.0"], "unknown config key 'reward.weights.critic'"),
+        (["reward.weights.reward_model=1.0"], "reward.weights.reward_model is set but that source is off"),
+        (["reward.weights.judge=1.0"], "reward.weights.judge is set but that source is off"),
+        (
+            ["reward.judge.enable=true", "reward.judge.model=m", "reward.judge.parser=label"],
+            "reward.judge.parser=label needs reward.judge.labels",
+        ),
         (["reward.weights.rule=0"], "reward.weights are all 0"),
         (["reward.combine=mean"], "reward.combine"),
         (
