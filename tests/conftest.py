@@ -110,6 +110,28 @@ def _untrained(out: Path, config_cls: Any, model_cls: Any, **config: Any) -> Any
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a reward model: Qwen2ForSequenceClassification (one label, a head drawn from seed 0) with
+    the demo tokenizer and its chat template."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    out = tmp_path_factory.mktemp("tiny_reward_model")
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.num_labels, config.architectures = 1, ["Qwen2ForSequenceClassification"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(tiny_model, config=config)
+    model.save_pretrained(out)
+    for f in tiny_model.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_tied_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny Llama with tied input/output embeddings (`tie_word_embeddings`, as SmolLM2): hidden 64,
     2 layers, 2 heads (head_dim 32), 1 KV head, the demo tokenizer. Its checkpoint has no `lm_head.weight`."""

@@ -199,7 +199,9 @@ run with the plan's."""
 def report_error(e: UserError) -> None:
     """One line on stderr from the first rank, once per error. Every rank usually meets the same error; the
     other ranks give that line time to be written before they go on: a rank that exits first makes torchrun
-    stop the others (and the first rank may be a moment behind on a busy machine)."""
+    stop the others (and the first rank may be a moment behind on a busy machine). An error only another rank
+    meets (a role on ranks of its own, which starts sooner) is written by that rank after the wait, with its
+    rank: the first rank, still starting, never sees it."""
     if getattr(e, "reported", False):
         return
     setattr(e, "reported", True)  # noqa: B010  # the same error passes through run() and the caller's handler
@@ -207,6 +209,7 @@ def report_error(e: UserError) -> None:
         print(f"error: {e}", file=sys.stderr, flush=True)
     else:
         time.sleep(REPORT_GRACE_S)
+        print(f"error (rank {_LAUNCH_RANK}): {e}", file=sys.stderr, flush=True)
 
 
 def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_ends: bool) -> RunResult:
