@@ -344,6 +344,13 @@ REMOTE_REWARD = (
 )
 
 
+def _orlhf_remote(v: Any) -> dict[str, Any]:
+    """OpenRLHF's reward.remote_url: a .py file is a reward function file (its `reward_func`); a URL is a server."""
+    if isinstance(v, str) and v.endswith(".py"):
+        return {"reward.function": f"{v}:reward_func"}
+    raise Refused(REMOTE_REWARD)
+
+
 def _orlhf_reward_model(v: Any) -> dict[str, Any]:
     """OpenRLHF's reward.model_name_or_path: the reward model, enabled."""
     return {"reward_model.enable": v is not None, "reward_model.model.path": v}
@@ -1351,7 +1358,14 @@ ALIASES: tuple[Alias, ...] = (
         "a local sequence classifier; sets reward_model.enable (its score replaces the rule's: reward.weights)",
         convert=_orlhf_reward_model,
     ),
-    _refused(OR, "reward.remote_url", REMOTE_REWARD),
+    _rename(
+        OR,
+        "reward.remote_url",
+        "reward.function",
+        "a .py file is OpenRLHF's reward function file: its reward_func(queries, prompts, labels), called with the "
+        "response as the query; a server URL is refused",
+        convert=_orlhf_remote,
+    ),
     _noop(
         OR,
         "reward.normalize_enable",

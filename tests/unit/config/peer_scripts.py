@@ -452,6 +452,7 @@ RULES: tuple[tuple[str, What], ...] = (
     # files the script points at that are kept beside it
     ("--config-path", "kept"),
     ("actor_rollout_ref.rollout.multi_turn.tool_config_path", "kept"),
+    ("reward.remote_url", "kept"),
     # the cluster
     ("trainer.n_gpus_per_node", "gpus"),
     ("trainer.nnodes", "nodes"),

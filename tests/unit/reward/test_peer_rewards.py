@@ -231,3 +231,12 @@ def test_shaping_keys_checked_in_one_line(overrides: list[str], needle: str) -> 
         load_config(overrides)
     msg = _one_line(info)
     assert needle in msg, msg
+
+
+# --- OpenRLHF's reward function files (--reward.remote_url naming a .py) ---------------------------------------------
+
+
+def test_an_openrlhf_reward_func_file_scores_each_response_against_its_label() -> None:
+    # the stand-in beside OpenRLHF's DAPO script: 1.0 where the query ends with its label, in OpenRLHF's dict
+    path = Path(__file__).parents[2] / "peer_scripts" / "openrlhf" / "reward_func.py"
+    assert _score(f"{path}:reward_func", ["the sum is 12", "7", "x"], ["12", "8", "x"]) == ([1.0, 0.0, 1.0], [0.0] * 3)
