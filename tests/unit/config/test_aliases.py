@@ -564,7 +564,7 @@ def test_openrlhf_reward_model_is_ours_and_a_reward_server_refused_in_one_line()
         "reward_model.micro_batch_size_per_gpu=4",
     }
     assert rewrite_overrides(["reward.remote_url=/x/reward_func.py"])[0] == [
-        "reward.function=/x/reward_func.py:reward_func"
+        "reward.function='/x/reward_func.py:reward_func'"
     ]
     msg = _refused(["reward.remote_url=http://rm:5000/get_reward"])
     assert msg.startswith("OpenRLHF's reward.remote_url=http://rm:5000/get_reward has no equivalent here: a reward ")
