@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from torchrl_post.config.alias_table import ALIASES, Alias, render_value
+from torchrl_post.config.alias_table import ALIASES, Alias, Refused, render_value, trl_reward_funcs
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import DataConfig, RolloutConfig
 from torchrl_post.config.shipped import default_config_dir
@@ -89,6 +89,7 @@ def combine(
         )
     for extra in (
         _peft,
+        _trl_rewards,
         _difficulty_band,
         _roll_rewards,
         _device_mapping,
@@ -132,6 +133,58 @@ def _peft(
     used = [Used(args["use_peft"], k, render_value(v), row) for k, v in lora.items()]
     said = ", ".join(f"{k}={render_value(v)}" for k, v in lora.items())
     return used, [f"TRL's {', '.join(args[k] for k in keys if k in rows)} is {said} here (TRL's LoRA defaults)"]
+
+
+def _trl_rewards(
+    rows: dict[str, tuple[Alias, str, str]], values: dict[str, Any], args: dict[str, str], given: dict[str, str]
+) -> _Parts:
+    """TRL's --reward_funcs (built-in names, pkg.mod.func, or a model id / directory: a sequence classifier) with
+    --reward_weights (one per entry, TRL's default 1 each): the rule, the reward model and their weights here."""
+    if "reward_funcs" not in rows and "reward_weights" not in rows:
+        return [], []
+    if "reward_funcs" not in rows:
+        raise ConfigError(f"TRL's {args['reward_weights']} weighs --reward_funcs, which the command line does not give")
+    funcs = values["reward_funcs"] if isinstance(values["reward_funcs"], list) else [values["reward_funcs"]]
+    models = [str(f) for f in funcs if "/" in str(f) and ":" not in str(f) and not str(f).endswith(".py")]
+    rules = [f for f in funcs if str(f) not in models]
+    if len(models) > 1:
+        raise ConfigError(
+            f"TRL's {args['reward_funcs']} names {len(models)} reward models ({', '.join(models)}); one reward model "
+            "scores here (reward_model.model.path): keep one, or add the other's score in a reward function"
+        )
+    row, arg = rows["reward_funcs"][0], args["reward_funcs"]
+    try:
+        out: dict[str, Any] = dict(trl_reward_funcs(rules)) if rules else {}
+    except Refused as e:
+        raise ConfigError(f"TRL's {arg}: {e}") from e
+    if models:
+        out |= {"reward_model.enable": True, "reward_model.model.path": models[0]}
+    weights = values.get("reward_weights")
+    if weights is not None:
+        weights = weights if isinstance(weights, list) else [weights]
+        if len(weights) != len(funcs):
+            raise ConfigError(
+                f"TRL's {args['reward_weights']} gives {len(weights)} weights for the {len(funcs)} reward_funcs; "
+                "give one per function (TRL's rule)"
+            )
+        by_source: dict[str, float] = {}
+        for f, w in zip(funcs, weights, strict=True):
+            source = "reward_model" if str(f) in models else "rule"
+            if str(f) == "get_soft_overlong_punishment":
+                continue  # a penalty added to the score here (reward.overlong_buffer), not a source
+            if source in by_source:
+                raise ConfigError(
+                    f"TRL's {args['reward_weights']} weighs two reward functions apart; one function is the rule "
+                    "here: write one returning their weighted sum and set reward.function=package.module:function"
+                )
+            by_source[source] = float(w)
+        out |= {f"reward.weights.{k}": w for k, w in by_source.items()}
+    elif models and rules:  # TRL's default: every function weighs 1
+        out |= {"reward.weights.rule": 1.0, "reward.weights.reward_model": 1.0}
+    used = [Used(arg, k, render_value(v), row) for k, v in out.items()]
+    return used, [
+        f"TRL's {', '.join(args[k] for k in ('reward_funcs', 'reward_weights') if k in rows)} is " + _said(out)
+    ]
 
 
 def _difficulty_band(

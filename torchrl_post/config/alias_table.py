@@ -303,7 +303,7 @@ _TRL_OVERLONG = {
 _OVERLONG_LOG = "reward/overlong_reward and reward/overlong are logged whenever reward.overlong_buffer.enable"
 
 
-def _trl_reward_funcs(v: Any) -> dict[str, Any]:
+def trl_reward_funcs(v: Any) -> dict[str, Any]:
     """TRL's reward_funcs (a name or a list of names) -> reward.function (and the overlong shaping)."""
     names = [str(n) for n in v] if isinstance(v, (list, tuple)) else [str(v)]
     out: dict[str, Any] = {}
@@ -1340,13 +1340,21 @@ ALIASES: tuple[Alias, ...] = (
         _is("colocate"),
         "an engine on ranks of its own is placement.rollout=[ranks] (in-process, no server)",
     ),
-    _rename(
+    Alias(
         T,
         "reward_funcs",
+        "combined",
         "reward.function",
         "TRL's built-in names are ours too; pkg.mod.func is pkg.mod:func (TRL's signature taken); "
-        "get_soft_overlong_punishment is reward.overlong_buffer (256 of 1280); one function besides it",
-        convert=_trl_reward_funcs,
+        "get_soft_overlong_punishment is reward.overlong_buffer (256 of 1280); a model id or directory is the reward "
+        "model (reward_model.*); one function and one model at most",
+    ),
+    Alias(
+        T,
+        "reward_weights",
+        "combined",
+        "reward.weights",
+        "one per reward_funcs entry: reward.weights.rule / .reward_model",
     ),
     _rename(T, "max_staleness", "trainer.max_staleness", "async GRPO's bound, in policy versions"),
     # ---- OpenRLHF (openrlhf.cli.train_ppo_ray's flags; its defaults: configs/openrlhf.yaml) ----------------------

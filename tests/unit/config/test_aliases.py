@@ -652,3 +652,28 @@ def test_rllm_agent_trainer_keys() -> None:
     assert rewrite_overrides(["rllm.agent.trajectory_timeout=120"])[0] == ["agent.timeout_s=120.0"]
     assert "agent.env" in _refused(["rllm.workflow.use_workflow=true"])
     assert "a later issue" in _refused(["rllm.distill.enable=true"])
+
+
+def test_trl_reward_funcs_with_a_model_and_reward_weights_are_the_rule_the_reward_model_and_their_weights() -> None:
+    rewritten, notes = rewrite_overrides(["reward_funcs=[accuracy_reward,org/rm-7b]", "reward_weights=[1.0,0.5]"])
+    assert set(rewritten) == {
+        "reward.function='torchrl_post.reward.builtin:accuracy_reward'",
+        "reward_model.enable=true",
+        "reward_model.model.path=org/rm-7b",
+        "reward.weights.rule=1.0",
+        "reward.weights.reward_model=0.5",
+    }
+    # without weights, TRL's default weighs each 1; a model alone replaces the rule
+    assert "reward.weights.reward_model=1.0" in rewrite_overrides(["reward_funcs=[accuracy_reward,org/rm]"])[0]
+    assert rewrite_overrides(["reward_funcs=org/rm"])[0] == [
+        "reward_model.enable=true",
+        "reward_model.model.path=org/rm",
+    ]
+    for bad, part in (
+        (["reward_funcs=[a.b.c,org/rm]", "reward_weights=[1.0]"], "gives 1 weights for the 2 reward_funcs"),
+        (["reward_funcs=[org/a,org/b]"], "names 2 reward models"),
+        (["reward_weights=[1.0]"], "weighs --reward_funcs, which the command line does not give"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            rewrite_overrides(bad)
+        assert part in str(info.value) and "\n" not in str(info.value)
