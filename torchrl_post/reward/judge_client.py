@@ -33,20 +33,24 @@ MAX_BACKOFF_S = 10.0
 
 @dataclass
 class JudgeScores:
+    """A batch's judge scores, from either judge (RemoteJudge here, LocalJudge in reward/judge_local.py)."""
+
     scores: torch.Tensor  # [B] float32, in [0, 1] with a scale; 0.0 where failed
-    failed: torch.Tensor  # [B] bool: no reply after the retries, or a reply without a score
+    failed: torch.Tensor  # [B] bool: no reply (after the retries), or a reply without a score
     replies: list[str]
     """The judge's reply per sample ("" where none)."""
     retries: int
-    """Requests sent again after a retryable failure, summed over the batch."""
+    """Requests sent again after a retryable failure, summed over the batch (0 for a co-hosted judge)."""
     errors: int
-    """Samples without a reply (the request failed after its retries, or the reply was malformed)."""
+    """Samples without a reply: the request failed after its retries or its reply was malformed (remote); the
+    generation raised or the prompt was too long for the judge (co-hosted)."""
     parse_failures: int
     """Samples whose reply held no score."""
     latency_s: float
-    """Mean seconds per sample from its first request to its reply or last failure, backoff included."""
+    """Mean seconds per sample from its first request to its reply or last failure, backoff included (co-hosted:
+    its chunk's generation)."""
     first_error: str | None = None
-    """The first failed request's error (key redacted), for a log line."""
+    """The first failed sample's error (key redacted), for a log line."""
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -55,6 +59,37 @@ class JudgeScores:
             "reward/judge/retries": float(self.retries),
             "reward/judge/latency_s": self.latency_s,
         }
+
+
+def collect_scores(
+    replies: list[str | None],
+    errors: list[str | None],
+    parser: str,
+    labels: dict[str, float] | None,
+    scale: tuple[float, float] | list[float] | None,
+    retries: int = 0,
+    latency_s: float = 0.0,
+) -> JudgeScores:
+    """A batch's JudgeScores from each sample's reply (None where there is none, and `errors` says why), read with
+    `parser`; a reply without a score is a parse failure. Logs one warning line per kind of failure. Both judges,
+    remote and co-hosted (reward/judge_local.py), end their `score` here."""
+    values = [parse_score(text, parser, labels, scale) if text is not None else None for text in replies]
+    unparsed = [text for text, v in zip(replies, values, strict=True) if text is not None and v is None]
+    failures = [e for e in errors if e is not None]
+    if unparsed:
+        log.warning("judge: %d replies without a score (scored 0), e.g. %r", len(unparsed), unparsed[0][:300])
+    if failures:
+        log.warning("judge failed on %d of %d samples (scored 0): %s", len(failures), len(replies), failures[0])
+    return JudgeScores(
+        scores=torch.tensor([0.0 if v is None else v for v in values], dtype=torch.float32),
+        failed=torch.tensor([v is None for v in values], dtype=torch.bool),
+        replies=[text or "" for text in replies],
+        retries=retries,
+        errors=len(failures),
+        parse_failures=len(unparsed),
+        latency_s=latency_s,
+        first_error=failures[0] if failures else None,
+    )
 
 
 @dataclass
@@ -141,28 +176,15 @@ class RemoteJudge:
         """Each response's score in the order given; failures are flagged and counted, never raised."""
         prompts = [self.template.render(q, r, g) for q, r, g in zip(questions, responses, ground_truths, strict=True)]
         replies = [f.result() for f in [self._pool.submit(self._ask, m) for m in prompts]]
-        values = [
-            parse_score(r.text, self.parser, self.labels, self.scale) if r.error is None else None for r in replies
-        ]
-        unparsed = [r.text or "" for r, v in zip(replies, values, strict=True) if r.error is None and v is None]
-        errors = [r.error for r in replies if r.error is not None]
-        out = JudgeScores(
-            scores=torch.tensor([0.0 if v is None else v for v in values], dtype=torch.float32),
-            failed=torch.tensor([v is None for v in values], dtype=torch.bool),
-            replies=[self._redact(r.text or "") for r in replies],
+        return collect_scores(
+            [self._redact(r.text) if r.error is None and r.text is not None else None for r in replies],
+            [r.error for r in replies],
+            self.parser,
+            self.labels,
+            self.scale,
             retries=sum(r.retries for r in replies),
-            errors=len(errors),
-            parse_failures=len(unparsed),
             latency_s=sum(r.seconds for r in replies) / len(replies) if replies else 0.0,
-            first_error=errors[0] if errors else None,
         )
-        if unparsed:
-            log.warning(
-                "judge: %d replies without a score (scored 0), e.g. %r", len(unparsed), self._redact(unparsed[0])[:300]
-            )
-        if errors:
-            log.warning("judge failed on %d of %d samples (scored 0): %s", len(errors), len(replies), errors[0])
-        return out
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "<redacted>") if self._key else text

@@ -223,6 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             status, text, delay = server.reply(body, number)
             time.sleep(delay)
+        finally:  # before the reply goes out: the client may send its next request as soon as it has it
+            with server.lock:
+                server.in_flight -= 1
+        try:
             if status == 200:
                 text = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
             self.send_response(status)
@@ -232,9 +236,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(text.encode())
         except OSError:  # the client gave up (timed out) and closed the connection
             pass
-        finally:
-            with server.lock:
-                server.in_flight -= 1
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
