@@ -309,12 +309,13 @@ def _dry_run(cfg: Config, plan: RunPlan, env: DistEnv) -> None:
     preflight checks come first (`config/preflight.py`: the model's config.json against the config, the run and
     resume directories), so that a dry run refuses what the run would, with the same line; a config that cannot fit
     the card raises a ConfigError naming the keys to change."""
-    from torchrl_post.config.preflight import check_critic, check_reward_model, preflight
+    from torchrl_post.config.preflight import check_critic, check_judge, check_reward_model, preflight
     from torchrl_post.memory_plan import memory_plan_for_run  # transformers, for config.json: only a dry run needs it
 
     preflight(cfg, dry_run=True)
     check_critic(cfg, used=plan.critic != "none", weights=False)
     check_reward_model(cfg, used=plan.reward_model != "none", weights=False)
+    check_judge(cfg, weights=False)
     if env.is_main:
         print(plan.describe(env.device.type, env.backend), flush=True)
     memory = memory_plan_for_run(cfg, plan, env.device.type, env.local_rank)

@@ -17,7 +17,14 @@ from transformers import AutoTokenizer
 from torchrl_post.checkpoint.run_dir import lock_run_dir
 from torchrl_post.components import Components
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.preflight import check_critic, check_reward_model, check_run_dir, check_tokenizer, preflight
+from torchrl_post.config.preflight import (
+    check_critic,
+    check_judge,
+    check_reward_model,
+    check_run_dir,
+    check_tokenizer,
+    preflight,
+)
 from torchrl_post.config.schema import Config
 from torchrl_post.config.validate import file_list
 from torchrl_post.data.chat_templates import use_chat_template
@@ -101,6 +108,7 @@ class Run:
         check_tokenizer(tokenizer, model_config, m.path)
         check_critic(cfg, tokenizer, plan.critic != "none")
         reward_tokenizer = check_reward_model(cfg, plan.reward_model != "none")
+        check_judge(cfg)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"

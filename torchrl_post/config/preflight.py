@@ -17,6 +17,7 @@ builds a one-token tokenizer and every prompt encodes to nothing). The order `Ru
     check_tokenizer(tokenizer, model_config, cfg.model.path)
     check_critic(cfg, tokenizer)
     check_reward_model(cfg)                     # reward_model.enable: a sequence classifier; returns its tokenizer
+    check_judge(cfg)                            # a co-hosted judge: its model directory
 
 (`preflight(cfg)` runs the first nine; the dry run, `preflight(cfg, dry_run=True)`, `check_critic` and
 `check_reward_model`, the same but for the weights and the tool parser.) None of them loads a tensor; a safetensors file is checked by its
@@ -346,6 +347,14 @@ def check_reward_model(cfg: Config, used: bool = True, weights: bool = True) -> 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     check_tokenizer(tokenizer, rm_config, path, key)
     return tokenizer
+
+
+def check_judge(cfg: Config, weights: bool = True) -> None:
+    """A co-hosted judge (reward.judge.enable, url null): reward.judge.model is a model directory with a tokenizer."""
+    judge = cfg.reward.judge
+    if not judge.enable or judge.url is not None:
+        return
+    check_model_dir(judge.model, "reward.judge.model", False, weights)
 
 
 def check_run_dir(path: str, key: str = "trainer.default_local_dir") -> None:

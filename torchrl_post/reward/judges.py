@@ -8,6 +8,7 @@ import torch
 
 from torchrl_post.config.schema import JudgeConfig
 from torchrl_post.reward.judge_client import JudgeScores, RemoteJudge
+from torchrl_post.reward.judge_local import LocalJudge
 
 
 class Judge(Protocol):
@@ -22,4 +23,6 @@ def build_judge(cfg: JudgeConfig, device: torch.device, seed: int = 0) -> Judge 
         return None
     if cfg.url is not None:
         return RemoteJudge.from_config(cfg)
-    raise NotImplementedError("a co-hosted judge (reward.judge.url=null) is not built yet")
+    judge = LocalJudge.from_config(cfg, device)
+    judge.seed = seed
+    return judge

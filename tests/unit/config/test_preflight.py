@@ -19,6 +19,7 @@ from torchrl_post.config.load import load_config
 from torchrl_post.config.preflight import (
     check_critic,
     check_experts,
+    check_judge,
     check_length_budget,
     check_model_dir,
     check_moe_lora,
@@ -493,3 +494,11 @@ def test_resuming_with_partial_rollout_switched_is_one_line_before_anything_is_w
     preflight(load_config([*overrides, "trainer.resume_mode=disable"]))
     (step / "trainer_state.json").write_text(json.dumps({"global_step": 2, "world_size": 1}))
     preflight(load_config(overrides))
+
+
+def test_a_co_hosted_judge_names_a_model_directory(tmp_path: Path, model_copy: Path) -> None:
+    judge = ["reward.judge.enable=true", "reward.weights.judge=1.0"]
+    msg = _error(check_judge, load_config([*judge, f"reward.judge.model={tmp_path / 'nope'}"]))
+    assert msg.startswith("reward.judge.model=") and "does not exist" in msg
+    check_judge(load_config([*judge, f"reward.judge.model={model_copy}"]))
+    check_judge(load_config([*judge, "reward.judge.url=http://judge:8000/v1", "reward.judge.model=served-name"]))
