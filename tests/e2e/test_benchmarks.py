@@ -47,7 +47,7 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
             "benchmarks",
             "--tiny",
             "--only",
-            "rollout,memory,sync,loading,loss_path,sequence_parallel",
+            "rollout,memory,sync,loading,loss_path,sequence_parallel,reward_model",
             "--results",
             str(results),
         ]
@@ -107,8 +107,20 @@ def test_tiny_suite_writes_every_result(tmp_path: Path) -> None:
     assert 0 < two["exchange_share"] < 1 and two["step_seconds"] > 0
     assert {f["sp"] for f in sp["fits"]} == {1, 2}
 
+    # The real trainer with a reward model colocated on 2 ranks and on a rank of its own (3 processes).
+    rm = record(results, "reward_model")
+    assert [(r["placement"], r["nproc"]) for r in rm["rows"]] == [("colocated", 2), ("own_rank", 3)]
+    for row in rm["rows"]:
+        assert row["rm"] == "rm-demo" and row["samples_per_step"] == 16 * 8 and row["rm_params"] > 0
+        assert 0 < row["rm_s"] < row["step_s"]
+        assert row["rm_mean"] is not None  # reward/reward_model/mean was logged: the reward model scored
+        assert row["rm_samples_per_s"] == pytest.approx(row["samples_per_step"] / row["rm_s"])
+    (head,) = rm["headlines"]
+    assert head["step_ratio"] > 0 and rm["overlapped"] is False
+
     latest = (results / "LATEST.md").read_text()
     assert "Rollout benchmark" in latest and "FSDP2 memory per rank" in latest and "Weight-sync" in latest
+    assert "Reward-model benchmark" in latest
     assert readme_section() == readme_before  # only the repository's own results touch it
 
 

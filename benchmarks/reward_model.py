@@ -1,0 +1,279 @@
+"""Reward-model benchmark: scoring colocated with the actor against on a rank of its own, through the real trainer.
+
+For each reward model (random Qwen2ForSequenceClassification, one label, built once under outputs/bench_models
+with the demo's character tokenizer and chat template: `rm-demo`, the demo model's config, ~0.3M parameters, and
+`rm-qwen2-25m`, ~25M; a random head, since this measures throughput, not quality) runs the demo GRPO config with
+`reward_model.enable=true` twice through `torchrun --standalone -m torchrl_post.train`:
+    colocated   2 processes, `placement.reward_model=actor`: each actor rank scores its half of the step's samples
+    own_rank    3 processes, `placement.actor=[0,1] placement.reward_model=[2]`: rank 2 scores every sample
+validation and checkpoints off, `reward_model.micro_batch_size_per_gpu` at its default. From each run's
+metrics.jsonl: medians over steps 3..N of `timing_s/reward_model` (colocated: the forward and the mixing on the
+actor's ranks; own rank: the actor's wait for the scores), `timing_s/step` and `timing_s/gen`. RM samples/s is the
+step's samples (data.train_batch_size x rollout.n) over that median.
+The headline is the step time on its own rank over colocated's. Today nothing overlaps the scoring on its own
+rank: the reward model's rank gets the batch after generation and the actor blocks until the scores come back
+(workers/remote.py `RemoteRewardModel.scores`), so `step - RM` should match between the placements.
+Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import ROOT, demo_model
+
+NAME = "reward_model"
+PLACEMENTS = {
+    "colocated": (2, ["placement.reward_model=actor"]),
+    "own_rank": (3, ["placement.actor=[0,1]", "placement.reward_model=[2]"]),
+}  # placement: (processes, overrides)
+LABELS = {"colocated": "colocated (actor ranks 0,1)", "own_rank": "own rank (actor 0,1; RM 2)"}
+BATCH, N = 16, 8  # data.train_batch_size, rollout.n: the demo config's, stated so the samples per step are known
+FIRST_STEP = 3  # medians over steps FIRST_STEP..N (the first two steps hold the warm-up)
+METRICS = {"rm_s": "timing_s/reward_model", "step_s": "timing_s/step", "gen_s": "timing_s/gen"}
+
+
+@dataclass(frozen=True)
+class RMSize:
+    """A reward model: the demo model's config with these fields replaced (none: the demo's own sizes)."""
+
+    name: str
+    sizes: tuple[tuple[str, int], ...] = ()
+
+
+RM_SIZES = (
+    RMSize("rm-demo"),
+    RMSize(
+        "rm-qwen2-25m",
+        (("hidden_size", 512), ("num_hidden_layers", 8), ("num_attention_heads", 8), ("num_key_value_heads", 4),
+         ("intermediate_size", 1536)),
+    ),
+)  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = common.parser(__doc__)
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 12)")
+    return ap.parse_args(argv)
+
+
+def reward_model_dir(size: RMSize) -> Path:
+    """The reward model's directory under outputs/bench_models, built once (seeded: a cached one is the same)."""
+    out = common.MODELS / size.name
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    print(f"building the reward model {size.name} under {out} (once) ...", flush=True)
+    demo = demo_model()
+    spec = AutoConfig.from_pretrained(demo).to_dict()
+    spec.pop("layer_types")  # one per layer: derived again for the new depth
+    config = Qwen2Config(**spec | dict(size.sizes))
+    tok = AutoTokenizer.from_pretrained(demo)
+    config.num_labels, config.architectures = 1, ["Qwen2ForSequenceClassification"]
+    config.pad_token_id = tok.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForSequenceClassification(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)  # the character tokenizer and its chat template
+    return out
+
+
+def parameters(path: Path) -> int:
+    """The parameters in the checkpoint's safetensors files."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for key in f.keys():  # noqa: SIM118  # safe_open is not iterable
+                total += math.prod(f.get_slice(key).get_shape())
+    return total
+
+
+# ---- training runs --------------------------------------------------------------------------------------------
+
+
+def train(size: RMSize, path: Path, placement: str, steps: int) -> dict[str, Any]:
+    """One run's row: the medians of METRICS, RM samples/s, the rest of the step (step - RM)."""
+    nproc, where = PLACEMENTS[placement]
+    overrides = [
+        "reward_model.enable=true", f"reward_model.model.path={path}", *where,
+        f"data.train_batch_size={BATCH}", f"rollout.n={N}",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=0",
+    ]  # fmt: skip
+    print(f"{size.name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
+    rows, wall = common.train_run(f"reward_model_{size.name}_{placement}", overrides, nproc=nproc)
+    kept = [r for r in rows if r.get("training/global_step", 0) >= FIRST_STEP] or rows
+    samples = BATCH * N
+    row: dict[str, Any] = {
+        "placement": placement, "rm": size.name, "rm_params": parameters(path), "nproc": nproc,
+        "samples_per_step": samples, "steps": len(rows), "median_over_steps": f"{FIRST_STEP}..{len(rows)}",
+        "run_wall_s": wall,
+    }  # fmt: skip
+    row |= {key: common.median(kept, metric) for key, metric in METRICS.items()}
+    row["rm_mean"] = common.median(kept, "reward/reward_model/mean")  # None would mean nothing was scored
+    row["rm_samples_per_s"] = samples / row["rm_s"]
+    row["rest_s"] = row["step_s"] - row["rm_s"]
+    row["loadavg_1m"] = common.load_1m()
+    print(
+        f"    RM {row['rm_s']:.3f} s ({row['rm_samples_per_s']:.0f} samples/s), step {row['step_s']:.3f} s, "
+        f"run {wall:.0f} s",
+        flush=True,
+    )
+    return row
+
+
+def headlines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per reward model: own rank's step time and RM time over colocated's."""
+    out = []
+    for name in dict.fromkeys(r["rm"] for r in rows):
+        by = {r["placement"]: r for r in rows if r["rm"] == name}
+        if set(by) != set(PLACEMENTS):
+            continue
+        co, own = by["colocated"], by["own_rank"]
+        out.append(
+            {
+                "rm": name,
+                "rm_params": co["rm_params"],
+                "step_ratio": own["step_s"] / co["step_s"],
+                "rm_ratio": own["rm_s"] / co["rm_s"],
+                "rest_ratio": own["rest_s"] / co["rest_s"],
+            }
+        )
+    return out
+
+
+# ---- reports --------------------------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("placement", "label", "{}"),
+    ("RM", "rm", "{}"),
+    ("RM params", "rm_params_m", "{:.2f}M"),
+    ("samples/step", "samples_per_step", "{}"),
+    ("RM s (median)", "rm_s", "{:.3f}"),
+    ("RM samples/s", "rm_samples_per_s", "{:.0f}"),
+    ("step s (median)", "step_s", "{:.3f}"),
+    ("step - RM s", "rest_s", "{:.3f}"),
+    ("gen s", "gen_s", "{:.3f}"),
+]
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    m = rec["machine"]
+    loads = [r["loadavg_1m"] for r in rec["rows"]]
+    rows = [r | {"label": LABELS[r["placement"]], "rm_params_m": r["rm_params"] / 1e6} for r in rec["rows"]]
+    lines = [
+        "# Reward-model benchmark",
+        "",
+        f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {min(loads):.1f} to "
+        f"{max(loads):.1f} after the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row is "
+        f"one `torchrun -m torchrl_post.train` run of the demo GRPO config ({rec['steps']} steps, "
+        f"{BATCH} prompts x {N} samples, validation and checkpoints off) with a random "
+        "Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
+        f"{rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on rank 2 of its own (3 processes). "
+        f"RM s is `timing_s/reward_model`, medians over steps {FIRST_STEP}..N: colocated, each actor rank's "
+        "forward over its half of the samples; on its own rank, the actor's wait for the scores.",
+        "",
+        common.table(rows, COLUMNS).rstrip(),
+        "",
+        *conclusion(rec),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def conclusion(rec: dict[str, Any]) -> list[str]:
+    heads = rec["headlines"]
+    if not heads:
+        return []
+    ratios = "; ".join(
+        f"{h['step_ratio']:.2f}x colocated's step time with {h['rm']} (RM wait {h['rm_ratio']:.2f}x, "
+        f"the rest of the step {h['rest_ratio']:.2f}x)"
+        for h in heads
+    )
+    return [
+        f"On its own rank: {ratios}.",
+        "Nothing overlaps the scoring on its own rank (recorded as `overlapped: false`): rank 2 receives the batch "
+        "after generation and the actor blocks until the scores come back, so the actor's wait is the whole forward "
+        "over every sample on one process plus the link, on the step's critical path as colocated scoring is. On "
+        "these shared CPUs the third process also competes with the actor ranks for the 2 cores.",
+    ]
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+
+    rows = rec["rows"]
+    names = list(dict.fromkeys(r["rm"] for r in rows))
+    placements = [p for p in PLACEMENTS if any(r["placement"] == p for r in rows)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / len(placements)
+    for i, placement in enumerate(placements):
+        xs, speed, step = [], [], []
+        for k, name in enumerate(names):
+            row = next((r for r in rows if r["rm"] == name and r["placement"] == placement), None)
+            if row is not None:
+                xs.append(k + (i - (len(placements) - 1) / 2) * width)
+                speed.append(row["rm_samples_per_s"])
+                step.append(row["step_s"])
+        for ax, ys, fmt in ((left, speed, "{:.0f}"), (right, step, "{:.2f}")):
+            bars = ax.bar(xs, ys, width, label=LABELS[placement], color=f"C{i}")
+            ax.bar_label(bars, [fmt.format(y) for y in ys], fontsize=8)
+    params = {r["rm"]: r["rm_params"] for r in rows}
+    ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
+    for ax, ylabel, title in (
+        (left, "samples / s", "reward-model scoring (samples / timing_s/reward_model)"),
+        (right, "seconds", "training step (median)"),
+    ):
+        ax.set_xticks(range(len(names)), ticks)
+        ax.set(ylabel=ylabel, title=title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Reward model colocated vs on its own rank, GRPO {BATCH}x{N} samples per step, CPU", fontsize=10)
+    common.save_figure(fig, path)
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from torchrl_post.config.schema import RewardModelConfig
+
+    args = common.options(args, parse_args)
+    steps = args.steps or (3 if args.tiny else 6 if args.quick else 12)
+    sizes = RM_SIZES[:1] if args.tiny else RM_SIZES
+    rows = []
+    for size in sizes:
+        path = reward_model_dir(size)
+        rows += [train(size, path, placement, steps) for placement in PLACEMENTS]
+    rec = {
+        "quick": args.quick,
+        "tiny": args.tiny,
+        "steps": steps,
+        "median_from_step": FIRST_STEP,
+        "train_batch_size": BATCH,
+        "rollout_n": N,
+        "rm_micro_batch": RewardModelConfig().micro_batch_size_per_gpu,
+        "models": {s.name: str(reward_model_dir(s).relative_to(ROOT)) for s in sizes},
+        "rows": rows,
+        "headlines": headlines(rows),
+        "overlapped": False,
+        "overlap_basis": "workers/remote.py: the actor sends the batch after generation and blocks until the scores "
+        "return; rank 2 has nothing else to run",
+        "loadavg_1m": common.load_1m(),
+    }
+    for line in conclusion(rec):
+        print(f"  {line}", flush=True)
+    return rec
+
+
+if __name__ == "__main__":
+    common.standalone(sys.modules[__name__])
