@@ -12,7 +12,7 @@ actor's ranks; own rank: the actor's wait for the scores), `timing_s/step` and `
 step's samples (data.train_batch_size x rollout.n) over that median.
 The headline is the step time on its own rank over colocated's. Today nothing overlaps the scoring on its own
 rank: the reward model's rank gets the batch after generation and the actor blocks until the scores come back
-(workers/remote.py `RemoteRewardModel.scores`), so `step - RM` should match between the placements.
+(workers/remote.py `RemoteRewardModel.scores`), so the wait stays on the step's critical path.
 Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with transformers (`rollout.engine=hf`): vLLM's
 start costs ~10 s a launch, and the scoring and the link do not depend on the engine).
 """
