@@ -12,8 +12,9 @@ actor's ranks; own rank: the actor's wait for the scores), `timing_s/step` and `
 step's samples (data.train_batch_size x rollout.n) over that median.
 The headline is the step time on its own rank over colocated's. Today nothing overlaps the scoring on its own
 rank: the reward model's rank gets the batch after generation and the actor blocks until the scores come back
-(workers/remote.py `RemoteRewardModel.scores`), so `step - RM` should match between the placements.
-Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only).
+(workers/remote.py `RemoteRewardModel.scores`), so the wait stays on the step's critical path.
+Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with transformers (`rollout.engine=hf`): vLLM's
+start costs ~10 s a launch, and the scoring and the link do not depend on the engine).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ PLACEMENTS = {
 }  # placement: (processes, overrides)
 LABELS = {"colocated": "colocated (actor ranks 0,1)", "own_rank": "own rank (actor 0,1; RM 2)"}
 BATCH, N = 16, 8  # data.train_batch_size, rollout.n: the demo config's, stated so the samples per step are known
+ENGINE_NAMES = {"vllm": "in-process vLLM", "hf": "transformers generate"}
 FIRST_STEP = 3  # medians over steps FIRST_STEP..N (the first two steps hold the warm-up)
 METRICS = {"rm_s": "timing_s/reward_model", "step_s": "timing_s/step", "gen_s": "timing_s/gen"}
 
@@ -102,13 +104,13 @@ def parameters(path: Path) -> int:
 # ---- training runs --------------------------------------------------------------------------------------------
 
 
-def train(size: RMSize, path: Path, placement: str, steps: int) -> dict[str, Any]:
+def train(size: RMSize, path: Path, placement: str, steps: int, engine: str) -> dict[str, Any]:
     """One run's row: the medians of METRICS, RM samples/s, the rest of the step (step - RM)."""
     nproc, where = PLACEMENTS[placement]
     overrides = [
         "reward_model.enable=true", f"reward_model.model.path={path}", *where,
-        f"data.train_batch_size={BATCH}", f"rollout.n={N}",
-        f"trainer.total_training_steps={steps}", "trainer.test_freq=0",
+        f"data.train_batch_size={BATCH}", f"rollout.n={N}", f"rollout.engine={engine}",
+        f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.plots=false",
     ]  # fmt: skip
     print(f"{size.name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
     rows, wall = common.train_run(f"reward_model_{size.name}_{placement}", overrides, nproc=nproc)
@@ -177,6 +179,7 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {min(loads):.1f} to "
         f"{max(loads):.1f} after the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row is "
         f"one `torchrun -m torchrl_post.train` run of the demo GRPO config ({rec['steps']} steps, "
+        f"{ENGINE_NAMES[rec['engine']]}, "
         f"{BATCH} prompts x {N} samples, validation and checkpoints off) with a random "
         "Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
         f"{rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on rank 2 of its own (3 processes). "
@@ -231,12 +234,13 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     params = {r["rm"]: r["rm_params"] for r in rows}
     ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
     for ax, ylabel, title in (
-        (left, "samples / s", "reward-model scoring (samples / timing_s/reward_model)"),
+        (left, "samples / s (log scale)", "reward-model scoring (samples / timing_s/reward_model)"),
         (right, "seconds", "training step (median)"),
     ):
         ax.set_xticks(range(len(names)), ticks)
         ax.set(ylabel=ylabel, title=title)
         ax.legend(fontsize=8)
+    left.set_yscale("log")  # the demo-size model scores ~25x faster than the ~25M one
     fig.suptitle(f"Reward model colocated vs on its own rank, GRPO {BATCH}x{N} samples per step, CPU", fontsize=10)
     common.save_figure(fig, path)
 
@@ -250,14 +254,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
     steps = args.steps or (3 if args.tiny else 6 if args.quick else 12)
     sizes = RM_SIZES[:1] if args.tiny else RM_SIZES
+    engine = "hf" if args.tiny else "vllm"
     rows = []
     for size in sizes:
         path = reward_model_dir(size)
-        rows += [train(size, path, placement, steps) for placement in PLACEMENTS]
+        rows += [train(size, path, placement, steps, engine) for placement in PLACEMENTS]
     rec = {
         "quick": args.quick,
         "tiny": args.tiny,
         "steps": steps,
+        "engine": engine,
         "median_from_step": FIRST_STEP,
         "train_batch_size": BATCH,
         "rollout_n": N,

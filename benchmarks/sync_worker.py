@@ -84,7 +84,7 @@ def build_topology(args: argparse.Namespace, env: DistEnv) -> Topology:
         raise SystemExit(
             f"{args.mode} with actor={args.actor} rollout={args.rollout} needs {want} ranks, got {env.world_size}"
         )
-    spec = types.SimpleNamespace(actor=actor, rollout=rollout, critic=None, reference=None)
+    spec = types.SimpleNamespace(actor=actor, rollout=rollout, critic=None, reference=None, reward_model=None)
     return Topology(plan_placement(spec, env.world_size), env, {"actor": -1})
 
 
