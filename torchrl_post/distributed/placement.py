@@ -100,7 +100,7 @@ def plan_placement(cfg: Any, world_size: int) -> Placement:
     ranks: dict[str, list[int]] = {"actor": actor}
     colocated = {"actor": True}
     for role in ("rollout", *SERVED):
-        value = getattr(cfg, role)
+        value = getattr(cfg, role, None)  # a spec without a role (critic=, reference=, ...) has none
         if value is None:
             if role == "rollout":
                 raise ConfigError("placement.rollout=null: the rollout role is required (`actor` or a rank list)")
