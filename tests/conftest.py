@@ -187,6 +187,18 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def demo_judge_model() -> Path:
+    """The demo judge (`torchrl_post.demo.judge`), built into outputs/demo_judge_model from outputs/demo_model and
+    outputs/demo_data (each built there if missing) and cached there across sessions, as `make judge-model` does:
+    a build takes a minute or two, a cached one is checked in a second."""
+    from torchrl_post.demo.judge import build_judge
+
+    out = REPO / "outputs"
+    build_judge(out / "demo_judge_model", out / "demo_model", out / "demo_data")
+    return out / "demo_judge_model"
+
+
+@pytest.fixture(scope="session")
 def demo_20_steps(demo: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """metrics.jsonl of the default demo, 20 steps on 2 processes (`tests.e2e.golden.record.run_demo`): the
     golden fixture's run, and the baseline other layouts of the same run are compared with."""

@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from torchrl_post.config.errors import ConfigError
 from torchrl_post.reward.judge import JudgeConfig, JudgeTemplate
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 
@@ -54,6 +55,11 @@ class LocalJudge:
         model.to(self.device)  # type: ignore[arg-type]  # transformers' stub types .to() oddly
         self.model: PreTrainedModel | None = model.eval().requires_grad_(False)
         positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None and max_tokens >= positions:
+            raise ConfigError(
+                f"reward.judge.max_tokens={max_tokens} leaves no room for a prompt: the judge {model_path} has "
+                f"max_position_embeddings={positions}; set reward.judge.max_tokens below it (a reply's length)"
+            )
         self.max_prompt_tokens: int | None = positions - max_tokens if positions is not None else None
         """The longest prompt the judge takes: its positions minus the reply's `max_tokens` (None: no limit)."""
         pad = self.tokenizer.pad_token_id

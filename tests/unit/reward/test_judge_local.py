@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from torchrl_post.config.errors import ConfigError
 from torchrl_post.reward.judge import JudgeConfig, JudgeTemplate
 from torchrl_post.reward.judge_local import LocalJudge
 
@@ -136,6 +137,13 @@ def test_prompts_with_and_without_a_chat_template(tiny_model: Path, tmp_path: Pa
     plain = _judge(plain_dir)
     assert not plain.tokenizer.chat_template
     assert plain.tokenizer.decode(plain.prompt_ids(messages)) == "Be brief.\nA: 7"
+
+
+def test_a_reply_longer_than_the_judge_s_positions_is_a_config_error(tiny_model: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"reward.judge.max_tokens=1024 leaves no room .* max_position_embeddings=256"
+    ):
+        _judge(tiny_model, max_tokens=1024)  # JudgeConfig's default, for a judge with 256 positions
 
 
 def test_from_config(tiny_model: Path) -> None:
