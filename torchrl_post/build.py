@@ -11,18 +11,22 @@ the role sits on ranks of its own, absent where the plan has none.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from torchrl_post.agent.loop import build_agent_loop
+from torchrl_post.config.schema import JudgeConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
+from torchrl_post.engines.base import EngineSpec
 from torchrl_post.engines.build import build_engine
 from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
-from torchrl_post.reward.judges import build_judge
+from torchrl_post.reward.judge_client import RemoteJudge
+from torchrl_post.reward.judge_local import LocalJudge, judge_engine_args
 from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
@@ -45,6 +49,8 @@ from torchrl_post.workers.remote import (
     RoleServer,
 )
 from torchrl_post.workers.reward_model import RewardModel
+
+log = logging.getLogger(__name__)
 
 
 def build_program(run: Run) -> RankProgram:
@@ -172,7 +178,42 @@ def rollout_transfer(run: Run) -> RolloutTransfer:
     return RolloutTransfer(run.topo.world, plan.prompts_per_step, plan.engines, plan.actor_ranks)
 
 
-def source_settings(run: Run) -> SourceSettings:
+def build_judge(run: Run) -> RemoteJudge | LocalJudge | None:
+    """The LLM judge reward.judge describes (None when off): a server's client by `url`, else the judge model on
+    an in-process engine of its own (the plan's `judge_engine`), built before the policy's engine sizes itself from
+    the memory left."""
+    cfg, spec = run.cfg.reward.judge, run.plan.judge_engine
+    if not cfg.enable:
+        return None
+    if spec is None:
+        return RemoteJudge.from_config(cfg)
+    return local_judge(cfg, spec, run.cfg.rollout, run.env.device, run.cfg.trainer.seed)
+
+
+def local_judge(
+    cfg: JudgeConfig,
+    spec: EngineSpec | None = None,
+    rollout: RolloutConfig | None = None,
+    device: torch.device | None = None,
+    seed: int = 0,
+) -> LocalJudge:
+    """The co-hosted judge `cfg` names on an engine of `spec` (reward/judge_local.py `judge_engine_args`); by
+    default one as long as the judge's positions, of the rollout section's defaults, on the CPU."""
+    spec = spec or EngineSpec(
+        max_model_len=cfg.max_model_len or 0, lora_sync="none", prefix_caching=False, load_format="auto"
+    )
+    rollout, device = rollout or RolloutConfig(), device or torch.device("cpu")
+    model, judge_rollout, spec, tokenizer = judge_engine_args(cfg, spec, rollout)
+    eos = [tokenizer.eos_token_id]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = build_engine(model, judge_rollout, spec, device, seed, pad, eos)
+    log.info(
+        "judge %s: a %s engine on this rank (max_model_len %d)", cfg.model, judge_rollout.engine, spec.max_model_len
+    )
+    return LocalJudge.from_config(cfg, engine, tokenizer, spec.max_model_len, seed)
+
+
+def source_settings(run: Run, judge: RemoteJudge | LocalJudge | None = None) -> SourceSettings:
     cfg, plan = run.cfg, run.plan
     return SourceSettings(
         rollout=cfg.rollout,
@@ -189,7 +230,7 @@ def source_settings(run: Run) -> SourceSettings:
         mixes_rewards=plan.mixes_rewards,
         reward_tokenizer=run.reward_tokenizer,
         reward_max_length=cfg.reward_model.max_length,
-        judge=build_judge(cfg.reward.judge, run.env.device, cfg.trainer.seed),
+        judge=judge,
         judge_on_error=cfg.reward.judge.on_error,
     )
 
@@ -202,6 +243,7 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
     tp, index = plan.tensor_parallel_size, plan.rollout_ranks.index(run.env.rank)
     eos = [run.tokenizer.eos_token_id]
     seed = cfg.trainer.seed + index // tp
+    judge = build_judge(run)
     engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos, reserve_bytes)
     episodes = None
     if run.components.agent is not None:
@@ -217,7 +259,7 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
             turn_batches=cfg.rollout.engine == "hf",  # hf generate runs a batch to its end: one batch per turn
         )
     return EngineSource(
-        source_settings(run),
+        source_settings(run, judge),
         engine,
         run.tokenizer,
         run.train_data,

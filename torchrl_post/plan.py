@@ -109,6 +109,12 @@ class RunPlan:
     total_training_steps: int | None
     engine: EngineSpec
     """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
+    judge_engine_kind: str = "vllm"
+    """reward.judge.engine, or rollout.engine."""
+    judge_engine: EngineSpec | None = None
+    """A co-hosted judge's engine (reward.judge.enable with no url; reward/judge_local.py): one more in-process
+    engine on every rollout rank, its weights from reward.judge.model, never asleep; max_model_len 0: the judge's
+    positions. None: no judge, or a judge served by URL."""
     model_dtype: str = "float32"
     """model.dtype: the trained models' weights (the master copy under mixed precision)."""
     device: str = "cpu"
@@ -182,6 +188,15 @@ class RunPlan:
             "samples_per_mini_batch_per_rank": actor.mini_batch_samples,
         } | (sp if actor.sequence_parallel > 1 else {})
 
+    def _judge(self) -> str:
+        """Where the LLM judge runs (the dry run's line)."""
+        j = self.judge_engine
+        if j is None:
+            return "by URL" if "judge" in self.reward_weights else "none"
+        length = f"max_model_len {j.max_model_len}" if j.max_model_len else "its max_position_embeddings long"
+        share = "" if j.gpu_memory_utilization is None else f", gpu_memory_utilization {j.gpu_memory_utilization:g}"
+        return f"co-hosted on every rollout rank: a {self.judge_engine_kind} engine of its own, {length}{share}"
+
     def describe(self, device: str, backend: str) -> str:
         """The dry-run plan: roles -> ranks, meshes, engines, the sync, where each role comes from, batch
         arithmetic."""
@@ -227,6 +242,7 @@ class RunPlan:
             "  training reward: "
             + " + ".join(f"{w:g} x {name}" for name, w in self.reward_weights.items())
             + ("" if set(self.reward_weights) == {"rule"} else f" ({self.reward_combine}); validation: rule"),
+            f"  judge: {self._judge()}",
             f"  weight sync: {self.sync}, buckets of {self.sync_bucket_bytes / MB:g} MiB",
             f"  rollout correction: {self.rollout_correction.describe()}",
             "  MoE routing: "
@@ -370,6 +386,21 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
     )
 
 
+def judge_engine_spec(cfg: Config, device: str = "cpu") -> EngineSpec:
+    """A co-hosted judge's engine: the judge's own weights from disk, the rollout's dtype, eager where the
+    rollout's engine is, no sleep (it scores between updates), its reward.judge.gpu_memory_utilization on a GPU."""
+    j, policy = cfg.reward.judge, engine_spec(cfg, device=device)
+    return EngineSpec(
+        max_model_len=j.max_model_len or 0,
+        lora_sync="none",
+        prefix_caching=False,
+        load_format="auto",
+        dtype=policy.dtype,
+        enforce_eager=policy.enforce_eager,
+        gpu_memory_utilization=j.gpu_memory_utilization if device == "cuda" else None,
+    )
+
+
 def ignored_keys(cfg: Config) -> list[str]:
     """Keys set to something that this run does not use (a warning, not an error: the value is harmless)."""
     a, notes = cfg.agent, []
@@ -479,6 +510,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     on_policy = cfg.actor.ppo_epochs == 1 and mini == bsz
     correction = rollout_correction(cfg)
     engine = engine_spec(cfg, first_sync=True, device=device, colocated=placement.colocated["rollout"])
+    judge = cfg.reward.judge
     return RunPlan(
         placement=placement,
         roles=roles,
@@ -505,6 +537,8 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
         engine=engine,
+        judge_engine=judge_engine_spec(cfg, device) if judge.enable and judge.url is None else None,
+        judge_engine_kind=judge.engine or cfg.rollout.engine,
         model_dtype=cfg.model.dtype,
         device=device,
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),

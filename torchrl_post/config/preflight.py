@@ -39,6 +39,7 @@ from torchrl_post.checkpoint.dcp import check_resumable, resumed_checkpoint
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.names import check_lora_targets, check_tool_parser
 from torchrl_post.config.schema import Config
+from torchrl_post.engines.base import VLLM_CPU_HEAD_SIZES, unsupported_head_size
 from torchrl_post.workers.moe import expert_count
 
 log = logging.getLogger(__name__)
@@ -349,12 +350,20 @@ def check_reward_model(cfg: Config, used: bool = True, weights: bool = True) -> 
     return tokenizer
 
 
-def check_judge(cfg: Config, weights: bool = True) -> None:
-    """A co-hosted judge (reward.judge.enable, url null): reward.judge.model is a model directory with a tokenizer."""
+def check_judge(cfg: Config, weights: bool = True, device_type: str = "cpu") -> None:
+    """A co-hosted judge (reward.judge.enable, url null): reward.judge.model is a model directory with a tokenizer
+    that its engine can run (vLLM on CPU: `VLLM_CPU_HEAD_SIZES`)."""
     judge = cfg.reward.judge
     if not judge.enable or judge.url is not None:
         return
-    check_model_dir(judge.model, "reward.judge.model", False, weights)
+    model_config = check_model_dir(judge.model, "reward.judge.model", False, weights)
+    engine = judge.engine or cfg.rollout.engine
+    head = unsupported_head_size(model_config, engine, device_type)
+    if head is not None:
+        raise ConfigError(
+            f"reward.judge.model={judge.model!r} has attention heads of {head}, which vLLM's CPU attention does not "
+            f"run (it takes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}): set reward.judge.engine=hf"
+        )
 
 
 def check_run_dir(path: str, key: str = "trainer.default_local_dir") -> None:

@@ -560,6 +560,14 @@ class JudgeConfig:
     co-host; null: a judge co-hosted with the run."""
     model: str = ""
     """The judge model: the served model's name (the request's `model`), or a co-hosted judge's path."""
+    engine: Annotated[str | None, Engine] = None
+    """A co-hosted judge's engine, one more in-process engine on every rollout rank beside the policy's: vllm or
+    hf; null: rollout.engine."""
+    max_model_len: int | None = None
+    """A co-hosted judge's prompt plus reply tokens; null: the judge's max_position_embeddings. A longer prompt
+    fails its sample."""
+    gpu_memory_utilization: float = 0.2
+    """A co-hosted vLLM judge's share of a GPU, taken before the policy's engine sizes itself from what is left."""
     api_key_env: str | None = None
     """The NAME of the environment variable that holds the server's API key (sent as a bearer token); the key
     itself never goes in the config, logs or metrics. null: no key."""
@@ -579,7 +587,7 @@ class JudgeConfig:
     timeout_s: float = 60.0
     """Seconds one request may wait on the judge's server; a request that times out is retried."""
     max_concurrency: int = 16
-    """Requests in flight to the judge at most."""
+    """Requests in flight to the judge at most (a co-hosted judge: its engine's max_num_seqs)."""
     max_retries: int = 3
     """Retries of a request (exponential backoff) after a connection error, a timeout, HTTP 429 or 5xx; other
     HTTP errors fail the sample at once."""

@@ -36,12 +36,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
+from torchrl_post.build import local_judge
+from torchrl_post.config.schema import JudgeConfig
 from torchrl_post.demo.build import GRID, _encode, build_demo, deterministic, fingerprint, save_model, sft
 from torchrl_post.demo.qwen import _staging, write_marker
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.reward.builtin import arithmetic
 from torchrl_post.reward.judge import JudgeTemplate
-from torchrl_post.reward.judge_local import LocalJudge
 
 TEMPLATE = "Q: {question}\nA: {response}\nRef: {ground_truth}"
 """The grader's prompt (reward.judge.template); its verdict follows the reference answer directly."""
@@ -61,7 +62,7 @@ LR = 3e-3
 BATCH_SIZE = 64
 SEED = 0
 """The grader's initialisation, its batches and the demo policy's samples."""
-RECIPE = 1
+RECIPE = 2
 """The grader's version: a cached grader built by another recipe is rebuilt."""
 MARKER = "judge_build.json"
 
@@ -75,15 +76,16 @@ def judge_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def fresh_grader(tok: PreTrainedTokenizerBase, seed: int = SEED) -> Qwen2ForCausalLM:
-    """A randomly initialised tiny Qwen2 over `tok`: hidden 32, 2 layers of 2 heads, MLP 64 - a tenth of the demo
-    model's compute per token."""
+    """A randomly initialised tiny Qwen2 over `tok`: hidden 32, 2 layers of one head, MLP 64 - a tenth of the demo
+    model's compute per token. One head of 32: vLLM's CPU attention takes head sizes from 32 up (two of 16 fail
+    every request there)."""
     cfg = Qwen2Config(
         vocab_size=64 * -(-len(tok) // 64),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
         max_position_embeddings=256,
         tie_word_embeddings=False,
         bos_token_id=None,
@@ -180,12 +182,18 @@ def train_grader(
     return acc
 
 
+def judge_config(judge_dir: Path, engine: str | None = None) -> JudgeConfig:
+    """reward.judge as configs/judge.yaml sets it for the grader at `judge_dir` (co-hosted, on `engine`)."""
+    return JudgeConfig(
+        enable=True, model=str(judge_dir), engine=engine, template=TEMPLATE, parser="label", labels=dict(LABELS),
+        scale=None, max_tokens=MAX_TOKENS,
+    )  # fmt: skip
+
+
 def agreement(judge_dir: Path, triples: list[tuple[str, str, str]]) -> tuple[float, int]:
     """The share of `triples` on which the judge at `judge_dir` (through LocalJudge, greedy) gives the exact-match
     rule's verdict, and how many of its replies held no verdict (counted as disagreeing)."""
-    judge = LocalJudge(
-        str(judge_dir), JudgeTemplate(TEMPLATE), "cpu", parser="label", labels=LABELS, max_tokens=MAX_TOKENS
-    )
+    judge = local_judge(judge_config(judge_dir, engine="hf"))
     with judge:
         out = judge.score(*map(list, zip(*triples, strict=True)))
     verdicts = zip(out.scores.tolist(), out.failed.tolist(), labelled(triples), strict=True)

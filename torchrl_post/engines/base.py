@@ -122,6 +122,17 @@ def kv_dims(hf_config: Any) -> tuple[int, int, int]:
     return int(text.num_hidden_layers), kv_heads, int(getattr(text, "head_dim", None) or text.hidden_size // heads)
 
 
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The attention head sizes vLLM 0.32's CPU attention takes (v1/attention/backends/cpu_attn.py
+`get_supported_head_sizes`); any other fails every request with "Unsupported CPU attention configuration"."""
+
+
+def unsupported_head_size(hf_config: Any, engine: str, device_type: str) -> int | None:
+    """The model's head size where the engine cannot run it (vLLM on CPU, `VLLM_CPU_HEAD_SIZES`); else None."""
+    head = kv_dims(hf_config)[2]
+    return head if engine == "vllm" and device_type == "cpu" and head not in VLLM_CPU_HEAD_SIZES else None
+
+
 def kv_cache_bytes(
     layers: int,
     kv_heads: int,

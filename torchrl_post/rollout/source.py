@@ -59,7 +59,7 @@ class SourceSettings:
     with it into `batch.reward_inputs` as its group is scored."""
     reward_max_length: int = 0
     judge: Any = None
-    """The LLM judge (reward.judge.enable; reward/judges.py): each training sample is scored by it too, into
+    """The LLM judge (reward.judge.enable; build.py `build_judge`): each training sample is scored by it too, into
     `batch.judge_scores`, as its group is scored."""
     judge_on_error: str = "zero"
 

@@ -502,3 +502,15 @@ def test_a_co_hosted_judge_names_a_model_directory(tmp_path: Path, model_copy: P
     assert msg.startswith("reward.judge.model=") and "does not exist" in msg
     check_judge(load_config([*judge, f"reward.judge.model={model_copy}"]))
     check_judge(load_config([*judge, "reward.judge.url=http://judge:8000/v1", "reward.judge.model=served-name"]))
+    # heads of 16: vLLM's CPU attention refuses them at the first request; the hf engine, or a GPU, runs them
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps(config | {"head_dim": 16}))
+    small = load_config([*judge, f"reward.judge.model={model_copy}", "rollout.engine=vllm"])
+    msg = _error(check_judge, small)
+    assert (
+        msg.startswith(f"reward.judge.model='{model_copy}' has attention heads of 16")
+        and "reward.judge.engine=hf" in msg
+    )
+    check_judge(small, device_type="cuda")
+    small.reward.judge.engine = "hf"
+    check_judge(small)

@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from torchrl_post.demo.judge import LABELS, MARKER, MAX_TOKENS, TEMPLATE
+from torchrl_post.build import local_judge
+from torchrl_post.demo.judge import MARKER, TEMPLATE, judge_config
 from torchrl_post.demo.task import make_rows
 from torchrl_post.reward.builtin import arithmetic
-from torchrl_post.reward.judge import JudgeTemplate
-from torchrl_post.reward.judge_local import LocalJudge
 
 
 def held_out_triples() -> list[tuple[str, str, str]]:
@@ -32,10 +29,7 @@ def test_the_demo_judge_agrees_with_the_exact_match_rule(demo_judge_model: Path)
     triples = held_out_triples()
     rule = [arithmetic("arithmetic", r, g) for _, r, g in triples]
     assert 0.1 < sum(rule) / len(rule) < 0.2  # a judge that always says no agrees on at most 0.9 of them
-    judge = LocalJudge(
-        str(demo_judge_model), JudgeTemplate(TEMPLATE), torch.device("cpu"), parser="label", labels=LABELS,
-        max_tokens=MAX_TOKENS,
-    )  # fmt: skip
+    judge = local_judge(judge_config(demo_judge_model, engine="hf"))
     with judge:
         out = judge.score(*map(list, zip(*triples, strict=True)))
     assert out.errors == 0 and out.parse_failures <= len(triples) // 100
