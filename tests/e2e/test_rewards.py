@@ -79,3 +79,24 @@ def test_rule_reward_model_and_judge_mix_resume_exactly_and_the_reward_model_on_
         for step in other:
             for key in COMPARED:
                 assert other[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
+
+
+def test_the_demo_judge_on_a_vllm_engine_of_its_own_grades_as_the_rule(demo_judge_model: Path, tmp_path: Path) -> None:
+    """configs/judge.yaml as `make train ARGS="--config-name judge"` runs it, for 3 steps: the judge, co-hosted on
+    each rank on an in-process vLLM engine beside the policy's, agrees with the exact-match rule on 0.98 of the demo
+    policy's responses, so the two sources' means over a step's 128 samples are close; none fails."""
+    run = tmp_path / "judge"
+    demo = REPO / "outputs"  # the fixture built the demo model and data there too
+    overrides = [
+        "--config-name", "judge", f"model.path={demo / 'demo_model'}", f"data.train_files={demo / 'demo_data/train.jsonl'}",
+        f"data.val_files={demo / 'demo_data/val.jsonl'}", f"reward.judge.model={demo_judge_model}",
+        "trainer.total_training_steps=3", "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.default_local_dir={run}",
+    ]  # fmt: skip
+    assert_ok(torchrun(2, TRAIN + overrides))
+    assert "judge: co-hosted on every rollout rank: a vllm engine of its own" in (run / "plan.txt").read_text()
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["training/global_step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["reward/judge/failed"] == 0 and row["reward/errors"] == 0
+        assert row["reward/judge/mean"] == pytest.approx(row["reward/rule/mean"], abs=0.06)
+        assert row["critic/score/mean"] == pytest.approx(row["reward/judge/mean"], abs=1e-6)  # the judge alone trains
