@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -110,13 +110,17 @@ class Trainer:
         timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
         self.actor.offload()  # the engine generates: the actor's host offload, where configured
         batch = self._even(self.rollouts.next_batch(step))  # prompts -> engine -> reward, on this rank
-        mixed = timed("reward_model", self._mixed_scores, batch) if self.plan.mixes_rewards else {}
+        # a reward model on ranks of its own scores while this step's logprobs are computed; colocated, now
+        rm_scores = (
+            timed("reward_model", self.reward_model.start_scores, batch) if self.reward_model is not None else None
+        )
         if self.plan.needs_old_log_probs:
             batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
         if self.reference is not None:
             batch.ref_log_probs = timed("ref", self.reference.log_probs, batch)
         if self.critic is not None:
             batch.values = timed("values", self.critic.values, batch)
+        mixed = timed("wait_reward_model", self._mixed_scores, batch, rm_scores) if self.plan.mixes_rewards else {}
         metrics = timed("adv", self._advantages, batch, step)
         critic_metrics = timed("update_critic", self.critic.start_update, batch) if self.critic else dict
         metrics |= timed("update_actor", self.actor.update, batch)
@@ -126,14 +130,14 @@ class Trainer:
         stats = batch_metrics(batch, self.plan.masked_reasons, step)
         return metrics | mixed | stats.metrics | self.rollouts.metrics(), stats.tokens
 
-    def _mixed_scores(self, batch: Batch) -> dict[str, float]:
+    def _mixed_scores(self, batch: Batch, rm_scores: Callable[[], torch.Tensor] | None) -> dict[str, float]:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer
         left unshaped, the reward model's, the judge's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
         reward/<source>/mean for each source scored."""
         assert batch.scores is not None
         sources = {"rule": batch.scores}
-        if self.reward_model is not None:
-            sources["reward_model"] = self.reward_model.scores(batch)
+        if rm_scores is not None:
+            sources["reward_model"] = rm_scores()
         if batch.judge_scores is not None:
             sources["judge"] = batch.judge_scores
         batch.scores = combine_scores(sources, self.plan.reward_weights, batch.group_ids, self.plan.reward_combine)

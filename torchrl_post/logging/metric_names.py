@@ -134,8 +134,8 @@ METRICS: dict[str, str] = {
     "perf/optimizer_bytes": "The actor's optimizer state bytes on the rank holding the most (its shards).",
     "perf/params": "The actor's parameters (the whole model's).",
     "perf/trainable_params": "The actor's trainable parameters (with LoRA: the adapters').",
-    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, reward_model (its scores and the mix), old_log_prob, ref, values, adv, "
-    "update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
+    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, reward_model (colocated: its scores; on ranks of its own: sending them the batch), old_log_prob, ref, values, "
+    "wait_reward_model (the wait for a reward model on ranks of its own, and the mix), adv, update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
     "ranks of their own, timing_s/gen is the actor's wait for the batch and timing_s/rollout_wait the longest a "
     "rollout rank was blocked in the last step's exchanges (the weight broadcast and the batch handover): with "
     "timing_s/step, the idle share of each side.",

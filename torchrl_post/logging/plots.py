@@ -29,9 +29,11 @@ TIMING_WIDTH_PER_RUN = 5.5
 STAGE_ORDER = (
     "gen",
     "reward",
+    "reward_model",
     "old_log_prob",
     "ref",
     "values",
+    "wait_reward_model",
     "adv",
     "update_critic",
     "update_actor",

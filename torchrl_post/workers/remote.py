@@ -34,7 +34,11 @@ class ReferenceRole(Protocol):
 class RewardModelRole(Protocol):
     """A reward model here (`workers.reward_model.RewardModel`) or on its own ranks (`RemoteRewardModel`)."""
 
-    def scores(self, batch: Batch) -> torch.Tensor: ...
+    def start_scores(self, batch: Batch) -> Callable[[], torch.Tensor]:
+        """Start scoring the batch; the call returns its [B] scores. On ranks of its own the reward model scores
+        while the actor goes on with its step (its old and reference logprobs; the next step's generation on
+        rollout ranks); colocated, the scores are computed before this returns."""
+        ...
 
 
 class CriticRole(Protocol):
@@ -66,11 +70,17 @@ class RemoteRewardModel:
     def __init__(self, link: RoleLink) -> None:
         self.link = link
 
-    def scores(self, batch: Batch) -> torch.Tensor:
+    def start_scores(self, batch: Batch) -> Callable[[], torch.Tensor]:
+        """Send the step's groups; the reward model's ranks score them while the actor goes on; the call waits for
+        the scores."""
         self.link.send_batch(batch)
-        out = self.link.sample_to_actor(batch, "rm_scores")
-        assert out is not None  # the actor side receives
-        return out
+
+        def scores() -> torch.Tensor:
+            out = self.link.sample_to_actor(batch, "rm_scores")
+            assert out is not None  # the actor side receives
+            return out
+
+        return scores
 
 
 class RemoteCritic:

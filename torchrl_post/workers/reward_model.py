@@ -10,6 +10,7 @@ to it (many tokenizers pad with their end-of-turn token). Rows are right-padded:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -83,6 +84,11 @@ class RewardModel:
         self._head = out
 
     @torch.no_grad()
+    def start_scores(self, batch: Batch) -> Callable[[], torch.Tensor]:
+        """Colocated: the scores are computed now (the actor's ranks are this model's), the call returns them."""
+        out = self.scores(batch)
+        return lambda: out
+
     def scores(self, batch: Batch) -> torch.Tensor:
         """[B] the reward model's score of every row's `reward_inputs`, float32 on CPU. Every rank of the mesh
         runs the same number of forwards (FSDP2 gathers each layer over the mesh): a rank with fewer rows runs
