@@ -3,16 +3,18 @@
 For each reward model (random Qwen2ForSequenceClassification, one label, built once under outputs/bench_models
 with the demo's character tokenizer and chat template: `rm-demo`, the demo model's config, ~0.3M parameters, and
 `rm-qwen2-25m`, ~25M; a random head, since this measures throughput, not quality) runs the demo GRPO config with
-`reward_model.enable=true` twice through `torchrun --standalone -m torchrl_post.train`:
+`reward_model.enable=true` and a KL loss against the reference (`actor.use_kl_loss=true`, verl's GRPO recipe: a
+reference forward per step on the actor's ranks) twice through `torchrun --standalone -m torchrl_post.train`:
     colocated   2 processes, `placement.reward_model=actor`: each actor rank scores its half of the step's samples
     own_rank    3 processes, `placement.actor=[0,1] placement.reward_model=[2]`: rank 2 scores every sample
 validation and checkpoints off, `reward_model.micro_batch_size_per_gpu` at its default. From each run's
-metrics.jsonl: medians over steps 3..N of `timing_s/reward_model` (colocated: the forward and the mixing on the
-actor's ranks; own rank: the actor's wait for the scores), `timing_s/step` and `timing_s/gen`. RM samples/s is the
-step's samples (data.train_batch_size x rollout.n) over that median.
-The headline is the step time on its own rank over colocated's. Today nothing overlaps the scoring on its own
-rank: the reward model's rank gets the batch after generation and the actor blocks until the scores come back
-(workers/remote.py `RemoteRewardModel.scores`), so the wait stays on the step's critical path.
+metrics.jsonl: medians over steps 3..N of the scoring on the actor's critical path, `timing_s/reward_model` plus
+`timing_s/wait_reward_model` (colocated: the forward on the actor's ranks, then the mix; own rank: sending the
+batch, then the wait for the scores that the actor's old and reference logprobs did not cover:
+workers/remote.py `RemoteRewardModel.start_scores`), `timing_s/step` and `timing_s/gen`. RM samples/s is the step's
+samples (data.train_batch_size x rollout.n) over that median: colocated, the reward model's throughput; on its own
+rank, the throughput the actor sees.
+The headline is the step time on its own rank over colocated's.
 Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with transformers (`rollout.engine=hf`): vLLM's
 start costs ~10 s a launch, and the scoring and the link do not depend on the engine).
 """
@@ -38,7 +40,12 @@ LABELS = {"colocated": "colocated (actor ranks 0,1)", "own_rank": "own rank (act
 BATCH, N = 16, 8  # data.train_batch_size, rollout.n: the demo config's, stated so the samples per step are known
 ENGINE_NAMES = {"vllm": "in-process vLLM", "hf": "transformers generate"}
 FIRST_STEP = 3  # medians over steps FIRST_STEP..N (the first two steps hold the warm-up)
-METRICS = {"rm_s": "timing_s/reward_model", "step_s": "timing_s/step", "gen_s": "timing_s/gen"}
+METRICS = {
+    "rm_start_s": "timing_s/reward_model",
+    "rm_wait_s": "timing_s/wait_reward_model",
+    "step_s": "timing_s/step",
+    "gen_s": "timing_s/gen",
+}
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def train(size: RMSize, path: Path, placement: str, steps: int, engine: str) -> 
     nproc, where = PLACEMENTS[placement]
     overrides = [
         "reward_model.enable=true", f"reward_model.model.path={path}", *where,
-        f"data.train_batch_size={BATCH}", f"rollout.n={N}", f"rollout.engine={engine}",
+        f"data.train_batch_size={BATCH}", f"rollout.n={N}", f"rollout.engine={engine}", "actor.use_kl_loss=true",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.plots=false",
     ]  # fmt: skip
     print(f"{size.name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
@@ -122,6 +129,7 @@ def train(size: RMSize, path: Path, placement: str, steps: int, engine: str) -> 
         "run_wall_s": wall,
     }  # fmt: skip
     row |= {key: common.median(kept, metric) for key, metric in METRICS.items()}
+    row["rm_s"] = row["rm_start_s"] + row["rm_wait_s"]  # the scoring on the actor's critical path
     row["rm_mean"] = common.median(kept, "reward/reward_model/mean")  # None would mean nothing was scored
     row["rm_samples_per_s"] = samples / row["rm_s"]
     row["rest_s"] = row["step_s"] - row["rm_s"]
@@ -183,8 +191,9 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{BATCH} prompts x {N} samples, validation and checkpoints off) with a random "
         "Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
         f"{rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on rank 2 of its own (3 processes). "
-        f"RM s is `timing_s/reward_model`, medians over steps {FIRST_STEP}..N: colocated, each actor rank's "
-        "forward over its half of the samples; on its own rank, the actor's wait for the scores.",
+        f"RM s is `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over steps {FIRST_STEP}..N: "
+        "colocated, each actor rank's forward over its half of the samples; on its own rank, the part of the "
+        "scoring its reference forward did not hide (the actor sends the batch, computes, then waits).",
         "",
         common.table(rows, COLUMNS).rstrip(),
         "",
@@ -205,10 +214,12 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
     )
     return [
         f"On its own rank: {ratios}.",
-        "Nothing overlaps the scoring on its own rank (recorded as `overlapped: false`): rank 2 receives the batch "
-        "after generation and the actor blocks until the scores come back, so the actor's wait is the whole forward "
-        "over every sample on one process plus the link, on the step's critical path as colocated scoring is. On "
-        "these shared CPUs the third process also competes with the actor ranks for the 2 cores.",
+        "On its own rank the scoring overlaps the actor's reference forward (recorded as `overlapped: true`): "
+        "rank 2 receives the batch after generation and scores every sample on one process while the actor ranks "
+        "compute their reference logprobs; the actor waits only for what is left of it. Generation does not overlap it here "
+        "(whole batches from the actor's own engine); with rollout ranks of their own and look-ahead the next "
+        "batch generates meanwhile. On these shared CPUs the third process also competes with the actor ranks "
+        "for the 2 cores.",
     ]
 
 
@@ -234,7 +245,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     params = {r["rm"]: r["rm_params"] for r in rows}
     ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
     for ax, ylabel, title in (
-        (left, "samples / s (log scale)", "reward-model scoring (samples / timing_s/reward_model)"),
+        (left, "samples / s (log scale)", "reward-model scoring on the critical path (samples / s)"),
         (right, "seconds", "training step (median)"),
     ):
         ax.set_xticks(range(len(names)), ticks)
@@ -271,7 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "models": {s.name: str(reward_model_dir(s).relative_to(ROOT)) for s in sizes},
         "rows": rows,
         "headlines": headlines(rows),
-        "overlapped": False,
+        "overlapped": True,
         "overlap_basis": "workers/remote.py: the actor sends the batch after generation and blocks until the scores "
         "return; rank 2 has nothing else to run",
         "loadavg_1m": common.load_1m(),

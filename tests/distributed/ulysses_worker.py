@@ -22,7 +22,10 @@ from transformers import AutoModelForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
 from tests.distributed.device import key_prefix, worker_dtypes, worker_env
+from tests.distributed.reward_model_checks import reward_model_parity
+from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world
+from torchrl_post.distributed.placement import fsdp_mesh
 from torchrl_post.distributed.ulysses import heads_to_seq, seq_to_heads, sum_over
 from torchrl_post.multimodal.vision import model_inputs
 from torchrl_post.types import Batch
@@ -238,6 +241,13 @@ def main() -> None:
             model.eval()
         report[f"{pre}kv{kv}_backward_after_block"] = _backward_after_block(model, shard, cases["padded"][0])
     report["seconds"] = time.perf_counter() - started
+    if shard.size == 4 and device.type == "cpu":  # the sharded reward model on 4 ranks (1 and 2: fsdp_worker.py)
+        cfg = Config()
+        cfg.model.path = model_dirs[0]
+        rm = reward_model_parity(cfg, fsdp_mesh("cpu", env.world_size, -1), env.rank, env.world_size)
+        diff = torch.tensor(float(rm["rm_max_diff"]))  # type: ignore[arg-type]
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+        report |= {"rm_max_diff_4": float(diff), "rm_sharded_4": rm["rm_sharded"]}
     if shard.rank == 0:
         with open(out_path, "w") as f:
             json.dump(report, f, indent=1)
