@@ -90,10 +90,12 @@ def _reward_sources(cfg: Config) -> None:
             "a reward model or judge scores single-turn samples; agent episodes (agent.env) are scored by their "
             "environment: unset one of them"
         )
-    if models and cfg.algorithm.rejection_sample.enable and set(given) != {"rule"}:
+    trains_rm = rm.enable and (given.get("reward_model") if given else 1.0)
+    if trains_rm and cfg.algorithm.rejection_sample.enable:
         raise ConfigError(
-            "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores, before a reward "
-            "model or judge scores them; turn it off with them (a uniform group then has advantage 0)"
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model "
+            "scores them (on the actor's ranks, at the step): turn rejection sampling off or set "
+            "reward.weights.reward_model=0 (the rule and a judge score as groups finish: they work with it)"
         )
     if rm.enable:
         _positive("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)

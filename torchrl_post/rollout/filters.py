@@ -38,12 +38,13 @@ def compact_filter(batch: Batch, reasons: list[str]) -> None:
     batch.weights = torch.where(hit, torch.zeros_like(batch.weights), batch.weights)
 
 
-def uniform_groups(batch: Batch) -> set[int]:
-    """Group ids whose samples all have the same score."""
-    assert batch.scores is not None
+def uniform_groups(batch: Batch, scores: torch.Tensor | None = None) -> set[int]:
+    """Group ids whose samples all have the same score (`scores`, [B]: the batch's own by default)."""
+    scores = batch.scores if scores is None else scores
+    assert scores is not None
     out = set()
     for g in batch.group_ids.unique().tolist():
-        s = batch.scores[batch.group_ids == g]
+        s = scores[batch.group_ids == g]
         if bool((s == s[0]).all()):
             out.add(int(g))
     return out

@@ -40,6 +40,7 @@ import torch
 from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.checkpoint.dcp import partial_rollout_changed
 from torchrl_post.engines.batch import collate, version_rows
+from torchrl_post.reward.mixing import combine_scores
 from torchrl_post.reward.shaping import shape_scores
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
@@ -242,13 +243,34 @@ class Groups(Generic[M]):
         all equal (no GRPO signal) and another is drawn in its place; at most rejection_sample.max_extra_rounds x
         this engine's share are dropped between two steps, after which a uniform group is kept at weight 0 (it
         leaves every loss and denominator)."""
-        if self.rejection.enable and uniform_groups(done.batch):
+        if self.rejection.enable and uniform_groups(done.batch, self._admission_scores(done.batch)):
             if self.rejected < self.rejection.max_extra_rounds * max(self.share, 1):
                 self.rejected += 1
                 return
             done.batch.weights = torch.zeros_like(done.batch.weights)
             self.short += 1
         self.ready.append(done)
+
+    def _admission_scores(self, batch: Batch) -> torch.Tensor | None:
+        """The scores rejection sampling reads: the batch's own, or where the actor's ranks mix several sources,
+        their mix and shaping as the actor's ranks will compute them (the sources here: the rule, the judge; the
+        validation refuses rejection sampling with a trained reward model, scored only at the step)."""
+        settings = self.source.settings
+        if not settings.mixes_rewards:
+            return None
+        assert batch.scores is not None
+        sources = {"rule": batch.scores}
+        if batch.judge_scores is not None:
+            sources["judge"] = batch.judge_scores
+        weights = {k: w for k, w in settings.reward_weights.items() if w}
+        mixed = replace(  # a copy of the fields shaping writes: the trainer shapes the batch itself
+            batch,
+            scores=combine_scores(sources, weights, batch.group_ids, settings.reward_combine),
+            step_rewards=None,
+            reward_extra=dict(batch.reward_extra),
+        )
+        shape_scores(mixed, settings.reward, settings.max_response_length)
+        return mixed.scores
 
     def _top_up(self, need: int) -> None:
         """Partial rollouts: draw another share while it fits in the groups kept in flight (always when idle).

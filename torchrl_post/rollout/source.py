@@ -54,6 +54,10 @@ class SourceSettings:
     """How training scores become rewards (reward.overlong_buffer, reward.clip: reward/shaping.py)."""
     mixes_rewards: bool = False
     """The plan's mixes_rewards: the actor's ranks mix and shape the training scores (trainer.py), not the producer."""
+    reward_weights: dict[str, float] = field(default_factory=dict)
+    """The plan's reward_weights and reward_combine: with rejection sampling, a group is uniform by the mix of the
+    sources scored as it finishes (the rule, the judge), as the actor's ranks will mix them."""
+    reward_combine: str = "sum_then_normalize"
     reward_tokenizer: Any = None
     """The reward model's tokenizer (reward_model.enable): each training sample's conversation is re-tokenised
     with it into `batch.reward_inputs` as its group is scored."""

@@ -180,7 +180,17 @@ def test_truncation_and_advantage_keys_accepted() -> None:
         (["reward.combine=mean"], "reward.combine"),
         (
             ["reward_model.enable=true", "reward_model.model.path=/rm", "algorithm.rejection_sample.enable=true"],
-            "algorithm.rejection_sample.enable=true drops groups as they finish, by the rule's scores",
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model",
+        ),
+        (
+            [
+                "reward_model.enable=true",
+                "reward_model.model.path=/rm",
+                "reward.weights.reward_model=0.5",
+                "reward.weights.rule=1",
+                "algorithm.rejection_sample.enable=true",
+            ],
+            "set reward.weights.reward_model=0",
         ),
         (["reward_model.enable=true", "reward_model.max_length=0"], "reward_model.max_length=0 must be > 0"),
     ],
@@ -190,3 +200,11 @@ def test_reward_sources_refused_in_one_line(overrides: list[str], part: str) -> 
         load_config(overrides)
     msg = str(info.value)
     assert "\n" not in msg and part in msg, msg
+
+
+def test_rejection_sampling_takes_the_sources_scored_as_groups_finish() -> None:
+    judge = ["reward.judge.enable=true", "reward.judge.url=http://judge:8000/v1", "reward.judge.model=m"]
+    load_config([*judge, "algorithm.rejection_sample.enable=true"])
+    load_config([*judge, "reward.weights.rule=1", "reward.weights.judge=1", "algorithm.rejection_sample.enable=true"])
+    rm = ["reward_model.enable=true", "reward_model.model.path=/rm", "reward.weights.reward_model=0"]
+    load_config([*rm, "reward.weights.rule=1", "algorithm.rejection_sample.enable=true"])  # scored, logged, not trained

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from tests.unit.rollout.test_source import TOK, TRAIN, _settings, reward
+from tests.unit.rollout.test_source import TOK, TRAIN, N, _settings, reward
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
+from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource
@@ -248,6 +249,36 @@ def test_rejection_sampling_admits_complete_groups_within_its_budget() -> None:
     rows = taken.rows(owner=0)
     assert [(r.dropped, r.rounds, r.short) for r in rows] == [(2, 1, 2)] * 2
     assert groups.take(2).rejected == 2, "each step has its own budget"
+
+
+class AlternatingJudge:
+    """A judge stand-in that grades a group's samples 0, 1, 0, ... (the stand-in engine's samples of a prompt are
+    the same text, so the rule finds every group uniform and this judge none)."""
+
+    def score(self, questions: list[str], responses: list[str], truths: list[object]) -> JudgeScores:
+        return collect_scores(
+            [str(i % 2) for i in range(len(responses))], [None] * len(responses), "number", None, None
+        )
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("weights", "dropped"), [({"judge": 1.0}, 0), ({"rule": 1.0, "judge": 0.0}, 2)])
+def test_rejection_sampling_reads_the_mix_of_the_sources_scored_as_groups_finish(
+    weights: dict[str, float], dropped: int
+) -> None:
+    """With a judge, a group is uniform by the mix the actor's ranks will train on: the judge's grades tell the
+    samples apart (kept), at weight 0 only the rule's count (dropped, as without a judge)."""
+    groups, _ = _groups(in_flight=4, rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1))
+    groups.source.settings = replace(
+        groups.source.settings, judge=AlternatingJudge(), mixes_rewards=True, reward_weights=weights
+    )
+    taken = groups.take(1)
+    assert taken.rejected == dropped
+    if not dropped:
+        assert taken.short == 0 and all(float(d.batch.weights.sum()) == N for d in taken.groups)
+        assert all(d.batch.judge_scores.tolist() == [0.0, 1.0] * (N // 2) for d in taken.groups)
 
 
 def test_streamed_samples_carry_each_token_s_policy_version() -> None:
