@@ -27,6 +27,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.reward.judge_client import RemoteJudge
 from torchrl_post.reward.judge_local import LocalJudge, judge_engine_args
+from torchrl_post.reward.server import RewardServer
 from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
@@ -228,6 +229,7 @@ def source_settings(run: Run, judge: RemoteJudge | LocalJudge | None = None) -> 
         log_val_generations=cfg.trainer.log_val_generations,
         reward=cfg.reward,
         mixes_rewards=plan.mixes_rewards,
+        reward_server=RewardServer.from_config(cfg.reward.server),
         reward_weights=plan.reward_weights,
         reward_combine=plan.reward_combine,
         reward_tokenizer=run.reward_tokenizer,

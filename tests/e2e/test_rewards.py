@@ -38,9 +38,11 @@ def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _mixed(model: Path, data: tuple[Path, Path], run: Path, reward_model: Path, url: str) -> list[str]:
     from tests.e2e.judge_server import TEMPLATE
 
+    skip = ("trainer.test_freq", "reward.function")  # the rule: the reward server's digit fraction
     return [
-        *(o for o in train_overrides(model, data, run, 4) if not o.startswith("trainer.test_freq")),
+        *(o for o in train_overrides(model, data, run, 4) if not o.startswith(skip)),
         "trainer.test_freq=0",
+        f"reward.server.url=[{url.removesuffix('/v1')}/get_reward]",
         "reward_model.enable=true",
         f"reward_model.model.path={reward_model}",
         "reward_model.micro_batch_size_per_gpu=3",
@@ -73,6 +75,7 @@ def test_rule_reward_model_and_judge_mix_resume_exactly_and_the_reward_model_on_
         assert row["critic/score/mean"] == pytest.approx(mixed, abs=1e-5), step
         assert row["reward/judge/mean"] == pytest.approx(row["reward/rule/mean"], abs=0.2)  # both grade the sum
         assert row["reward/judge/failed"] == 0 and row["reward/errors"] == 0
+        assert row["reward/served"] == 1.0  # the rule's scores came from the reward server
         assert row["reward/reward_model/max"] > row["reward/reward_model/min"]  # it tells samples apart
     # exact resume; the reward model on a rank of its own scores as the colocated one
     for other in (b, c):

@@ -339,15 +339,23 @@ def trl_reward_funcs(v: Any) -> dict[str, Any]:
 # ---- OpenRLHF's values ------------------------------------------------------------------------------------------
 
 REMOTE_REWARD = (
-    "a reward server by URL is not built yet; a reward model runs in-process here (reward_model.enable=true "
-    "reward_model.model.path=<a sequence classifier>), a rule as reward.function=package.module:function"
+    "it takes a reward function file (a .py) or reward servers' http(s) URLs, comma-separated (reward.server.url)"
 )
 
 
 def _orlhf_remote(v: Any) -> dict[str, Any]:
-    """OpenRLHF's reward.remote_url: a .py file is a reward function file (its `reward_func`); a URL is a server."""
+    """OpenRLHF's reward.remote_url: a .py file is a reward function file (its `reward_func`); URLs (comma-separated,
+    as OpenRLHF splits them) are a reward server's (reward.server.url)."""
     if isinstance(v, str) and v.endswith(".py"):
         return {"reward.function": f"{v}:reward_func"}
+    v = getattr(v, "list", v)  # `a,b` in an override is Hydra's sweep of the two: its values
+    urls = [u.strip() for u in v.split(",")] if isinstance(v, str) else v
+    if (
+        isinstance(urls, list)
+        and urls
+        and all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)
+    ):
+        return {"reward.server.url": urls}
     raise Refused(REMOTE_REWARD)
 
 
@@ -1371,7 +1379,7 @@ ALIASES: tuple[Alias, ...] = (
         "reward.remote_url",
         "reward.function",
         "a .py file is OpenRLHF's reward function file: its reward_func(queries, prompts, labels), called with the "
-        "response as the query; a server URL is refused",
+        "response as the query; http(s) URLs, comma-separated, are reward servers (reward.server.url, its protocol)",
         convert=_orlhf_remote,
     ),
     _noop(

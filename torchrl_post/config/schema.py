@@ -601,6 +601,19 @@ class JudgeConfig:
 
 
 @dataclass
+class RewardServerConfig:
+    """A reward server (OpenRLHF's --reward.remote_url): the rule's scores from an HTTP service (reward/server.py)."""
+
+    url: list[str] | None = None
+    """Its URLs (e.g. [http://rm-host:5000/get_reward]), groups round-robin over them; null: no server. Takes the
+    rule's place: reward.function must be unset."""
+    timeout_s: float = 180.0
+    """Seconds one request may wait; a request that times out is retried."""
+    max_retries: int = 5
+    """Retries of a request (exponential backoff) after a connection error, a timeout, HTTP 429 or 5xx."""
+
+
+@dataclass
 class RewardWeights:
     """null everywhere: the rule alone, or the reward model alone when one is enabled (verl's and OpenRLHF's
     meaning). Any set: exactly the sources set, a weight 0 scored and logged but not trained on."""
@@ -625,6 +638,8 @@ class RewardConfig:
     clip: float | None = None
     """Clamp every training sample's score to [-clip, clip] before advantages, after the overlong penalty (ROLL's
     reward_clip); null: no clamp."""
+    server: RewardServerConfig = field(default_factory=lambda: RewardServerConfig())
+    """A reward server by URL, OpenRLHF's protocol: the rule's scores (training and validation) from it."""
     judge: JudgeConfig = field(default_factory=lambda: JudgeConfig())
     """An LLM judge: served by URL (OpenAI-compatible), or co-hosted (a local model on each rank)."""
     weights: RewardWeights = field(default_factory=lambda: RewardWeights())

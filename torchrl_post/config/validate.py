@@ -84,6 +84,20 @@ def _reward_sources(cfg: Config) -> None:
     if given and not any(given.values()):
         raise ConfigError("reward.weights are all 0: every training score would be 0; give a source a weight")
     validate_judge(judge)
+    urls = cfg.reward.server.url
+    if urls is not None:
+        bad = [u for u in urls if not (isinstance(u, str) and u.startswith(("http://", "https://")))]
+        if not urls or bad:
+            raise ConfigError(f"reward.server.url={urls!r}: give http(s) URLs, e.g. [http://rm-host:5000/get_reward]")
+        if cfg.reward.function is not None:
+            raise ConfigError(
+                f"reward.server.url and reward.function={cfg.reward.function!r} are both set: the server gives the "
+                "rule's scores; unset one"
+            )
+        if cfg.agent.env is not None:
+            raise ConfigError(
+                "reward.server.url: agent episodes (agent.env) are scored by their environment; unset one"
+            )
     models = rm.enable or judge.enable
     if models and cfg.agent.env is not None:
         raise ConfigError(

@@ -17,6 +17,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.client import HTTPException
@@ -191,46 +192,76 @@ class RemoteJudge:
 
     def _ask(self, messages: list[dict[str, str]]) -> _Reply:
         """One sample's request with its retries; whatever goes wrong becomes the reply's error, redacted."""
-        start, retries = time.monotonic(), 0
-        while True:
-            try:
-                return _Reply(self._post(messages), None, retries, time.monotonic() - start)
-            except _Retryable as e:
-                if retries >= self.max_retries:
-                    return _Reply(
-                        None, self._redact(f"{e} (after {retries} retries)"), retries, time.monotonic() - start
-                    )
-                time.sleep(min(MAX_BACKOFF_S, max(self.backoff_s * 2**retries, e.retry_after or 0.0)))
-                retries += 1
-            except Exception as e:  # a malformed reply, a 4xx, anything else: this sample fails, the batch goes on
-                return _Reply(None, self._redact(f"{type(e).__name__}: {e}"), retries, time.monotonic() - start)
-
-    def _post(self, messages: list[dict[str, str]]) -> str:
-        """The reply's text; raises _Retryable for what a retry may fix."""
         body = {
             "model": self.model,
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers, method="POST")
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        reply = post_json(self.url, body, self.timeout_s, self.max_retries, self.backoff_s, headers, self._redact)
+        if reply.error is not None:
+            return _Reply(None, reply.error, reply.retries, reply.seconds)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                data = json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            detail = self._redact(" ".join(e.read().decode("utf-8", "replace").split()))[:300]  # redact, then cut
-            message = f"HTTP {e.code} from {self.url}: {detail}"
-            if e.code == 429 or e.code >= 500:
-                after = (e.headers.get("Retry-After") if e.headers else None) or ""
-                raise _Retryable(message, float(after) if after.replace(".", "", 1).isdigit() else None) from None
-            raise RuntimeError(message) from None
-        except (urllib.error.URLError, HTTPException, OSError) as e:  # refused, reset, DNS, timed out
-            reason = e.reason if isinstance(e, urllib.error.URLError) else e
-            raise _Retryable(f"{type(reason).__name__} from {self.url}: {reason}") from None
-        content = data["choices"][0]["message"].get("content")
-        if content is not None and not isinstance(content, str):
-            raise ValueError(f"reply content is a {type(content).__name__}, not text")
-        return content or ""
+            content = reply.data["choices"][0]["message"].get("content")
+            if content is not None and not isinstance(content, str):
+                raise ValueError(f"reply content is a {type(content).__name__}, not text")
+        except Exception as e:  # a malformed reply: this sample fails, the batch goes on
+            return _Reply(None, self._redact(f"{type(e).__name__}: {e}"), reply.retries, reply.seconds)
+        return _Reply(content or "", None, reply.retries, reply.seconds)
+
+
+@dataclass
+class Posted:
+    """One JSON request's outcome: the reply's JSON, or what went wrong (after the retries)."""
+
+    data: Any
+    error: str | None
+    retries: int
+    seconds: float
+    """From the first request to the reply or the last failure, backoff included."""
+
+
+def post_json(
+    url: str,
+    body: Any,
+    timeout_s: float,
+    max_retries: int,
+    backoff_s: float = 0.5,
+    headers: dict[str, str] | None = None,
+    redact: Callable[[str], str] = lambda text: text,
+) -> Posted:
+    """POST `body` as JSON to `url`; connection errors, timeouts, HTTP 429 and 5xx are retried `max_retries` times
+    with exponential backoff (at least the server's Retry-After); any other failure ends at once. Never raises:
+    the error's text, passed through `redact`, is in the result."""
+    start, retries = time.monotonic(), 0
+    while True:
+        try:
+            return Posted(_post(url, body, timeout_s, headers or {}, redact), None, retries, time.monotonic() - start)
+        except _Retryable as e:
+            if retries >= max_retries:
+                return Posted(None, redact(f"{e} (after {retries} retries)"), retries, time.monotonic() - start)
+            time.sleep(min(MAX_BACKOFF_S, max(backoff_s * 2**retries, e.retry_after or 0.0)))
+            retries += 1
+        except Exception as e:  # a malformed reply, a 4xx, anything else
+            return Posted(None, redact(f"{type(e).__name__}: {e}"), retries, time.monotonic() - start)
+
+
+def _post(url: str, body: Any, timeout_s: float, headers: dict[str, str], redact: Callable[[str], str]) -> Any:
+    """The reply's JSON; raises _Retryable for what a retry may fix."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        detail = redact(" ".join(e.read().decode("utf-8", "replace").split()))[:300]  # redact, then cut
+        message = f"HTTP {e.code} from {url}: {detail}"
+        if e.code == 429 or e.code >= 500:
+            after = (e.headers.get("Retry-After") if e.headers else None) or ""
+            raise _Retryable(message, float(after) if after.replace(".", "", 1).isdigit() else None) from None
+        raise RuntimeError(message) from None
+    except (urllib.error.URLError, HTTPException, OSError) as e:  # refused, reset, DNS, timed out
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise _Retryable(f"{type(reason).__name__} from {url}: {reason}") from None

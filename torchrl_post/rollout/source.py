@@ -26,7 +26,7 @@ from torchrl_post.multimodal.vision import VisionSpec, image_inputs
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward import score_batch
 from torchrl_post.reward.model_inputs import reward_model_ids
-from torchrl_post.reward.scoring import RewardFn
+from torchrl_post.reward.scoring import RewardFn, Scores
 from torchrl_post.rollout.filters import compact_filter
 from torchrl_post.types import Batch, PromptBatch
 
@@ -66,6 +66,8 @@ class SourceSettings:
     """The LLM judge (reward.judge.enable; build.py `build_judge`): each training sample is scored by it too, into
     `batch.judge_scores`, as its group is scored."""
     judge_on_error: str = "zero"
+    reward_server: Any = None
+    """A reward server (reward.server.url; reward/server.py): the rule's scores come from it."""
 
 
 class EpisodeRunner(Protocol):
@@ -219,14 +221,17 @@ class EngineSource:
         in training with a reward model, its tokens of each conversation (`batch.reward_inputs`)."""
         texts = self.tokenizer.batch_decode(batch.responses.tolist(), skip_special_tokens=True)
         rep = [i // n for i in range(len(batch))]
-        scores = score_batch(
-            self.reward_fn_for,
-            texts,
-            [prompts.answers[j] for j in rep],
-            [prompts.data_sources[j] for j in rep],
-            [prompts.extra_infos[j] for j in rep],
-            self.settings.reward_timeout_s,
-        )
+        if self.settings.reward_server is not None:
+            scores = self._served(batch, prompts, n)
+        else:
+            scores = score_batch(
+                self.reward_fn_for,
+                texts,
+                [prompts.answers[j] for j in rep],
+                [prompts.data_sources[j] for j in rep],
+                [prompts.extra_infos[j] for j in rep],
+                self.settings.reward_timeout_s,
+            )
         batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
         tok = self.settings.reward_tokenizer
         if training and tok is not None:
@@ -239,6 +244,24 @@ class EngineSource:
             batch.reward_extra["reward_model/truncated"] = torch.tensor([float(r.truncated) for r in rows])
         if training and self.settings.judge is not None:
             self._judged(batch, prompts, texts, rep)
+
+    def _served(self, batch: Batch, prompts: PromptBatch, n: int) -> Scores:
+        """The rule's scores from the reward server (reward.server.url): one request per prompt's `n` samples, each
+        sent as OpenRLHF sends it, the prompt and the prompt + response decoded with their special tokens."""
+        parts = []
+        for j, ids in enumerate(prompts.prompt_ids):
+            prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
+            rows = range(j * n, (j + 1) * n)
+            responses = [batch.responses[i][batch.response_mask[i].bool()].tolist() for i in rows]
+            queries = [prompt + self.tokenizer.decode(r, skip_special_tokens=False) for r in responses]
+            parts.append(self.settings.reward_server.score(queries, [prompt] * n, [prompts.answers[j]] * n))
+        keys = {k for p in parts for k in p.extra}
+        nan = torch.full((n,), float("nan"))
+        return Scores(
+            torch.cat([p.scores for p in parts]),
+            torch.cat([p.failed for p in parts]),
+            {k: torch.cat([p.extra.get(k, nan) for p in parts]) for k in keys},
+        )
 
     def _judged(self, batch: Batch, prompts: PromptBatch, texts: list[str], rep: list[int]) -> None:
         """The judge's score of every sample; a sample it failed on scores 0 and counts in reward/errors, and with

@@ -566,9 +566,12 @@ def test_openrlhf_reward_model_is_ours_and_a_reward_server_refused_in_one_line()
     assert rewrite_overrides(["reward.remote_url=/x/reward_func.py"])[0] == [
         "reward.function='/x/reward_func.py:reward_func'"
     ]
-    msg = _refused(["reward.remote_url=http://rm:5000/get_reward"])
-    assert msg.startswith("OpenRLHF's reward.remote_url=http://rm:5000/get_reward has no equivalent here: a reward ")
-    assert "reward_model.enable=true" in msg
+    servers = rewrite_overrides(["reward.remote_url=http://rm:5000/get_reward,http://rm2:5000/get_reward"])[0]
+    cfg = load_config(servers)
+    assert cfg.reward.server.url == ["http://rm:5000/get_reward", "http://rm2:5000/get_reward"]
+    assert cfg.reward.function is None
+    msg = _refused(["reward.remote_url=rm:5000"])
+    assert msg.startswith("OpenRLHF's reward.remote_url=rm:5000 has no equivalent here: it takes a reward function")
 
 
 def test_openrlhf_flags_pick_openrlhfs_defaults() -> None:
