@@ -31,12 +31,20 @@ def _rows(nproc: int, model: Path, data: tuple[Path, Path], run: Path, *extra: s
     "placement", [[], ["placement.actor=[0,1]", "placement.rollout=[2]"]], ids=["colocated", "rollout_rank"]
 )
 def test_agent_episodes_train(
-    placement: list[str], tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+    placement: list[str], tiny_model: Path, tiny_reward_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    rows = _rows(3 if placement else 2, tiny_model, task_data, tmp_path, *placement)
+    """Colocated, a reward model also scores each trajectory's transcript, mixed with the environment's reward."""
+    weights = {"rule": 1.0, "reward_model": 0.5}
+    rm = ["reward_model.enable=true", f"reward_model.model.path={tiny_reward_model}"]
+    rm += [f"reward.weights.{k}={w}" for k, w in weights.items()]
+    rows = _rows(3 if placement else 2, tiny_model, task_data, tmp_path, *(placement or rm))
     steps = [r for r in rows if r["training/global_step"] >= 1 and "actor/loss" in r]
     assert len(steps) == 2
     for r in steps:
+        if not placement:
+            mixed = sum(w * r[f"reward/{k}/mean"] for k, w in weights.items())
+            assert r["critic/score/mean"] == pytest.approx(mixed, abs=1e-5)
+            assert r["reward/reward_model/max"] > r["reward/reward_model/min"]  # transcripts told apart
         assert r["agent/num_turns/mean"] > 1.5  # a random model rarely guesses at once
         assert r["agent/termination/max_turns"] > 0
         ends = sum(v for k, v in r.items() if k.startswith("agent/termination/"))

@@ -99,10 +99,10 @@ def _reward_sources(cfg: Config) -> None:
                 "reward.server.url: agent episodes (agent.env) are scored by their environment; unset one"
             )
     models = rm.enable or judge.enable
-    if models and cfg.agent.env is not None:
+    if models and cfg.agent.env is not None and cfg.algorithm.stepwise_advantage.enable:
         raise ConfigError(
-            "a reward model or judge scores single-turn samples; agent episodes (agent.env) are scored by their "
-            "environment: unset one of them"
+            "a reward model or judge scores an agent's whole trajectory (its transcript); with "
+            "algorithm.stepwise_advantage.enable=true each turn is a row of its own: turn one of them off"
         )
     trains_rm = rm.enable and (given.get("reward_model") if given else 1.0)
     if trains_rm and cfg.algorithm.rejection_sample.enable:

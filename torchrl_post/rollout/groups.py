@@ -480,8 +480,19 @@ class EpisodeMembers:
         self.episodes.start(starts, self.source.sampling(group.draw, validation=False))
 
     def batch(self, group: PendingGroup[Trajectory], members: list[Trajectory]) -> Batch:
+        """The group's rows, scored by the environments; a reward model and a judge read each trajectory's
+        transcript (every response and observation after the first prompt, special tokens dropped) as its
+        response (not with `stepwise`: the validation refuses the pair)."""
         pad_id = self.source.pad_id
-        return steps_to_batch(members, pad_id) if self.stepwise else trajectories_to_batch(members, pad_id)
+        if self.stepwise:
+            return steps_to_batch(members, pad_id)
+        batch = trajectories_to_batch(members, pad_id)
+        if self.source.scores_models:
+            tok = self.source.tokenizer
+            texts = [tok.decode(t.response_tokens()[0], skip_special_tokens=True) for t in members]
+            prompts = self.source.prompt_batch([group.index], [group.position])
+            self.source.score_models(batch, prompts, texts, [0] * len(members))
+        return batch
 
     def versions(self, member: Trajectory) -> list[int]:
         return member.versions()

@@ -233,8 +233,22 @@ class EngineSource:
                 self.settings.reward_timeout_s,
             )
         batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
+        if training:
+            self.score_models(batch, prompts, texts, rep)
+
+    @property
+    def scores_models(self) -> bool:
+        """A reward model or a judge scores the training samples."""
+        return self.settings.reward_tokenizer is not None or self.settings.judge is not None
+
+    def score_models(self, batch: Batch, prompts: PromptBatch, texts: list[str], rep: list[int]) -> None:
+        """What the models need of training samples whose responses read `texts` (sample i answers prompt
+        `rep[i]`): the reward model's tokens of each conversation (`batch.reward_inputs`), the judge's scores (with
+        its failures in `reward_errors`). An agent's trajectory comes here with its transcript as the response."""
+        if batch.reward_errors is None:
+            batch.reward_errors = torch.zeros(len(batch))
         tok = self.settings.reward_tokenizer
-        if training and tok is not None:
+        if tok is not None:
             rows = [
                 reward_model_ids(tok, prompts.messages[j], text, self.settings.reward_max_length)
                 for j, text in zip(rep, texts, strict=True)
@@ -242,7 +256,7 @@ class EngineSource:
             width = max(len(r.ids) for r in rows)
             batch.reward_inputs = torch.tensor([r.ids + [-1] * (width - len(r.ids)) for r in rows], dtype=torch.long)
             batch.reward_extra["reward_model/truncated"] = torch.tensor([float(r.truncated) for r in rows])
-        if training and self.settings.judge is not None:
+        if self.settings.judge is not None:
             self._judged(batch, prompts, texts, rep)
 
     def _served(self, batch: Batch, prompts: PromptBatch, n: int) -> Scores:

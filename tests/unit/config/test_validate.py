@@ -193,6 +193,16 @@ def test_truncation_and_advantage_keys_accepted() -> None:
             "set reward.weights.reward_model=0",
         ),
         (["reward_model.enable=true", "reward_model.max_length=0"], "reward_model.max_length=0 must be > 0"),
+        (
+            [
+                "reward_model.enable=true",
+                "reward_model.model.path=/rm",
+                "agent.env=pkg.mod:Env",
+                "agent.agent=pkg.mod:Agent",
+                "algorithm.stepwise_advantage.enable=true",
+            ],
+            "a reward model or judge scores an agent's whole trajectory (its transcript)",
+        ),
     ],
 )
 def test_reward_sources_refused_in_one_line(overrides: list[str], part: str) -> None:
