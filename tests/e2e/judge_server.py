@@ -35,9 +35,9 @@ class Handler(BaseHTTPRequestHandler):
         text = "no idea" if got == "!" else ("\\boxed{10}" if got == want else "\\boxed{0}")
         self._send({"choices": [{"message": {"role": "assistant", "content": text}}]})
 
-    def _send(self, data: object) -> None:
+    def _send(self, data: object, code: int = 200) -> None:
         out = json.dumps(data).encode()
-        self.send_response(200)
+        self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()

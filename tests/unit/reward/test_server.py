@@ -6,43 +6,33 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 import torch
 
+from tests.e2e import judge_server
 from torchrl_post.reward.server import RewardServer
 
 SEEN: list[tuple[str, dict[str, Any]]] = []
 FLAKY = {"left": 0}
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(judge_server.Handler):  # its JSON replies
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         SEEN.append((self.path, body))
         responses = [q[len(p) :] for q, p in zip(body["query"], body["prompts"], strict=True)]
         if self.path == "/flaky" and FLAKY["left"] > 0:
             FLAKY["left"] -= 1
-            return self._send(503, {"error": "busy"})
+            return self._send({"error": "busy"}, 503)
         if self.path == "/short":
-            return self._send(200, {"rewards": [1.0]})
+            return self._send({"rewards": [1.0]})
         if self.path == "/list":
-            return self._send(200, [float(r == lab) for r, lab in zip(responses, body["labels"], strict=True)])
+            return self._send([float(r == lab) for r, lab in zip(responses, body["labels"], strict=True)])
         rewards = [float(r == lab) for r, lab in zip(responses, body["labels"], strict=True)]
-        self._send(200, {"rewards": rewards, "extra_logs": {"length": [len(r) for r in responses], "note": "x"}})
-
-    def _send(self, code: int, data: Any) -> None:
-        out = json.dumps(data).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self._send({"rewards": rewards, "extra_logs": {"length": [len(r) for r in responses], "note": "x"}})
 
 
 @pytest.fixture(scope="module")
