@@ -12,16 +12,16 @@ the role sits on ranks of its own, absent where the plan has none.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from torchrl_post.agent.loop import build_agent_loop
-from torchrl_post.config.schema import JudgeConfig, RolloutConfig
+from torchrl_post.config.schema import JudgeConfig, ModelConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.role_link import RoleLink
-from torchrl_post.engines.base import EngineSpec
-from torchrl_post.engines.build import build_engine
+from torchrl_post.engines.base import EngineSpec, RolloutEngine
+from torchrl_post.engines.build import Followed, build_engine
 from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
@@ -188,7 +188,7 @@ def build_judge(run: Run) -> RemoteJudge | LocalJudge | None:
         return None
     if spec is None:
         return RemoteJudge.from_config(cfg)
-    return local_judge(cfg, spec, run.cfg.rollout, run.env.device, run.cfg.trainer.seed)
+    return local_judge(cfg, spec, run.cfg.rollout, run.env.device, run.cfg.trainer.seed, run.cfg.model)
 
 
 def local_judge(
@@ -197,6 +197,7 @@ def local_judge(
     rollout: RolloutConfig | None = None,
     device: torch.device | None = None,
     seed: int = 0,
+    policy: ModelConfig | None = None,
 ) -> LocalJudge:
     """The co-hosted judge `cfg` names on an engine of `spec` (reward/judge_local.py `judge_engine_args`); by
     default one as long as the judge's positions, of the rollout section's defaults, on the CPU."""
@@ -204,7 +205,7 @@ def local_judge(
         max_model_len=cfg.max_model_len or 0, lora_sync="none", prefix_caching=False, load_format="auto"
     )
     rollout, device = rollout or RolloutConfig(), device or torch.device("cpu")
-    model, judge_rollout, spec, tokenizer = judge_engine_args(cfg, spec, rollout)
+    model, judge_rollout, spec, tokenizer = judge_engine_args(cfg, spec, rollout, policy)
     eos = [tokenizer.eos_token_id]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = build_engine(model, judge_rollout, spec, device, seed, pad, eos)
@@ -248,7 +249,12 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
     eos = [run.tokenizer.eos_token_id]
     seed = cfg.trainer.seed + index // tp
     judge = build_judge(run)
-    engine = build_engine(cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos, reserve_bytes)
+    engine: RolloutEngine = build_engine(
+        cfg.model, cfg.rollout, plan.engine, run.env.device, seed, run.pad_id, eos, reserve_bytes
+    )
+    if plan.self_judge:  # the judge is the policy: its engine loads every sync too
+        assert isinstance(judge, LocalJudge) and judge.engine is not None
+        engine = cast(RolloutEngine, Followed(engine, judge.engine))
     episodes = None
     if run.components.agent is not None:
         d = cfg.data

@@ -27,7 +27,7 @@ from torchrl_post.algos.sampling_support import Truncation, sampler_truncation
 from torchrl_post.config.aliases import DEFAULTS_FROM
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.precision import resolve_dtype
-from torchrl_post.config.schema import Config, FSDPConfig, PlacementConfig
+from torchrl_post.config.schema import SELF_JUDGE, Config, FSDPConfig, PlacementConfig
 from torchrl_post.config.validate import mini_batch_prompts, validate_batch, validate_placement
 from torchrl_post.distributed.liveness import Deadlines, deadlines
 from torchrl_post.distributed.placement import SERVED, Placement, mesh_shape, plan_placement
@@ -109,6 +109,8 @@ class RunPlan:
     total_training_steps: int | None
     engine: EngineSpec
     """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
+    self_judge: bool = False
+    """reward.judge.model=policy: the judge is the policy, its engine loaded at every weight sync."""
     judge_engine_kind: str = "vllm"
     """reward.judge.engine, or rollout.engine."""
     judge_engine: EngineSpec | None = None
@@ -195,7 +197,10 @@ class RunPlan:
             return "by URL" if "judge" in self.reward_weights else "none"
         length = f"max_model_len {j.max_model_len}" if j.max_model_len else "its max_position_embeddings long"
         share = "" if j.gpu_memory_utilization is None else f", gpu_memory_utilization {j.gpu_memory_utilization:g}"
-        return f"co-hosted on every rollout rank: a {self.judge_engine_kind} engine of its own, {length}{share}"
+        own = f"a {self.judge_engine_kind} engine of its own, {length}{share}"
+        if self.self_judge:
+            return f"the policy itself (self-judging), current weights: {own}, loaded at every weight sync"
+        return f"co-hosted on every rollout rank: {own}"
 
     def describe(self, device: str, backend: str) -> str:
         """The dry-run plan: roles -> ranks, meshes, engines, the sync, where each role comes from, batch
@@ -388,16 +393,22 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
 
 def judge_engine_spec(cfg: Config, device: str = "cpu") -> EngineSpec:
     """A co-hosted judge's engine: the judge's own weights from disk, the rollout's dtype, eager where the
-    rollout's engine is, no sleep (it scores between updates), its reward.judge.gpu_memory_utilization on a GPU."""
-    j, policy = cfg.reward.judge, engine_spec(cfg, device=device)
-    return EngineSpec(
+    rollout's engine is, no sleep (it scores between updates), its reward.judge.gpu_memory_utilization on a GPU. A
+    self-judge (reward.judge.model=policy) takes the policy engine's weights and LoRA handling: every sync loads it
+    too."""
+    j = cfg.reward.judge
+    policy = engine_spec(cfg, first_sync=j.model == SELF_JUDGE, device=device)
+    return replace(
+        policy,
         max_model_len=j.max_model_len or 0,
-        lora_sync="none",
+        lora_sync=policy.lora_sync if j.model == SELF_JUDGE else "none",
         prefix_caching=False,
-        load_format="auto",
-        dtype=policy.dtype,
-        enforce_eager=policy.enforce_eager,
+        load_format=policy.load_format if j.model == SELF_JUDGE else "auto",
         gpu_memory_utilization=j.gpu_memory_utilization if device == "cuda" else None,
+        sleep_level=0,
+        record_routes=False,
+        routes_from_engine=False,
+        updates_in_flight=False,
     )
 
 
@@ -539,6 +550,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         engine=engine,
         judge_engine=judge_engine_spec(cfg, device) if judge.enable and judge.url is None else None,
         judge_engine_kind=judge.engine or cfg.rollout.engine,
+        self_judge=judge.enable and judge.url is None and judge.model == SELF_JUDGE,
         model_dtype=cfg.model.dtype,
         device=device,
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),

@@ -38,7 +38,7 @@ from typing import Any
 from torchrl_post.checkpoint.dcp import check_resumable, resumed_checkpoint
 from torchrl_post.config.errors import ConfigError, one_line
 from torchrl_post.config.names import check_lora_targets, check_tool_parser
-from torchrl_post.config.schema import Config
+from torchrl_post.config.schema import SELF_JUDGE, Config
 from torchrl_post.engines.base import VLLM_CPU_HEAD_SIZES, unsupported_head_size
 from torchrl_post.workers.moe import expert_count
 
@@ -356,7 +356,10 @@ def check_judge(cfg: Config, weights: bool = True, device_type: str = "cpu") -> 
     judge = cfg.reward.judge
     if not judge.enable or judge.url is not None:
         return
-    model_config = check_model_dir(judge.model, "reward.judge.model", False, weights)
+    if judge.model == SELF_JUDGE:  # the policy itself: model.path, checked as the policy
+        model_config = check_model_dir(cfg.model.path, "model.path", cfg.model.trust_remote_code, weights=False)
+    else:
+        model_config = check_model_dir(judge.model, "reward.judge.model", False, weights)
     engine = judge.engine or cfg.rollout.engine
     head = unsupported_head_size(model_config, engine, device_type)
     if head is not None:

@@ -559,7 +559,9 @@ class JudgeConfig:
     """An OpenAI-compatible server's base URL (http://host:8000/v1: chat completions), for judges too big to
     co-host; null: a judge co-hosted with the run."""
     model: str = ""
-    """The judge model: the served model's name (the request's `model`), or a co-hosted judge's path."""
+    """The judge model: the served model's name (the request's `model`), or a co-hosted judge's path; `policy`:
+    the policy itself with its current weights (self-judging: an engine of model.path beside the policy's that
+    every weight sync loads too, through host memory)."""
     engine: Annotated[str | None, Engine] = None
     """A co-hosted judge's engine, one more in-process engine on every rollout rank beside the policy's: vllm or
     hf; null: rollout.engine."""
@@ -598,6 +600,10 @@ class JudgeConfig:
     """The judge's sampling temperature (0: greedy)."""
     max_tokens: int = 1024
     """The longest judge reply, in tokens; a reply cut off before its score is a failure."""
+
+
+SELF_JUDGE = "policy"
+"""reward.judge.model's name for the policy itself."""
 
 
 @dataclass

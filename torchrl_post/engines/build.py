@@ -1,8 +1,10 @@
-"""The engines behind one interface (`RolloutEngine`): vllm (in-process) and hf (transformers); `build_engine`."""
+"""The engines behind one interface (`RolloutEngine`): vllm (in-process) and hf (transformers); `build_engine`;
+`Followed`: an engine whose weight loads a second engine repeats (a self-judge follows the policy)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,3 +34,26 @@ def build_engine(
     from torchrl_post.engines.hf import HFEngine
 
     return HFEngine(model, rollout, spec, device, pad_id, eos_ids)
+
+
+class Followed:
+    """`engine`, whose every weight load `follower` repeats: the policy's engine with a co-hosted judge of the policy
+    itself (reward.judge.model=policy). Everything else is the engine's. A load's tensors are copied to host memory
+    first (the stream's buckets are reused as it goes) and handed to the follower after the engine has its own."""
+
+    def __init__(self, engine: RolloutEngine, follower: RolloutEngine) -> None:
+        self.engine, self.follower = engine, follower
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        kept: list[tuple[str, torch.Tensor]] = []
+
+        def keeping() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                kept.append((name, tensor.detach().to("cpu", copy=True)))
+                yield name, tensor
+
+        self.engine.load_weights(keeping())
+        self.follower.load_weights(kept)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)

@@ -22,27 +22,30 @@ from typing import Any, cast
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.schema import ModelConfig, RolloutConfig
+from torchrl_post.config.schema import SELF_JUDGE, ModelConfig, RolloutConfig
 from torchrl_post.engines.base import EngineSpec, RolloutEngine, SamplingParams, generate
 from torchrl_post.reward.judge import JudgeConfig, JudgeTemplate
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 
 
 def judge_engine_args(
-    cfg: JudgeConfig, spec: EngineSpec, rollout: RolloutConfig
+    cfg: JudgeConfig, spec: EngineSpec, rollout: RolloutConfig, policy: ModelConfig | None = None
 ) -> tuple[ModelConfig, RolloutConfig, EngineSpec, PreTrainedTokenizerBase]:
     """What the co-hosted judge's engine is built from (engines/build.py `build_engine`): the judge's model
     section, the run's rollout section made the judge's (reward.judge.engine, or the rollout's; one rank;
     reward.judge.max_concurrency sequences; never freed for the update), `spec` (the plan's `judge_engine`) with
-    a max_model_len of 0 resolved to the judge's max_position_embeddings, and the judge's tokenizer. A max_tokens
-    that leaves no room for a prompt is a ConfigError."""
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    positions = getattr(AutoConfig.from_pretrained(cfg.model), "max_position_embeddings", None)
+    a max_model_len of 0 resolved to the judge's max_position_embeddings, and the judge's tokenizer; a self-judge
+    (reward.judge.model=policy) is `policy`, the run's model section. A max_tokens that leaves no room for a prompt
+    is a ConfigError."""
+    model = policy if policy is not None and cfg.model == SELF_JUDGE else ModelConfig(path=cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     max_len = spec.max_model_len or positions or 0
     if max_len <= cfg.max_tokens:
         where = f"max_model_len={max_len}" if spec.max_model_len else f"max_position_embeddings={positions}"
         raise ConfigError(
-            f"reward.judge.max_tokens={cfg.max_tokens} leaves no room for a prompt: the judge {cfg.model} has "
+            f"reward.judge.max_tokens={cfg.max_tokens} leaves no room for a prompt: the judge {model.path} has "
             f"{where}; set reward.judge.max_tokens below it (a reply's length)"
         )
     judge_rollout = replace(
@@ -52,7 +55,7 @@ def judge_engine_args(
         max_num_seqs=cfg.max_concurrency,
         free_cache_engine=False,
     )
-    return ModelConfig(path=cfg.model), judge_rollout, replace(spec, max_model_len=max_len), tokenizer
+    return model, judge_rollout, replace(spec, max_model_len=max_len), tokenizer
 
 
 class LocalJudge:

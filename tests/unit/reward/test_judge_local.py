@@ -140,3 +140,43 @@ def test_the_plan_gives_a_co_hosted_judge_an_engine_of_its_own(url: str | None) 
     assert spec is not None and (spec.max_model_len, spec.load_format, spec.sleep_level) == (0, "auto", 0)
     assert spec.gpu_memory_utilization == 0.2 and spec.dtype == plan.engine.dtype
     assert "judge: co-hosted on every rollout rank: a hf engine of its own" in plan.describe("cuda", "nccl")
+
+
+def test_a_self_judge_follows_every_weight_load_of_the_policy(tiny_model: Path) -> None:
+    """reward.judge.model=policy: the judge's engine (engines/build.py `Followed`) loads each sync the policy's
+    engine loads, so it grades with the current weights; the policy's engine is unchanged by it."""
+    from torchrl_post.config.schema import Config
+    from torchrl_post.engines.build import Followed, build_engine
+    from torchrl_post.plan import engine_spec, judge_engine_spec
+
+    cfg = Config()
+    cfg.model.path, cfg.rollout.engine = str(tiny_model), "hf"
+    cfg.reward.judge = JudgeConfig(enable=True, model="policy", template=TEMPLATE, parser="number", max_tokens=6)
+    policy = build_engine(cfg.model, cfg.rollout, engine_spec(cfg), torch.device("cpu"), 0, 0, [3])
+    judge = local_judge(cfg.reward.judge, judge_engine_spec(cfg), cfg.rollout, torch.device("cpu"), 0, cfg.model)
+    assert judge.engine is not None and judge.max_prompt_tokens == 256 - 6  # the policy's positions
+    followed = Followed(policy, judge.engine)  # type: ignore[arg-type]
+    before = judge.score(QUESTIONS, RESPONSES, TRUTHS).replies
+    torch.manual_seed(3)
+    new = [(n, p.detach() + 0.05 * torch.randn_like(p)) for n, p in policy.model.named_parameters()]
+    followed.load_weights((n, t.clone()) for n, t in new)
+    after = judge.score(QUESTIONS, RESPONSES, TRUTHS).replies
+    assert after != before  # the judge grades with the new weights
+    for engine in (policy, judge.engine):
+        got = dict(engine.model.named_parameters())  # type: ignore[attr-defined]
+        assert all(torch.equal(got[n], t) for n, t in new)
+    assert followed.pad_id == policy.pad_id  # the rest is the policy engine's
+
+
+def test_the_plan_and_the_preflight_know_a_self_judge(tiny_model: Path) -> None:
+    from torchrl_post.config.load import load_config
+    from torchrl_post.config.preflight import check_judge
+
+    lora = ["model.lora_rank=8", "model.lora_alpha=16", "rollout.lora_sync=merged"]
+    cfg = load_config([f"model.path={tiny_model}", "reward.judge.enable=true", "reward.judge.model=policy", *lora])
+    check_judge(cfg)  # model.path, no directory named `policy`
+    plan = plan_run(cfg, world_size=2)
+    spec = plan.judge_engine
+    assert plan.self_judge and spec is not None and spec.lora_sync == "merged" == plan.engine.lora_sync
+    assert spec.load_format == plan.engine.load_format and spec.sleep_level == 0
+    assert "judge: the policy itself (self-judging), current weights" in plan.describe("cpu", "gloo")
