@@ -210,7 +210,7 @@ def local_judge(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = build_engine(model, judge_rollout, spec, device, seed, pad, eos)
     log.info(
-        "judge %s: a %s engine on this rank (max_model_len %d)", cfg.model, judge_rollout.engine, spec.max_model_len
+        "judge %s: a %s engine on this rank (max_model_len %d)", model.path, judge_rollout.engine, spec.max_model_len
     )
     return LocalJudge.from_config(cfg, engine, tokenizer, spec.max_model_len, seed)
 
