@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 from torchrl_post.config.errors import ConfigError
-from torchrl_post.config.schema import Config, FSDPConfig, ModelConfig
+from torchrl_post.config.schema import SELF_JUDGE, Config, FSDPConfig, ModelConfig
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.plan import RunPlan
 from torchrl_post.workers.fsdp import decoder_layers
@@ -105,6 +105,8 @@ class ModelShape:
     adapter_params: int
     """LoRA adapter parameters at model.lora_rank (0 without LoRA)."""
     adapter_layer_params: int
+    positions: int = 0
+    """max_position_embeddings (0 where the config has none)."""
 
 
 def _lora_targets(cfg: ModelConfig) -> str | list[str]:
@@ -155,6 +157,7 @@ def model_shape(cfg: ModelConfig, auto: Any = None) -> ModelShape:
         head_params=0 if head is None or tied else head.weight.numel(),
         adapter_params=_adapter_params(model, cfg),
         adapter_layer_params=max(_adapter_params(model, cfg, layer) for layer in layers),
+        positions=int(getattr(text, "max_position_embeddings", 0) or 0),
     )
 
 
@@ -258,10 +261,12 @@ class RankGroup:
     engine_awake_in_update: bool
     kv_needed: int
     kv_available: int
+    judge_share: int = 0
+    """A co-hosted judge's engine (reward.judge): its part of the device in every phase (it never sleeps)."""
 
     def phases(self) -> dict[str, int]:
         """Device bytes at the peak of each phase this rank goes through."""
-        resident = sum(r.device(resident_only=True) for r in self.roles)
+        resident = sum(r.device(resident_only=True) for r in self.roles) + self.judge_share
         out: dict[str, int] = {}
         if self.engine:
             out["generation"] = resident + self.engine_share
@@ -481,6 +486,7 @@ def plan_memory(
     loss_chunk_tokens: int = HEAD_CHUNK_TOKENS,
     critic_shape: ModelShape | None = None,
     reward_shape: ModelShape | None = None,
+    judge_shape: ModelShape | None = None,
 ) -> MemoryPlan:
     """Every rank's memory for `cfg` under `plan` on `card_bytes` of device memory (pure: no file, no device)."""
     roles_of: dict[int, list[str]] = {}
@@ -509,9 +515,29 @@ def plan_memory(
         shape.layers, shape.kv_heads, shape.head_dim, e, ro.max_num_seqs, row, tensor_parallel_size=tp
     )
 
+    judge_items: tuple[Item, ...] = ()
+    judge_share = 0
+    j = plan.judge_engine
+    if j is not None and judge_shape is not None:  # a co-hosted judge: its own engine, built before the policy's
+        jw = judge_shape.params * DTYPE_BYTES[j.dtype]
+        jkv = kv_cache_bytes(
+            judge_shape.layers, judge_shape.kv_heads, judge_shape.head_dim, DTYPE_BYTES[j.dtype],
+            cfg.reward.judge.max_concurrency, j.max_model_len or judge_shape.positions,
+        )  # fmt: skip
+        if device_type == "cpu":
+            judge_share = jw + min(jkv, ro.cpu_kvcache_space_gb * GiB)
+        else:
+            judge_share = int((j.gpu_memory_utilization or 0.0) * card_bytes)
+        kv_room = judge_share - jw - (0 if device_type == "cpu" else ENGINE_RESERVE)
+        judge_items = (
+            Item("judge weights", jw, True, False, f"{j.dtype}, reward.judge.model"),
+            Item("judge KV cache", min(jkv, max(kv_room, 0)), True, False, f"needs {_gib(jkv)}"),
+        )
+
     def engine_share(trainer: tuple[RoleMemory, ...]) -> int:
         """vLLM's part of the device: rollout.gpu_memory_utilization x card, or (colocated, unset) the share of
-        what the trainer leaves free when the engine starts, less the optimizer state still to come."""
+        what the trainer and a co-hosted judge leave free when the engine starts, less the optimizer state still to
+        come."""
         if device_type == "cpu":
             return weights + ro.cpu_kvcache_space_gb * GiB
         util = plan.engine.gpu_memory_utilization
@@ -519,7 +545,7 @@ def plan_memory(
             return int(util * card_bytes)
         loaded = sum(i.bytes for r in trainer for i in r.items if i.name == "parameters" and not i.on_host)
         later = sum(i.bytes for r in trainer for i in r.items if i.name == "optimizer" and i.resident and not i.on_host)
-        return max(int(ENGINE_SHARE_OF_FREE * (card_bytes - loaded - later)), 0)
+        return max(int(ENGINE_SHARE_OF_FREE * (card_bytes - loaded - later - judge_share)), 0)
 
     def engine(share: int) -> tuple[Item, ...]:
         kv = ro.cpu_kvcache_space_gb * GiB if device_type == "cpu" else share - weights - ENGINE_RESERVE
@@ -548,11 +574,12 @@ def plan_memory(
             RankGroup(
                 ranks=tuple(ranks),
                 roles=trainer,
-                engine=items,
+                engine=items + (judge_items if has_engine else ()),
                 engine_share=share,
                 engine_awake_in_update=has_engine and (device_type == "cpu" or plan.engine.sleep_level == 0),
                 kv_needed=kv_needed if has_engine else 0,
                 kv_available=items[1].bytes if has_engine else 0,
+                judge_share=judge_share if has_engine else 0,
             )
         )
     return MemoryPlan(device_type, card_bytes, tuple(groups), _levers(cfg, plan))
@@ -596,9 +623,16 @@ def memory_plan_for_run(
 
             rm_path = cfg.reward_model.model.path
             reward_shape = model_shape(_with_path(cfg.model, rm_path), AutoModelForSequenceClassification)
+        judge_shape = None
+        if plan.judge_engine is not None:
+            judge = cfg.reward.judge.model
+            judge_shape = shape if judge == SELF_JUDGE else model_shape(_with_path(cfg.model, judge))
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.path={cfg.model.path!r}: config.json cannot be read for the memory plan ({e})") from e
-    return plan_memory(cfg, plan, shape, device_type, card, critic_shape=critic_shape, reward_shape=reward_shape)
+    return plan_memory(
+        cfg, plan, shape, device_type, card, critic_shape=critic_shape, reward_shape=reward_shape,
+        judge_shape=judge_shape,
+    )  # fmt: skip
 
 
 def _with_path(cfg: ModelConfig, path: str) -> ModelConfig:

@@ -423,3 +423,24 @@ def test_the_engine_on_cuda_counts_its_graph_pool(qwen7b_dir: Path) -> None:
     items = {i.name: i for i in group.engine}
     assert items["graphs, activations"].bytes == GiB and "CUDA graph pool" in items["graphs, activations"].note
     assert sum(i.bytes for i in group.engine) <= group.engine_share  # within the share vLLM is given
+
+
+def test_a_co_hosted_judge_takes_its_share_first_in_every_phase(qwen7b_dir: Path) -> None:
+    """A 7B judge beside the 7B policy on 80 GiB: its engine (reward.judge.gpu_memory_utilization of the card, never
+    asleep) is counted in every phase, and the colocated policy engine sizes itself from what is left after it."""
+    judge = ["reward.judge.enable=true", f"reward.judge.model={qwen7b_dir}", "reward.judge.max_model_len=4096"]
+    cfg, plan, shape = _seven_b(qwen7b_dir, *judge)
+    alone = plan_memory(*_seven_b(qwen7b_dir)[:2], shape, "cuda", 80 * GiB).groups[0]
+    (group,) = plan_memory(cfg, plan, shape, "cuda", 80 * GiB, judge_shape=shape).groups
+    share = int(0.2 * 80 * GiB)
+    assert group.judge_share == share and alone.judge_share == 0
+    # the policy's engine: 0.9 of what the trainer leaves, less the judge's share taken before it
+    assert abs(group.engine_share - (alone.engine_share - 0.9 * share)) <= 1
+    resident = alone.phases()["generation"] - alone.engine_share
+    assert group.phases()["generation"] == resident + share + group.engine_share
+    assert all(peak >= resident + share for peak in group.phases().values())
+    items = {i.name: i for i in group.engine}
+    assert items["judge weights"].bytes == 7_615_616_512 * 2  # bfloat16, whole on each rank
+    # K and V, 28 layers x 4 kv heads x 128 dims x 2 bytes, 16 sequences of 4096 tokens and vLLM's null block
+    kv = 2 * 28 * 4 * 128 * 2 * (16 * 4096 + 128)
+    assert items["judge KV cache"].bytes == min(kv, share - items["judge weights"].bytes - GiB)
