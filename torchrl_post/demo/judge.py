@@ -217,7 +217,7 @@ def build_judge(out_dir: Path, demo_dir: Path, data_dir: Path) -> dict:
         print(f"rebuilding the demo judge at {out_dir}: built by an older recipe or from another demo model")
     (out_dir / MARKER).unlink(missing_ok=True)
     start = time.perf_counter()
-    with _one_thread():
+    with one_thread():
         info = {**want, **_build(out_dir, demo_dir, data_dir)}
     info.update(build_s=round(time.perf_counter() - start, 1), fingerprint=fingerprint(out_dir))
     write_marker(out_dir, MARKER, info)
@@ -265,7 +265,7 @@ def _build(out_dir: Path, demo_dir: Path, data_dir: Path) -> dict:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """Matrices this small compute no faster on several threads, and on a machine busy with other work threads that
     wait on each other make each step several times slower (measured: 0.09 s on one thread, 0.34 s on two)."""
     threads = torch.get_num_threads()
