@@ -108,7 +108,7 @@ class Run:
         check_tokenizer(tokenizer, model_config, m.path)
         check_critic(cfg, tokenizer, plan.critic != "none")
         reward_tokenizer = check_reward_model(cfg, plan.reward_model != "none")
-        check_judge(cfg, device_type=env.device.type)
+        check_judge(cfg, device_type=plan.device)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"
