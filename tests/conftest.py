@@ -187,15 +187,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def demo_judge_model() -> Path:
-    """The demo judge (`torchrl_post.demo.judge`), built into outputs/demo_judge_model from outputs/demo_model and
-    outputs/demo_data (each built there if missing) and cached there across sessions, as `make judge-model` does:
-    a build takes a minute or two, a cached one is checked in a second."""
+def demo_judge_model(demo: tuple[Path, Path]) -> Path:
+    """The demo judge (`torchrl_post.demo.judge`) of the session's demo model, built into outputs/demo_judge_model
+    and cached there across sessions (its marker names the demo model's fingerprint, the same on every machine), as
+    `make judge-model` does: a build takes half a minute, a cached one is checked in a second."""
     from torchrl_post.demo.judge import build_judge
 
-    out = REPO / "outputs"
-    build_judge(out / "demo_judge_model", out / "demo_model", out / "demo_data")
-    return out / "demo_judge_model"
+    out = REPO / "outputs" / "demo_judge_model"
+    build_judge(out, *demo)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -84,15 +84,17 @@ def test_rule_reward_model_and_judge_mix_resume_exactly_and_the_reward_model_on_
                 assert other[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
 
 
-def test_the_demo_judge_on_a_vllm_engine_of_its_own_grades_as_the_rule(demo_judge_model: Path, tmp_path: Path) -> None:
+def test_the_demo_judge_on_a_vllm_engine_of_its_own_grades_as_the_rule(
+    demo_judge_model: Path, demo: tuple[Path, Path], tmp_path: Path
+) -> None:
     """configs/judge.yaml as `make train ARGS="--config-name judge"` runs it, for 3 steps: the judge, co-hosted on
     each rank on an in-process vLLM engine beside the policy's, agrees with the exact-match rule on 0.98 of the demo
     policy's responses, so the two sources' means over a step's 128 samples are close; none fails."""
     run = tmp_path / "judge"
-    demo = REPO / "outputs"  # the fixture built the demo model and data there too
+    model, data = demo
     overrides = [
-        "--config-name", "judge", f"model.path={demo / 'demo_model'}", f"data.train_files={demo / 'demo_data/train.jsonl'}",
-        f"data.val_files={demo / 'demo_data/val.jsonl'}", f"reward.judge.model={demo_judge_model}",
+        "--config-name", "judge", f"model.path={model}", f"data.train_files={data / 'train.jsonl'}",
+        f"data.val_files={data / 'val.jsonl'}", f"reward.judge.model={demo_judge_model}",
         "trainer.total_training_steps=3", "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.default_local_dir={run}",
     ]  # fmt: skip
     assert_ok(torchrun(2, TRAIN + overrides))
