@@ -10,9 +10,9 @@ of the ranks it watches. A watched rank whose counter has not moved for the dead
     error: rank 1 (rollout) last in 'gen' at step 2: silent for 15 s (trainer.wait_timeout_s=15); this rank 0
     (actor) was in 'sync' at step 2: ending with exit code 3 ...
 
-and exits with code 3 a beat and a half later (so that every watcher has reached it too). A watcher on the silent
-rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`, restarts every rank,
-which resume exactly from the last checkpoint. Stages (`enter`) name what a rank is doing: the step's timed stages
+and exits with code 3 once every other watcher of the silent rank has written its line too (three beats at most). A
+watcher on the silent rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`,
+restarts every rank, which resume exactly from the last checkpoint. Stages (`enter`) name what a rank is doing: the step's timed stages
 (logging/timing.py), the rollout ranks' and role ranks' own, checkpointing, validation.
 
 A rank that is alive but never arrives (a deadlock among collectives) still beats: the process groups' own timeout
@@ -119,6 +119,7 @@ class Watchdog:
 
     def __init__(self, store: dist.Store, rank: int, world: int, roles: dict[int, str], limits: Deadlines) -> None:
         self.store, self.rank, self.roles, self.limits = store, rank, roles, limits
+        self.world = world
         _here.rank = rank
         self.watching = watched(rank, world)
         self.verdict: str | None = None
@@ -189,16 +190,33 @@ class Watchdog:
         return [r for r in late if not self.store.check([f"done/{r}"])]
 
     def _end(self, late: list[int]) -> NoReturn:
-        """The one line, a beat and a half for every watcher to reach it too, the silent ranks on this host killed,
-        exit code 3."""
+        """The one line, the other watchers of the silent ranks given time to write theirs, the silent ranks on
+        this host killed, exit code 3."""
         gone = {r: _parse_stage(self.store.get(f"stage/{r}").decode()) for r in late}
         waited = time.monotonic() - min(self._seen[r][1] for r in late)
         self.verdict = silence_line(self.rank, self.roles, gone, waited, self.limits.silence_s)
         print(self.verdict, file=sys.stderr, flush=True)
-        time.sleep(self.limits.beat_s * 1.5)
+        self.store.set(f"verdict/{self.rank}", "1")
+        self._await_watchers(late)
         self._kill_local(late)
         sys.stdout.flush()
         os._exit(EXIT_SILENT)
+
+    def _await_watchers(self, late: list[int]) -> None:
+        """Until every other live watcher of the `late` ranks has written its line too (its `verdict/` key), or has
+        finished, for three beats at most: killing a silent rank ends the attempt (torchrun stops every rank), so a
+        watcher a beat behind this one, or slowed on a busy host, would otherwise end without its line. A fixed
+        beat and a half was not always enough on 2 busy cores."""
+        others = [
+            r for r in range(self.world)
+            if r != self.rank and r not in late and any(x in watched(r, self.world) for x in late)
+        ]  # fmt: skip
+        deadline = time.monotonic() + 3 * self.limits.beat_s
+        while others and time.monotonic() < deadline:
+            others = [
+                r for r in others if not self.store.check([f"verdict/{r}"]) and not self.store.check([f"done/{r}"])
+            ]
+            time.sleep(0.05)
 
     def _kill_local(self, ranks: list[int]) -> None:
         """SIGKILL the silent ranks on this host (a stopped process ignores SIGTERM: torchrun would wait 30 s)."""

@@ -102,3 +102,21 @@ def test_an_error_of_the_ranks_own_is_raised_at_once_not_after_a_beat_period() -
     assert time.monotonic() - start < 1.0
     watch.stop()  # the watch thread says this rank is done, then ends
     assert store.check(["done/0"]) and not watch._thread.is_alive()
+
+
+def test_the_first_watcher_waits_for_the_others_lines_before_the_silent_rank_is_killed() -> None:
+    """Rank 2 is silent; rank 0 has written its line. It returns as soon as rank 1 (the other live watcher) has
+    written its line or finished, and after three beats at most when rank 1 never does."""
+    limits = liveness.Deadlines(silence_s=1.0, collective_s=60)  # a beat every 0.1 s
+    for other in ("verdict/1", "done/1", None):
+        store = dist.HashStore()
+        watch = liveness.Watchdog(store, 0, 3, {0: "actor", 1: "rollout", 2: "critic"}, limits)
+        if other is not None:
+            store.set(other, "1")
+        start = time.monotonic()
+        watch._await_watchers([2])
+        waited = time.monotonic() - start
+        if other is None:
+            assert 3 * limits.beat_s <= waited < 3 * limits.beat_s + 1.0
+        else:
+            assert waited < limits.beat_s, other
