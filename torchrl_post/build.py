@@ -19,6 +19,7 @@ import torch
 from torchrl_post.agent.loop import build_agent_loop
 from torchrl_post.config.schema import JudgeConfig, ModelConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.data.sft import SftDataset
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.engines.base import EngineSpec, RolloutEngine
 from torchrl_post.engines.build import Followed, build_engine
@@ -33,10 +34,11 @@ from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
+from torchrl_post.rollout.supervised import SupervisedSource
 from torchrl_post.run import Run
 from torchrl_post.sync.lora import is_adapter
 from torchrl_post.sync.weights import BroadcastSync, Keep, ReloadSync
-from torchrl_post.trainer import RankInfo, StepRoles, Trainer
+from torchrl_post.trainer import NoEngine, RankInfo, StepRoles, Trainer
 from torchrl_post.workers.actor import Actor, AdapterOffReference
 from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.reference import Reference
@@ -77,7 +79,7 @@ def build_trainer(run: Run) -> Trainer:
         cfg.actor,
         run.topo.mesh("actor"),
         run.env.device,
-        temperature=cfg.rollout.temperature,
+        temperature=1.0 if plan.sft else cfg.rollout.temperature,
         mini_batch_samples=plan.roles["actor"].mini_batch_samples,
         micro_batch_samples=plan.roles["actor"].micro_batch_samples,
         max_response_length=cfg.data.max_response_length,
@@ -88,7 +90,13 @@ def build_trainer(run: Run) -> Trainer:
         replay=plan.router_replay,
         truncation=plan.sampling_support,
         skip_zero_advantage=plan.skip_zero_advantage,
+        supervised=plan.sft,
     )
+    info = RankInfo(
+        run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
+    )
+    if plan.sft:  # no engine: the data's responses, validated by the actor's loss (rollout/supervised.py)
+        return Trainer(cfg, plan, StepRoles(actor, supervised_source(run, actor), NoEngine()), timer, info)
     critic: CriticRole | None = None
     # What the colocated engine must leave free: every trained role's optimizer state still to come (the memory
     # plan's `later`), not the actor's alone (PPO's critic would otherwise run out of memory at the first update).
@@ -133,10 +141,17 @@ def build_trainer(run: Run) -> Trainer:
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
         roles = StepRoles(actor, local, sync, critic, reference, reward_model)
-    info = RankInfo(
-        run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
-    )
     return Trainer(cfg, plan, roles, timer, info)
+
+
+def supervised_source(run: Run, actor: Actor) -> SupervisedSource:
+    """SFT's source: each actor rank draws its share of every step's rows and of the validation rows."""
+    share, shares = run.plan.actor_ranks.index(run.env.rank), len(run.plan.actor_ranks)
+    assert isinstance(run.train_data, SftDataset)  # run.py loads SFT rows with sft.enable
+    return SupervisedSource(
+        run.train_data, run.sampler(share, shares), run.pad_id, actor.log_probs, share, shares,
+        run.cfg.data.val_batch_size,
+    )  # fmt: skip
 
 
 def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:

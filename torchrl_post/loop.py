@@ -179,6 +179,11 @@ def validate(run: Run, program: RankProgram, step: int) -> dict[str, float]:
     sources = sorted(set(data.data_sources))
     totals = run.topo.sum_all(program.validation_totals(data, sources))
     write_val_generations(run, program.val_samples(), step)
+    if run.plan.sft:  # token NLL sums and trained tokens (rollout/supervised.py)
+        out = {"val/loss": (totals[0].sum() / totals[1].sum().clamp(min=1)).item()}
+        if len(sources) > 1:
+            out |= {f"val/loss/{s}": (totals[0, j] / totals[1, j].clamp(min=1)).item() for j, s in enumerate(sources)}
+        return out
     out = {}
     for j, src in enumerate(sources):
         mean = (totals[0, j] / totals[1, j]).item()

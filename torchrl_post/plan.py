@@ -109,6 +109,9 @@ class RunPlan:
     total_training_steps: int | None
     engine: EngineSpec
     """The engines' part of the plan (the training loop pushes the actor's weights before generating)."""
+    sft: bool = False
+    """Supervised fine-tuning (sft.enable): no engine, no weight sync; each step's batch is the data's responses
+    (rollout/supervised.py), the actor's loss their token negative log-likelihood, validation `val/loss`."""
     self_judge: bool = False
     """reward.judge.model=policy: the judge is the policy, its engine loaded at every weight sync."""
     judge_engine_kind: str = "vllm"
@@ -220,6 +223,15 @@ class RunPlan:
             )
             micro = f"; micro-batches of {r.micro_batch_samples} samples" if r.micro_batch_samples else ""
             lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}{micro}")
+        if self.sft:  # no engine: the placement's rollout and weight-sync lines say nothing
+            lines = [line for line in lines if not line.startswith(("  rollout ", "  weight sync"))]
+            lines.append(
+                "  supervised fine-tuning (sft.enable): no engine, no weight sync; each step trains on the data's "
+                f"responses ({self.prompts_per_step} rows, token negative log-likelihood); validation: val/loss"
+            )
+            lines.append("  old logprobs: no; reference: none; critic: none; reward model: none")
+            lines.append(f"  {self.deadlines.describe()}")
+            return "\n".join(lines)
         tp, roll = self.tensor_parallel_size, self.rollout_ranks
         engines = [roll[i : i + tp] for i in range(0, len(roll), tp)]
         lines.append(f"  rollout engines ({self.rollout_engine}, tensor_parallel_size={tp}): {engines}")
@@ -492,7 +504,8 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
     engines = len(placement.ranks["rollout"]) // tp
     others: dict[str, int] = {r: len(placement.ranks[r]) for r in SERVED if r in placement.ranks}
     validate_batch(cfg, len(placement.ranks["actor"]), engines, others)
-    n, bsz = cfg.rollout.n, cfg.data.train_batch_size
+    sft = cfg.sft.enable
+    n, bsz = (1 if sft else cfg.rollout.n), cfg.data.train_batch_size
     mini = mini_batch_prompts(cfg, len(placement.ranks["actor"]) // cfg.model.ulysses_sequence_parallel_size)
     fsdp = {
         role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
@@ -532,7 +545,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         tensor_parallel_size=tp,
         rollout_engine=cfg.rollout.engine,
         engines=engines,
-        needs_old_log_probs=not on_policy or cfg.algorithm.use_kl_in_reward or correction.rejects,
+        needs_old_log_probs=not sft and (not on_policy or cfg.algorithm.use_kl_in_reward or correction.rejects),
         reference=reference,
         critic=roles["critic"].where if "critic" in roles else "none",
         reward_model=roles["reward_model"].where if "reward_model" in roles else "none",
@@ -548,6 +561,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         total_epochs=cfg.trainer.total_epochs,
         total_training_steps=cfg.trainer.total_training_steps,
         engine=engine,
+        sft=sft,
         judge_engine=judge_engine_spec(cfg, device) if judge.enable and judge.url is None else None,
         judge_engine_kind=judge.engine or cfg.rollout.engine,
         self_judge=judge.enable and judge.url is None and judge.model == SELF_JUDGE,
@@ -556,7 +570,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         max_logprob_diff=mismatch_limit(cfg, device, engine.dtype, fsdp["actor"].param_dtype),
         router_replay=cfg.actor.router_replay,
         sampling_support=support,
-        skip_zero_advantage=skips_zero_advantage(cfg),
+        skip_zero_advantage=not sft and skips_zero_advantage(cfg),
         deadlines=deadlines(cfg.trainer.wait_timeout_s),
         notes=tuple(notes),
         defaults_from=cfg.trainer.defaults_from,

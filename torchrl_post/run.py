@@ -30,6 +30,7 @@ from torchrl_post.config.validate import file_list
 from torchrl_post.data.chat_templates import use_chat_template
 from torchrl_post.data.dataset import PromptDataset, load_prompts, prompts_from_rows
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.data.sft import load_sft
 from torchrl_post.distributed.env import DistEnv
 from torchrl_post.distributed.placement import Topology
 from torchrl_post.multimodal.vision import VisionSpec, load_processor
@@ -94,6 +95,11 @@ class Run:
         m = cfg.model
         vision = VisionSpec.of(model_config)
         processor = load_processor(m.path, m.trust_remote_code) if vision is not None else None
+        if vision is not None and cfg.sft.enable:
+            raise ConfigError(
+                f"model.path={m.path!r} is a vision-language model ({vision.model_type}); sft.enable takes "
+                "text-only models for now (docs/sft.md)"
+            )
         if vision is not None and cfg.agent.env is not None:
             raise ConfigError(
                 f"model.path={m.path!r} is a vision-language model ({vision.model_type}); agent episodes "
@@ -121,7 +127,8 @@ class Run:
             val = _prompts(parts.val_data, val_files, "val", cfg, tokenizer, processor, limit, label, vision_ids)
         sources = set(train.data_sources) | set(val.data_sources if val else [])
         # Agent episodes are scored by their environment's rewards: no reward function is looked up.
-        reward_fn_for = reward_for_sources(parts.reward_fn, sources) if parts.agent is None else None
+        scored = parts.agent is None and not cfg.sft.enable  # SFT trains on responses: nothing is scored
+        reward_fn_for = reward_for_sources(parts.reward_fn, sources) if scored else None
         total = plan.total_steps(len(train))
         torch.manual_seed(cfg.trainer.seed)  # before any role is built: a critic's new value head, on any rank
         run_dir = Path(cfg.trainer.default_local_dir)
@@ -156,7 +163,10 @@ def _prompts(
     label: str,
     vision_ids: tuple[int, ...],
 ) -> PromptDataset:
-    """A split from the rows held in memory (the Python API's train_data / val_data), else from its files."""
+    """A split from the rows held in memory (the Python API's train_data / val_data), else from its files; with
+    sft.enable, each row's response too (data/sft.py)."""
+    if cfg.sft.enable:
+        return load_sft(files, cfg.data, cfg.sft, tokenizer, split, rows)
     if rows is not None:
         return prompts_from_rows(rows, f"{split}_data", cfg.data, tokenizer, split, processor, limit, label, vision_ids)
     return load_prompts(files, cfg.data, tokenizer, split, processor, limit, label, vision_ids)

@@ -44,6 +44,17 @@ from torchrl_post.workers.remote import CriticRole, ReferenceRole, RewardModelRo
 log = logging.getLogger("torchrl_post")
 
 
+RL_ONLY = ("actor/ppo_", "actor/pg_clipfrac", "rollout/")
+"""Actor metrics an SFT step does not report: they describe a policy ratio, which SFT has not."""
+
+
+class NoEngine:
+    """The `WeightSync` of a run without an engine (SFT): nothing to push."""
+
+    def push(self, model: torch.nn.Module) -> int:
+        return 0
+
+
 class WeightSync(Protocol):
     """The actor's weights into the engines: in-process reload or broadcast (sync/weights.py)."""
 
@@ -108,6 +119,8 @@ class Trainer:
     def train_step(self, step: int) -> tuple[dict[str, float], float]:
         """This step's metrics and its tokens over every actor rank."""
         timed = self.timer.timed  # timed(stage, fn, *args) -> fn(*args), recorded as timing_s/<stage>
+        if self.plan.sft:
+            return self._supervised_step(step)
         self.actor.offload()  # the engine generates: the actor's host offload, where configured
         batch = self._even(self.rollouts.next_batch(step))  # prompts -> engine -> reward, on this rank
         # a reward model on ranks of its own scores while this step's logprobs are computed; colocated, now
@@ -129,6 +142,16 @@ class Trainer:
         metrics["perf/sync_bytes"] = float(timed("sync", self.weights.push, self.actor.model))
         stats = batch_metrics(batch, self.plan.masked_reasons, step)
         return metrics | mixed | stats.metrics | self.rollouts.metrics(), stats.tokens
+
+    def _supervised_step(self, step: int) -> tuple[dict[str, float], float]:
+        """SFT (the plan's sft): the step's rows of the data (rollout/supervised.py) -> the actor's update on their
+        negative log-likelihood; its metrics without the RL-only ones (ratios, clipping, rewards)."""
+        batch = self.timer.timed("data", self.rollouts.next_batch, step)
+        metrics = self.timer.timed("update_actor", self.actor.update, batch)
+        stats = batch_metrics(batch, (), step)
+        kept = {k: v for k, v in metrics.items() if not k.startswith(RL_ONLY)}
+        lengths = {k: v for k, v in stats.metrics.items() if k.startswith(("response_length/", "prompt_length/"))}
+        return kept | lengths | {"train/loss": metrics["actor/pg_loss"]} | self.rollouts.metrics(), stats.tokens
 
     def _mixed_scores(self, batch: Batch, rm_scores: Callable[[], torch.Tensor] | None) -> dict[str, float]:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer

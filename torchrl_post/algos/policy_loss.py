@@ -130,3 +130,11 @@ def gspo_loss(
     return PolicyLossOut(
         loss_bt, ratio_bt, (clipped_bt > unclipped_bt).float(), -log_ratio_bt, torch.zeros_like(loss_bt)
     )
+
+
+def nll_loss(logp_bt: torch.Tensor) -> PolicyLossOut:
+    """Supervised fine-tuning's loss (sft.enable): each trained token's negative log-likelihood, L = -log p; no
+    ratio (1), nothing clipped. Aggregated as the policy loss is (actor.loss_agg_mode: token-mean is verl's and
+    TRL's SFT loss)."""
+    zeros = torch.zeros_like(logp_bt)
+    return PolicyLossOut(-logp_bt, torch.ones_like(logp_bt), zeros, zeros, zeros)

@@ -20,6 +20,8 @@ ExpertsImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm"]
 """model.experts_implementation: `auto` or a name transformers' from_pretrained takes (workers/models.py)."""
 Truncation = Literal["error", "left", "right", "middle"]
 """data.truncation (data/dataset.py: truncate_prompt): verl's names."""
+SftTruncation = Literal["error", "right"]
+"""sft.truncation (data/sft.py): a response over data.max_response_length refused, or cut and counted."""
 ChatTemplateName = Literal["chatml", "qwen2_5", "llama3", "base", "empty"]
 """The names data.chat_template takes besides a .jinja path (data/chat_templates.py: TEMPLATES)."""
 Engine = Literal["vllm", "hf"]

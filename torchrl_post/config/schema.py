@@ -37,6 +37,7 @@ from torchrl_post.config.enums import (
     RolloutIS,
     RolloutMode,
     RSLevel,
+    SftTruncation,
     StepwiseMode,
     Truncation,
 )
@@ -778,6 +779,24 @@ class TrainerConfig:
 
 
 @dataclass
+class SftConfig:
+    enable: bool = False
+    """Supervised fine-tuning instead of RL (`--config-name sft`): the actor trains on the data's responses by
+    token negative log-likelihood, through the same loader, FSDP2 actor, packing, Ulysses, LoRA, checkpoints and
+    metrics; no engine is built, validation is `val/loss` on data.val_files (docs/sft.md)."""
+    response_key: str = "response"
+    """Prompt/response rows: the column holding the response (a string) to the prompt in data.prompt_key; the loss
+    is on the response's tokens (with the chat template, the assistant turn it renders)."""
+    messages_key: str = "messages"
+    """Chat rows: the column holding a conversation ({role, content} messages); the loss is on the assistant turns
+    only (verl's and TRL's convention), the prompt is everything before the first one. Used for rows without
+    sft.response_key."""
+    truncation: Annotated[str, SftTruncation] = "right"
+    """A response (everything from the first assistant turn) over data.max_response_length tokens: right cuts it
+    there and counts it (logged, `data/truncated_responses`); error refuses it, naming its file and row."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -791,3 +810,4 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SftConfig = field(default_factory=SftConfig)

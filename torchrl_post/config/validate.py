@@ -231,10 +231,34 @@ def _partial_rollout(cfg: Config) -> None:
         )
 
 
+def _sft(cfg: Config) -> None:
+    """sft.enable: what an SFT run has no use for is refused, one line each (rather than trained past)."""
+    if not cfg.sft.enable:
+        return
+    _named("sft.response_key", cfg.sft.response_key)
+    _named("sft.messages_key", cfg.sft.messages_key)
+    refused = {
+        "reward_model.enable=true": cfg.reward_model.enable,
+        "reward.judge.enable=true": cfg.reward.judge.enable,
+        "actor.use_kl_loss=true": cfg.actor.use_kl_loss,
+        "algorithm.use_kl_in_reward=true": cfg.algorithm.use_kl_in_reward,
+        f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)": cfg.algorithm.adv_estimator == "gae",
+        "agent.env": cfg.agent.env is not None,
+        "trainer.max_off_policy_steps > 0": cfg.trainer.max_off_policy_steps > 0,
+    }
+    for key, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"sft.enable=true trains on the data's responses with no engine, reward or critic: drop {key}, or "
+                "run RL from the SFT checkpoint (docs/sft.md)"
+            )
+
+
 def validate(cfg: Config) -> None:
     """World-size independent checks (placement and per-rank arithmetic: `validate_batch`)."""
     _finite(cfg)
     check_enums(cfg)
+    _sft(cfg)
     _named("model.path", cfg.model.path)
     for key in ("prompt_key", "answer_key", "data_source_key", "default_data_source"):
         _named(f"data.{key}", getattr(cfg.data, key))

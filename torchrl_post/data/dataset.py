@@ -204,7 +204,7 @@ def _is_message(m: Any, items: bool) -> bool:
     return items and isinstance(content, list) and all(isinstance(i, dict) and "type" in i for i in content)
 
 
-def _messages(row: dict[str, Any], cfg: DataConfig, where: str, items: bool = False) -> list[dict[str, Any]]:
+def messages_of(row: dict[str, Any], cfg: DataConfig, where: str, items: bool = False) -> list[dict[str, Any]]:
     prompt = _dig(row, cfg.prompt_key)
     if prompt is None:
         prompt = row.get("messages")
@@ -444,7 +444,7 @@ def _add_row(
     out: PromptDataset, row: dict[str, Any], i: int, where: str, cfg: DataConfig, tokenizer: Any, too_long: _Overlong
 ) -> None:
     """Template, tokenize and check one row; append it to `out` (or its location to `too_long`)."""
-    msgs = _messages(row, cfg, where)
+    msgs = messages_of(row, cfg, where)
     if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
         enc = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
         ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
@@ -551,7 +551,7 @@ def _add_image_row(
             f"{where}: {len(sources)} images, over rollout.limit_images={max_images}; raise rollout.limit_images"
         )
     images = [load_image(src, base, where) for src in sources]
-    msgs = with_image_items(_messages(row, cfg, where, items=True), len(images), where)
+    msgs = with_image_items(messages_of(row, cfg, where, items=True), len(images), where)
     ids, mm = encode(processor, msgs, images)
     fitted = _fit(ids, cfg, where, too_long, " with its images' tokens", vision_ids)
     if fitted is None:

@@ -275,6 +275,18 @@ def build_demo(
     )
 
 
+def build_untrained(model_dir: Path, data_dir: Path, seed: int = 0, model_seed: int = MODEL_SEED) -> None:
+    """The demo model as initialised, before its warm start (what configs/sft.yaml fine-tunes), and the demo data;
+    cached like the demo model."""
+    if not (data_dir / "train.jsonl").exists() or not (data_dir / "val.jsonl").exists():
+        write_task(data_dir, seed)
+    if (model_dir / "model.safetensors").exists():
+        print(f"untrained demo model ready at {model_dir}")
+        return
+    build_tiny_model(model_dir, seed=model_seed)
+    print(f"untrained demo model written to {model_dir} (fingerprint {fingerprint(model_dir)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("outputs/demo_model"))
@@ -282,7 +294,11 @@ def main() -> None:
     ap.add_argument("--target-acc", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0, help="the data split's seed")
     ap.add_argument("--model-seed", type=int, default=MODEL_SEED, help="the model's initialisation and warm start")
+    ap.add_argument("--untrained", action="store_true", help="the model as initialised, without the warm start")
     args = ap.parse_args()
+    if args.untrained:
+        build_untrained(args.out, args.data, args.seed, args.model_seed)
+        return
     build_demo(args.out, args.data, args.target_acc, args.seed, model_seed=args.model_seed)
 
 

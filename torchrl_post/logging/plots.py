@@ -3,7 +3,8 @@
     python -m torchrl_post.plot outputs/demo                     # -> outputs/demo/plots/*.png
     python -m torchrl_post.plot runs/a runs/b --out runs/compare  # a and b on the same axes
 
-Panels: reward (training score with a moving mean), validation (`val/test_score/*`), response length, entropy,
+Panels: reward (training score with a moving mean), validation (`val/test_score/*`), the SFT loss (`train/loss`,
+`val/loss`), response length, entropy,
 KL, gradient norm (line plots against the step), and timing: the stages of each step (`timing_s/*`) as a stacked
 area, one axes per run, whose top edge is the step's wall time (`timing_s/step`, plus `timing_s/testing` on
 validation steps). A panel with no data in any run is left out.
@@ -22,7 +23,7 @@ from typing import Any
 STEP = "training/global_step"
 DPI = 100
 PANEL_SIZE = (7.0, 4.2)  # inches: 700 x 420 pixels at DPI
-OVERVIEW_SIZE = (15.0, 8.4)  # the six line panels, 2 x 3: 1500 x 840 pixels
+OVERVIEW_SIZE = (15.0, 8.4)  # six line panels, 2 x 3: 1500 x 840 pixels
 TIMING_WIDTH_PER_RUN = 5.5
 # The step's stages in pipeline order (the stack's order, bottom up); others follow sorted. `step` is the total and
 # `gen_engine` (the rollout ranks' own time, overlapping `gen`) is not a stage; `testing` runs after the step.
@@ -62,6 +63,7 @@ class Panel:
 PANELS = (
     Panel("reward", "training reward", "mean score", ("critic/score/mean",), smooth=True),
     Panel("validation", "validation", "score", prefix="val/test_score/", markers=True),
+    Panel("loss", "supervised loss", "NLL per token", ("train/loss", "val/loss"), markers=True),
     Panel("response_length", "response length", "tokens", ("response_length/mean", "response_length/max")),
     Panel("entropy", "policy entropy", "nats per token", ("actor/entropy",)),
     Panel("kl", "KL", "KL", ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty")),
@@ -225,8 +227,13 @@ def plot_runs(run_dirs: Sequence[Path], out_dir: Path, labels: Sequence[str] | N
     if _draw_timing(plt, runs, out_dir / "timing.png"):
         written.append(out_dir / "timing.png")
     fig, axes = plt.subplots(2, 3, figsize=OVERVIEW_SIZE)
-    for ax, panel in zip(axes.flat, PANELS, strict=True):
-        _draw_panel(ax, panel, runs)
+    # the first six panels with data (an RL run has no supervised loss, an SFT run no reward)
+    shown = [p for p in PANELS if any(p.keys_in(rows) for _, rows in runs)][:6]
+    for i, ax in enumerate(axes.flat):
+        if i < len(shown):
+            _draw_panel(ax, shown[i], runs)
+        else:
+            ax.axis("off")
     fig.suptitle(", ".join(label for label, _ in runs))
     fig.tight_layout()
     written.append(out_dir / "overview.png")

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from torchrl_post.algos.advantages import informative_rows
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, ppo_clip_loss
+from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, nll_loss, ppo_clip_loss
 from torchrl_post.algos.rollout_correction import (
     STAT_MAXES,
     STAT_SUMS,
@@ -75,6 +75,7 @@ class Actor:
         replay: bool = False,
         truncation: Truncation | None = None,
         skip_zero_advantage: bool = False,
+        supervised: bool = False,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
         backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
@@ -84,7 +85,8 @@ class Actor:
         with Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
         recorded experts (the plan's router_replay); `truncation`: the old and the update's logprobs renormalised
         on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are;
-        `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's)."""
+        `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's);
+        `supervised`: the loss is the trained tokens' negative log-likelihood (the plan's sft)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -105,6 +107,7 @@ class Actor:
         self.correction = correction or RolloutCorrection()
         self.truncation = truncation
         self.skip_zero_advantage = skip_zero_advantage
+        self.supervised = supervised
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
@@ -279,7 +282,9 @@ class Actor:
                             corr_maxes = torch.maximum(corr_maxes, part.maxes)
                     # Rejected tokens leave every loss term and its denominators (`scale`), as in verl.
                     kept = mask if keep is None else mask * keep
-                    if a.policy_loss == "gspo":
+                    if self.supervised:
+                        out = nll_loss(logp)
+                    elif a.policy_loss == "gspo":
                         out = gspo_loss(logp, old, adv, kept, low, high)
                     else:
                         out = ppo_clip_loss(logp, old, adv, low, high, clip_c=a.clip_ratio_c)
