@@ -88,6 +88,7 @@ def build_trainer(run: Run) -> Trainer:
         replay=plan.router_replay,
         truncation=plan.sampling_support,
         skip_zero_advantage=plan.skip_zero_advantage,
+        seed=cfg.trainer.seed,
     )
     critic: CriticRole | None = None
     # What the colocated engine must leave free: every trained role's optimizer state still to come (the memory
