@@ -90,6 +90,7 @@ def build_trainer(run: Run) -> Trainer:
         replay=plan.router_replay,
         truncation=plan.sampling_support,
         skip_zero_advantage=plan.skip_zero_advantage,
+        seed=cfg.trainer.seed,
         supervised=plan.sft,
     )
     info = RankInfo(

@@ -138,7 +138,10 @@ def _pg_variant(v: Any) -> str:
         return "vanilla"
     if v == "gspo":
         return "gspo"
-    raise Refused(f"the policy losses here are vanilla (PPO clip) and gspo: use actor.policy_loss=vanilla, not {v}")
+    raise Refused(
+        f"the policy losses here are vanilla (PPO clip), gspo, clip_cov and kl_cov: use actor.policy_loss=vanilla, "
+        f"not {v}"
+    )
 
 
 def _resume(v: Any) -> dict[str, Any]:
@@ -693,7 +696,12 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{A}.clip_ratio_high", "actor.clip_ratio_high"),
     _rename(V, f"{A}.clip_ratio_c", "actor.clip_ratio_c", "dual clip; null turns it off"),
     _rename(V, f"{A}.loss_agg_mode", "actor.loss_agg_mode"),
-    _rename(V, f"{A}.policy_loss.loss_mode", "actor.policy_loss", "vanilla or gspo"),
+    _rename(V, f"{A}.policy_loss.loss_mode", "actor.policy_loss", "vanilla, gspo, clip_cov or kl_cov"),
+    _rename(V, f"{A}.policy_loss.clip_cov_ratio", "actor.clip_cov_ratio"),
+    _rename(V, f"{A}.policy_loss.clip_cov_lb", "actor.clip_cov_lb"),
+    _rename(V, f"{A}.policy_loss.clip_cov_ub", "actor.clip_cov_ub"),
+    _rename(V, f"{A}.policy_loss.kl_cov_ratio", "actor.kl_cov_ratio"),
+    _rename(V, f"{A}.policy_loss.ppo_kl_coef", "actor.ppo_kl_coef"),
     _rename(V, f"{A}.entropy_coeff", "actor.entropy_coeff"),
     _rename(V, f"{A}.use_kl_loss", "actor.use_kl_loss"),
     _rename(V, f"{A}.kl_loss_coef", "actor.kl_loss_coef"),

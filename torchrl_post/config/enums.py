@@ -38,8 +38,8 @@ LrSchedulerType = Literal["constant", "cosine"]
 """actor.lr_scheduler_type, critic.lr_scheduler_type (algos/lr_schedule.py)."""
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 """actor.loss_agg_mode, critic.loss_agg_mode (algos/policy_loss.py: agg_loss)."""
-PolicyLoss = Literal["vanilla", "gspo"]
-"""actor.policy_loss (workers/actor.py: Actor.update)."""
+PolicyLoss = Literal["vanilla", "gspo", "clip_cov", "kl_cov"]
+"""actor.policy_loss (algos/policy_loss.py: policy_loss)."""
 KLKind = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 """actor.kl_loss_type, algorithm.kl_penalty (algos/kl.py: kl_penalty): verl's names."""
 KLControl = Literal["fixed", "adaptive"]

@@ -327,7 +327,19 @@ class ActorConfig:
     clip_ratio_c: float | None = 3.0
     """Dual-clip bound for negative advantages (loss <= -A * c); null turns dual clip off. Must be > 1."""
     policy_loss: Annotated[str, PolicyLoss] = "vanilla"
-    """Policy loss mode: vanilla (token-level PPO ratio) or gspo (sequence-level ratio, use small clip ratios)."""
+    """Policy loss mode: vanilla (token-level PPO ratio), gspo (sequence-level ratio, use small clip ratios), or
+    the entropy-control modes of Cui et al. 2025: clip_cov (PPO clip; a few random high-covariance tokens get no
+    gradient) and kl_cov (unclipped; a KL penalty on the top-covariance tokens). verl's policy_loss.loss_mode."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: fraction of a micro-batch's trained tokens whose gradient is cut (at least one), in (0, 1]."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: only tokens whose covariance (A - mean A)(logp - mean logp) exceeds this are candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: only tokens whose covariance is below this are candidates (> clip_cov_lb)."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: fraction of a micro-batch's trained tokens, those of largest covariance, that get the KL penalty."""
+    ppo_kl_coef: float = 1.0
+    """kl_cov: coefficient of the penalty |logp - old_logp| on the selected tokens."""
     use_kl_loss: bool = False
     """Add a KL(actor || reference) term to the loss (GRPO style); builds the reference policy."""
     kl_loss_coef: float = 0.001

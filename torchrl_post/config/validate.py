@@ -51,6 +51,20 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _entropy_control(actor: ActorConfig) -> None:
+    """The keys of the clip_cov and kl_cov policy losses (checked whatever actor.policy_loss is)."""
+    for key in ("clip_cov_ratio", "kl_cov_ratio"):
+        value = getattr(actor, key)
+        if not 0 < value <= 1:
+            raise ConfigError(f"actor.{key}={value} must be in (0, 1] (a fraction of the trained tokens, e.g. 0.0002)")
+    if not actor.clip_cov_lb < actor.clip_cov_ub:
+        raise ConfigError(
+            f"actor.clip_cov_lb={actor.clip_cov_lb} must be below actor.clip_cov_ub={actor.clip_cov_ub} "
+            "(the covariance window of clip_cov; verl's defaults are 1 and 5)"
+        )
+    _positive("actor.ppo_kl_coef", actor.ppo_kl_coef, allow_zero=True)
+
+
 def _reward_shaping(cfg: Config) -> None:
     """reward.overlong_buffer (its buffer inside its maximum length) and reward.clip."""
     ob = cfg.reward.overlong_buffer
@@ -314,6 +328,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.actor.clip_ratio_c is not None and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError(f"actor.clip_ratio_c={cfg.actor.clip_ratio_c} must be > 1 (or null to turn dual clip off)")
+    _entropy_control(cfg.actor)
     if cfg.algorithm.kl_ctrl.type == "adaptive":
         _positive("algorithm.kl_ctrl.target_kl", cfg.algorithm.kl_ctrl.target_kl)
         _positive("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)

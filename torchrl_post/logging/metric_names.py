@@ -31,11 +31,14 @@ METRICS: dict[str, str] = {
     "training/global_step": "The step (0: validation before training).",
     "training/epoch": "The epoch over the training set.",
     "actor/loss": "The policy loss plus the KL loss term (when actor.use_kl_loss).",
-    "actor/pg_loss": "The PPO clipped surrogate (or GSPO) loss, aggregated by actor.loss_agg_mode.",
+    "actor/pg_loss": "The policy loss of actor.policy_loss (PPO clipped surrogate, GSPO, Clip-Cov, KL-Cov), "
+    "aggregated by actor.loss_agg_mode.",
     "actor/ppo_ratio_mean": "Mean ratio pi / pi_old over the trained tokens (1 on-policy).",
-    "actor/pg_clipfrac": "Fraction of trained tokens whose ratio was clipped.",
+    "actor/pg_clipfrac": "Fraction of trained tokens whose ratio was clipped; clip_cov: the tokens whose gradient "
+    "the covariance draw cut (verl's), kl_cov: the tokens the KL penalty acted on.",
     "actor/pg_clipfrac_lower": "Fraction clipped by the dual clip (negative advantages, actor.clip_ratio_c).",
-    "actor/ppo_kl": "Approximate KL(pi_old || pi) over the trained tokens.",
+    "actor/ppo_kl": "Approximate KL(pi_old || pi) over the trained tokens (mean of log pi_old - log pi; kl_cov: "
+    "of |log pi - log pi_old|, as verl).",
     "actor/entropy": "Mean entropy of the policy over the trained tokens.",
     "actor/moe_aux_loss": "Mixture-of-experts models: the routers' load-balancing loss (top-k when balanced), "
     "in the loss with weight actor.router_aux_loss_coef.",

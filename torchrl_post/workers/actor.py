@@ -8,12 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from torchrl_post.algos.advantages import informative_rows
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import LossScale, agg_loss, gspo_loss, nll_loss, ppo_clip_loss
+from torchrl_post.algos.policy_loss import LossScale, agg_loss, nll_loss, policy_loss, selection_generator
 from torchrl_post.algos.rollout_correction import (
     STAT_MAXES,
     STAT_SUMS,
@@ -75,6 +76,7 @@ class Actor:
         replay: bool = False,
         truncation: Truncation | None = None,
         skip_zero_advantage: bool = False,
+        seed: int = 0,
         supervised: bool = False,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
@@ -86,6 +88,7 @@ class Actor:
         recorded experts (the plan's router_replay); `truncation`: the old and the update's logprobs renormalised
         on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are;
         `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's);
+        `seed`: trainer.seed, with the update and micro-batch index the seed of clip_cov's random token draw;
         `supervised`: the loss is the trained tokens' negative log-likelihood (the plan's sft)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
@@ -107,6 +110,7 @@ class Actor:
         self.correction = correction or RolloutCorrection()
         self.truncation = truncation
         self.skip_zero_advantage = skip_zero_advantage
+        self.seed = seed
         self.supervised = supervised
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
@@ -200,8 +204,6 @@ class Actor:
         mini_samples = self.mini_batch_samples * self.sp
         if self.seq:  # the sp group trains the union of its ranks' rows, mini-batch by mini-batch
             batch = self.seq.union(batch, self.mini_batch_samples)[0]
-        low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
-        high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
         packed = self.packed and can_pack(batch)
         # Running sums stay on the device (no host sync per micro-batch); read once after the last step.
         acc = torch.zeros(len(SUMS), dtype=torch.float64, device=self.device)
@@ -212,6 +214,9 @@ class Actor:
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
         rows_seen, rows_skipped = 0, 0
         grad_norms: list[float] = []
+        # clip_cov's draws: one generator per micro-batch, keyed by the update (the schedule's count, restored on
+        # resume) and the dp coordinate (an sp group's ranks compute one loss and must draw alike)
+        update_index, dp_rank, micro_index = self.scheduler.last_epoch, dist.get_rank(self.group), 0
         for epoch in range(a.ppo_epochs):
             for mini in chunks(len(batch), mini_samples):
                 mb = batch.select(mini)
@@ -282,12 +287,10 @@ class Actor:
                             corr_maxes = torch.maximum(corr_maxes, part.maxes)
                     # Rejected tokens leave every loss term and its denominators (`scale`), as in verl.
                     kept = mask if keep is None else mask * keep
-                    if self.supervised:
-                        out = nll_loss(logp)
-                    elif a.policy_loss == "gspo":
-                        out = gspo_loss(logp, old, adv, kept, low, high)
-                    else:
-                        out = ppo_clip_loss(logp, old, adv, low, high, clip_c=a.clip_ratio_c)
+                    # clip_cov / kl_cov select over this micro-batch's trained tokens, as verl's per-micro-batch loss
+                    draw = selection_generator(self.seed, update_index, micro_index, dp_rank)
+                    micro_index += 1
+                    out = nll_loss(logp) if self.supervised else policy_loss(a, logp, old, adv, kept, draw)
                     loss_bt = out.loss_bt if weights is None else out.loss_bt * weights
                     pg = agg_loss(loss_bt, kept, a.loss_agg_mode, scale)
                     loss = pg - a.entropy_coeff * agg_loss(ent, kept, a.loss_agg_mode, scale) if a.entropy_coeff else pg

@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/algos/policy_loss.py: PPO clip (dual clip), GSPO and loss aggregation."""
+"""Tests of torchrl_post/algos/policy_loss.py: PPO clip (dual clip), GSPO, Clip-Cov, KL-Cov and loss aggregation."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from torchrl_post.algos.policy_loss import (
     LOSS_AGG_MODES,
     LossScale,
     agg_loss,
+    clip_cov_loss,
+    covariance_bt,
     gspo_loss,
+    kl_cov_loss,
     masked_mean,
+    policy_loss,
     ppo_clip_loss,
+    selection_generator,
 )
+from torchrl_post.config.schema import ActorConfig
 from torchrl_post.workers.micro_batches import micro_slices
 
 # --- ppo_clip_loss ------------------------------------------------------------------------------------------
@@ -411,3 +417,165 @@ def test_two_dp_ranks_average_to_the_single_rank_value(mode, rank_rows):
         grads.append(g)
     torch.testing.assert_close((shares[0] + shares[1]) / 2, whole_v, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close((grads[0] + grads[1]) / 2, whole_g, rtol=1e-12, atol=1e-12)
+
+
+# --- clip_cov / kl_cov (Cui et al. 2025; verl's compute_policy_loss_clip_cov / _kl_cov) -------------------------
+
+# Eight trained tokens. mean A = (3 + 3 - 6) / 8 = 0; mean logp = -24 / 8 = -3, so logp - mean = [[2, -2, 2, -2], 0]
+# and cov = A (logp - mean logp) = [[6, -6, -2, 2], [0, 0, 0, 0]].
+COV_ADV = torch.tensor([[3.0, 3.0, -1.0, -1.0], [-1.0, -1.0, -1.0, -1.0]])
+COV_LOGP = torch.tensor([[-1.0, -5.0, -1.0, -5.0], [-3.0, -3.0, -3.0, -3.0]])
+COV = torch.tensor([[6.0, -6.0, -2.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
+ONES = torch.ones(2, 4)
+
+
+def test_covariance_by_hand_and_over_the_mask_only():
+    torch.testing.assert_close(covariance_bt(COV_ADV, COV_LOGP, ONES), COV)
+    # MASK keeps (0,0), (0,1), (0,2), (1,0): mean A = (3 + 3 - 1 - 1) / 4 = 1, mean logp = (-1 - 5 - 1 - 3) / 4 = -2.5
+    got = covariance_bt(COV_ADV, COV_LOGP, MASK)
+    torch.testing.assert_close(got[0, :3], torch.tensor([2.0 * 1.5, 2.0 * -2.5, -2.0 * 1.5]))
+    torch.testing.assert_close(got[1, 0], torch.tensor(-2.0 * -0.5))
+
+
+def _clip_cov(old: torch.Tensor, ratio: float, lb: float = 1.0, ub: float = 7.0, seed: int = 0, logp=COV_LOGP):
+    gen = torch.Generator().manual_seed(seed)
+    return clip_cov_loss(
+        logp, old, COV_ADV, ONES, 0.2, 0.2, clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=ub, generator=gen
+    )
+
+
+def test_clip_cov_by_hand():
+    # (0,0) has ratio 1.5 with A = 3 > 0: PPO clips it, so it is no candidate even though its cov 6 is in (1, 7);
+    # (0,3) (cov 2) is the only candidate. n = int(0.25 * 8) = 2, but one candidate: it alone is selected.
+    old = COV_LOGP.clone()
+    old[0, 0] -= math.log(1.5)
+    logp = COV_LOGP.clone().requires_grad_(True)
+    out = _clip_cov(old, 0.25, logp=logp)
+    expected_loss = torch.tensor([[-3.0 * 1.2, -3.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    torch.testing.assert_close(out.loss_bt, expected_loss)
+    selected = torch.zeros(2, 4)
+    selected[0, 3] = 1.0
+    torch.testing.assert_close(out.clipped_bt, selected)  # verl's pg_clipfrac: the selected tokens only
+    torch.testing.assert_close(out.approx_kl_bt, old - COV_LOGP)
+    assert torch.all(out.dual_clipped_bt == 0)
+    out.loss_bt.sum().backward()
+    assert logp.grad is not None
+    # -A r on the unclipped, unselected tokens; 0 on the PPO-clipped (0,0) and on the selected (0,3)
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -3.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]))
+
+
+def test_clip_cov_window_bounds_are_strict():
+    # cov 6 and 2 in (1, 7); with ub = 6 only 2 is inside, with lb = 2 only 6 is
+    assert _clip_cov(COV_LOGP, 1.0).clipped_bt.sum() == 2
+    torch.testing.assert_close(_clip_cov(COV_LOGP, 1.0, ub=6.0).clipped_bt[0], torch.tensor([0.0, 0.0, 0.0, 1.0]))
+    torch.testing.assert_close(_clip_cov(COV_LOGP, 1.0, lb=2.0).clipped_bt[0], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+
+
+def test_clip_cov_draws_n_of_the_candidates_reproducibly():
+    # on-policy: candidates (0,0) and (0,3). ratio 0.125 or verl's 0.0002: n = max(int(r * 8), 1) = 1 of the two
+    picks = set()
+    for seed in range(16):
+        for ratio in (0.125, 0.0002):
+            out = _clip_cov(COV_LOGP, ratio, seed=seed)
+            assert out.clipped_bt.sum() == 1 and out.clipped_bt[0, 0] + out.clipped_bt[0, 3] == 1
+            picks.add(int(out.clipped_bt[0, 3]))
+            again = _clip_cov(COV_LOGP, ratio, seed=seed)
+            assert torch.equal(out.clipped_bt, again.clipped_bt)  # the same generator seed draws the same token
+    assert picks == {0, 1}  # both candidates are drawn across seeds
+
+
+@pytest.mark.parametrize(("ratio", "count"), [(0.0002, 1), (0.0025, 2), (0.01, 10), (0.5, 500), (1.0, 1000)])
+def test_clip_cov_selection_count_from_the_ratio(ratio: float, count: int):
+    gen = torch.Generator().manual_seed(1)
+    logp = torch.randn(10, 100, generator=gen)
+    adv = torch.randn(10, 100, generator=gen)
+    out = clip_cov_loss(
+        logp, logp, adv, torch.ones(10, 100), 0.2, 0.2, clip_cov_ratio=ratio, clip_cov_lb=-1e9, clip_cov_ub=1e9
+    )
+    assert out.clipped_bt.sum() == count  # every on-policy token is a candidate; n = max(int(ratio * 1000), 1)
+    assert torch.all(out.loss_bt[out.clipped_bt.bool()] == 0)
+
+
+def test_clip_cov_ignores_masked_tokens_and_empty_micro_batches():
+    mask = ONES.clone()
+    mask[0, 3] = 0.0  # drop (0,3): means over 7 tokens; (0,0) keeps cov (3 - 3/7)(-1 + 19/7) = 4.41 in (1, 7)
+    out = clip_cov_loss(
+        COV_LOGP, COV_LOGP, COV_ADV, mask, 0.2, 0.2, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=7.0
+    )
+    torch.testing.assert_close(out.clipped_bt, torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0] * 4]))
+    empty = clip_cov_loss(
+        COV_LOGP, COV_LOGP, COV_ADV, torch.zeros(2, 4), 0.2, 0.2, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=7.0
+    )
+    assert empty.clipped_bt.sum() == 0
+
+
+# off-policy log ratios d = logp - old
+KL_D = torch.tensor([[0.1, 0.2, -0.1, -0.3], [0.05, 0.0, 0.0, 0.0]])
+
+
+def test_kl_cov_by_hand():
+    # k = int(8 * 0.25) = 2: the largest covariances 6 at (0,0) and 2 at (0,3) get 2 |d|; no clip anywhere
+    logp = COV_LOGP.clone().requires_grad_(True)
+    out = kl_cov_loss(logp, COV_LOGP - KL_D, COV_ADV, ONES, kl_cov_ratio=0.25, ppo_kl_coef=2.0)
+    r = KL_D.exp()
+    expected = -COV_ADV * r
+    expected[0, 0] += 2.0 * 0.1
+    expected[0, 3] += 2.0 * 0.3
+    torch.testing.assert_close(out.loss_bt, expected)
+    assert out.loss_bt[0, 0].item() == pytest.approx(-3 * math.exp(0.1) + 0.2)
+    torch.testing.assert_close(out.ratio_bt, r)
+    torch.testing.assert_close(out.clipped_bt, torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0] * 4]))
+    torch.testing.assert_close(out.approx_kl_bt, KL_D.abs())  # verl's actor/ppo_kl for kl_cov
+    out.loss_bt.sum().backward()
+    assert logp.grad is not None
+    grad = -COV_ADV * r
+    grad[0, 0] += 2.0  # d|d|/dlogp = sign(d)
+    grad[0, 3] -= 2.0
+    torch.testing.assert_close(logp.grad, grad)
+
+
+@pytest.mark.parametrize(("ratio", "count"), [(0.0002, 1), (0.125, 1), (0.25, 2), (0.5, 4), (1.0, 8)])
+def test_kl_cov_selection_count_is_the_top_covariances(ratio: float, count: int):
+    out = kl_cov_loss(COV_LOGP, COV_LOGP - KL_D, COV_ADV, ONES, kl_cov_ratio=ratio, ppo_kl_coef=1.0)
+    assert out.clipped_bt.sum() == count
+    # every selected token's covariance is at least every unselected one's
+    sel = out.clipped_bt.bool()
+    assert count == 8 or COV[sel].min() >= COV[~sel].max()
+
+
+def test_kl_cov_plain_means_over_the_trained_tokens():
+    # MASK's 4 tokens: A [3, 3, -1, -1] (mean 1), logp [-1, -5, -1, -3] (mean -2.5): cov [3, -5, -1.5, 0.5];
+    # k = max(1, int(4 * 0.5)) = 2: (0,0) and (1,0); the masked tokens never
+    out = kl_cov_loss(COV_LOGP, COV_LOGP - KL_D, COV_ADV, MASK, kl_cov_ratio=0.5, ppo_kl_coef=1.0)
+    torch.testing.assert_close(out.clipped_bt, torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+    none = kl_cov_loss(COV_LOGP, COV_LOGP - KL_D, COV_ADV, torch.zeros(2, 4), kl_cov_ratio=0.5, ppo_kl_coef=1.0)
+    assert none.clipped_bt.sum() == 0
+
+
+def test_policy_loss_picks_the_configured_mode_not_vanilla():
+    # ratio 1.5 at (0,0) with A > 0: vanilla clips it, kl_cov does not (and penalises it: top covariance);
+    # clip_cov zeroes the loss of (0,3), its only candidate, which vanilla trains
+    old = COV_LOGP.clone()
+    old[0, 0] -= math.log(1.5)
+    vanilla = ppo_clip_loss(COV_LOGP, old, COV_ADV, 0.2, 0.2, clip_c=3.0).loss_bt
+    assert torch.equal(policy_loss(ActorConfig(), COV_LOGP, old, COV_ADV, ONES).loss_bt, vanilla)
+    clip_cfg = ActorConfig(policy_loss="clip_cov", clip_cov_ratio=0.25, clip_cov_ub=7.0)
+    clip = policy_loss(clip_cfg, COV_LOGP, old, COV_ADV, ONES, torch.Generator().manual_seed(0))
+    assert clip.loss_bt[0, 3] == 0 and vanilla[0, 3] != 0
+    kl = policy_loss(ActorConfig(policy_loss="kl_cov", kl_cov_ratio=0.25), COV_LOGP, old, COV_ADV, ONES)
+    assert kl.loss_bt[0, 0].item() == pytest.approx(-3 * 1.5 + math.log(1.5))  # vanilla's is -3 * 1.2
+    torch.testing.assert_close(
+        kl.loss_bt, kl_cov_loss(COV_LOGP, old, COV_ADV, ONES, kl_cov_ratio=0.25, ppo_kl_coef=1.0).loss_bt
+    )
+    gspo = policy_loss(ActorConfig(policy_loss="gspo"), COV_LOGP, old, COV_ADV, ONES).loss_bt
+    torch.testing.assert_close(gspo, gspo_loss(COV_LOGP, old, COV_ADV, ONES, 0.2, 0.2).loss_bt)
+    with pytest.raises(ValueError, match="clip_cov, kl_cov"):
+        policy_loss(ActorConfig(policy_loss="dpo"), COV_LOGP, old, COV_ADV, ONES)
+
+
+def test_selection_generator_is_keyed():
+    def draw(*keys: int) -> list[int]:
+        return torch.randperm(50, generator=selection_generator(*keys)).tolist()
+
+    assert draw(1, 2, 3, 0) == draw(1, 2, 3, 0)
+    assert len({tuple(draw(*k)) for k in [(1, 2, 3, 0), (1, 2, 4, 0), (1, 3, 3, 0), (2, 2, 3, 0), (1, 2, 3, 1)]}) == 5

@@ -14,12 +14,12 @@ from torchrl_post.algos.advantages import group_advantages
 from torchrl_post.algos.estimators import compute_advantages
 from torchrl_post.algos.kl import kl_penalty
 from torchrl_post.algos.lr_schedule import lr_factor
-from torchrl_post.algos.policy_loss import agg_loss
+from torchrl_post.algos.policy_loss import agg_loss, policy_loss
 from torchrl_post.algos.rollout_correction import RolloutCorrection, correct
 from torchrl_post.config import enums
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
-from torchrl_post.config.schema import AlgorithmConfig, Config
+from torchrl_post.config.schema import ActorConfig, AlgorithmConfig, Config
 from torchrl_post.config.validate import enum_fields, validate
 
 
@@ -90,6 +90,10 @@ def test_dispatchers_cover_exactly_their_literal() -> None:
     assert set(get_args(enums.GroupEstimator)) <= set(get_args(enums.AdvEstimator))
     _handled(lambda kind: kl_penalty(logp_bt, ref_bt, kind), get_args(enums.KLKind))
     _handled(lambda mode: agg_loss(logp_bt, mask_bt, mode), get_args(enums.LossAggMode))
+    _handled(
+        lambda mode: policy_loss(ActorConfig(policy_loss=mode), logp_bt, ref_bt, mask_bt * 0.5, mask_bt),
+        get_args(enums.PolicyLoss),
+    )
     _handled(lambda style: lr_factor(3, 1, 10, style), get_args(enums.LrSchedulerType))
     _handled(
         lambda level: correct(logp_bt, ref_bt, mask_bt, RolloutCorrection(rollout_rs=level)), get_args(enums.RSLevel)

@@ -167,6 +167,49 @@ def test_truncation_and_advantage_keys_accepted() -> None:
 
 
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["actor.clip_cov_ratio=0"],
+            "actor.clip_cov_ratio=0.0 must be in (0, 1] (a fraction of the trained tokens, e.g. 0.0002)",
+        ),
+        (
+            ["actor.kl_cov_ratio=1.5"],
+            "actor.kl_cov_ratio=1.5 must be in (0, 1] (a fraction of the trained tokens, e.g. 0.0002)",
+        ),
+        (
+            ["actor.clip_cov_lb=5", "actor.clip_cov_ub=1"],
+            "actor.clip_cov_lb=5.0 must be below actor.clip_cov_ub=1.0 (the covariance window of clip_cov; "
+            "verl's defaults are 1 and 5)",
+        ),
+        (["actor.ppo_kl_coef=-1"], "actor.ppo_kl_coef=-1.0 must be >= 0"),
+    ],
+)
+def test_entropy_control_keys_are_checked(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    assert str(info.value) == message
+
+
+def test_entropy_control_keys_load_with_verls_names_and_defaults() -> None:
+    a = load_config([]).actor
+    assert (a.clip_cov_ratio, a.clip_cov_lb, a.clip_cov_ub, a.kl_cov_ratio, a.ppo_kl_coef) == (
+        2e-4,
+        1.0,
+        5.0,
+        2e-4,
+        1.0,
+    )
+    v = "actor_rollout_ref.actor.policy_loss"
+    cfg = load_config(
+        [f"{v}.loss_mode=clip_cov", f"{v}.clip_cov_ratio=0.001", f"{v}.clip_cov_lb=0.5", f"{v}.clip_cov_ub=4"]
+    ).actor
+    assert (cfg.policy_loss, cfg.clip_cov_ratio, cfg.clip_cov_lb, cfg.clip_cov_ub) == ("clip_cov", 0.001, 0.5, 4.0)
+    cfg = load_config([f"{v}.loss_mode=kl_cov", f"{v}.kl_cov_ratio=0.002", f"{v}.ppo_kl_coef=0.5"]).actor
+    assert (cfg.policy_loss, cfg.kl_cov_ratio, cfg.ppo_kl_coef) == ("kl_cov", 0.002, 0.5)
+
+
+@pytest.mark.parametrize(
     ("overrides", "part"),
     [
         (["reward.weights.critic=1.0"], "unknown config key 'reward.weights.critic'"),
