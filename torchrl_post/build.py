@@ -12,12 +12,13 @@ the role sits on ranks of its own, absent where the plan has none.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
 
 from torchrl_post.agent.loop import build_agent_loop
-from torchrl_post.config.schema import JudgeConfig, ModelConfig, RolloutConfig
+from torchrl_post.config.schema import JudgeConfig, ModelConfig, ReferenceConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.data.sft import SftDataset
 from torchrl_post.distributed.role_link import RoleLink
@@ -67,9 +68,11 @@ def build_program(run: Run) -> RankProgram:
     critic = build_critic(run) if run.topo.has("critic") else None
     reference = build_reference(run) if run.topo.has("reference") else None
     reward_model = build_reward_model(run) if run.topo.has("reward_model") else None
-    served = "critic" if critic is not None else "reference" if reference is not None else "reward_model"
-    link = role_link(run, served)
-    return RoleServer(link, critic, reference, transfer.take_part if transfer is not None else None, reward_model)
+    teacher = build_teacher(run) if run.topo.has("teacher") else None
+    served = next(r for r, on in (("critic", critic), ("reference", reference), ("reward_model", reward_model)) if on)
+    link = role_link(run, served if teacher is None else "teacher")
+    part = transfer.take_part if transfer is not None else None
+    return RoleServer(link, critic, reference, part, reward_model, teacher)
 
 
 def build_trainer(run: Run) -> Trainer:
@@ -92,6 +95,7 @@ def build_trainer(run: Run) -> Trainer:
         skip_zero_advantage=plan.skip_zero_advantage,
         seed=cfg.trainer.seed,
         supervised=plan.sft,
+        distill=cfg.distillation if plan.teacher != "none" else None,
     )
     info = RankInfo(
         run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
@@ -114,6 +118,11 @@ def build_trainer(run: Run) -> Trainer:
         reference = RemoteReference(role_link(run, "reference"))
     elif plan.reference == "adapter_off":
         reference = AdapterOffReference(actor)
+    teacher: ReferenceRole | None = None
+    if plan.teacher == "colocated":
+        teacher = build_teacher(run)
+    elif plan.teacher == "own_ranks":
+        teacher = RemoteReference(role_link(run, "teacher"), "teacher_log_probs")
     reward_model: RewardModelRole | None = None
     if plan.reward_model == "colocated":
         reward_model = build_reward_model(run)
@@ -130,7 +139,7 @@ def build_trainer(run: Run) -> Trainer:
         weights = BroadcastSync(
             run.topo.sync, run.env.device, plan.sync_bucket_bytes, dtype, actor.model, keep, run.topo.store
         )
-        roles = StepRoles(actor, rollouts, weights, critic, reference, reward_model)
+        roles = StepRoles(actor, rollouts, weights, critic, reference, reward_model, teacher)
     else:
         dp, tp = len(plan.actor_ranks), plan.tensor_parallel_size
         share = plan.actor_ranks.index(run.env.rank)
@@ -141,7 +150,7 @@ def build_trainer(run: Run) -> Trainer:
         # merged LoRA weights are merged in the trainer's dtype, then cast by the engine as it loads them
         wire = getattr(torch, plan.engine.dtype) if plan.lora_sync != "merged" else None
         sync = ReloadSync(source.engine, plan.sync_bucket_bytes, keep, wire, run.env.device)
-        roles = StepRoles(actor, local, sync, critic, reference, reward_model)
+        roles = StepRoles(actor, local, sync, critic, reference, reward_model, teacher)
     return Trainer(cfg, plan, roles, timer, info)
 
 
@@ -333,6 +342,18 @@ def build_reference(run: Run) -> Reference:
         replay=run.plan.router_replay,
         truncation=run.plan.sampling_support,
     )
+
+
+def build_teacher(run: Run) -> Reference:
+    """The distillation teacher: the reference's frozen role over distillation.teacher.path."""
+    cfg, role, t = run.cfg, run.plan.roles["teacher"], run.cfg.distillation.teacher
+    assert t.path is not None  # validate.py: distillation.teacher.path with distillation.enable
+    model = replace(cfg.model, path=t.path, trust_remote_code=t.trust_remote_code, lora_rank=0)
+    return Reference(
+        model, ReferenceConfig(t.param_offload, t.log_prob_micro_batch_size_per_gpu), role.fsdp,
+        run.topo.mesh("teacher"), run.env.device, temperature=cfg.rollout.temperature,
+        sequence=run.topo.sequence("teacher"), truncation=run.plan.sampling_support, role="teacher",
+    )  # fmt: skip
 
 
 def build_reward_model(run: Run) -> RewardModel:

@@ -90,6 +90,8 @@ class RunPlan:
     critic: Where
     reward_model: Where
     """The frozen reward model (reward_model.enable): with the actor, on ranks of its own, or none."""
+    teacher: Where
+    """The frozen distillation teacher (distillation.enable): with the actor, on ranks of its own, or none."""
     reward_weights: dict[str, float]
     """Reward source -> weight of each training score (reward.weights, or the one source there is:
     reward/mixing.py); reward.combine says how they combine."""
@@ -255,7 +257,8 @@ class RunPlan:
         lines += [
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
             f"  reference: {self.reference}; critic: {self.critic}; reward model: {self.reward_model}; "
-            f"lora sync: {self.lora_sync}",
+            f"lora sync: {self.lora_sync}"
+            + (f"; distillation teacher: {self.teacher}" if self.teacher != "none" else ""),
             "  training reward: "
             + " + ".join(f"{w:g} x {name}" for name, w in self.reward_weights.items())
             + ("" if set(self.reward_weights) == {"rule"} else f" ({self.reward_combine}); validation: rule"),
@@ -295,9 +298,11 @@ def fill_policy(cfg: Config, engines: int, colocated: bool) -> Fill:
 
 def skips_zero_advantage(cfg: Config) -> bool:
     """Samples with advantage 0 on every trained token change nothing in the update when only the policy loss
-    reads them: no entropy bonus, KL loss or router load-balancing loss (each has a gradient of its own)."""
+    reads them: no entropy bonus, KL loss, router load-balancing loss or distillation term (each has a gradient of its
+    own)."""
     a = cfg.actor
-    return a.skip_zero_advantage and not a.entropy_coeff and not a.use_kl_loss and not a.router_aux_loss_coef
+    own_terms = a.entropy_coeff or a.use_kl_loss or a.router_aux_loss_coef or cfg.distillation.enable
+    return a.skip_zero_advantage and not own_terms
 
 
 def needs_critic(cfg: Config) -> bool:
@@ -327,6 +332,7 @@ def _role_placement(cfg: Config) -> tuple[PlacementConfig, list[str]]:
         ("critic", needs_critic(cfg), f"algorithm.adv_estimator={cfg.algorithm.adv_estimator}"),
         ("reference", needs_kl(cfg) and not lora, "actor.use_kl_loss / algorithm.use_kl_in_reward without LoRA"),
         ("reward_model", cfg.reward_model.enable, "reward_model.enable"),
+        ("teacher", cfg.distillation.enable, "distillation.enable"),
     ):
         value = getattr(placed, role)
         if needed and value is None:
@@ -511,7 +517,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
         for role, f in (
             ("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp),
-            ("reward_model", cfg.actor.fsdp),
+            ("reward_model", cfg.actor.fsdp), ("teacher", cfg.actor.fsdp),
         )
     }  # fmt: skip
     roles: dict[str, RolePlan] = {}
@@ -549,6 +555,7 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         reference=reference,
         critic=roles["critic"].where if "critic" in roles else "none",
         reward_model=roles["reward_model"].where if "reward_model" in roles else "none",
+        teacher=roles["teacher"].where if "teacher" in roles else "none",
         reward_weights=reward_weights(cfg),
         reward_combine=cfg.reward.combine,
         lora_sync=lora_sync(cfg),

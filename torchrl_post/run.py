@@ -22,6 +22,7 @@ from torchrl_post.config.preflight import (
     check_judge,
     check_reward_model,
     check_run_dir,
+    check_teacher,
     check_tokenizer,
     preflight,
 )
@@ -115,6 +116,7 @@ class Run:
         check_critic(cfg, tokenizer, plan.critic != "none")
         reward_tokenizer = check_reward_model(cfg, plan.reward_model != "none")
         check_judge(cfg, device_type=plan.device)
+        check_teacher(cfg, tokenizer, plan.teacher != "none")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         limit, label = cfg.rollout.limit_images, f"model.path={m.path!r} ({model_config.model_type})"

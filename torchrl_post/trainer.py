@@ -73,6 +73,8 @@ class StepRoles:
     critic: CriticRole | None = None
     reference: ReferenceRole | None = None
     reward_model: RewardModelRole | None = None
+    teacher: ReferenceRole | None = None
+    """The distillation teacher: the reference's role over another checkpoint (build.py `build_teacher`)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Trainer:
         self.cfg, self.plan, self.info, self.timer = cfg, plan, info, timer
         self.actor, self.rollouts, self.weights = roles.actor, roles.rollouts, roles.weights
         self.critic, self.reference, self.reward_model = roles.critic, roles.reference, roles.reward_model
+        self.teacher = roles.teacher
         self.group = dp_group(self.actor.mesh)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = (
@@ -131,6 +134,8 @@ class Trainer:
             batch.old_log_probs = timed("old_log_prob", self.actor.log_probs, batch)
         if self.reference is not None:
             batch.ref_log_probs = timed("ref", self.reference.log_probs, batch)
+        if self.teacher is not None:
+            batch.teacher_log_probs = timed("teacher", self.teacher.log_probs, batch)
         if self.critic is not None:
             batch.values = timed("values", self.critic.values, batch)
         mixed = timed("wait_reward_model", self._mixed_scores, batch, rm_scores) if self.plan.mixes_rewards else {}

@@ -77,6 +77,7 @@ TOKEN_FIELDS = (
     "behavior_versions",
     "old_log_probs",
     "ref_log_probs",
+    "teacher_log_probs",
     "values",
     "advantages",
     "returns",
@@ -132,6 +133,7 @@ class Batch:
     behavior_versions: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
     ref_log_probs: torch.Tensor | None = None  # [B, R]
+    teacher_log_probs: torch.Tensor | None = None  # [B, R] the distillation teacher's logprobs of the sampled tokens
     values: torch.Tensor | None = None  # [B, R]
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]

@@ -22,6 +22,8 @@ Truncation = Literal["error", "left", "right", "middle"]
 """data.truncation (data/dataset.py: truncate_prompt): verl's names."""
 SftTruncation = Literal["error", "right"]
 """sft.truncation (data/sft.py): a response over data.max_response_length refused, or cut and counted."""
+DistillLoss = Literal["k1", "k2", "k3", "abs", "mse", "forward_kl_topk"]
+"""distillation.loss_mode (algos/distill.py): verl's names."""
 ChatTemplateName = Literal["chatml", "qwen2_5", "llama3", "base", "empty"]
 """The names data.chat_template takes besides a .jinja path (data/chat_templates.py: TEMPLATES)."""
 Engine = Literal["vllm", "hf"]

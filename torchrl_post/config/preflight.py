@@ -319,6 +319,31 @@ def check_critic(cfg: Config, tokenizer: Any = None, used: bool = True, weights:
     return critic_config
 
 
+def check_teacher(cfg: Config, tokenizer: Any, used: bool = True, weights: bool = True) -> None:
+    """When a distillation teacher is `used`: distillation.teacher.path is a causal LM's model directory whose
+    tokenizer is the policy's (`tokenizer`): the teacher scores the student's token ids as they are."""
+    if not used:
+        return
+    key, t = "distillation.teacher.path", cfg.distillation.teacher
+    assert t.path is not None  # validate.py
+    config = check_model_dir(t.path, key, t.trust_remote_code, weights)
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs and not any(a.endswith("ForCausalLM") or a.endswith("ForConditionalGeneration") for a in archs):
+        raise ConfigError(f"{key}={t.path!r} is a {archs[0]}; a teacher is a causal language model")
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(t.path, trust_remote_code=t.trust_remote_code)
+    if theirs.get_vocab() != tokenizer.get_vocab():
+        diff = len(set(theirs.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))
+        raise ConfigError(
+            f"{key}={t.path!r} has another tokenizer than model.path ({diff} token ids differ): the teacher scores "
+            "the student's token ids, so both must share one tokenizer; distil from a teacher of the same family"
+        )
+    n_teacher = getattr(config.get_text_config(), "vocab_size", None)
+    if n_teacher is not None and n_teacher < len(tokenizer):
+        raise ConfigError(f"{key}={t.path!r} has vocab_size={n_teacher}, fewer than the tokenizer's {len(tokenizer)}")
+
+
 def check_reward_model(cfg: Config, used: bool = True, weights: bool = True) -> Any:
     """When a reward model is `used` (the plan has one): reward_model.model.path is a model directory of a
     sequence classifier with one label, with a tokenizer. Returns that tokenizer (None when not used)."""

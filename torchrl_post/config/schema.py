@@ -16,6 +16,7 @@ from torchrl_post.config.enums import (
     AdvEstimator,
     Defaults,
     Device,
+    DistillLoss,
     Dtype,
     DtypeOrAuto,
     Engine,
@@ -706,6 +707,8 @@ class PlacementConfig:
     """Reference ranks: `actor` or a list; null places it with the actor when a KL term needs it."""
     reward_model: Any = None
     """Reward-model ranks: `actor` or a list; null places it with the actor when reward_model.enable."""
+    teacher: Any = None
+    """Distillation teacher ranks: `actor` or a list; null places it with the actor when distillation.enable."""
 
 
 @dataclass
@@ -791,6 +794,44 @@ class TrainerConfig:
 
 
 @dataclass
+class TeacherConfig:
+    path: str | None = None
+    """The teacher's HF checkpoint (verl's distillation.teacher_models.<name>.model_path): any causal LM with the
+    policy's tokenizer, of another size or architecture; frozen, sharded with FSDP2 like the reference."""
+    trust_remote_code: bool = False
+    param_offload: bool = False
+    """Keep the teacher's shards in host memory between its forwards (GPU only)."""
+    log_prob_micro_batch_size_per_gpu: int = 32
+    """Samples per teacher forward on one rank."""
+
+
+@dataclass
+class DistillationConfig:
+    enable: bool = False
+    """On-policy distillation (verl's distillation.enabled): the teacher scores the student's sampled tokens and the
+    student learns from the difference (docs/distillation.md); placement.teacher puts the teacher."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    loss_mode: Annotated[str, DistillLoss] = "k3"
+    """k1, k2, k3, abs, mse: a reverse-KL(student || teacher) estimate per sampled token; forward_kl_topk: the
+    forward KL over the teacher's top-k tokens at each position, backpropagated through the student."""
+    topk: int = 32
+    """forward_kl_topk: teacher tokens per position."""
+    use_policy_gradient: bool = True
+    """k-modes: the estimate as a per-token reward (its negative the advantage of a second PPO term: on-policy
+    distillation as prime-rl's opd and slime's --use-opd); false backpropagates the estimate through the student's
+    logprobs (verl's distillation_loss.use_policy_gradient)."""
+    use_task_rewards: bool = True
+    """Keep the task's reward and its policy loss, the distillation term added at distillation_loss_coef; false:
+    the distillation term alone (weight 1)."""
+    distillation_loss_coef: float = 1.0
+    """Weight of the distillation term beside the task's policy loss (with use_task_rewards)."""
+    loss_max_clamp: float | None = 10.0
+    """Clamp each token's distillation loss to [-c, c]; null: none."""
+    log_prob_min_clamp: float | None = -10.0
+    """forward_kl_topk: clamp both models' top-k logprobs from below; null: none."""
+
+
+@dataclass
 class SftConfig:
     enable: bool = False
     """Supervised fine-tuning instead of RL (`--config-name sft`): the actor trains on the data's responses by
@@ -823,3 +864,4 @@ class Config:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)

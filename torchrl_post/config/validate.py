@@ -245,6 +245,29 @@ def _partial_rollout(cfg: Config) -> None:
         )
 
 
+def _distillation(cfg: Config) -> None:
+    """distillation.*: a teacher to distil from, a loss that can train, sane weights (one line each)."""
+    d = cfg.distillation
+    if not d.enable:
+        return
+    if d.teacher.path is None:
+        raise ConfigError(
+            "distillation.enable=true needs distillation.teacher.path=<the teacher's HF checkpoint> (a causal LM with "
+            "the policy's tokenizer)"
+        )
+    _named("distillation.teacher.path", d.teacher.path)
+    _positive("distillation.distillation_loss_coef", d.distillation_loss_coef, allow_zero=True)
+    _positive("distillation.topk", d.topk)
+    _positive("distillation.teacher.log_prob_micro_batch_size_per_gpu", d.teacher.log_prob_micro_batch_size_per_gpu)
+    if d.loss_max_clamp is not None:
+        _positive("distillation.loss_max_clamp", d.loss_max_clamp)
+    if d.loss_mode == "k1" and not d.use_policy_gradient:
+        raise ConfigError(
+            "distillation.loss_mode=k1 with use_policy_gradient=false has no gradient toward the teacher (k1's "
+            "derivative is 1 whatever the teacher says): use k3 (or k2), or use_policy_gradient=true"
+        )
+
+
 def _sft(cfg: Config) -> None:
     """sft.enable: what an SFT run has no use for is refused, one line each (rather than trained past)."""
     if not cfg.sft.enable:
@@ -259,6 +282,7 @@ def _sft(cfg: Config) -> None:
         f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)": cfg.algorithm.adv_estimator == "gae",
         "agent.env": cfg.agent.env is not None,
         "trainer.max_off_policy_steps > 0": cfg.trainer.max_off_policy_steps > 0,
+        "distillation.enable=true": cfg.distillation.enable,
     }
     for key, on in refused.items():
         if on:
@@ -273,6 +297,7 @@ def validate(cfg: Config) -> None:
     _finite(cfg)
     check_enums(cfg)
     _sft(cfg)
+    _distillation(cfg)
     _named("model.path", cfg.model.path)
     for key in ("prompt_key", "answer_key", "data_source_key", "default_data_source"):
         _named(f"data.{key}", getattr(cfg.data, key))

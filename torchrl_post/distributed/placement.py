@@ -18,8 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.distributed.env import DistEnv, RawGroup, init_distributed, new_group, open_store
 
-ROLES = ("actor", "rollout", "critic", "reference", "reward_model")
-SERVED = ("critic", "reference", "reward_model")
+ROLES = ("actor", "rollout", "critic", "reference", "reward_model", "teacher")
+SERVED = ("critic", "reference", "reward_model", "teacher")
 """Roles that may sit on ranks of their own and answer the actor over a link (workers/remote.py)."""
 
 

@@ -13,8 +13,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from torchrl_post.algos.advantages import informative_rows
+from torchrl_post.algos.distill import distillation_advantages, distillation_weight, reverse_kl_estimate
 from torchrl_post.algos.kl import kl_penalty
-from torchrl_post.algos.policy_loss import LossScale, agg_loss, nll_loss, policy_loss, selection_generator
+from torchrl_post.algos.policy_loss import (
+    LossScale,
+    agg_loss,
+    nll_loss,
+    policy_loss,
+    selection_generator,
+)
 from torchrl_post.algos.rollout_correction import (
     STAT_MAXES,
     STAT_SUMS,
@@ -24,7 +31,7 @@ from torchrl_post.algos.rollout_correction import (
     correction_metrics,
 )
 from torchrl_post.algos.sampling_support import Truncation
-from torchrl_post.config.schema import ActorConfig, FSDPConfig, ModelConfig
+from torchrl_post.config.schema import ActorConfig, DistillationConfig, FSDPConfig, ModelConfig
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
@@ -50,10 +57,10 @@ log = logging.getLogger(__name__)
 
 SUMS = (
     "tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "pg", "kl_loss",
-    "moe_aux", "route_differ", "route_decisions",
+    "moe_aux", "route_differ", "route_decisions", "distill",
 )  # fmt: skip
 """The update's running sums (token-weighted metrics; the policy and KL loss terms; a MoE model's load-balancing
-loss and routing decisions that differ from the engine's), in the order accumulated; the rollout correction's
+loss and routing decisions that differ from the engine's; the distillation estimate), in the order accumulated; the rollout correction's
 follow (`STAT_SUMS`, then its maxima `STAT_MAXES`)."""
 
 
@@ -78,6 +85,7 @@ class Actor:
         skip_zero_advantage: bool = False,
         seed: int = 0,
         supervised: bool = False,
+        distill: DistillationConfig | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
         backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
@@ -89,7 +97,8 @@ class Actor:
         on the sampler's top-k / top-p set (the plan's sampling_support), as the rollout logprobs are;
         `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's);
         `seed`: trainer.seed, with the update and micro-batch index the seed of clip_cov's random token draw;
-        `supervised`: the loss is the trained tokens' negative log-likelihood (the plan's sft)."""
+        `supervised`: the loss is the trained tokens' negative log-likelihood (the plan's sft); `distill`: on-policy
+        distillation's term against the batch's teacher_log_probs (distillation.*, where the plan has a teacher)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -112,6 +121,8 @@ class Actor:
         self.skip_zero_advantage = skip_zero_advantage
         self.seed = seed
         self.supervised = supervised
+        self.distill = distill
+        self.vanilla = replace(cfg, policy_loss="vanilla")  # the distillation term's PPO loss, the actor's clip
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
         if model_cfg.dtype != "float32" and model_cfg.lora_rank == 0:
@@ -294,6 +305,24 @@ class Actor:
                     loss_bt = out.loss_bt if weights is None else out.loss_bt * weights
                     pg = agg_loss(loss_bt, kept, a.loss_agg_mode, scale)
                     loss = pg - a.entropy_coeff * agg_loss(ent, kept, a.loss_agg_mode, scale) if a.entropy_coeff else pg
+                    distill_sum = zero
+                    if self.distill is not None:
+                        assert mb.teacher_log_probs is not None, "the trainer computes the teacher's logprobs"
+                        d = self.distill
+                        teacher = mb.teacher_log_probs[micro].to(self.device)
+                        est = reverse_kl_estimate(
+                            logp.detach() if d.use_policy_gradient else logp, teacher, d.loss_mode,
+                            loss_max_clamp=d.loss_max_clamp,
+                        )  # fmt: skip
+                        if d.use_policy_gradient:  # -sg[estimate] as the advantage of a second PPO term
+                            d_adv = distillation_advantages(est, d.distillation_loss_coef, d.use_task_rewards)
+                            d_bt = policy_loss(self.vanilla, logp, old, d_adv, kept).loss_bt  # verl's: vanilla
+                            d_bt = d_bt if weights is None else d_bt * weights
+                        else:
+                            d_bt = distillation_weight(d.distillation_loss_coef, d.use_task_rewards) * est
+                        term = agg_loss(d_bt, kept, a.loss_agg_mode, scale)
+                        loss = (loss if d.use_task_rewards else loss - pg) + term
+                        distill_sum = (est.detach().double() * kept.double()).sum()
                     if a.use_kl_loss:
                         assert mb.ref_log_probs is not None, "the trainer computes reference logprobs for the KL loss"
                         kl_bt = kl_penalty(logp, mb.ref_log_probs[micro].to(self.device), a.kl_loss_type)
@@ -325,6 +354,7 @@ class Actor:
                                 aux.detach().double() / self.dp_size,
                                 differ,
                                 decisions,
+                                distill_sum,
                             ]
                         )
                 grad_norms.append(self._step())
@@ -335,8 +365,17 @@ class Actor:
         sums = dict(zip(SUMS, values[: len(SUMS)], strict=True))
         corr_local = dict(zip(STAT_SUMS + STAT_MAXES, values[len(SUMS) :], strict=True))
         pg_total, kl_total, aux_total = sums.pop("pg"), sums.pop("kl_loss"), sums.pop("moe_aux")
+        distill_total = sums.pop("distill")
         counts = (real_cells, placed_cells, padded_cells)
         metrics = self._metrics(sums, corr_local, pg_total, kl_total, aux_total, grad_norms, counts, batch)
+        if self.distill is not None:  # the estimate's mean over every trained token of the update
+            d_sum, d_tokens = global_sum(
+                torch.tensor([distill_total, sums["tokens"]], dtype=torch.float64), self.group, self.device
+            ).tolist()
+            metrics["distill/loss"] = d_sum / max(d_tokens, 1.0)
+            metrics["distill/coef"] = distillation_weight(
+                self.distill.distillation_loss_coef, self.distill.use_task_rewards
+            )
         if self.skip_zero_advantage:
             seen, skipped = global_sum(
                 torch.tensor([rows_seen, rows_skipped], dtype=torch.float64), self.group, self.device

@@ -1,4 +1,5 @@
-"""The reference policy: a frozen copy of the initial policy under FSDP2, giving reference logprobs for KL."""
+"""The reference policy: a frozen copy of the initial policy under FSDP2, giving reference logprobs for KL; and the
+distillation teacher, the same frozen role over another checkpoint (`role="teacher"`, its `path`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class Reference:
         sequence: DeviceMesh | None = None,
         replay: bool = False,
         truncation: Truncation | None = None,
+        role: str = "reference",
     ) -> None:
         """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
@@ -34,7 +36,8 @@ class Reference:
         Ulysses sequence parallelism (`workers/sequence.py`); `replay`: a MoE model's routers use the batch's
         recorded experts (actor.router_replay); `truncation`: the plan's sampling_support, as the actor's: the KL
         then compares the two policies' sampling distributions, each renormalised on its own top-k / top-p set
-        (the actor's alone renormalised would add -log of its kept mass to every k1 term)."""
+        (the actor's alone renormalised would add -log of its kept mass to every k1 term). `role`: how loading names
+        it (the teacher's checkpoint is `model_cfg.path`)."""
         self.cfg, self.device, self.temperature, self.replay = cfg, device, temperature, replay
         self.truncation = truncation
         self.seq = SequenceGroup.of(sequence)
@@ -47,8 +50,9 @@ class Reference:
             mesh,
             fsdp,
             device,
-            role="reference",
+            role=role,
             param_offload=cfg.param_offload,
+            path=model_cfg.path,
         )
 
     def log_probs(self, batch: Batch) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""A critic, reference or reward model on ranks of its own: the actor-side proxies (`RemoteCritic`,
+"""A critic, reference, reward model or distillation teacher on ranks of its own: the actor-side proxies (`RemoteCritic`,
 `RemoteReference`, `RemoteRewardModel`, with the interface of the local `Critic` / `Reference` / `RewardModel`, so
 the step never asks where a role sits) and the program of those ranks (`RoleServer`). Both sides of a pair make the
 same collectives in the same order: the rollout transfer at the start of the step (rollout ranks only), then the
@@ -56,12 +56,13 @@ class CriticRole(Protocol):
 
 
 class RemoteReference:
-    def __init__(self, link: RoleLink) -> None:
-        self.link = link
+    def __init__(self, link: RoleLink, field: str = "ref_log_probs") -> None:
+        """`field`: the batch field its answer fills (the distillation teacher's: teacher_log_probs)."""
+        self.link, self.field = link, field
 
     def log_probs(self, batch: Batch) -> torch.Tensor:
         self.link.send_batch(batch)
-        out = self.link.to_actor(batch, "ref_log_probs")
+        out = self.link.to_actor(batch, self.field)
         assert out is not None  # the actor side receives
         return out
 
@@ -121,10 +122,11 @@ class RoleServer:
         reference: Reference | None,
         rollout_transfer: Callable[[], None] | None,
         reward_model: RewardModel | None = None,
+        teacher: Reference | None = None,
     ) -> None:
         """`rollout_transfer`: this rank's part in the rollout ranks' transfer (None when colocated)."""
         self.link, self.critic, self.reference, self.rollout_transfer = link, critic, reference, rollout_transfer
-        self.reward_model = reward_model
+        self.reward_model, self.teacher = reward_model, teacher
 
     def step(self, step: int) -> dict[str, float]:
         liveness.enter("transfer", step)
@@ -139,6 +141,11 @@ class RoleServer:
             return {}
         batch = self.link.send_batch(None)
         assert batch is not None  # the role side receives
+        if self.teacher is not None:  # its own link: the actor asks it after the reference (trainer.py)
+            liveness.enter("teacher")
+            batch.teacher_log_probs = self.teacher.log_probs(batch)
+            self.link.to_actor(batch, "teacher_log_probs")
+            return {}
         if self.reference is not None:
             liveness.enter("ref")
             batch.ref_log_probs = self.reference.log_probs(batch)
