@@ -167,7 +167,7 @@ def test_nonfinite_updates_stop_the_run(tiny_model: Path, task_data: tuple[Path,
 def test_stalled_ranks_are_found_and_the_job_restarts_and_completes(
     tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """3 processes, actor [0], rollout [1], critic [2] (PPO + GAE), trainer.wait_timeout_s=15, torchrun
+    """3 processes, actor [0], rollout [1], critic [2] (PPO + GAE), trainer.wait_timeout_s=6, torchrun
     --max-restarts=3: on the first attempt rank 1 freezes (SIGSTOP) generating, on the second rank 0 freezes in the
     weight broadcast, on the third rank 2 freezes in the critic's update. Each time both live ranks end with the one
     line naming the frozen rank, its role and stage, within the deadline + 60 s; a watcher SIGKILLs the frozen rank
@@ -175,7 +175,7 @@ def test_stalled_ranks_are_found_and_the_job_restarts_and_completes(
     finishes every step."""
     run = tmp_path / "run"
     cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=3", "--max-restarts=3", *TRAIN]
-    cmd += _fast(tiny_model, task_data, run, 5, "trainer.wait_timeout_s=15", "algorithm.adv_estimator=gae")
+    cmd += _fast(tiny_model, task_data, run, 5, "trainer.wait_timeout_s=6", "algorithm.adv_estimator=gae")
     cmd += ["placement.actor=[0]", "placement.rollout=[1]", "placement.critic=[2]", "trainer.plots=false"]
     stalls = [("gen", 2, 1, "rollout"), ("sync", 3, 0, "actor"), ("update_critic", 4, 2, "critic")]
     env = {
@@ -196,7 +196,7 @@ def test_stalled_ranks_are_found_and_the_job_restarts_and_completes(
         assert sorted(int(n) for line in pair for n in re.findall(r"this rank (\d)", line)) == sorted(
             {0, 1, 2} - {rank}
         )
-        assert all(15 <= int(s) <= 15 + 60 for line in pair for s in re.findall(r"silent for (\d+) s", line))
+        assert all(6 <= int(s) <= 6 + 60 for line in pair for s in re.findall(r"silent for (\d+) s", line))
     assert output.count("resumed from") == len(stalls)
     assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, 6))
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
