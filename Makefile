@@ -98,7 +98,7 @@ lint: setup
 	$(VENV)/bin/mypy torchrl_post
 	$(VENV)/bin/lint-imports
 
-# Every test; prints the 25 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
+# Every test; prints the 40 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
 # The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core); its output
 # and status follow the tests', and either failing fails the target. TESTS= picks what pytest runs.
 test:
@@ -107,7 +107,7 @@ test:
 	{ t=$$(date +%s); $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
 	  echo "$$? $$(( $$(date +%s) - t ))" > outputs/lint.status; } & \
 	TORCHRL_POST_PHASES="setup=$$setup" TORCHRL_POST_LINT_STATUS=outputs/lint.status \
-		$(VENV)/bin/pytest -q $(TESTS) --durations=25; rc=$$?; \
+		$(VENV)/bin/pytest -q $(TESTS) --durations=40; rc=$$?; \
 	wait; cat outputs/lint.log; read lint_rc lint_s < outputs/lint.status; \
 	echo "lint: exit $$lint_rc after $$lint_s s (beside pytest)"; [ $$rc = 0 ] && [ $$lint_rc = 0 ]
 

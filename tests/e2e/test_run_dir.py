@@ -89,7 +89,11 @@ def test_pointer_corruption_and_fresh_start(tiny_model: Path, task_data: tuple[P
     assert sorted(p.name for p in old.glob("global_step_*")) == ["global_step_1", "global_step_2", "global_step_3"]
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_2"]  # pruned: this run's only
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert len(list(run.glob("metrics.*.jsonl.old"))) == 1
+    # The earlier history (steps 1-2, then 3 resumed; the refused resume logged nothing) is kept aside whole, not
+    # appended to or deleted; this run's metrics start over.
+    assert [p.name for p in run.glob("metrics.*.jsonl.old")] == ["metrics.1.jsonl.old"]
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.1.jsonl.old")] == [1, 2, 3]
+    assert [r["training/global_step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
 
 
 def test_full_disk_during_save_is_one_line(tiny_model: Path, task_data: tuple[Path, Path], tmp_path: Path) -> None:

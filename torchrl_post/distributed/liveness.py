@@ -10,8 +10,8 @@ of the ranks it watches. A watched rank whose counter has not moved for the dead
     error: rank 1 (rollout) last in 'gen' at step 2: silent for 15 s (trainer.wait_timeout_s=15); this rank 0
     (actor) was in 'sync' at step 2: ending with exit code 3 ...
 
-and exits with code 3 once every other watcher of the silent rank has written its line too (three beats at most). A
-watcher on the silent rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`,
+and exits with code 3 once every other watcher of the silent rank has written its line too (three beats, at least
+4.5 s, at most). A watcher on the silent rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`,
 restarts every rank, which resume exactly from the last checkpoint. Stages (`enter`) name what a rank is doing: the step's timed stages
 (logging/timing.py), the rollout ranks' and role ranks' own, checkpointing, validation.
 
@@ -65,6 +65,12 @@ class Deadlines:
     def beat_s(self) -> float:
         """Seconds between two beats (and two reads of the watched ranks' beats)."""
         return min(10.0, max(0.5, self.silence_s / 10))
+
+    @property
+    def watchers_s(self) -> float:
+        """How long the first watcher of a silent rank waits at most for the other watchers' lines: three beats, and
+        at least 4.5 s (a short deadline's beats are short, and a watcher slowed on a busy host is not faster)."""
+        return max(3 * self.beat_s, 4.5)
 
     def describe(self) -> str:
         return (
@@ -150,7 +156,7 @@ class Watchdog:
         now, nearly = time.monotonic(), self.limits.silence_s - 2 * self.limits.beat_s
         if not any(now - t > nearly for _, t in list(self._seen.values())):
             return False
-        self._thread.join(3 * self.limits.beat_s + 1)
+        self._thread.join(self.limits.watchers_s + 1)
         return self.verdict is not None
 
     def _publish(self) -> None:
@@ -204,14 +210,14 @@ class Watchdog:
 
     def _await_watchers(self, late: list[int]) -> None:
         """Until every other live watcher of the `late` ranks has written its line too (its `verdict/` key), or has
-        finished, for three beats at most: killing a silent rank ends the attempt (torchrun stops every rank), so a
-        watcher a beat behind this one, or slowed on a busy host, would otherwise end without its line. A fixed
-        beat and a half was not always enough on 2 busy cores."""
+        finished, for `Deadlines.watchers_s` at most: killing a silent rank ends the attempt (torchrun stops every
+        rank), so a watcher a beat behind this one, or slowed on a busy host, would otherwise end without its line.
+        A fixed beat and a half was not always enough on 2 busy cores."""
         others = [
             r for r in range(self.world)
             if r != self.rank and r not in late and any(x in watched(r, self.world) for x in late)
         ]  # fmt: skip
-        deadline = time.monotonic() + 3 * self.limits.beat_s
+        deadline = time.monotonic() + self.limits.watchers_s
         while others and time.monotonic() < deadline:
             others = [
                 r for r in others if not self.store.check([f"verdict/{r}"]) and not self.store.check([f"done/{r}"])

@@ -371,6 +371,9 @@ def test_resume_path(tmp_path: Path) -> None:
     (ckpts / "global_step_12.tmp").mkdir()  # an unfinished save is no candidate
     msg = _error(check_resume_path, cfg(tmp_path / "run"))
     assert "not a complete checkpoint" in msg and "global_step_10" in msg
+    # a half-written save named directly (a crash mid-save leaves global_step_N.tmp without trainer_state.json)
+    msg = _error(check_resume_path, cfg(ckpts / "global_step_12.tmp"))
+    assert "global_step_12.tmp' is not a complete checkpoint" in msg and "global_step_10" not in msg
     check_resume_path(cfg(ckpts / "global_step_2"))
     check_resume_path(load_config([f"trainer.resume_from_path={tmp_path / 'nope'}"]))  # resume_mode=auto: unused
 
