@@ -69,8 +69,8 @@ def build_program(run: Run) -> RankProgram:
     reference = build_reference(run) if run.topo.has("reference") else None
     reward_model = build_reward_model(run) if run.topo.has("reward_model") else None
     teacher = build_teacher(run) if run.topo.has("teacher") else None
-    served = next(r for r, on in (("critic", critic), ("reference", reference), ("reward_model", reward_model)) if on)
-    link = role_link(run, served if teacher is None else "teacher")
+    held = {"critic": critic, "reference": reference, "reward_model": reward_model, "teacher": teacher}
+    link = role_link(run, next(role for role, built in held.items() if built is not None))
     part = transfer.take_part if transfer is not None else None
     return RoleServer(link, critic, reference, part, reward_model, teacher)
 

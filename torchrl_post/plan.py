@@ -226,7 +226,8 @@ class RunPlan:
             micro = f"; micro-batches of {r.micro_batch_samples} samples" if r.micro_batch_samples else ""
             lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}{micro}")
         if self.sft:  # no engine: the placement's rollout and weight-sync lines say nothing
-            lines = [line for line in lines if not line.startswith(("  rollout ", "  weight sync"))]
+            shown = "\n".join(lines).splitlines()
+            lines = [line for line in shown if not line.startswith(("  rollout ", "  weight sync"))]
             lines.append(
                 "  supervised fine-tuning (sft.enable): no engine, no weight sync; each step trains on the data's "
                 f"responses ({self.prompts_per_step} rows, token negative log-likelihood); validation: val/loss"

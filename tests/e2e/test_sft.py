@@ -73,8 +73,8 @@ def test_sft_on_conversations_resumes_exactly_and_validates_per_source(tiny_mode
     assert_ok(proc)
     assert "resumed from" in proc.stdout + proc.stderr
     a, b = ({int(r["training/global_step"]): r for r in read_jsonl(run / "metrics.jsonl")} for run in (straight, split))
-    assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4]
-    assert a[4]["train/loss"] < a[1]["train/loss"]
+    assert sorted(a) == [0, 1, 2, 3, 4] and sorted(b) == [3, 4]  # step 0: the validation before training
+    assert a[4]["train/loss"] < a[1]["train/loss"] and a[4]["val/loss"] < a[0]["val/loss"]
     for step in (3, 4):
         for key in COMPARED:
             assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
