@@ -307,7 +307,8 @@ def skips_zero_advantage(cfg: Config) -> bool:
 
 
 def needs_critic(cfg: Config) -> bool:
-    return cfg.algorithm.adv_estimator in NEEDS_VALUES
+    """The estimator needs values (an SFT run has no estimator: algorithm.* is not read)."""
+    return cfg.algorithm.adv_estimator in NEEDS_VALUES and not cfg.sft.enable
 
 
 def reward_weights(cfg: Config) -> dict[str, float]:

@@ -44,7 +44,13 @@ from torchrl_post.workers.remote import CriticRole, ReferenceRole, RewardModelRo
 log = logging.getLogger("torchrl_post")
 
 
-RL_ONLY = ("actor/ppo_", "actor/pg_clipfrac", "rollout/")
+RL_ONLY = (
+    "actor/ppo_ratio_mean",
+    "actor/ppo_kl",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "rollout/logprob_diff",
+)
 """Actor metrics an SFT step does not report: they describe a policy ratio, which SFT has not."""
 
 
@@ -154,7 +160,7 @@ class Trainer:
         batch = self.timer.timed("data", self.rollouts.next_batch, step)
         metrics = self.timer.timed("update_actor", self.actor.update, batch)
         stats = batch_metrics(batch, (), step)
-        kept = {k: v for k, v in metrics.items() if not k.startswith(RL_ONLY)}
+        kept = {k: v for k, v in metrics.items() if k not in RL_ONLY}
         lengths = {k: v for k, v in stats.metrics.items() if k.startswith(("response_length/", "prompt_length/"))}
         return kept | lengths | {"train/loss": metrics["actor/pg_loss"]} | self.rollouts.metrics(), stats.tokens
 

@@ -839,6 +839,25 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, "critic.model.fsdp_config.offload_policy", "critic.fsdp.offload_policy"),
     _rename(V, "critic.model.fsdp_config.reshard_after_forward", "critic.fsdp.reshard_after_forward"),
     _rename(V, "critic.model.fsdp_config.fsdp_size", "critic.fsdp.fsdp_size"),
+    # ---- verl: on-policy distillation and SFT ------------------------------------------------------------------------
+    _rename(V, "distillation.enabled", "distillation.enable"),
+    _rename(
+        V,
+        "distillation.distillation_loss",
+        "distillation",
+        "loss_mode, topk, use_policy_gradient, use_task_rewards, distillation_loss_coef and the clamps: the same names",
+        subtree=True,
+    ),
+    _refused(
+        V,
+        "distillation.teacher_models",
+        "one teacher per run here: give its model_path as distillation.teacher.path (docs/distillation.md)",
+        subtree=True,
+    ),
+    _refused(V, "distillation.teacher_key", "one teacher per run here (distillation.teacher.path): not by data source"),
+    _rename(V, "data.response_key", "sft.response_key", "verl's SFT trainer: the response column"),
+    _rename(V, "data.multiturn.messages_key", "sft.messages_key", "verl's SFT trainer: the conversation column"),
+    _noop(V, "data.multiturn.enable", "a row with sft.messages_key is a conversation, one with sft.response_key not"),
     # ---- verl: reward -----------------------------------------------------------------------------------------------
     Alias(V, "custom_reward_function.path", "combined", "reward.function", "with .name: reward.function=path:name"),
     Alias(V, "custom_reward_function.name", "combined", "reward.function", "compute_score if only .path is given"),

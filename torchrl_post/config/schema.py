@@ -799,6 +799,7 @@ class TeacherConfig:
     """The teacher's HF checkpoint (verl's distillation.teacher_models.<name>.model_path): any causal LM with the
     policy's tokenizer, of another size or architecture; frozen, sharded with FSDP2 like the reference."""
     trust_remote_code: bool = False
+    """Load the teacher's modelling code from its checkpoint (transformers' trust_remote_code)."""
     param_offload: bool = False
     """Keep the teacher's shards in host memory between its forwards (GPU only)."""
     log_prob_micro_batch_size_per_gpu: int = 32

@@ -284,7 +284,6 @@ def _sft(cfg: Config) -> None:
         "reward.judge.enable=true": cfg.reward.judge.enable,
         "actor.use_kl_loss=true": cfg.actor.use_kl_loss,
         "algorithm.use_kl_in_reward=true": cfg.algorithm.use_kl_in_reward,
-        f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)": cfg.algorithm.adv_estimator == "gae",
         "agent.env": cfg.agent.env is not None,
         "trainer.max_off_policy_steps > 0": cfg.trainer.max_off_policy_steps > 0,
         "distillation.enable=true": cfg.distillation.enable,

@@ -23,6 +23,9 @@ SECTIONS: dict[str, str] = {
     "filter": "Filters (rejection sampling, compact filtering): fractions of the step's samples",
     "agent": "Agent episodes (per trajectory)",
     "val": "Validation (greedy unless rollout.val_kwargs.do_sample)",
+    "train": "Supervised fine-tuning (sft.enable)",
+    "data": "The data as loaded",
+    "distill": "On-policy distillation (distillation.enable)",
     "perf": "Throughput and efficiency",
     "timing_s": "Seconds per stage of the step",
 }
@@ -125,6 +128,13 @@ METRICS: dict[str, str] = {
     "agent/tool_calls/mean": "Tool calls per trajectory.",
     "agent/tool_errors": "Tool calls that failed (malformed, unknown tool, a raising tool).",
     "val/test_score/<data_source>": "Validation score per data source (mean over its prompts).",
+    "val/loss": "SFT: the validation rows' negative log-likelihood per trained token (under the actor, no engine).",
+    "val/loss/<data_source>": "SFT with several data sources: val/loss of each source's rows.",
+    "train/loss": "SFT: the step's negative log-likelihood per trained token (actor.loss_agg_mode; verl's name).",
+    "data/truncated_responses": "SFT: training responses cut at data.max_response_length when loaded (sft.truncation).",
+    "distill/loss": "The distillation estimate (distillation.loss_mode) per trained token of the student's samples, "
+    "KL(student || teacher) at the sampled tokens; falls as the student nears the teacher.",
+    "distill/coef": "The distillation term's weight: distillation_loss_coef with use_task_rewards, else 1.",
     "val/test_score/<data_source>/mean@<n>": "With rollout.val_kwargs.n > 1: mean over the n samples.",
     "val/test_score/<data_source>/pass@<n>": "With rollout.val_kwargs.n > 1: a prompt with any sample right.",
     "perf/throughput": "Trained tokens per second per rank.",
@@ -137,8 +147,9 @@ METRICS: dict[str, str] = {
     "perf/optimizer_bytes": "The actor's optimizer state bytes on the rank holding the most (its shards).",
     "perf/params": "The actor's parameters (the whole model's).",
     "perf/trainable_params": "The actor's trainable parameters (with LoRA: the adapters').",
-    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, reward_model (colocated: its scores; on ranks of its own: sending them the batch), old_log_prob, ref, values, "
-    "wait_reward_model (the wait for a reward model on ranks of its own, and the mix), adv, update_critic, update_actor, wait_critic, sync, testing; timing_s/step for the whole step. With rollout "
+    "timing_s/<stage>": "Seconds of a stage: gen, gen_engine, reward, reward_model (colocated: its scores; on ranks of its own: sending them the batch), old_log_prob, ref, teacher (the "
+    "distillation teacher's logprobs), values, "
+    "wait_reward_model (the wait for a reward model on ranks of its own, and the mix), adv, update_critic, update_actor, wait_critic, sync, testing (an SFT step: data, update_actor); timing_s/step for the whole step. With rollout "
     "ranks of their own, timing_s/gen is the actor's wait for the batch and timing_s/rollout_wait the longest a "
     "rollout rank was blocked in the last step's exchanges (the weight broadcast and the batch handover): with "
     "timing_s/step, the idle share of each side.",

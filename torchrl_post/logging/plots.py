@@ -28,11 +28,13 @@ TIMING_WIDTH_PER_RUN = 5.5
 # The step's stages in pipeline order (the stack's order, bottom up); others follow sorted. `step` is the total and
 # `gen_engine` (the rollout ranks' own time, overlapping `gen`) is not a stage; `testing` runs after the step.
 STAGE_ORDER = (
+    "data",
     "gen",
     "reward",
     "reward_model",
     "old_log_prob",
     "ref",
+    "teacher",
     "values",
     "wait_reward_model",
     "adv",

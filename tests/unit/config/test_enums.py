@@ -46,7 +46,7 @@ def _with(cfg: Config, key: str, value: Any) -> Config:
 def test_every_enum_key_is_checked_with_one_line_naming_its_values() -> None:
     keys = _enum_keys()
     assert {"rollout.engine", "trainer.logger", "algorithm.rollout_correction.rollout_rs"} <= set(keys)
-    assert len(keys) == 34  # critic.fsdp.*_dtype among them, checked as the actor's
+    assert len(keys) == 36  # critic.fsdp.*_dtype among them, checked as the actor's
     for key, values in keys.items():
         names = ", ".join("null" if v is None else v for v in values)
         bad = ["tensorbored"] if key == "trainer.logger" else "tensorbored"

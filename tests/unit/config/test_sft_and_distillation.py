@@ -29,7 +29,6 @@ def test_the_sft_plan_has_no_engine_no_old_logprobs_and_one_sample_per_row() -> 
     ("overrides", "says"),
     [
         (["sft.enable=true", "reward_model.enable=true", "reward_model.model.path=/m"], "drop reward_model.enable"),
-        (["sft.enable=true", "algorithm.adv_estimator=gae"], "drop algorithm.adv_estimator=gae (a critic)"),
         (["sft.enable=true", "actor.use_kl_loss=true"], "drop actor.use_kl_loss=true"),
         (["sft.enable=true", "distillation.enable=true", "distillation.teacher.path=/t"], "distillation.enable"),
         (["distillation.enable=true"], "needs distillation.teacher.path="),
@@ -46,6 +45,21 @@ def test_bad_settings_are_one_line_naming_the_key(overrides: list[str], says: st
     with pytest.raises(ConfigError) as e:
         load_config(overrides)
     assert says in _one_line(e)
+
+
+def test_verls_sft_and_distillation_keys_load_and_its_estimator_default_places_no_critic_under_sft() -> None:
+    cfg = load_config(["sft.enable=true", "data.response_key=answer", "data.multiturn.messages_key=chat"])
+    assert (cfg.sft.response_key, cfg.sft.messages_key) == ("answer", "chat")
+    assert cfg.algorithm.adv_estimator == "gae"  # verl's default, taken with verl's keys: not read by SFT
+    assert plan_run(cfg, 2).critic == "none"
+    d = load_config(
+        ["distillation.enabled=true", "distillation.teacher.path=/t", "distillation.distillation_loss.loss_mode=k1",
+         "distillation.distillation_loss.distillation_loss_coef=0.5"]
+    ).distillation  # fmt: skip
+    assert (d.enable, d.loss_mode, d.distillation_loss_coef) == (True, "k1", 0.5)
+    with pytest.raises(ConfigError) as e:
+        load_config(["distillation.teacher_models.gsm8k.model_path=/t"])
+    assert "distillation.teacher.path" in _one_line(e)
 
 
 def test_the_teacher_is_placed_with_the_actor_or_on_ranks_of_its_own() -> None:
