@@ -242,6 +242,7 @@ COLUMNS = [
     ("trained tok/s", "tokens_per_s", "{:.0f}"),
     ("vs ours 1 rank", "vs_ours_1r", "{:.2f}x"),
     ("s / step", "step_s", "{:.2f}"),
+    ("best tok/s", "best_tokens_per_s", "{:.0f}"),
     ("step-1 loss", "first_loss", "{:.5f}"),
     ("step-1 diff", "first_loss_diff", "{:+.1e}"),
     ("final loss", "final_loss", "{:.4f}"),
@@ -249,8 +250,17 @@ COLUMNS = [
 ]
 
 
+def with_best(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows with `best_tokens_per_s`: the fastest measured step's (other jobs stretch some steps, not all)."""
+    s = rec["setting"]
+    return [
+        r | {"best_tokens_per_s": s["batch"] * s["response_len"] / min(r["steps_s"][rec["warmup"] :])}
+        for r in rec["rows"]
+    ]
+
+
 def conclusion(rec: dict[str, Any]) -> str:
-    rows = {(r["system"], r["ranks"]): r for r in rec["rows"]}
+    rows = {(r["system"], r["ranks"]): r for r in with_best(rec)}
     ours, trl = rows.get(("torchrl_post", 1)), rows.get(("TRL SFTTrainer", 1))
     if ours is None:
         return ""
@@ -258,15 +268,17 @@ def conclusion(rec: dict[str, Any]) -> str:
         return f"Ours on 1 rank: {ours['tokens_per_s']:.0f} trained tokens/s (TRL not measured)."
     text = (
         f"Ours on 1 rank trains {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x TRL's tokens/s "
-        f"({ours['tokens_per_s']:.0f} vs {trl['tokens_per_s']:.0f}). Step-1 losses (same weights, same rows): "
+        f"({ours['tokens_per_s']:.0f} vs {trl['tokens_per_s']:.0f}; fastest steps "
+        f"{ours['best_tokens_per_s'] / trl['best_tokens_per_s']:.2f}x). Step-1 losses (same weights, same rows): "
         f"{ours['first_loss']:.5f} vs {trl['first_loss']:.5f} (difference {abs(trl['first_loss_diff']):.1e}); "
         f"final losses {ours['final_loss']:.4f} vs {trl['final_loss']:.4f}."
     )
     two = rows.get(("torchrl_post", 2))
     if two is not None:
         text += (
-            f" Ours on 2 ranks: {two['tokens_per_s']:.0f} tok/s ({two['vs_ours_1r']:.2f}x 1 rank on the same 2 "
-            f"cores), final loss {two['final_loss']:.4f}."
+            f" Ours on 2 ranks: {two['tokens_per_s']:.0f} tok/s ({two['vs_ours_1r']:.2f}x 1 rank, with twice its "
+            f"threads; fastest steps {two['best_tokens_per_s'] / ours['best_tokens_per_s']:.2f}x), final loss "
+            f"{two['final_loss']:.4f}."
         )
     return text
 
@@ -289,10 +301,13 @@ def markdown(rec: dict[str, Any]) -> str:
         "loader), `completion_only_loss`, sequential sampler, packing off, float32, no gradient checkpointing, "
         "adamw_torch, constant lr, max_grad_norm 1. Both: token-mean loss over the batch, gradient clipping at 1, "
         "weight decay 0. trained tok/s = loss tokens of the steps after the first / their summed wall time (ours "
-        "`timing_s/step`; TRL on_step_begin to on_step_end); start-up and loading outside. `step-1 diff`: this "
-        "row's step-1 loss minus ours on 1 rank (same initial weights, same rows).",
+        "`timing_s/step`; TRL on_step_begin to on_step_end); start-up and loading outside; `best tok/s` the same "
+        "from the fastest of those steps (other jobs on the cores stretch some steps, not all). "
+        f"{rec['rows'][0]['threads']} torch thread(s) per process: 2 ranks have twice the cores of 1 rank and of "
+        "TRL's process. `step-1 diff`: this row's step-1 loss minus ours on 1 rank (same initial weights, same "
+        "rows); `load`: the 1-minute load average after the row's run.",
         "",
-        common.table(rec["rows"], COLUMNS),
+        common.table(with_best(rec), COLUMNS),
         conclusion(rec),
         "",
     ]
@@ -313,8 +328,13 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
     for i, r in enumerate(rec["rows"]):
-        bx.plot(range(1, len(r["loss"]) + 1), r["loss"], marker="o", color=f"C{i}", label=labels[i].replace("\n", " "))
-    bx.set(xlabel="step", ylabel="train loss", title="loss per step (same rows, same initial weights)")
+        bx.plot(
+            range(1, len(r["loss"]) + 1), r["loss"], marker="osx"[i % 3], linestyle=("-", "--", ":")[i % 3],
+            markersize=9 - 2 * i, color=f"C{i}", label=labels[i].replace("\n", " "),
+        )  # fmt: skip
+    bx.set(
+        xlabel="step", ylabel="train loss", title="loss per step (same rows, same initial weights; the lines overlap)"
+    )
     bx.legend(fontsize=8)
     s = rec["setting"]
     fig.suptitle(
