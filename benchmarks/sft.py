@@ -106,9 +106,9 @@ def write_data(s: Setting, rows: int) -> tuple[Path, Path]:
     )
     ds = load_sft([str(text)], data, SftConfig(truncation="error"), tok, "train")
     with tokens.open("w") as f:
-        for prompt, response, mask in zip(ds.prompt_ids, ds.response_ids, ds.response_masks, strict=True):
-            assert (len(prompt), len(response), sum(mask)) == (s.prompt_len, s.response_len, s.response_len)
-            f.write(json.dumps({"input_ids": prompt + response, "completion_mask": [0] * len(prompt) + mask}) + "\n")
+        for p_ids, r_ids, mask in zip(ds.prompt_ids, ds.response_ids, ds.response_masks, strict=True):
+            assert (len(p_ids), len(r_ids), sum(mask)) == (s.prompt_len, s.response_len, s.response_len)
+            f.write(json.dumps({"input_ids": p_ids + r_ids, "completion_mask": [0] * len(p_ids) + mask}) + "\n")
     return text, tokens
 
 
