@@ -22,8 +22,8 @@ another process takes one of its cores; measured on the tiny model, ours took 1.
 on 1), so 2 ranks use twice the cores of 1 rank and of TRL's one process.
 
     default   qwen2-10m (the update benchmark's model), 16 rows of 64 prompt + 192 response tokens, 8 steps
-    --quick   qwen2-10m, 8 rows of 64 + 128 tokens, 5 steps (about 3 minutes on 2 cores)
-    --tiny    a 2-layer model of hidden size 64, 4 rows of 16 + 16 tokens, 3 steps (about a minute: three launches)
+    --quick   qwen2-10m, 8 rows of 64 + 128 tokens, 5 steps (about 2 minutes on 2 cores)
+    --tiny    a 2-layer model of hidden size 64, 4 rows of 16 + 16 tokens, 3 steps (45-70 s: three launches)
 """
 
 from __future__ import annotations
