@@ -487,6 +487,7 @@ def plan_memory(
     critic_shape: ModelShape | None = None,
     reward_shape: ModelShape | None = None,
     judge_shape: ModelShape | None = None,
+    teacher_shape: ModelShape | None = None,
 ) -> MemoryPlan:
     """Every rank's memory for `cfg` under `plan` on `card_bytes` of device memory (pure: no file, no device)."""
     roles_of: dict[int, list[str]] = {}
@@ -507,6 +508,12 @@ def plan_memory(
         memory["reward_model"] = _frozen(
             "reward_model", cfg, plan, reward_shape or shape, rm.micro_batch_size_per_gpu, rm.max_length,
             rm.param_offload, 0,
+        )  # fmt: skip
+    if "teacher" in plan.roles:  # the distillation teacher: the reference's forward over its own checkpoint
+        t, row = cfg.distillation.teacher, cfg.data.max_prompt_length + cfg.data.max_response_length
+        memory["teacher"] = _frozen(
+            "teacher", cfg, plan, teacher_shape or shape, t.log_prob_micro_batch_size_per_gpu, row, t.param_offload,
+            loss_chunk_tokens,
         )  # fmt: skip
     ro, row = cfg.rollout, plan.engine.max_model_len
     e, tp = DTYPE_BYTES[plan.engine.dtype], plan.tensor_parallel_size
@@ -564,9 +571,9 @@ def plan_memory(
         by_roles.setdefault(tuple(roles_of[rank]), []).append(rank)
     groups = []
     for roles, ranks in by_roles.items():
-        has_engine = "rollout" in roles
+        has_engine = "rollout" in roles and not plan.sft  # SFT builds no engine
         trainer = tuple(
-            memory[r] for r in ("actor", "critic", "reference", "reward_model") if r in roles and r in memory
+            memory[r] for r in ("actor", "critic", "reference", "reward_model", "teacher") if r in roles and r in memory
         )
         share = engine_share(trainer) if has_engine else 0
         items = engine(share) if has_engine else ()
@@ -623,6 +630,8 @@ def memory_plan_for_run(
 
             rm_path = cfg.reward_model.model.path
             reward_shape = model_shape(_with_path(cfg.model, rm_path), AutoModelForSequenceClassification)
+        teacher = cfg.distillation.teacher.path
+        teacher_shape = model_shape(_with_path(cfg.model, teacher)) if "teacher" in plan.roles and teacher else None
         judge_shape = None
         if plan.judge_engine is not None:
             judge = cfg.reward.judge.model
@@ -631,7 +640,7 @@ def memory_plan_for_run(
         raise ConfigError(f"model.path={cfg.model.path!r}: config.json cannot be read for the memory plan ({e})") from e
     return plan_memory(
         cfg, plan, shape, device_type, card, critic_shape=critic_shape, reward_shape=reward_shape,
-        judge_shape=judge_shape,
+        judge_shape=judge_shape, teacher_shape=teacher_shape,
     )  # fmt: skip
 
 

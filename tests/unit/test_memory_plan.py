@@ -444,3 +444,23 @@ def test_a_co_hosted_judge_takes_its_share_first_in_every_phase(qwen7b_dir: Path
     # K and V, 28 layers x 4 kv heads x 128 dims x 2 bytes, 16 sequences of 4096 tokens and vLLM's null block
     kv = 2 * 28 * 4 * 128 * 2 * (16 * 4096 + 128)
     assert items["judge KV cache"].bytes == min(kv, share - items["judge weights"].bytes - GiB)
+
+
+def test_a_teacher_is_counted_beside_the_student_and_sft_counts_no_engine(qwen7b_dir: Path, tiny_dir: Path) -> None:
+    """Distillation: a 7B teacher beside a small student on 8 cards holds its bfloat16 shards (frozen: no gradient,
+    no optimizer state) and its forward phase; SFT's ranks hold no engine and have no generation phase."""
+    student = model_shape(ModelConfig(path=str(tiny_dir)))
+    cfg = load_config(
+        [f"model.path={tiny_dir}", *SEVEN_B_RUN, "distillation.enable=true", f"distillation.teacher.path={qwen7b_dir}"]
+    )
+    plan = plan_run(cfg, 8, "cuda")
+    teacher = model_shape(ModelConfig(path=str(qwen7b_dir)))
+    (group,) = plan_memory(cfg, plan, student, "cuda", 80 * GiB, teacher_shape=teacher).groups
+    roles = {r.role: r for r in group.roles}
+    items = {i.name: i for i in roles["teacher"].items}
+    assert items["parameters"].bytes == 7_615_616_512 * 4 // 8  # model.dtype float32 shards over the 8 ranks
+    assert "gradients" not in items and "optimizer" not in items
+    assert "teacher forward" in group.phases()
+    sft = load_config([f"model.path={tiny_dir}", *SEVEN_B_RUN, "sft.enable=true"])
+    (only,) = plan_memory(sft, plan_run(sft, 8, "cuda"), student, "cuda", 80 * GiB).groups
+    assert not only.engine and only.engine_share == 0 and "generation" not in only.phases()
