@@ -15,7 +15,7 @@
 Both steps are the demo's own deterministic supervised passes (`build.sft` inside `build.deterministic`: float64 on
 a gradient grid), so the models are the same bit for bit on every machine (each marker records its `fingerprint`).
 Each is cached by a marker written last that names the recipe, the demo model's fingerprint and the data.
-About 75 s on two cores (the teacher 49 s, the student 26 s); the demo model's own build comes first if missing.
+40-75 s on two cores (the teacher 24-49 s, the student 16-26 s); the demo model's own build comes first if missing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2ForCausalLM
@@ -56,7 +56,18 @@ TEACHER_TARGET = 0.95
 STUDENT_TARGET = 0.1
 """The student's greedy accuracy on the probe (checked every step: it jumps as the format flips): 0.10 after 76
 steps, 0.13 on the validation split; low, so that distillation has room to lift it."""
-STUDENT_SHAPE: dict[str, int] = {"hidden_size": 64, "num_heads": 2, "num_kv_heads": 2, "intermediate_size": 128}
+
+
+class Shape(TypedDict):
+    """`build_tiny_model`'s size arguments."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+
+STUDENT_SHAPE: Shape = {"hidden_size": 64, "num_heads": 2, "num_kv_heads": 2, "intermediate_size": 128}
 """The student's `build_tiny_model` arguments: the demo model's 2 layers at half the width, heads of 32."""
 WORDY_FRAC = 0.5
 """The share of the student's targets written "=<answer>" (rejected by the exact-match rule)."""
@@ -156,7 +167,7 @@ def build_teacher(out_dir: Path, demo_dir: Path, data_dir: Path) -> dict[str, An
         return info
     start = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(demo_dir)
-    model = AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32)
+    model = Qwen2ForCausalLM.from_pretrained(demo_dir, dtype=torch.float32)
     with one_thread():
         steps, acc = supervise(model, tok, _rows(data_dir / "train.jsonl"), TEACHER_TARGET, 0.0, 25, "teacher")
         info = _finish(
