@@ -14,7 +14,8 @@
 
 Both steps are the demo's own deterministic supervised passes (`build.sft` inside `build.deterministic`: float64 on
 a gradient grid), so the models are the same bit for bit on every machine (each marker records its `fingerprint`).
-Each is cached by a marker written last that names the recipe, the demo model's fingerprint and the data.
+Each is cached by a marker written last that names the recipe and the data (the teacher's also the demo model's
+fingerprint).
 40-75 s on two cores (the teacher 24-49 s, the student 16-26 s); the demo model's own build comes first if missing.
 """
 
