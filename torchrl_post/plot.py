@@ -1,11 +1,12 @@
 """Plot runs from their metrics.jsonl: reward, validation, response length, entropy, KL, gradient norm, and the
 time per step by stage (a stacked area), several runs overlaid with their directory names in the legend.
 
-    python -m torchrl_post.plot RUN_DIR [RUN_DIR ...] [--out DIR]
+    python -m torchrl_post.plot RUN_DIR [RUN_DIR ...] [--out DIR] [--baseline LABEL=SCORE ...]
     python -m torchrl_post.plot --train-args [--config-name NAME] [key=value ...]
 
 One run writes into RUN_DIR/plots/; several into --out (by default `compare_plots/` in their common parent
-directory). `--train-args` takes the training command's own arguments and plots that run's directory
+directory). `--baseline teacher=0.99` draws a score (a teacher's validation, a model's before training) as a
+horizontal line on the validation panel. `--train-args` takes the training command's own arguments and plots that run's directory
 (trainer.default_local_dir), as `make train` does at its end (a dry run or a validation-only run: nothing to
 plot, exit code 0). A RUN_DIR without metrics.jsonl is one error line and exit code 2.
 """
@@ -39,6 +40,16 @@ def run_dir_of_train_args(argv: list[str]) -> Path | None:
     return None if t.dry_run or t.val_only else Path(t.default_local_dir)
 
 
+def _baseline(text: str) -> tuple[str, float]:
+    label, sep, score = text.rpartition("=")
+    try:
+        if sep and label:
+            return label, float(score)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--baseline {text!r}: expected LABEL=SCORE, e.g. teacher=0.99")
+
+
 def default_out(run_dirs: list[Path]) -> Path:
     if len(run_dirs) == 1:
         return run_dirs[0] / "plots"
@@ -53,15 +64,19 @@ def main(argv: list[str] | None = None) -> None:
         if run_dir is None or not read_metrics(run_dir):
             print("plots: none (the run logged no training step)", flush=True)
             return
-        run_dirs, out = [run_dir], None
+        run_dirs, out, baselines = [run_dir], None, []
     else:
         parser = argparse.ArgumentParser(
             prog="python -m torchrl_post.plot", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
         )
         parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories to plot")
         parser.add_argument("--out", type=Path, default=None, help="where the PNGs go (made if missing)")
+        parser.add_argument(
+            "--baseline", action="append", default=[], type=_baseline, metavar="LABEL=SCORE",
+            help="a horizontal line on the validation panel (repeatable), e.g. teacher=0.99",
+        )  # fmt: skip
         args = parser.parse_args(argv)
-        run_dirs, out = args.run_dirs, args.out
+        run_dirs, out, baselines = args.run_dirs, args.out, args.baseline
     # a metrics.jsonl given for its run directory
     run_dirs = [p.parent if p.name.endswith(".jsonl") and p.is_file() else p for p in run_dirs]
     problems = []
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     if problems:
         _fail("; ".join(problems))
     out_dir = out if out is not None else default_out(run_dirs)
-    written = plot_runs(run_dirs, out_dir)
+    written = plot_runs(run_dirs, out_dir, baselines=baselines)
     print(f"plots ({len(written)}) in {out_dir}: {', '.join(p.name for p in written)}", flush=True)
 
 

@@ -74,3 +74,33 @@ def test_train_args_plot_the_run_directory(tmp_path: Path, capsys: pytest.Captur
     assert (run / "plots" / "timing.png").exists()
     main(["--train-args", f"trainer.default_local_dir={run}", "trainer.dry_run=true"])
     assert capsys.readouterr().out.splitlines()[-1] == "plots: none (the run logged no training step)"
+
+
+def test_a_baseline_is_a_horizontal_line_on_the_validation_panel_only(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from torchrl_post.logging.plots import PANELS, _draw_panel, read_metrics
+
+    runs = [("a", read_metrics(_write_run(tmp_path / "a", 6)))]
+    panels = {p.name: p for p in PANELS}
+    fig, (val, reward) = plt.subplots(1, 2)
+    assert _draw_panel(val, panels["validation"], runs, [("teacher", 0.9)])
+    assert _draw_panel(reward, panels["reward"], runs, [("teacher", 0.9)])
+    plt.close(fig)
+    line = next(ln for ln in val.get_lines() if ln.get_label() == "teacher (0.9)")
+    assert list(line.get_ydata()) == [0.9, 0.9]
+    assert "teacher (0.9)" in val.get_legend_handles_labels()[1]
+    assert all("teacher" not in str(ln.get_label()) for ln in reward.get_lines())
+    main([str(tmp_path / "a"), "--out", str(tmp_path / "out"), "--baseline", "teacher=0.9"])
+    assert _size(tmp_path / "out" / "validation.png") == _px(PANEL_SIZE)
+
+
+def test_a_baseline_without_a_score_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _write_run(tmp_path / "a", 3)
+    with pytest.raises(SystemExit) as e:
+        main([str(run), "--baseline", "teacher"])
+    assert e.value.code == 2
+    assert "expected LABEL=SCORE" in capsys.readouterr().err

@@ -118,8 +118,11 @@ def run_labels(run_dirs: Sequence[Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [f"{n} ({i})" for i, n in enumerate(names, 1)]
 
 
-def _draw_panel(ax: Any, panel: Panel, runs: list[tuple[str, list[dict[str, Any]]]]) -> bool:
-    """One panel on `ax`, every run in its own colour, each key in its own line style; False when no data."""
+def _draw_panel(
+    ax: Any, panel: Panel, runs: list[tuple[str, list[dict[str, Any]]]], baselines: Sequence[tuple[str, float]] = ()
+) -> bool:
+    """One panel on `ax`, every run in its own colour, each key in its own line style, and on the validation panel
+    each of `baselines` (label, score) as a grey horizontal line; False when no data."""
     drawn = False
     for i, (label, rows) in enumerate(runs):
         color = f"C{i % 10}"
@@ -140,6 +143,11 @@ def _draw_panel(ax: Any, panel: Panel, runs: list[tuple[str, list[dict[str, Any]
                 marker = "o" if panel.markers or len(xs) == 1 else None
                 ax.plot(xs, ys, color=color, lw=1.5, ls=style, marker=marker, ms=4, label=name)
             drawn = True
+    if drawn and panel.name == "validation":
+        for j, (name, score) in enumerate(baselines):
+            ax.axhline(
+                score, color="0.35", lw=1.5, ls=LINESTYLES[(j + 1) % len(LINESTYLES)], label=f"{name} ({score:g})"
+            )
     ax.set(title=panel.title, xlabel="step", ylabel=panel.ylabel)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -204,8 +212,15 @@ def _draw_timing(plt: Any, runs: list[tuple[str, list[dict[str, Any]]]], out: Pa
     return True
 
 
-def plot_runs(run_dirs: Sequence[Path], out_dir: Path, labels: Sequence[str] | None = None) -> list[Path]:
-    """Write the panels of every run (those with rows) into `out_dir`; returns the PNGs written, reward.png first."""
+def plot_runs(
+    run_dirs: Sequence[Path],
+    out_dir: Path,
+    labels: Sequence[str] | None = None,
+    baselines: Sequence[tuple[str, float]] = (),
+) -> list[Path]:
+    """Write the panels of every run (those with rows) into `out_dir`, with `baselines` (label, score: a teacher's
+    or another model's validation score) as horizontal lines on the validation panel; returns the PNGs written,
+    reward.png first."""
     labels = list(labels) if labels is not None else run_labels(run_dirs)
     runs = [(label, rows) for label, d in zip(labels, run_dirs, strict=True) if (rows := read_metrics(d))]
     if not runs:
@@ -220,7 +235,7 @@ def plot_runs(run_dirs: Sequence[Path], out_dir: Path, labels: Sequence[str] | N
     suffix = f": {runs[0][0]}" if len(runs) == 1 else ""
     for panel in PANELS:
         fig, ax = plt.subplots(figsize=PANEL_SIZE)
-        if _draw_panel(ax, panel, runs):
+        if _draw_panel(ax, panel, runs, baselines):
             ax.set_title(panel.title + suffix)
             fig.tight_layout()
             written.append(out_dir / f"{panel.name}.png")
@@ -233,7 +248,7 @@ def plot_runs(run_dirs: Sequence[Path], out_dir: Path, labels: Sequence[str] | N
     shown = [p for p in PANELS if any(p.keys_in(rows) for _, rows in runs)][:6]
     for i, ax in enumerate(axes.flat):
         if i < len(shown):
-            _draw_panel(ax, shown[i], runs)
+            _draw_panel(ax, shown[i], runs, baselines)
         else:
             ax.axis("off")
     fig.suptitle(", ".join(label for label, _ in runs))
