@@ -73,11 +73,13 @@ class _ChunkedHead(torch.autograd.Function):
         truncation: Truncation | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
-        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        ent = torch.empty_like(logp)
-        lse = torch.empty_like(logp)
-        lse_kept = torch.empty_like(logp) if truncation is not None else lse  # lse_S: over the kept set
-        thr = torch.empty_like(logp) if truncation is not None else None
+        several = labels.dim() == 2  # [N, k] labels: k log-probabilities per position (the teacher's top-k ids)
+        assert not (several and truncation is not None), "renormalised logprobs take one label per position"
+        logp = torch.empty(labels.shape, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(ent)
+        lse_kept = torch.empty_like(ent) if truncation is not None else lse  # lse_S: over the kept set
+        thr = torch.empty_like(ent) if truncation is not None else None
         for s in range(0, n, chunk):
             z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
             label_c = labels[s : s + chunk]
@@ -90,7 +92,10 @@ class _ChunkedHead(torch.autograd.Function):
                 lse_c = torch.logsumexp(z.masked_fill(~support_mask(z, thr_c, label_c), -math.inf), dim=-1)
                 lse_kept[s : s + chunk] = lse_c
                 thr[s : s + chunk] = thr_c.squeeze(-1)
-            logp[s : s + chunk] = z.gather(-1, label_c[:, None]).squeeze(-1) - lse_c
+            if several:
+                logp[s : s + chunk] = z.gather(-1, label_c) - lse_c[:, None]
+            else:
+                logp[s : s + chunk] = z.gather(-1, label_c[:, None]).squeeze(-1) - lse_c
             del z, lse_c  # before the next chunk's logits exist: one chunk's tensors at a time
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, lse_kept, thr)
         ctx.settings = (temperature, never, never_bias, chunk)
@@ -105,21 +110,23 @@ class _ChunkedHead(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=_accumulator_dtype(weight), device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.float(), g_ent.float()
+        several = labels.dim() == 2
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
             label_c = labels[s : s + chunk]
             kept = support_mask(z, thr[s : s + chunk, None], label_c) if thr is not None else None  # the forward's S
             logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
-            gl, ge = g_logp[s : s + chunk, None], g_ent[s : s + chunk, None]
+            ge = g_ent[s : s + chunk, None]
+            gl = g_logp[s : s + chunk] if several else g_logp[s : s + chunk, None]  # [c, k] or [c, 1]
             p = logq.exp()
             term = logq.add_(ent[s : s + chunk, None]).mul_(ge)  # ge (log p + H)
             if kept is None:
-                term.add_(gl)
+                term.add_(gl.sum(-1, keepdim=True))  # d sum_j gl_j log p(label_j) / dz = scatter(gl) - p sum_j gl_j
             else:  # p_S = p exp(lse - lse_S) on S
                 term.addcmul_(kept, gl * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp())
             gz = p.mul_(term).neg_()  # -(gl p_S + ge p (log p + H))
-            gz.scatter_add_(-1, label_c[:, None], gl)
+            gz.scatter_add_(-1, label_c if several else label_c[:, None], gl)
             if temperature > 0:
                 gz /= temperature
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
@@ -152,9 +159,36 @@ def chunked_log_probs(
     truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H] (the final norm's output), the LM head's weight [V, H] (and bias [V]), labels [N] ->
-    (log p(label) [N], entropy [N]) in float32, at `temperature`; `never`: token ids whose logits get
+    (log p(label) [N], entropy [N]) in float32, at `temperature`; labels [N, k] give log p of each of the k
+    labels, [N, k] (on-policy distillation's forward KL over the teacher's top-k ids; not with a `truncation`); `never`: token ids whose logits get
     `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass;
     `truncation`: log p(label) renormalised on the sampler's top-k / top-p set (the entropy stays the full one)."""
     assert chunk > 0, chunk
     logp, ent = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, never, never_bias, chunk, truncation)
     return logp, ent
+
+
+@torch.no_grad()
+def chunked_top_k(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    k: int,
+    temperature: float,
+    never: tuple[int, ...] = (),
+    never_bias: float = 0.0,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, H] -> the k most likely tokens of each position at `temperature`: (log p [N, k] float32, ids
+    [N, k] long), most likely first, chunk by chunk as `chunked_log_probs` (one [c x V] float32 at a time). A
+    distillation teacher's top-k, which the student's `chunked_log_probs` with [N, k] labels then scores."""
+    n = hidden.shape[0]
+    logp = torch.empty(n, k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(n, k, dtype=torch.long, device=hidden.device)
+    for s in range(0, n, chunk):
+        z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
+        top, at = z.topk(k, dim=-1)
+        logp[s : s + chunk] = top - torch.logsumexp(z, dim=-1, keepdim=True)
+        ids[s : s + chunk] = at
+        del z
+    return logp, ids

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from tests.unit.workers.helpers import CPU, RAGGED, _batch
 from torchrl_post.algos.sampling_support import Truncation
 from torchrl_post.workers import logprobs
-from torchrl_post.workers.lm_head import chunked_log_probs
+from torchrl_post.workers.lm_head import chunked_log_probs, chunked_top_k
 from torchrl_post.workers.logprobs import logits_to_logprobs, packed_forward_log_probs, padded_forward_log_probs
 
 
@@ -105,3 +105,47 @@ def test_bf16_head_weight_gradient_rounded_once_over_many_chunks() -> None:
         per_chunk.addmm_(gz.t(), hc)
     new, once, old = ((x.double() - exact).abs().max().item() for x in (w.grad, exact.bfloat16(), per_chunk))
     assert new <= 2 * once and 2 * new < old, (new, once, old)
+
+
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_several_labels_per_position_equal_the_full_log_softmax_and_its_gradient(chunk: int) -> None:
+    """labels [N, k] (a teacher's top-k ids, the sampled token among them): log p of each, values and gradients
+    (through the hidden states, the head's weight and bias, with the entropy in the loss too) equal autograd through
+    the full logits' log_softmax gathered at the k ids."""
+    gen = torch.Generator().manual_seed(1)
+    n, h, v, k = 9, 8, 29, 5
+    leaves = [torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen), torch.randn(v, generator=gen)]
+    labels = torch.stack([torch.randperm(v, generator=gen)[:k] for _ in range(n)])  # distinct ids per position
+    g_logp, g_ent = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    results = []
+    for chunked in (False, True):
+        xs = [t.clone().requires_grad_() for t in leaves]
+        if chunked:
+            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, 0.7, chunk=chunk)
+        else:
+            z = torch.nn.functional.linear(xs[0], xs[1], xs[2]) / 0.7
+            logq = torch.log_softmax(z, -1)
+            logp, ent = logq.gather(-1, labels), -(logq.exp() * logq).sum(-1)
+        ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+        results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
+    assert results[1][0].shape == (n, k)
+    for name, a, b in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):
+        assert a is not None and b is not None
+        assert (a - b).abs().max() < 1e-5 * max(1.0, a.abs().max().item()), name
+
+
+def test_top_k_is_the_full_log_softmax_top_k_chunk_by_chunk() -> None:
+    gen = torch.Generator().manual_seed(2)
+    n, h, v, k = 13, 8, 31, 4
+    hidden, weight, bias = (
+        torch.randn(n, h, generator=gen),
+        torch.randn(v, h, generator=gen),
+        torch.randn(v, generator=gen),
+    )
+    logq = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias) / 0.8, -1)
+    want, want_ids = logq.topk(k, dim=-1)
+    got, ids = chunked_top_k(hidden, weight, bias, k, 0.8, chunk=5)
+    assert torch.equal(ids, want_ids) and (got - want).abs().max() < 1e-5
+    # and the student's head scores exactly those ids: the same model gives the same numbers
+    again, _ = chunked_log_probs(hidden, weight, bias, ids, 0.8, chunk=5)
+    assert (again - got).abs().max() < 1e-6
