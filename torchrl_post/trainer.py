@@ -44,16 +44,6 @@ from torchrl_post.workers.remote import CriticRole, ReferenceRole, RewardModelRo
 log = logging.getLogger("torchrl_post")
 
 
-RL_ONLY = (
-    "actor/ppo_ratio_mean",
-    "actor/ppo_kl",
-    "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower",
-    "rollout/logprob_diff",
-)
-"""Actor metrics an SFT step does not report: they describe a policy ratio, which SFT has not."""
-
-
 class NoEngine:
     """The `WeightSync` of a run without an engine (SFT): nothing to push."""
 
@@ -160,9 +150,8 @@ class Trainer:
         batch = self.timer.timed("data", self.rollouts.next_batch, step)
         metrics = self.timer.timed("update_actor", self.actor.update, batch)
         stats = batch_metrics(batch, (), step)
-        kept = {k: v for k, v in metrics.items() if k not in RL_ONLY}
         lengths = {k: v for k, v in stats.metrics.items() if k.startswith(("response_length/", "prompt_length/"))}
-        return kept | lengths | {"train/loss": metrics["actor/pg_loss"]} | self.rollouts.metrics(), stats.tokens
+        return metrics | lengths | {"train/loss": metrics["actor/pg_loss"]} | self.rollouts.metrics(), stats.tokens
 
     def _mixed_scores(self, batch: Batch, rm_scores: Callable[[], torch.Tensor] | None) -> dict[str, float]:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer

@@ -169,14 +169,30 @@ def build_teacher(out_dir: Path, demo_dir: Path, data_dir: Path) -> dict[str, An
     start = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(demo_dir)
     model = Qwen2ForCausalLM.from_pretrained(demo_dir, dtype=torch.float32)
+    return _train_and_write(out_dir, model, tok, want, data_dir, start, TEACHER_TARGET, 0.0, 25, "teacher")
+
+
+def _train_and_write(
+    out_dir: Path,
+    model: Qwen2ForCausalLM,
+    tok: PreTrainedTokenizerBase,
+    want: dict[str, Any],
+    data_dir: Path,
+    start: float,
+    target: float,
+    wordy: float,
+    every: int,
+    role: str,
+) -> dict[str, Any]:
+    """`supervise` the model on the train split to `target`, then save, score and mark it (`_finish`)."""
     with one_thread():
-        steps, acc = supervise(model, tok, _rows(data_dir / "train.jsonl"), TEACHER_TARGET, 0.0, 25, "teacher")
+        steps, acc = supervise(model, tok, _rows(data_dir / "train.jsonl"), target, wordy, every, role)
         info = _finish(
             out_dir, model, tok, {**want, "steps": steps, "probe_greedy_accuracy": acc},
             _rows(data_dir / "val.jsonl"), start,
         )  # fmt: skip
     print(
-        f"distillation teacher written to {out_dir} after {steps} steps: greedy accuracy {acc:.2f} on the probe, "
+        f"distillation {role} written to {out_dir} after {steps} steps: greedy accuracy {acc:.2f} on the probe, "
         f"{info['val_greedy_accuracy']:.2f} on validation; {info['seconds']:.0f} s, fingerprint {info['fingerprint']}"
     )
     return info
@@ -193,17 +209,7 @@ def build_student(out_dir: Path, data_dir: Path) -> dict[str, Any]:
     start = time.perf_counter()
     model, _ = build_tiny_model(out_dir, seed=SEED, **STUDENT_SHAPE)
     tok = AutoTokenizer.from_pretrained(out_dir)  # exactly the tokenizer the trainer and vLLM will load
-    with one_thread():
-        steps, acc = supervise(model, tok, _rows(data_dir / "train.jsonl"), STUDENT_TARGET, WORDY_FRAC, 1, "student")
-        info = _finish(
-            out_dir, model, tok, {**want, "steps": steps, "probe_greedy_accuracy": acc},
-            _rows(data_dir / "val.jsonl"), start,
-        )  # fmt: skip
-    print(
-        f"distillation student written to {out_dir} after {steps} steps: greedy accuracy {acc:.2f} on the probe, "
-        f"{info['val_greedy_accuracy']:.2f} on validation; {info['seconds']:.0f} s, fingerprint {info['fingerprint']}"
-    )
-    return info
+    return _train_and_write(out_dir, model, tok, want, data_dir, start, STUDENT_TARGET, WORDY_FRAC, 1, "student")
 
 
 def build_distill(teacher_dir: Path, student_dir: Path, demo_dir: Path, data_dir: Path) -> dict[str, dict[str, Any]]:

@@ -64,6 +64,16 @@ loss and routing decisions that differ from the engine's; the distillation estim
 follow (`STAT_SUMS`, then its maxima `STAT_MAXES`)."""
 
 
+RATIO_METRICS = (
+    "actor/ppo_ratio_mean",
+    "actor/ppo_kl",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "rollout/logprob_diff",
+)
+"""The update's metrics of the policy ratio and the engine's logprobs, which a supervised update does not report."""
+
+
 class Actor:
     def __init__(
         self,
@@ -446,6 +456,9 @@ class Actor:
             "perf/trainable_params": float(sum(p.numel() for p in params if p.requires_grad)),
             "rollout/logprob_diff": tot["diff"] / max(tot["diff_tokens"], 1.0),
         }
+        if self.supervised:  # SFT has no policy ratio: these describe nothing there
+            for key in RATIO_METRICS:
+                del out[key]
         if a.use_kl_loss:
             out |= {"actor/kl_loss": tot["kl_loss"] / steps, "actor/kl_coef": a.kl_loss_coef}
         if self.moe:
