@@ -12,11 +12,40 @@ from typing import Any
 
 import pytest
 
+from tests import prebuild
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TIERS = ("unit", "distributed", "e2e", "gpu")
 _tier_seconds: dict[str, float] = {}
 _launches: list[float] = []  # seconds of each torchrun launch this session
+_prebuild_wanted = False  # a collected test reads a background-built demo model (tests/prebuild.py)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The unit tests that read the background-built demo models (`tests/prebuild.py`) go last in the unit tier,
+    in their order, so the builds have the tier's other tests' time to finish."""
+    global _prebuild_wanted
+    reads = [set(prebuild.FIXTURES) & set(getattr(i, "fixturenames", ())) for i in items]
+    _prebuild_wanted = any(reads)
+    unit = [n for n, i in enumerate(items) if i.nodeid.startswith("tests/unit/")]
+    if not unit:
+        return
+    last = unit[-1]
+
+    def block(n: int) -> int:  # 0: up to the unit tier's end, 1: its tests that read the models, 2: after it
+        return 2 if n > last else 1 if n in unit and reads[n] else 0
+
+    order = sorted(range(len(items)), key=lambda n: (block(n), n))
+    items[:] = [items[n] for n in order]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prebuild_demo_models(request: pytest.FixtureRequest) -> None:
+    """Where the session's tests read the demo judge, reward model or distillation pair: build the demo model now
+    and start their builds in the background (`tests/prebuild.py`)."""
+    if _prebuild_wanted:
+        prebuild.start(*request.getfixturevalue("demo"))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -204,7 +233,8 @@ def demo_judge_model(demo: tuple[Path, Path]) -> Path:
     `make judge-model` does: a build takes half a minute, a cached one is checked in a second."""
     from torchrl_post.demo.judge import build_judge
 
-    out = REPO / "outputs" / "demo_judge_model"
+    prebuild.wait()
+    out = prebuild.JUDGE
     build_judge(out, *demo)
     return out
 
@@ -216,7 +246,8 @@ def demo_reward_model(demo: tuple[Path, Path]) -> Path:
     machine, so a later session finds it there."""
     from torchrl_post.demo.reward_model import build_reward_model
 
-    out = REPO / "outputs" / "demo_reward_model"
+    prebuild.wait()
+    out = prebuild.REWARD_MODEL
     build_reward_model(out, *demo)
     return out
 
@@ -229,7 +260,8 @@ def demo_distill_models(demo: tuple[Path, Path]) -> tuple[Path, Path]:
     them there: a build takes 40-75 s on 2 cores (the teacher's fine-tune most of it), a cached one a second."""
     from torchrl_post.demo.distill import build_distill
 
-    teacher, student = REPO / "outputs" / "distill_teacher", REPO / "outputs" / "distill_student"
+    prebuild.wait()
+    teacher, student = prebuild.TEACHER, prebuild.STUDENT
     build_distill(teacher, student, *demo)
     return teacher, student
 

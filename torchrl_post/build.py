@@ -122,7 +122,7 @@ def build_trainer(run: Run) -> Trainer:
     if plan.teacher == "colocated":
         teacher = build_teacher(run)
     elif plan.teacher == "own_ranks":
-        teacher = RemoteReference(role_link(run, "teacher"), "teacher_log_probs")
+        teacher = RemoteReference(role_link(run, "teacher"), plan.teacher_field)
     reward_model: RewardModelRole | None = None
     if plan.reward_model == "colocated":
         reward_model = build_reward_model(run)
@@ -353,6 +353,7 @@ def build_teacher(run: Run) -> Reference:
         model, ReferenceConfig(t.param_offload, t.log_prob_micro_batch_size_per_gpu), role.fsdp,
         run.topo.mesh("teacher"), run.env.device, temperature=cfg.rollout.temperature,
         sequence=run.topo.sequence("teacher"), truncation=run.plan.sampling_support, role="teacher",
+        top_k=run.plan.teacher_top_k, field=run.plan.teacher_field,
     )  # fmt: skip
 
 

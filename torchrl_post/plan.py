@@ -92,6 +92,15 @@ class RunPlan:
     """The frozen reward model (reward_model.enable): with the actor, on ranks of its own, or none."""
     teacher: Where
     """The frozen distillation teacher (distillation.enable): with the actor, on ranks of its own, or none."""
+    teacher_top_k: int
+    """What the teacher answers: 0, its logprob of each sampled token (`Batch.teacher_log_probs`, the estimator
+    loss modes); k, its k most likely tokens at each position (`Batch.teacher_topk`, loss_mode=forward_kl_topk)."""
+
+    @property
+    def teacher_field(self) -> str:
+        """The batch field the teacher's answer fills (`teacher_top_k`)."""
+        return "teacher_topk" if self.teacher_top_k else "teacher_log_probs"
+
     reward_weights: dict[str, float]
     """Reward source -> weight of each training score (reward.weights, or the one source there is:
     reward/mixing.py); reward.combine says how they combine."""
@@ -259,7 +268,8 @@ class RunPlan:
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
             f"  reference: {self.reference}; critic: {self.critic}; reward model: {self.reward_model}; "
             f"lora sync: {self.lora_sync}"
-            + (f"; distillation teacher: {self.teacher}" if self.teacher != "none" else ""),
+            + (f"; distillation teacher: {self.teacher}" if self.teacher != "none" else "")
+            + (f" (its top-{self.teacher_top_k} tokens per position)" if self.teacher_top_k else ""),
             "  training reward: "
             + " + ".join(f"{w:g} x {name}" for name, w in self.reward_weights.items())
             + ("" if set(self.reward_weights) == {"rule"} else f" ({self.reward_combine}); validation: rule"),
@@ -558,6 +568,9 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         critic=roles["critic"].where if "critic" in roles else "none",
         reward_model=roles["reward_model"].where if "reward_model" in roles else "none",
         teacher=roles["teacher"].where if "teacher" in roles else "none",
+        teacher_top_k=cfg.distillation.topk
+        if "teacher" in roles and cfg.distillation.loss_mode == "forward_kl_topk"
+        else 0,
         reward_weights=reward_weights(cfg),
         reward_combine=cfg.reward.combine,
         lora_sync=lora_sync(cfg),

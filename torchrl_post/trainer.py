@@ -131,7 +131,7 @@ class Trainer:
         if self.reference is not None:
             batch.ref_log_probs = timed("ref", self.reference.log_probs, batch)
         if self.teacher is not None:
-            batch.teacher_log_probs = timed("teacher", self.teacher.log_probs, batch)
+            setattr(batch, self.teacher.field, timed("teacher", self.teacher.log_probs, batch))
         if self.critic is not None:
             batch.values = timed("values", self.critic.values, batch)
         mixed = timed("wait_reward_model", self._mixed_scores, batch, rm_scores) if self.plan.mixes_rewards else {}

@@ -78,6 +78,7 @@ TOKEN_FIELDS = (
     "old_log_probs",
     "ref_log_probs",
     "teacher_log_probs",
+    "teacher_topk",
     "values",
     "advantages",
     "returns",
@@ -134,6 +135,9 @@ class Batch:
     old_log_probs: torch.Tensor | None = None  # [B, R]; None on-policy (the update's own detached logprobs)
     ref_log_probs: torch.Tensor | None = None  # [B, R]
     teacher_log_probs: torch.Tensor | None = None  # [B, R] the distillation teacher's logprobs of the sampled tokens
+    # [B, R, k, 2] float32: the distillation teacher's k most likely tokens at each response position (its top-k,
+    # distillation.loss_mode=forward_kl_topk): [..., 0] their log p, [..., 1] their ids (exact in float32: < 2^24)
+    teacher_topk: torch.Tensor | None = None
     values: torch.Tensor | None = None  # [B, R]
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
@@ -267,7 +271,7 @@ class Batch:
             if any(v is None for v in values):
                 out[name] = None
                 continue
-            out[name] = torch.cat([torch.nn.functional.pad(v, (0, r_width - v.shape[1])) for v in values])
+            out[name] = torch.cat([pad_columns(v, r_width - v.shape[1]) for v in values])
         for name in (*SAMPLE_FIELDS, *IMAGE_FIELDS):
             values = [getattr(b, name) for b in parts]
             out[name] = None if any(v is None for v in values) else torch.cat(values)
@@ -302,6 +306,11 @@ class Batch:
         if unknown:  # both sides run the same code; this is a protocol error
             raise RuntimeError(f"batch wire format has unknown fields {unknown}")
         return Batch(**{k: v for k, v in wire.items() if k in known}, reward_extra=extra)
+
+
+def pad_columns(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """[B, R, ...] -> [B, R + pad, ...], zeros after (a per-token field, any trailing shape)."""
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) if pad else t
 
 
 def _pad_sequence(t: torch.Tensor, b: Batch, p_width: int, r_width: int, fill: int, name: str) -> torch.Tensor:

@@ -20,6 +20,7 @@ a bfloat16 run's keys start with `bf16_`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import sys
@@ -39,8 +40,10 @@ from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.reference import Reference
 
+TOP_K = 4
 _KEEP: list[Any] = []  # freed at exit, not while another rank still runs collectives
 METRICS = ("actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac")
+DISTILL_METRICS = ("distill/loss", "distill/student_mass", "distill/teacher_mass")
 
 
 def _batch(rank: int, rows: int = 4) -> Batch:
@@ -89,8 +92,10 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _real_diff(a: torch.Tensor, b: torch.Tensor, batch: Batch) -> float:
-    """The largest difference at real response tokens (a padded forward leaves garbage after a short response)."""
-    return ((a - b).abs() * batch.response_mask).max().item()
+    """The largest difference at real response tokens (a padded forward leaves garbage after a short response);
+    [B, R, ...] results (a teacher's top-k) at every entry of those tokens."""
+    mask = batch.response_mask.view(*batch.response_mask.shape, *(1,) * (a.dim() - 2))
+    return ((a - b).abs() * mask).max().item()
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -103,11 +108,13 @@ def _actor_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.dev
         cfg.model, cfg.actor, fsdp, device, temperature=1.0, mini_batch_samples=2, micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu,
         max_response_length=cfg.data.max_response_length, total_steps=1, sequence=seq,
         replay=batch.routed_experts is not None,
+        distill=cfg.distillation if cfg.distillation.enable else None,
     )  # fmt: skip
     _KEEP.append(actor)
     logp = actor.log_probs(batch).cpu()
     metrics = actor.update(batch)
-    return {"logp": logp, "metrics": {k: metrics[k] for k in METRICS}, "weights": _weights(actor.model)}
+    names = METRICS + (DISTILL_METRICS if cfg.distillation.enable else ())
+    return {"logp": logp, "metrics": {k: metrics[k] for k in names}, "weights": _weights(actor.model)}
 
 
 def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> dict[str, Any]:
@@ -123,10 +130,13 @@ def _critic_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.de
     return {"values": values, "grad_norm": metrics["critic/grad_norm"], "weights": _weights(critic.model)}
 
 
-def _reference_run(cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device) -> torch.Tensor:
+def _reference_run(
+    cfg: Config, fsdp: Any, seq: Any, batch: Batch, device: torch.device, top_k: int = 0, temperature: float = 1.0
+) -> torch.Tensor:
+    """Reference logprobs [B, R]; with `top_k`, a distillation teacher's answer: its top-k [B, R, k, 2]."""
     ref = Reference(
-        cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, device, temperature=1.0, sequence=seq,
-        replay=batch.routed_experts is not None,
+        cfg.model, cfg.reference, cfg.actor.fsdp, fsdp, device, temperature=temperature, sequence=seq,
+        replay=batch.routed_experts is not None, top_k=top_k,
     )  # fmt: skip
     _KEEP.append(ref)
     return ref.log_probs(batch).cpu()
@@ -189,6 +199,25 @@ def main() -> None:
                 report[f"{key}_critic_grad_norm"] = [got_c["grad_norm"], crit["grad_norm"]]
                 report[f"{key}_critic_weights_diff"] = _max_diff(got_c["weights"], crit["weights"])
                 report[f"{key}_reference_diff"] = _real_diff(_reference_run(cfg, fsdp, mesh, batch, device), ref, batch)
+            # distillation's forward_kl_topk: a teacher's top-k (the same model at temperature 0.5, so it differs
+            # from the student) and the student's supervised forward KL over those ids, with and without sp
+            topk = _reference_run(cfg, fsdp, None, batch, device, top_k=TOP_K, temperature=0.5)
+            dcfg = copy.deepcopy(cfg)
+            d = dcfg.distillation
+            d.enable, d.loss_mode, d.topk, d.use_policy_gradient, d.use_task_rewards = (
+                True, "forward_kl_topk", TOP_K, False, False,
+            )  # fmt: skip
+            dbatch = dataclasses.replace(batch, teacher_topk=topk)
+            distilled = _actor_run(dcfg, fsdp, None, dbatch, device)
+            report[f"{name}_distill_moved"] = _max_diff(distilled["weights"], base["weights"])
+            for sp in layouts:
+                mesh = sequence_mesh(device.type, world, sp)
+                key = f"{name}_sp{sp}"
+                got_t = _reference_run(cfg, fsdp, mesh, batch, device, top_k=TOP_K, temperature=0.5)
+                report[f"{key}_topk_diff"] = _real_diff(got_t, topk, batch)  # log p and ids (exact in float32)
+                got_d = _actor_run(dcfg, fsdp, mesh, dbatch, device)
+                report[f"{key}_distill_metrics"] = [got_d["metrics"], distilled["metrics"]]
+                report[f"{key}_distill_weights_diff"] = _max_diff(got_d["weights"], distilled["weights"])
         report[f"{name}_moved"] = _max_diff(base["weights"], _weights(make_actor(cfg, fsdp, device=device).model))
     reports: list[Any] = [None] * world
     dist.all_gather_object(reports, report)

@@ -60,6 +60,8 @@ def test_sequence_parallel_equals_data_parallel(gqa_model: Path, gqa_moe_model: 
     for rank in reports:
         for case in CASES:
             assert rank[f"{case}_moved"] > 1e-4, case  # the update moved the weights: the comparison means something
+            if case in ("padded", "shared"):  # the distillation update moved them elsewhere than the PPO one
+                assert rank[f"{case}_distill_moved"] > 1e-4, case
             if case == "moe_replay":
                 assert rank[f"{case}_replay_moved"] > 1e-3  # replaying the record changed the logprobs
             for sp in layouts:
@@ -78,3 +80,10 @@ def test_sequence_parallel_equals_data_parallel(gqa_model: Path, gqa_moe_model: 
                     assert grad_sp == pytest.approx(grad_base, rel=1e-5), key
                     assert rank[f"{key}_critic_weights_diff"] < 1e-5, key
                     assert rank[f"{key}_reference_diff"] < 2e-6, key
+                    # forward_kl_topk: the teacher's top-k (log p and ids) and the student's update equal sp = 1
+                    assert rank[f"{key}_topk_diff"] < 2e-6, key
+                    got, base = rank[f"{key}_distill_metrics"]
+                    assert base["distill/loss"] > 1e-3 and 0 < base["distill/student_mass"] < 1, key
+                    for name, value in base.items():
+                        assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-7), f"{key} {name}"
+                    assert rank[f"{key}_distill_weights_diff"] < 1e-5, key

@@ -46,3 +46,32 @@ def test_a_student_learns_from_a_teacher_of_another_architecture_colocated_or_on
         for step in other:
             for key in COMPARED:
                 assert other[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"
+
+
+def test_forward_kl_over_the_teachers_top_k_trains_the_student_and_the_teacher_serves_it_from_its_own_rank(
+    tiny_model: Path, tiny_tied_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """distillation.loss_mode=forward_kl_topk, backpropagated (use_policy_gradient=false) and alone: the teacher
+    answers its top-8 tokens at every response position (`Batch.teacher_topk`), the student scores those ids in its
+    update's forward. On a rank of its own the teacher's [B, R, k, 2] answer crosses the role link and the run
+    equals the colocated one."""
+    colocated, own = tmp_path / "colocated", tmp_path / "own"
+    args = lambda run: TRAIN + train_overrides(tiny_model, task_data, run, 3) + [  # noqa: E731
+        "distillation.enable=true", f"distillation.teacher.path={tiny_tied_model}",
+        "distillation.loss_mode=forward_kl_topk", "distillation.topk=8", "distillation.use_policy_gradient=false",
+        "distillation.use_task_rewards=false", "trainer.test_freq=0", "trainer.save_freq=0",
+    ]  # fmt: skip
+    assert_ok(torchrun(2, args(colocated)))
+    assert "(its top-8 tokens per position)" in (colocated / "plan.txt").read_text()
+    assert_ok(torchrun(3, args(own) + ["placement.actor=[0,1]", "placement.teacher=[2]"]))
+    a, c = ({int(r["training/global_step"]): r for r in read_jsonl(run / "metrics.jsonl")} for run in (colocated, own))
+    assert sorted(a) == sorted(c) == [1, 2, 3]
+    for row in a.values():
+        # the teacher's 8 of 128 tokens hold part of its mass; the student's share of them is its own, below 1
+        assert 0.05 < row["distill/teacher_mass"] < 1 and 0 < row["distill/student_mass"] < 1
+        assert row["distill/loss"] > 0 and row["timing_s/teacher"] > 0
+    # the student moves toward the teacher: the forward KL over its top-k falls, its mass there rises
+    assert a[3]["distill/loss"] < a[1]["distill/loss"] and a[3]["distill/student_mass"] > a[1]["distill/student_mass"]
+    for step in a:
+        for key in (*COMPARED, "distill/student_mass", "distill/teacher_mass"):
+            assert c[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"

@@ -46,6 +46,8 @@ def _fill_optional(b: Batch) -> Batch:
         values=tok(),
         advantages=tok(),
         returns=tok(),
+        # a per-token field with trailing dimensions: a distillation teacher's top-k (log p, id) per position
+        teacher_topk=torch.randn(n, r, 3, 2, generator=g) * m[..., None, None],
     )
 
 
@@ -214,6 +216,7 @@ def _pad_only_batch(prompt_width: int, response_width: int) -> Batch:
         values=zeros_r,
         advantages=zeros_r,
         returns=zeros_r,
+        teacher_topk=torch.zeros(1, response_width, 3, 2),
     )
 
 

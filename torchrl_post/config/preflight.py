@@ -342,6 +342,12 @@ def check_teacher(cfg: Config, tokenizer: Any, used: bool = True, weights: bool 
     n_teacher = getattr(config.get_text_config(), "vocab_size", None)
     if n_teacher is not None and n_teacher < len(tokenizer):
         raise ConfigError(f"{key}={t.path!r} has vocab_size={n_teacher}, fewer than the tokenizer's {len(tokenizer)}")
+    d = cfg.distillation
+    if d.loss_mode == "forward_kl_topk" and n_teacher is not None and d.topk > n_teacher:
+        raise ConfigError(
+            f"distillation.topk={d.topk} is more than the teacher's vocabulary ({n_teacher} tokens): "
+            f"set distillation.topk to at most {n_teacher}"
+        )
 
 
 def check_reward_model(cfg: Config, used: bool = True, weights: bool = True) -> Any:

@@ -261,11 +261,6 @@ def _distillation(cfg: Config) -> None:
     _positive("distillation.teacher.log_prob_micro_batch_size_per_gpu", d.teacher.log_prob_micro_batch_size_per_gpu)
     if d.loss_max_clamp is not None:
         _positive("distillation.loss_max_clamp", d.loss_max_clamp)
-    if d.loss_mode == "forward_kl_topk":
-        raise ConfigError(
-            "distillation.loss_mode=forward_kl_topk is not built yet (the teacher's top-k and the student's logprobs "
-            "at those ids through the chunked LM head: docs/distillation.md); use k3 (the default), k1 or k2"
-        )
     if d.loss_mode == "k1" and not d.use_policy_gradient:
         raise ConfigError(
             "distillation.loss_mode=k1 with use_policy_gradient=false has no gradient toward the teacher (k1's "

@@ -69,10 +69,11 @@ class RoleLink:
         got = route(self.group, items, src, dst)
         if send:
             return None
-        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        trailing = next((t.shape[2:] for t in got.values()), ())  # a [B, R, ...] field: the teacher's top-k
+        out = torch.zeros((*batch.response_mask.shape, *trailing), dtype=torch.float32)
         for g, idx in rows.items():
             out[idx, : got[g].shape[1]] = got[g].float()
-        return out * batch.response_mask
+        return out * batch.response_mask.view(*batch.response_mask.shape, *(1 for _ in trailing))
 
     def sample_to_actor(self, batch: Batch, name: str) -> torch.Tensor | None:
         """Per-sample field `name` ([B]: a reward model's scores) from the role's batch to the actor's; returns it

@@ -133,8 +133,13 @@ METRICS: dict[str, str] = {
     "train/loss": "SFT: the step's negative log-likelihood per trained token (actor.loss_agg_mode; verl's name).",
     "data/truncated_responses": "SFT: training responses cut at data.max_response_length when loaded (sft.truncation).",
     "distill/loss": "The distillation estimate (distillation.loss_mode) per trained token of the student's samples, "
-    "KL(student || teacher) at the sampled tokens; falls as the student nears the teacher.",
+    "KL(student || teacher) at the sampled tokens (forward_kl_topk: KL(teacher || student) over the teacher's top-k "
+    "at each position); falls as the student nears the teacher.",
     "distill/coef": "The distillation term's weight: distillation_loss_coef with use_task_rewards, else 1.",
+    "distill/student_mass": "forward_kl_topk: the student's probability on the teacher's top-k tokens, per trained "
+    "token (verl's distillation/student_mass); rises toward distill/teacher_mass as the student learns.",
+    "distill/teacher_mass": "forward_kl_topk: the teacher's probability on its own top-k tokens, per trained token "
+    "(the share of its distribution the loss sees; verl's distillation/teacher_mass).",
     "val/test_score/<data_source>/mean@<n>": "With rollout.val_kwargs.n > 1: mean over the n samples.",
     "val/test_score/<data_source>/pass@<n>": "With rollout.val_kwargs.n > 1: a prompt with any sample right.",
     "perf/throughput": "Trained tokens per second per rank.",

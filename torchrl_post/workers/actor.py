@@ -13,7 +13,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from torchrl_post.algos.advantages import informative_rows
-from torchrl_post.algos.distill import distillation_advantages, distillation_weight, reverse_kl_estimate
+from torchrl_post.algos.distill import (
+    distillation_advantages,
+    distillation_weight,
+    forward_kl_topk,
+    reverse_kl_estimate,
+)
 from torchrl_post.algos.kl import kl_penalty
 from torchrl_post.algos.policy_loss import (
     LossScale,
@@ -37,7 +42,7 @@ from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
 from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
-from torchrl_post.workers.logprobs import MoeForward, batched_log_probs, forward_log_probs
+from torchrl_post.workers.logprobs import MoeForward, Score, batched_log_probs, forward_log_probs
 from torchrl_post.workers.micro_batches import chunks, plan_micro_batches
 from torchrl_post.workers.models import load_causal_lm
 from torchrl_post.workers.moe import RouteTrace, routers
@@ -57,7 +62,7 @@ log = logging.getLogger(__name__)
 
 SUMS = (
     "tokens", "ratio", "clipped", "dual_clipped", "kl", "entropy", "diff", "diff_tokens", "pg", "kl_loss",
-    "moe_aux", "route_differ", "route_decisions", "distill",
+    "moe_aux", "route_differ", "route_decisions", "distill", "student_mass", "teacher_mass",
 )  # fmt: skip
 """The update's running sums (token-weighted metrics; the policy and KL loss terms; a MoE model's load-balancing
 loss and routing decisions that differ from the engine's; the distillation estimate), in the order accumulated; the rollout correction's
@@ -284,10 +289,15 @@ class Actor:
                 for step in plan:
                     micro, live = step.rows, step.live and not dead
                     trace = RouteTrace() if self.moe else None
+                    topk = mb.teacher_topk  # forward_kl_topk: the teacher's top-k ids scored in the same pass
                     logp, ent, cells, placed = forward_log_probs(
                         self.model, mb, step, self.temperature, self.device, packed, self.shared, self.shard,
                         MoeForward(self.replay, trace) if self.moe else None, self.truncation,
+                        Score(labels=topk[..., 1].long()) if topk is not None else None,
                     )  # fmt: skip
+                    student_topk = None
+                    if topk is not None:  # [b, R, 1 + k]: the sampled token's log p, then the teacher's ids'
+                        logp, student_topk = logp[..., 0], logp[..., 1:]
                     padded_cells += cells
                     placed_cells += placed if live else 0  # a stand-in's cells are all padding
                     real_cells += float(mb.attention_mask[micro].sum()) if live else 0.0
@@ -315,15 +325,27 @@ class Actor:
                     loss_bt = out.loss_bt if weights is None else out.loss_bt * weights
                     pg = agg_loss(loss_bt, kept, a.loss_agg_mode, scale)
                     loss = pg - a.entropy_coeff * agg_loss(ent, kept, a.loss_agg_mode, scale) if a.entropy_coeff else pg
-                    distill_sum = zero
+                    distill_sum, masses = zero, torch.zeros(2, dtype=torch.float64, device=self.device)
                     if self.distill is not None:
-                        assert mb.teacher_log_probs is not None, "the trainer computes the teacher's logprobs"
                         d = self.distill
-                        teacher = mb.teacher_log_probs[micro].to(self.device)
-                        est = reverse_kl_estimate(
-                            logp.detach() if d.use_policy_gradient else logp, teacher, d.loss_mode,
-                            loss_max_clamp=d.loss_max_clamp,
-                        )  # fmt: skip
+                        if student_topk is not None:
+                            assert topk is not None
+                            fkl = forward_kl_topk(
+                                student_topk.detach() if d.use_policy_gradient else student_topk,
+                                topk[micro][..., 0].to(self.device), kept,
+                                log_prob_min_clamp=d.log_prob_min_clamp, loss_max_clamp=d.loss_max_clamp,
+                            )  # fmt: skip
+                            est = fkl.loss_bt
+                            masses = torch.stack(
+                                [(x.double() * kept.double()).sum() for x in (fkl.student_mass_bt, fkl.teacher_mass_bt)]
+                            )
+                        else:
+                            assert mb.teacher_log_probs is not None, "the trainer computes the teacher's logprobs"
+                            teacher = mb.teacher_log_probs[micro].to(self.device)
+                            est = reverse_kl_estimate(
+                                logp.detach() if d.use_policy_gradient else logp, teacher, d.loss_mode,
+                                loss_max_clamp=d.loss_max_clamp,
+                            )  # fmt: skip
                         if d.use_policy_gradient:  # -sg[estimate] as the advantage of a second PPO term
                             d_adv = distillation_advantages(est, d.distillation_loss_coef, d.use_task_rewards)
                             d_bt = policy_loss(self.vanilla, logp, old, d_adv, kept).loss_bt  # verl's: vanilla
@@ -365,6 +387,7 @@ class Actor:
                                 differ,
                                 decisions,
                                 distill_sum,
+                                *masses,
                             ]
                         )
                 grad_norms.append(self._step())
@@ -375,14 +398,18 @@ class Actor:
         sums = dict(zip(SUMS, values[: len(SUMS)], strict=True))
         corr_local = dict(zip(STAT_SUMS + STAT_MAXES, values[len(SUMS) :], strict=True))
         pg_total, kl_total, aux_total = sums.pop("pg"), sums.pop("kl_loss"), sums.pop("moe_aux")
-        distill_total = sums.pop("distill")
+        distill_total, student_mass, teacher_mass = (sums.pop(k) for k in ("distill", "student_mass", "teacher_mass"))
         counts = (real_cells, placed_cells, padded_cells)
         metrics = self._metrics(sums, corr_local, pg_total, kl_total, aux_total, grad_norms, counts, batch)
         if self.distill is not None:  # the estimate's mean over every trained token of the update
-            d_sum, d_tokens = global_sum(
-                torch.tensor([distill_total, sums["tokens"]], dtype=torch.float64), self.group, self.device
-            ).tolist()
+            d_sum, s_mass, t_mass, d_tokens = global_sum(
+                torch.tensor([distill_total, student_mass, teacher_mass, sums["tokens"]], dtype=torch.float64),
+                self.group, self.device,
+            ).tolist()  # fmt: skip
             metrics["distill/loss"] = d_sum / max(d_tokens, 1.0)
+            if self.distill.loss_mode == "forward_kl_topk":  # verl's distillation/student_mass, teacher_mass
+                metrics["distill/student_mass"] = s_mass / max(d_tokens, 1.0)
+                metrics["distill/teacher_mass"] = t_mass / max(d_tokens, 1.0)
             metrics["distill/coef"] = distillation_weight(
                 self.distill.distillation_loss_coef, self.distill.use_task_rewards
             )
@@ -481,6 +508,8 @@ class Actor:
 class AdapterOffReference:
     """The reference policy of a LoRA run: the actor's own model with its adapter disabled; no second copy
     and no reference role."""
+
+    field = "ref_log_probs"
 
     def __init__(self, actor: Actor) -> None:
         self.actor = actor

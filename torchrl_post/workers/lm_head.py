@@ -73,8 +73,7 @@ class _ChunkedHead(torch.autograd.Function):
         truncation: Truncation | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
-        several = labels.dim() == 2  # [N, k] labels: k log-probabilities per position (the teacher's top-k ids)
-        assert not (several and truncation is not None), "renormalised logprobs take one label per position"
+        several = labels.dim() == 2  # [N, j] labels: j log-probabilities per position (the teacher's top-k ids)
         logp = torch.empty(labels.shape, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(ent)
@@ -82,21 +81,24 @@ class _ChunkedHead(torch.autograd.Function):
         thr = torch.empty_like(ent) if truncation is not None else None
         for s in range(0, n, chunk):
             z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
-            label_c = labels[s : s + chunk]
+            idx = labels[s : s + chunk] if several else labels[s : s + chunk, None]  # [c, j]
             lse_c = torch.logsumexp(z, dim=-1)
             ent[s : s + chunk] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(-1)
             lse[s : s + chunk] = lse_c
-            if truncation is not None:
+            lp = z.gather(-1, idx)
+            if truncation is None:
+                lp -= lse_c[:, None]
+            else:  # the first label (the sampled token) on the kept set S; the others over the vocabulary
                 assert thr is not None
                 thr_c = support_threshold(z, truncation)
-                lse_c = torch.logsumexp(z.masked_fill(~support_mask(z, thr_c, label_c), -math.inf), dim=-1)
-                lse_kept[s : s + chunk] = lse_c
+                kept_c = torch.logsumexp(z.masked_fill(~support_mask(z, thr_c, idx[:, 0]), -math.inf), dim=-1)
+                lse_kept[s : s + chunk] = kept_c
                 thr[s : s + chunk] = thr_c.squeeze(-1)
-            if several:
-                logp[s : s + chunk] = z.gather(-1, label_c) - lse_c[:, None]
-            else:
-                logp[s : s + chunk] = z.gather(-1, label_c[:, None]).squeeze(-1) - lse_c
-            del z, lse_c  # before the next chunk's logits exist: one chunk's tensors at a time
+                lp[:, :1] -= kept_c[:, None]
+                lp[:, 1:] -= lse_c[:, None]
+                del kept_c
+            logp[s : s + chunk] = lp if several else lp[:, 0]
+            del z, lse_c, lp  # before the next chunk's logits exist: one chunk's tensors at a time
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, lse_kept, thr)
         ctx.settings = (temperature, never, never_bias, chunk)
         return logp, ent
@@ -114,19 +116,20 @@ class _ChunkedHead(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
-            label_c = labels[s : s + chunk]
-            kept = support_mask(z, thr[s : s + chunk, None], label_c) if thr is not None else None  # the forward's S
+            idx = labels[s : s + chunk] if several else labels[s : s + chunk, None]  # [c, j]
+            kept = support_mask(z, thr[s : s + chunk, None], idx[:, 0]) if thr is not None else None  # the forward's S
             logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
             ge = g_ent[s : s + chunk, None]
-            gl = g_logp[s : s + chunk] if several else g_logp[s : s + chunk, None]  # [c, k] or [c, 1]
+            gl = g_logp[s : s + chunk] if several else g_logp[s : s + chunk, None]  # [c, j]
             p = logq.exp()
             term = logq.add_(ent[s : s + chunk, None]).mul_(ge)  # ge (log p + H)
-            if kept is None:
-                term.add_(gl.sum(-1, keepdim=True))  # d sum_j gl_j log p(label_j) / dz = scatter(gl) - p sum_j gl_j
-            else:  # p_S = p exp(lse - lse_S) on S
-                term.addcmul_(kept, gl * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp())
+            # d sum_j gl_j log p(label_j) / dz = scatter(gl) - p sum_j gl_j; a truncated first label's p is p_S
+            full = gl if kept is None else gl[:, 1:]
+            term.add_(full.sum(-1, keepdim=True))
+            if kept is not None:  # p_S = p exp(lse - lse_S) on S
+                term.addcmul_(kept, gl[:, :1] * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp())
             gz = p.mul_(term).neg_()  # -(gl p_S + ge p (log p + H))
-            gz.scatter_add_(-1, label_c if several else label_c[:, None], gl)
+            gz.scatter_add_(-1, idx, gl)
             if temperature > 0:
                 gz /= temperature
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
@@ -159,8 +162,9 @@ def chunked_log_probs(
     truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H] (the final norm's output), the LM head's weight [V, H] (and bias [V]), labels [N] ->
-    (log p(label) [N], entropy [N]) in float32, at `temperature`; labels [N, k] give log p of each of the k
-    labels, [N, k] (on-policy distillation's forward KL over the teacher's top-k ids; not with a `truncation`); `never`: token ids whose logits get
+    (log p(label) [N], entropy [N]) in float32, at `temperature`; labels [N, j] give log p of each of the j
+    labels, [N, j] (the sampled token and the distillation teacher's top-k ids: with a `truncation` the first label
+    is renormalised on the kept set, the others are over the whole vocabulary); `never`: token ids whose logits get
     `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass;
     `truncation`: log p(label) renormalised on the sampler's top-k / top-p set (the entropy stays the full one)."""
     assert chunk > 0, chunk

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torchrl_post.algos.sampling_support import Truncation, support_log_probs
 from torchrl_post.distributed.ulysses import sum_over
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, model_inputs
-from torchrl_post.types import Batch
-from torchrl_post.workers.lm_head import chunked_log_probs
+from torchrl_post.types import Batch, pad_columns
+from torchrl_post.workers.lm_head import chunked_log_probs, chunked_top_k
 from torchrl_post.workers.micro_batches import MicroBatch, plan_micro_batches, trim_span
 from torchrl_post.workers.moe import RouteTrace, routing
 from torchrl_post.workers.packing import can_pack, packed_inputs
@@ -33,23 +33,40 @@ def logits_to_logprobs(
     never: tuple[int, ...] = (),
     truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, T, V], labels [B, T] -> (log p(label) [B, T], entropy [B, T]), at `temperature`.
+    """logits [B, T, V], labels [B, T] -> (log p(label) [B, T], entropy [B, T]), at `temperature`; labels
+    [B, T, j] give log p of each, [B, T, j] (`chunked_log_probs`' several labels).
 
     Temperature 0 (greedy) uses the raw logits, as the rollout engine reports them. `never`: token ids whose
     logits get NEVER_GENERATED_BIAS first, as the engines bias them (a vision model's placeholders).
-    `truncation`: log p(label) over the top-k / top-p kept set (`support_log_probs`); the entropy stays full.
+    `truncation`: log p(label) over the top-k / top-p kept set (`support_log_probs`; of several labels, the first);
+    the entropy stays full.
     """
+    logits = _scaled(logits, temperature, never)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    several = labels.dim() == logits.dim()
+    idx = labels if several else labels.unsqueeze(-1)
+    logp = logp_all.gather(-1, idx)
+    if truncation is not None:
+        first = support_log_probs(logits, truncation, idx[..., 0]).gather(-1, idx[..., :1])
+        logp = torch.cat([first, logp[..., 1:]], -1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return (logp if several else logp.squeeze(-1)), entropy
+
+
+def _scaled(logits: torch.Tensor, temperature: float, never: tuple[int, ...]) -> torch.Tensor:
+    """The float32 logits the sampler sees: `never` ids biased, divided by the temperature (0: greedy, unscaled)."""
     logits = logits.float()
     if never:
         logits = logits.clone()
         logits[..., list(never)] += NEVER_GENERATED_BIAS
-    if temperature > 0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    scored = logp_all if truncation is None else support_log_probs(logits, truncation, labels)
-    logp = scored.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return logits / temperature if temperature > 0 else logits
+
+
+def logits_top_k(logits: torch.Tensor, k: int, temperature: float, never: tuple[int, ...] = ()) -> torch.Tensor:
+    """logits [..., V] -> the k most likely tokens at `temperature`, [..., k, 2]: (log p, token id as float32;
+    exact, ids are below 2^24), most likely first (`chunked_top_k` from hidden states)."""
+    top, ids = torch.log_softmax(_scaled(logits, temperature, never), dim=-1).topk(k, dim=-1)
+    return torch.stack([top, ids.float()], dim=-1)
 
 
 HEAD_CHUNK_TOKENS = 1024
@@ -149,6 +166,54 @@ def _routed(
         yield
 
 
+def _scores(
+    n: int,
+    top_k: int,
+    labels: torch.Tensor,
+    temperature: float,
+    never: tuple[int, ...],
+    truncation: Truncation | None,
+    head: torch.nn.Linear | None,
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """What the head computes for the N selected positions: [N, H] hidden states (`head`: the chunked pass) or
+    [N, V] logits -> (values, entropy [N]). Values: log p of each label, [N] or [N, j]; or with `top_k` the k
+    most likely tokens, [N, k, 2] (log p, id), and no entropy (zeros: a frozen teacher's forward)."""
+
+    def scores(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if head is None and top_k:
+            return logits_top_k(x, top_k, temperature, never), torch.zeros(n, device=x.device)
+        if head is None:
+            return logits_to_logprobs(x, labels, temperature, never, truncation)
+        chunk = head_chunk_positions(head.out_features)
+        # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
+        if top_k:
+            lp, ids = chunked_top_k(x, head.weight, head.bias, top_k, temperature, never, NEVER_GENERATED_BIAS, chunk)
+            return torch.stack([lp, ids.float()], dim=-1), torch.zeros(n, device=x.device)
+        return chunked_log_probs(
+            x, head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS, chunk, truncation
+        )
+
+    return scores
+
+
+def _through_head(
+    head: torch.nn.Linear, scores: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
+    """The head's stand-in forward (`scores` of the hidden states, as one [N, m + 1] tensor the model returns as
+    its logits) and the split of that tensor back into (values, entropy)."""
+    shape: list[torch.Size] = []
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        values, ent = scores(hidden)
+        shape.append(values.shape)
+        return torch.cat([values.reshape(len(ent), -1), ent[:, None]], dim=-1)
+
+    def split(both: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return both[..., :-1].reshape(shape[-1]), both[..., -1]
+
+    return forward, split
+
+
 def head_log_probs(
     model: torch.nn.Module,
     inputs: dict[str, Any],
@@ -159,32 +224,29 @@ def head_log_probs(
     shard: SequenceShard | None = None,
     routes: Routes | None = None,
     truncation: Truncation | None = None,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward `model` once on `inputs`; log p(label) and entropy [N] of the N positions that `select` takes
-    ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`). The head runs chunked from the hidden
-    states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full logits. With a
-    sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N results. `routes`:
-    the MoE routers' replay and trace for the call; `truncation`: log p(label) on the sampler's kept set."""
+    ([b, K, ...] -> [N, ...]) from the `keep` columns (`logits_to_keep`); labels [N, j]: log p of each, [N, j];
+    `top_k`: the k most likely tokens instead, [N, k, 2] (log p, id), entropy zero. The head runs chunked from
+    the hidden states (`chunked_log_probs`) where it is a plain linear layer, else on the kept columns' full
+    logits. With a sequence `shard` (Ulysses, sp > 1) this rank runs its columns and the group sums the N
+    results. `routes`: the MoE routers' replay and trace for the call; `truncation`: log p(label) (the first of
+    several) on the sampler's kept set."""
     if shard is not None and shard.size > 1:
-        return _sharded_head_log_probs(model, inputs, keep, select, labels, temperature, shard, routes, truncation)
+        return _sharded_head_log_probs(
+            model, inputs, keep, select, labels, temperature, shard, routes, truncation, top_k
+        )
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
+    scores = _scores(labels.shape[0], top_k, labels, temperature, never, truncation, head)
     if head is None:
         with _routed(model, routes, keep.device):
             out = model(**inputs, logits_to_keep=keep)
-        return logits_to_logprobs(select(out.logits), labels, temperature, never, truncation)
-
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logp, ent = chunked_log_probs(
-            # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
-            select(hidden), head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS,
-            head_chunk_positions(head.out_features), truncation,
-        )  # fmt: skip
-        return torch.stack([logp, ent], dim=-1)
-
+        return scores(select(out.logits))
+    forward, split = _through_head(head, lambda hidden: scores(select(hidden)))
     with _head_forward(head, forward), _routed(model, routes, keep.device):
-        both = model(**inputs, logits_to_keep=keep).logits
-    return both[..., 0], both[..., 1]
+        return split(model(**inputs, logits_to_keep=keep).logits)
 
 
 def _sharded_head_log_probs(
@@ -197,6 +259,7 @@ def _sharded_head_log_probs(
     shard: SequenceShard,
     routes: Routes | None = None,
     truncation: Truncation | None = None,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`head_log_probs` over this rank's contiguous columns of every row: the head runs on the N positions whose
     predicting column is this rank's only (none twice in the group), the results of the others are zero here,
@@ -213,30 +276,24 @@ def _sharded_head_log_probs(
     at_row, at_slot, at_label = row[owned], slot[col[owned] - start], labels[owned]
     empty = not len(owned)
     if empty:  # nothing of this rank's is scored: one position keeps its graph (and FSDP's backward) together
-        local_keep = at_row = at_slot = at_label = torch.zeros(1, dtype=torch.long, device=device)
+        local_keep = at_row = at_slot = torch.zeros(1, dtype=torch.long, device=device)
+        at_label = torch.zeros((1, *labels.shape[1:]), dtype=torch.long, device=device)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
+    scores = _scores(len(at_label), top_k, at_label, temperature, never, truncation, head)
     with sequence_parallel(model, shard, inputs) as local, _routed(model, routes, device, shard):
         if head is None:
             logits = model(**local, logits_to_keep=local_keep).logits
-            logp, ent = logits_to_logprobs(logits[at_row, at_slot], at_label, temperature, never, truncation)
+            logp, ent = scores(logits[at_row, at_slot])
         else:
-
-            def forward(hidden: torch.Tensor) -> torch.Tensor:
-                lp, en = chunked_log_probs(
-                    hidden[at_row, at_slot], head.weight, head.bias, at_label, temperature, never,
-                    NEVER_GENERATED_BIAS, head_chunk_positions(head.out_features), truncation,
-                )  # fmt: skip
-                return torch.stack([lp, en], dim=-1)
-
+            forward, split = _through_head(head, lambda hidden: scores(hidden[at_row, at_slot]))
             with _head_forward(head, forward):
-                both = model(**local, logits_to_keep=local_keep).logits
-            logp, ent = both[..., 0], both[..., 1]
+                logp, ent = split(model(**local, logits_to_keep=local_keep).logits)
     n = labels.shape[0]
     anchor = 0.0 * (logp.sum() + ent.sum()) if empty else None  # the stand-in position: a zero term only
     if empty:
         logp, ent = logp[:0], ent[:0]
-    full_logp = torch.zeros(n, dtype=logp.dtype, device=device).index_put((owned,), logp)
+    full_logp = torch.zeros((n, *logp.shape[1:]), dtype=logp.dtype, device=device).index_put((owned,), logp)
     full_ent = torch.zeros(n, dtype=ent.dtype, device=device).index_put((owned,), ent)
     if anchor is not None:
         full_logp, full_ent = full_logp + anchor, full_ent + anchor
@@ -251,25 +308,53 @@ def response_log_probs(
     shard: SequenceShard | None = None,
     routes: Routes | None = None,
     truncation: Truncation | None = None,
+    score: Score | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R].
-    Only the R columns that predict response tokens go through the LM head."""
+    """Forward the model once on `inputs` (`model_inputs`); logprob and entropy of each response token, [B, R]
+    (what `score` says: [B, R, 1 + j] or [B, R, k, 2]). Only the R columns that predict response tokens go
+    through the LM head."""
     ids = inputs["input_ids"]
     b, t = ids.shape
     # The token at column P + t is predicted by the hidden state at column P + t - 1.
     keep = torch.arange(t - response_width - 1, t - 1, device=ids.device)
     labels = ids[:, -response_width:].reshape(-1)
+    if score is not None and score.labels is not None:
+        labels = torch.cat([labels[:, None], score.labels.reshape(len(labels), -1).to(labels.device)], dim=-1)
     logp, ent = head_log_probs(
         model, inputs, keep, lambda x: x.reshape(b * response_width, *x.shape[2:]), labels, temperature, shard,
-        routes, truncation,
+        routes, truncation, score.top_k if score is not None else 0,
     )  # fmt: skip
-    return logp.view(b, response_width), ent.view(b, response_width)
+    return logp.view(b, response_width, *logp.shape[1:]), ent.view(b, response_width)
 
 
 def _never(model: torch.nn.Module) -> tuple[int, ...]:
     """Token ids the engines never generate (a vision model's placeholders): their logits are biased alike."""
     spec = VisionSpec.of(getattr(model, "config", None))
     return spec.never_generated if spec is not None else ()
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a forward scores at each response position beyond the sampled token's log p: `labels`, the batch's
+    [B, R, j] token ids (the distillation teacher's top-k: the student's log p of each, out [b, R, 1 + j], the
+    sampled token's first); or the `top_k` most likely tokens instead (a teacher's: out [b, R, k, 2], log p and
+    id)."""
+
+    labels: torch.Tensor | None = None
+    top_k: int = 0
+
+    def rows(self, rows: slice | torch.Tensor) -> Score:
+        return replace(self, labels=self.labels[rows] if self.labels is not None else None)
+
+    def width(self) -> tuple[int, ...]:
+        """The trailing shape of a forward's [B, R, ...] output."""
+        if self.top_k:
+            return (self.top_k, 2)
+        return (1 + self.labels.shape[-1],) if self.labels is not None else ()
+
+
+def _score_rows(score: Score | None, rows: slice | torch.Tensor) -> Score | None:
+    return score.rows(rows) if score is not None else None
 
 
 @torch.no_grad()
@@ -286,20 +371,24 @@ def batched_log_probs(
     shard: SequenceShard | None = None,
     replay: bool = False,
     truncation: Truncation | None = None,
+    score: Score | None = None,
 ) -> torch.Tensor:
     """Logprobs of every response token of a Batch under `model`, [B, R], on CPU (micro-batches as
     `plan_micro_batches`; `group`: the FSDP ranks that must run as many forwards; `replay`: a MoE model's routers
-    use the batch's recorded experts; `truncation`: renormalised on the sampler's top-k / top-p kept set)."""
+    use the batch's recorded experts; `truncation`: renormalised on the sampler's top-k / top-p kept set;
+    `score`: more than the sampled token's, [B, R, ...])."""
     model.eval()
     packed = packed and can_pack(batch)
-    out = torch.zeros(batch.loss_mask.shape)
+    out = torch.zeros(*batch.loss_mask.shape, *(score.width() if score is not None else ()))
     plan = plan_micro_batches(
         batch.attention_mask, batch.response_width, micro, token_budget, packed, group, device,
         prompts=batch.input_ids if shared else None,
     )  # fmt: skip
     for mb in plan:
         moe = MoeForward(replay=True) if replay else None
-        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard, moe, truncation)[0]
+        logp = forward_log_probs(model, batch, mb, temperature, device, packed, shared, shard, moe, truncation, score)[
+            0
+        ]
         if mb.live:
             out[mb.rows] = logp.float().cpu()
     return out
@@ -314,6 +403,7 @@ def padded_forward_log_probs(
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
     truncation: Truncation | None = None,
+    score: Score | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` on their trimmed span, padded back to [b, R]; also the cells computed and the
     real tokens among them."""
@@ -324,12 +414,12 @@ def padded_forward_log_probs(
     cells = torch.arange(mask.numel()).view(mask.shape)[:, first:end]
     routes = cell_routes(batch, rows, torch.where(mask[:, first:end].bool(), cells, -1), moe)
     inputs = model_inputs(batch, rows, first, end, device)
-    logp, ent = response_log_probs(model, inputs, kept, temperature, shard, routes, truncation)
+    mine = _score_rows(score, rows)
+    if mine is not None and mine.labels is not None:
+        mine = replace(mine, labels=mine.labels[:, :kept])
+    logp, ent = response_log_probs(model, inputs, kept, temperature, shard, routes, truncation, mine)
     pad = width - kept
-    if pad:
-        logp = torch.nn.functional.pad(logp, (0, pad))
-        ent = torch.nn.functional.pad(ent, (0, pad))
-    return logp, ent, mask.shape[0] * (end - first), int(mask.sum())
+    return pad_columns(logp, pad), pad_columns(ent, pad), mask.shape[0] * (end - first), int(mask.sum())
 
 
 # ---- micro-batches: padded rows, or packed (verl's use_remove_padding) -----------------------------------
@@ -345,15 +435,20 @@ def packed_forward_log_probs(
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
     truncation: Truncation | None = None,
+    score: Score | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
     p, inputs = packed_inputs(model, batch, rows, device, shared)
     routes = cell_routes(batch, rows, p.source, moe)
+    labels = p.labels
+    if score is not None and score.labels is not None:  # the N response tokens run row-major over valid_bt
+        labels = torch.cat([labels[:, None], score.labels[rows][p.valid_bt]], dim=-1)
     logp, ent = head_log_probs(
-        model, inputs, p.keep.to(device), p.kept, p.labels.to(device), temperature, shard, routes, truncation
-    )
+        model, inputs, p.keep.to(device), p.kept, labels.to(device), temperature, shard, routes, truncation,
+        score.top_k if score is not None else 0,
+    )  # fmt: skip
     return p.unpack(logp), p.unpack(ent), p.cells, p.tokens
 
 
@@ -368,12 +463,16 @@ def forward_log_probs(
     shard: SequenceShard | None = None,
     moe: MoeForward | None = None,
     truncation: Truncation | None = None,
+    score: Score | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """The micro-batch's response logprobs and entropy [b, R], the token cells computed and the real tokens
     among them; `packed` only where `can_pack(batch)`, `shared`: packed with each prompt once for the samples
     that share it; `shard`: this rank's part of each row (Ulysses), every rank of its group getting the whole;
     `moe`: what a MoE model's routers do (replay the batch's recorded experts, record what they chose);
-    `truncation`: the logprobs renormalised on the sampler's top-k / top-p kept set (the plan's sampling_support)."""
+    `truncation`: the logprobs renormalised on the sampler's top-k / top-p kept set (the plan's sampling_support);
+    `score`: more than the sampled token's log p at each position ([b, R, ...]: `Score`)."""
     if packed:
-        return packed_forward_log_probs(model, batch, micro.rows, temperature, device, shared, shard, moe, truncation)
-    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard, moe, truncation)
+        return packed_forward_log_probs(
+            model, batch, micro.rows, temperature, device, shared, shard, moe, truncation, score
+        )
+    return padded_forward_log_probs(model, batch, micro.rows, temperature, device, shard, moe, truncation, score)

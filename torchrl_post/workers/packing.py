@@ -106,11 +106,12 @@ class Pack:
         return out[self.out_row.to(out.device), self.out_col.to(out.device)]
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
-        """[N] per response token -> [b, R], zero elsewhere (differentiable)."""
+        """[N, ...] per response token -> [b, R, ...], zero elsewhere (differentiable)."""
+        zeros = torch.zeros((*self.valid_bt.shape, *values.shape[1:]), device=values.device, dtype=values.dtype)
         if not self.valid_bt.any():  # nothing to score: one kept position holds the graph together
-            return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype) + 0.0 * values.sum()
+            return zeros + 0.0 * values.sum()
         where = tuple(w.to(values.device) for w in self.valid_bt.nonzero(as_tuple=True))
-        return torch.zeros(self.valid_bt.shape, device=values.device, dtype=values.dtype).index_put(where, values)
+        return zeros.index_put(where, values)
 
 
 MASKABLE = ("sdpa", "eager")

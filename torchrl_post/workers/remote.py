@@ -28,6 +28,9 @@ from torchrl_post.workers.reward_model import RewardModel
 class ReferenceRole(Protocol):
     """A reference policy here (`workers.reference.Reference`) or on its own ranks (`RemoteReference`)."""
 
+    field: str
+    """The batch field its answer fills: ref_log_probs, teacher_log_probs or teacher_topk."""
+
     def log_probs(self, batch: Batch) -> torch.Tensor: ...
 
 
@@ -143,8 +146,8 @@ class RoleServer:
         assert batch is not None  # the role side receives
         if self.teacher is not None:  # its own link: the actor asks it after the reference (trainer.py)
             liveness.enter("teacher")
-            batch.teacher_log_probs = self.teacher.log_probs(batch)
-            self.link.to_actor(batch, "teacher_log_probs")
+            setattr(batch, self.teacher.field, self.teacher.log_probs(batch))
+            self.link.to_actor(batch, self.teacher.field)
             return {}
         if self.reference is not None:
             liveness.enter("ref")

@@ -36,8 +36,8 @@ def test_the_sft_plan_has_no_engine_no_old_logprobs_and_one_sample_per_row() -> 
           "distillation.use_policy_gradient=false"], "no gradient toward the teacher"),
         (["distillation.enable=true", "distillation.teacher.path=/t", "distillation.distillation_loss_coef=-1"],
          "distillation.distillation_loss_coef"),
-        (["distillation.enable=true", "distillation.teacher.path=/t", "distillation.loss_mode=forward_kl_topk"],
-         "forward_kl_topk is not built yet"),
+        (["distillation.enable=true", "distillation.teacher.path=/t", "distillation.loss_mode=forward_kl_topk",
+          "distillation.topk=0"], "distillation.topk"),
         (["sft.enable=true", "sft.truncation=left"], "sft.truncation"),
     ],
 )  # fmt: skip
@@ -71,6 +71,11 @@ def test_the_teacher_is_placed_with_the_actor_or_on_ranks_of_its_own() -> None:
     assert own.teacher == "own_ranks" and own.roles["teacher"].ranks == (2,)
     assert "distillation teacher: own_ranks" in own.describe("cpu", "gloo")
     assert not own.skip_zero_advantage  # the distillation term reads rows whose task advantage is 0
+    # what the teacher answers: its logprob of each sampled token, or (forward_kl_topk) its top-k at each position
+    assert (own.teacher_top_k, own.teacher_field) == (0, "teacher_log_probs")
+    topk = plan_run(load_config([*base, "distillation.loss_mode=forward_kl_topk", "distillation.topk=16"]), 2)
+    assert (topk.teacher_top_k, topk.teacher_field) == (16, "teacher_topk")
+    assert "(its top-16 tokens per position)" in topk.describe("cpu", "gloo")
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_before_any_model_loads(tmp_path: Path) -> None:
@@ -82,3 +87,10 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_any_model_loads(tmp_
     assert "another tokenizer than model.path" in _one_line(e) and "distillation.teacher.path" in _one_line(e)
     ok = load_config(["distillation.enable=true", f"distillation.teacher.path={tmp_path / 'same'}"])
     check_teacher(ok, build_char_tokenizer(128))  # another size, the same tokenizer
+    wide = load_config(
+        ["distillation.enable=true", f"distillation.teacher.path={tmp_path / 'same'}",
+         "distillation.loss_mode=forward_kl_topk", "distillation.topk=129"]
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        check_teacher(wide, build_char_tokenizer(128))
+    assert "distillation.topk=129 is more than the teacher's vocabulary (128 tokens)" in _one_line(e)

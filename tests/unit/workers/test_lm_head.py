@@ -10,10 +10,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.unit.workers.helpers import CPU, RAGGED, _batch
-from torchrl_post.algos.sampling_support import Truncation
+from torchrl_post.algos.sampling_support import Truncation, support_log_probs
 from torchrl_post.workers import logprobs
 from torchrl_post.workers.lm_head import chunked_log_probs, chunked_top_k
-from torchrl_post.workers.logprobs import logits_to_logprobs, packed_forward_log_probs, padded_forward_log_probs
+from torchrl_post.workers.logprobs import (
+    Score,
+    logits_to_logprobs,
+    packed_forward_log_probs,
+    padded_forward_log_probs,
+)
 
 
 def _full(hidden, weight, bias, labels, temperature, never, truncation):  # type: ignore[no-untyped-def]
@@ -107,11 +112,16 @@ def test_bf16_head_weight_gradient_rounded_once_over_many_chunks() -> None:
     assert new <= 2 * once and 2 * new < old, (new, once, old)
 
 
-@pytest.mark.parametrize("chunk", [3, 64])
-def test_several_labels_per_position_equal_the_full_log_softmax_and_its_gradient(chunk: int) -> None:
-    """labels [N, k] (a teacher's top-k ids, the sampled token among them): log p of each, values and gradients
+@pytest.mark.parametrize(
+    ("chunk", "truncation"), [(3, None), (64, None), (3, Truncation(top_k=4)), (64, Truncation(top_p=0.5))]
+)
+def test_several_labels_per_position_equal_the_full_log_softmax_and_its_gradient(
+    chunk: int, truncation: Truncation | None
+) -> None:
+    """labels [N, k] (the sampled token, then a teacher's top-k ids): log p of each, values and gradients
     (through the hidden states, the head's weight and bias, with the entropy in the loss too) equal autograd through
-    the full logits' log_softmax gathered at the k ids."""
+    the full logits' log_softmax gathered at the k ids; with a truncation the first label's log p is the kept set's
+    (`support_log_probs`, as one label's is) and the others' stay the full distribution's."""
     gen = torch.Generator().manual_seed(1)
     n, h, v, k = 9, 8, 29, 5
     leaves = [torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen), torch.randn(v, generator=gen)]
@@ -121,11 +131,15 @@ def test_several_labels_per_position_equal_the_full_log_softmax_and_its_gradient
     for chunked in (False, True):
         xs = [t.clone().requires_grad_() for t in leaves]
         if chunked:
-            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, 0.7, chunk=chunk)
+            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, 0.7, chunk=chunk, truncation=truncation)
         else:
             z = torch.nn.functional.linear(xs[0], xs[1], xs[2]) / 0.7
             logq = torch.log_softmax(z, -1)
             logp, ent = logq.gather(-1, labels), -(logq.exp() * logq).sum(-1)
+            if truncation is not None:
+                first = support_log_probs(z, truncation, labels[:, 0]).gather(-1, labels[:, :1])
+                assert (first - logp[:, :1] > 1e-3).any()  # the renormalisation shows
+                logp = torch.cat([first, logp[:, 1:]], -1)
         ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
         results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
     assert results[1][0].shape == (n, k)
@@ -149,3 +163,31 @@ def test_top_k_is_the_full_log_softmax_top_k_chunk_by_chunk() -> None:
     # and the student's head scores exactly those ids: the same model gives the same numbers
     again, _ = chunked_log_probs(hidden, weight, bias, ids, 0.8, chunk=5)
     assert (again - got).abs().max() < 1e-6
+
+
+def test_a_teachers_top_k_and_a_students_log_p_of_those_ids_in_every_layout(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """forward_kl_topk's two forwards (`Score`), padded and packed, chunked head and full logits, against the
+    model's own logits: the teacher's top-k [B, R, k, 2] (log p, id) at each response position, and the student's
+    log p of the sampled token and of those k ids [B, R, 1 + k]."""
+    b, temperature, k = _batch(RAGGED), 0.7, 4
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+    p = b.prompt_width
+    logq = torch.log_softmax(logits[:, p - 1 : -1].float() / temperature, -1)  # [B, R, V]: predicting each response
+    want_lp, want_ids = logq.topk(k, dim=-1)
+    sampled = logq.gather(-1, b.responses[..., None]).squeeze(-1)
+    real = b.response_mask.bool()
+    assert real.sum() > 10
+    for forward in (padded_forward_log_probs, packed_forward_log_probs):
+        for chunk in (0, 3):
+            monkeypatch.setattr(logprobs, "HEAD_CHUNK_TOKENS", chunk)
+            with torch.no_grad():
+                top = forward(model, b, slice(0, len(b)), temperature, CPU, score=Score(top_k=k))[0]
+                both = forward(model, b, slice(0, len(b)), temperature, CPU, score=Score(labels=want_ids))[0]
+            assert top.shape == (*b.loss_mask.shape, k, 2) and both.shape == (*b.loss_mask.shape, 1 + k)
+            assert torch.equal(top[real][..., 1].long(), want_ids[real]), (forward.__name__, chunk)
+            assert (top[real][..., 0] - want_lp[real]).abs().max() < 2e-6
+            assert (both[real][:, 0] - sampled[real]).abs().max() < 2e-6
+            assert (both[real][:, 1:] - want_lp[real]).abs().max() < 2e-6
