@@ -19,15 +19,14 @@ BIN = Path(sys.executable).parent
 TIERS = ("unit", "distributed", "e2e", "gpu")
 _tier_seconds: dict[str, float] = {}
 _launches: list[float] = []  # seconds of each torchrun launch this session
-_prebuild_wanted = False  # a collected test reads a background-built demo model (tests/prebuild.py)
+_prebuild_wanted: list[str] = []  # the background-built models the collected tests read (tests/prebuild.py)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The unit tests that read the background-built demo models (`tests/prebuild.py`) go last in the unit tier,
     in their order, so the builds have the tier's other tests' time to finish."""
-    global _prebuild_wanted
     reads = [set(prebuild.FIXTURES) & set(getattr(i, "fixturenames", ())) for i in items]
-    _prebuild_wanted = any(reads)
+    _prebuild_wanted[:] = [name for name in prebuild.FIXTURES if any(name in r for r in reads)]
     unit = [n for n, i in enumerate(items) if i.nodeid.startswith("tests/unit/")]
     if not unit:
         return
@@ -41,11 +40,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _prebuild_demo_models(request: pytest.FixtureRequest) -> None:
-    """Where the session's tests read the demo judge, reward model or distillation pair: build the demo model now
-    and start their builds in the background (`tests/prebuild.py`)."""
-    if _prebuild_wanted:
-        prebuild.start(*request.getfixturevalue("demo"))
+def _prebuild_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Start the background builds of the models the session's tests read (`tests/prebuild.py`); the demo judge,
+    reward model and distillation pair need the demo model, built here first."""
+    demo = request.getfixturevalue("demo") if set(_prebuild_wanted) & set(prebuild.DEMO_FIXTURES) else None
+    prebuild.start(_prebuild_wanted, demo, math_agent_dir(tmp_path_factory))
+
+
+def math_agent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's math agent model and data go (the `math_agent` fixture, tests/e2e/test_agent.py)."""
+    return tmp_path_factory.getbasetemp() / "math_agent"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

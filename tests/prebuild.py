@@ -1,12 +1,13 @@
-"""The unit tier's three demo-model builds (the judge, the reward model, the distillation pair: about 2.5 minutes
-on 2 cores) run in one background process beside the tests, on one thread, while the unit tier's other tests run
-on the rest of the machine (tests/conftest.py starts it after the session's demo model is built and moves the
-tests that read those models to the end of their tier). Each fixture waits for the process, then calls its
-builder, which finds the model built and checks its marker (or builds it there, if the background build failed:
-the log says why). The builds are the fixtures' own: the same functions, the same output directories, the same
-markers, so a model is the same whichever process built it.
+"""The suite's slowest model builds run in one background process beside the tests, on one thread, while the tests
+before them run on the rest of the machine: the unit tier's demo judge, reward model and distillation pair (about
+2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier (about 80 s). tests/conftest.py
+starts the process at the session's first test with the builds its collected tests read, and moves the unit tests
+that read them to the end of their tier. Each fixture waits for the process, then calls its builder, which finds
+the model built and checks its marker (or builds it there, if the background build failed: the fixture prints the
+log's tail). The builds are the fixtures' own: the same functions, directories and markers, so a model is the same
+whichever process built it.
 
-    python -m tests.prebuild <demo model dir> <demo data dir>
+    python -m tests.prebuild <what to build, comma-separated FIXTURES> <demo model dir> <demo data dir> <math agent dir>
 """
 
 from __future__ import annotations
@@ -20,23 +21,27 @@ REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = REPO / "outputs"
 JUDGE, REWARD_MODEL = OUTPUTS / "demo_judge_model", OUTPUTS / "demo_reward_model"
 TEACHER, STUDENT = OUTPUTS / "distill_teacher", OUTPUTS / "distill_student"
-FIXTURES = ("demo_judge_model", "demo_reward_model", "demo_distill_models")
-"""The fixtures whose models the background process builds."""
+DEMO_FIXTURES = ("demo_judge_model", "demo_reward_model", "demo_distill_models")
+"""The fixtures built from the session's demo model (its fixture `demo` is built first)."""
+FIXTURES = (*DEMO_FIXTURES, "math_agent")
+"""Every fixture whose model the background process builds, in the order it builds them."""
 LOG = OUTPUTS / "prebuild.log"
 
 _process: subprocess.Popen[bytes] | None = None
 
 
-def start(demo_dir: Path, data_dir: Path) -> None:
-    """Start the background builds (once per session)."""
+def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -> None:
+    """Start the background builds of the `wanted` fixtures (once per session). `demo`: the session's demo model
+    and data (for DEMO_FIXTURES); `math_agent`: the directory the math agent's model and data go under."""
     global _process
-    if _process is not None:
+    if _process is not None or not wanted:
         return
     OUTPUTS.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    demo_dirs = [str(p) for p in demo] if demo is not None else ["-", "-"]
     with LOG.open("wb") as log:
         _process = subprocess.Popen(
-            [sys.executable, "-m", "tests.prebuild", str(demo_dir), str(data_dir)],
+            [sys.executable, "-m", "tests.prebuild", ",".join(wanted), *demo_dirs, str(math_agent)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
 
@@ -47,21 +52,34 @@ def wait() -> None:
         return
     if _process.wait() != 0:
         tail = LOG.read_text(errors="replace").splitlines()[-15:]
-        print(f"background demo-model builds failed (exit {_process.returncode}); building here:", *tail, sep="\n")
+        print(f"background model builds failed (exit {_process.returncode}); building here:", *tail, sep="\n")
 
 
-def build_all(demo_dir: Path, data_dir: Path) -> None:
+def build(wanted: list[str], demo_dir: Path, data_dir: Path, math_agent: Path) -> None:
     import torch
 
-    from torchrl_post.demo.distill import build_distill
-    from torchrl_post.demo.judge import build_judge
-    from torchrl_post.demo.reward_model import build_reward_model
-
     torch.set_num_threads(1)
-    build_judge(JUDGE, demo_dir, data_dir)
-    build_reward_model(REWARD_MODEL, demo_dir, data_dir)
-    build_distill(TEACHER, STUDENT, demo_dir, data_dir)
+    for name in FIXTURES:
+        if name not in wanted:
+            continue
+        print(f"building {name}", flush=True)
+        if name == "demo_judge_model":
+            from torchrl_post.demo.judge import build_judge
+
+            build_judge(JUDGE, demo_dir, data_dir)
+        elif name == "demo_reward_model":
+            from torchrl_post.demo.reward_model import build_reward_model
+
+            build_reward_model(REWARD_MODEL, demo_dir, data_dir)
+        elif name == "demo_distill_models":
+            from torchrl_post.demo.distill import build_distill
+
+            build_distill(TEACHER, STUDENT, demo_dir, data_dir)
+        else:
+            from torchrl_post.demo.math_agent import build_math_agent
+
+            build_math_agent(math_agent / "model", math_agent / "data")
 
 
 if __name__ == "__main__":
-    build_all(Path(sys.argv[1]), Path(sys.argv[2]))
+    build(sys.argv[1].split(","), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, read_jsonl, run_config, run_example, torchrun, train_overrides
+from tests import prebuild
+from tests.conftest import assert_ok, math_agent_dir, read_jsonl, run_config, run_example, torchrun, train_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 AGENT = [
@@ -83,9 +84,11 @@ def test_guess_number_example_learns(demo: tuple[Path, Path], tmp_path: Path) ->
 
 @pytest.fixture(scope="session")
 def math_agent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The math agent's warm-started model and its data (built in the background: tests/prebuild.py)."""
     from torchrl_post.demo.math_agent import build_math_agent
 
-    root = tmp_path_factory.mktemp("math_agent")
+    prebuild.wait()
+    root = math_agent_dir(tmp_path_factory)
     build_math_agent(root / "model", root / "data")
     return root / "model", root / "data"
 
