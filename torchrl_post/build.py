@@ -3,7 +3,7 @@ the plan's values, never the whole config or the set-up object.
 
     actor ranks           Trainer(actor, rollouts, weights, critic?, reference?)        trainer.py
     rollout-only ranks    RolloutServer(engine source, producer, broadcast sync, transfer) rollout/remote.py
-    critic/reference/RM   RoleServer(link, critic?, reference?, transfer?, reward model?) workers/remote.py
+    critic/frozen roles   RoleServer(link, transfer?, critic | Frozen(reference / RM / teacher)) workers/remote.py
 
 What each rank holds follows from the plan: a role is local where the rank is one of its ranks, a proxy where
 the role sits on ranks of its own, absent where the plan has none.
@@ -45,6 +45,7 @@ from torchrl_post.workers.critic import Critic
 from torchrl_post.workers.reference import Reference
 from torchrl_post.workers.remote import (
     CriticRole,
+    Frozen,
     ReferenceRole,
     RemoteCritic,
     RemoteReference,
@@ -65,14 +66,23 @@ def build_program(run: Run) -> RankProgram:
     if run.topo.has("rollout"):
         assert transfer is not None
         return build_rollout_server(run, transfer)
-    critic = build_critic(run) if run.topo.has("critic") else None
-    reference = build_reference(run) if run.topo.has("reference") else None
-    reward_model = build_reward_model(run) if run.topo.has("reward_model") else None
-    teacher = build_teacher(run) if run.topo.has("teacher") else None
-    held = {"critic": critic, "reference": reference, "reward_model": reward_model, "teacher": teacher}
-    link = role_link(run, next(role for role, built in held.items() if built is not None))
     part = transfer.take_part if transfer is not None else None
-    return RoleServer(link, critic, reference, part, reward_model, teacher)
+    if run.topo.has("critic"):
+        return RoleServer(role_link(run, "critic"), part, critic=build_critic(run))
+    role, frozen = frozen_role(run)
+    return RoleServer(role_link(run, role), part, frozen=frozen)
+
+
+def frozen_role(run: Run) -> tuple[str, Frozen]:
+    """The frozen role this rank serves from ranks of its own (the placement gives each its own ranks)."""
+    if run.topo.has("reference"):
+        reference = build_reference(run)
+        return "reference", Frozen("ref", reference.field, reference.log_probs)
+    if run.topo.has("reward_model"):
+        return "reward_model", Frozen("reward_model", "rm_scores", build_reward_model(run).scores, per_sample=True)
+    assert run.topo.has("teacher"), "a rank that is no actor, rollout or critic serves a frozen role"
+    teacher = build_teacher(run)
+    return "teacher", Frozen("teacher", teacher.field, teacher.log_probs)
 
 
 def build_trainer(run: Run) -> Trainer:

@@ -1,6 +1,7 @@
 """A critic, reference, reward model or distillation teacher on ranks of its own: the actor-side proxies (`RemoteCritic`,
 `RemoteReference`, `RemoteRewardModel`, with the interface of the local `Critic` / `Reference` / `RewardModel`, so
-the step never asks where a role sits) and the program of those ranks (`RoleServer`). Both sides of a pair make the
+the step never asks where a role sits) and the program of those ranks (`RoleServer`, serving a critic or one
+`Frozen` role). Both sides of a pair make the
 same collectives in the same order: the rollout transfer at the start of the step (rollout ranks only), then the
 link's exchanges in the actor's order (reward-model scores, reference logprobs, critic values, returns out, critic
 metrics back).
@@ -9,6 +10,7 @@ metrics back).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,8 +23,6 @@ from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.program import no_validation
 from torchrl_post.types import Batch
 from torchrl_post.workers.critic import Critic
-from torchrl_post.workers.reference import Reference
-from torchrl_post.workers.reward_model import RewardModel
 
 
 class ReferenceRole(Protocol):
@@ -112,47 +112,47 @@ class RemoteCritic:
         pass
 
 
+@dataclass(frozen=True)
+class Frozen:
+    """A frozen role served from ranks of its own: the stage its ranks report (liveness), the batch field its answer
+    fills, the answer, and whether it is one value per sample ([B]: a reward model's scores) or per token ([B, R,
+    ...]: logprobs, a teacher's top-k). A new frozen role is one of these (build.py `frozen_role`)."""
+
+    stage: str
+    field: str
+    answer: Callable[[Batch], torch.Tensor]
+    per_sample: bool = False
+
+
 class RoleServer:
-    """Rank program of a critic, reference or reward model on ranks of its own: answer the actor's groups, update
-    the critic.
+    """Rank program of a critic or a frozen role (reference, reward model, distillation teacher) on ranks of its own:
+    answer the actor's groups, update the critic. The placement gives each served role ranks of its own, so one
+    server holds one role, over that role's link.
 
     Mirrors the actor's calls: the rollout transfer (it holds nothing there), then its link's exchanges."""
 
     def __init__(
         self,
         link: RoleLink,
-        critic: Critic | None,
-        reference: Reference | None,
         rollout_transfer: Callable[[], None] | None,
-        reward_model: RewardModel | None = None,
-        teacher: Reference | None = None,
+        critic: Critic | None = None,
+        frozen: Frozen | None = None,
     ) -> None:
         """`rollout_transfer`: this rank's part in the rollout ranks' transfer (None when colocated)."""
-        self.link, self.critic, self.reference, self.rollout_transfer = link, critic, reference, rollout_transfer
-        self.reward_model, self.teacher = reward_model, teacher
+        assert (critic is None) != (frozen is None), "a role server holds one role"
+        self.link, self.critic, self.frozen, self.rollout_transfer = link, critic, frozen, rollout_transfer
 
     def step(self, step: int) -> dict[str, float]:
         liveness.enter("transfer", step)
         if self.rollout_transfer is not None:
             self.rollout_transfer()
-        if self.reward_model is not None:  # the actor asks it first, before the rest of its step (trainer.py)
-            batch = self.link.send_batch(None)
-            assert batch is not None
-            liveness.enter("reward_model")
-            batch.rm_scores = self.reward_model.scores(batch)
-            self.link.sample_to_actor(batch, "rm_scores")
-            return {}
         batch = self.link.send_batch(None)
         assert batch is not None  # the role side receives
-        if self.teacher is not None:  # its own link: the actor asks it after the reference (trainer.py)
-            liveness.enter("teacher")
-            setattr(batch, self.teacher.field, self.teacher.log_probs(batch))
-            self.link.to_actor(batch, self.teacher.field)
+        if (f := self.frozen) is not None:  # the actor asks each frozen role over its own link (trainer.py)
+            liveness.enter(f.stage)
+            setattr(batch, f.field, f.answer(batch))
+            (self.link.sample_to_actor if f.per_sample else self.link.to_actor)(batch, f.field)
             return {}
-        if self.reference is not None:
-            liveness.enter("ref")
-            batch.ref_log_probs = self.reference.log_probs(batch)
-            self.link.to_actor(batch, "ref_log_probs")
         if self.critic is not None:
             liveness.enter("values")
             batch.values = self.critic.values(batch)

@@ -18,7 +18,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.load import load_config
 from torchrl_post.plan import plan_run
 from torchrl_post.types import Batch
-from torchrl_post.workers.remote import RemoteCritic, RemoteReference, RoleServer
+from torchrl_post.workers.remote import Frozen, RemoteCritic, RemoteReference, RoleServer
 
 Exchange = tuple[str, str | None]  # (link method, per-token field)
 REF_LP, RETURNS = -0.75, 0.5
@@ -120,9 +120,9 @@ class _RecordingLink:
 
 
 def _server(link: Any, role: str, transfer: Callable[[], None] | None = None) -> RoleServer:
-    critic = _Critic() if role == "critic" else None
-    reference = _Reference() if role == "reference" else None
-    return RoleServer(link, cast(Any, critic), cast(Any, reference), transfer)
+    if role == "critic":
+        return RoleServer(link, transfer, critic=cast(Any, _Critic()))
+    return RoleServer(link, transfer, frozen=Frozen("ref", "ref_log_probs", _Reference().log_probs))
 
 
 @pytest.mark.parametrize(
@@ -168,12 +168,13 @@ def test_critic_and_reference_never_share_ranks_of_their_own() -> None:
 
 def test_role_server_state_is_its_critics() -> None:
     critic = _Critic()
-    server = RoleServer(cast(Any, _RecordingLink(False)), cast(Any, critic), None, None)
+    server = RoleServer(cast(Any, _RecordingLink(False)), None, critic=cast(Any, critic))
     assert server.state_dict() == {"critic": {"w": 1}}
     assert server.trained_roles() == {"critic": "trained"}
     server.load_state_dict({"critic": {"w": 2}}, 3)
     assert critic.loaded == {"w": 2}
-    assert RoleServer(cast(Any, _RecordingLink(False)), None, cast(Any, _Reference()), None).state_dict() == {}
+    frozen = Frozen("ref", "ref_log_probs", _Reference().log_probs)
+    assert RoleServer(cast(Any, _RecordingLink(False)), None, frozen=frozen).state_dict() == {}
 
 
 # --- paired links: both sides at once --------------------------------------------------------------------------
@@ -234,7 +235,8 @@ def test_paired_sides_meet_at_every_exchange_and_the_tensors_arrive(role: str) -
     assert not thread.is_alive() and not failed, failed
     assert actor_link.calls == role_link.calls
     if role == "reference":
-        reference = cast(_Reference, server.reference)
+        assert server.frozen is not None
+        reference = cast(_Reference, server.frozen.answer.__self__)  # the bound method's reference
         (seen,) = reference.seen  # the role computed on the actor's samples
         assert torch.equal(seen.input_ids, batch.input_ids)
         assert batch.ref_log_probs is not None
