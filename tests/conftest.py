@@ -52,6 +52,10 @@ def math_agent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.getbasetemp() / "math_agent"
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    prebuild.stop()  # no build outlives the session
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Each test's set-up, call and tear-down seconds, summed by tier (its directory under tests/)."""
     parts = report.nodeid.split("/")

@@ -26,6 +26,9 @@ DEMO_FIXTURES = ("demo_judge_model", "demo_reward_model", "demo_distill_models")
 FIXTURES = (*DEMO_FIXTURES, "math_agent")
 """Every fixture whose model the background process builds, in the order it builds them."""
 LOG = OUTPUTS / "prebuild.log"
+WAIT_S = 1200
+"""The longest a fixture waits for the background builds (about 5 minutes on 2 busy cores): past it the process is
+killed and the fixture builds its model itself, saying so, rather than wait on a build that hangs."""
 
 _process: subprocess.Popen[bytes] | None = None
 
@@ -50,9 +53,22 @@ def wait() -> None:
     """Wait for the background builds, if any were started; a failed one is reported (the fixture then builds)."""
     if _process is None:
         return
-    if _process.wait() != 0:
+    try:
+        code = _process.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        stop()
+        code = None
+    if code != 0:
         tail = LOG.read_text(errors="replace").splitlines()[-15:]
-        print(f"background model builds failed (exit {_process.returncode}); building here:", *tail, sep="\n")
+        why = f"exit {code}" if code is not None else f"still running after {WAIT_S} s, killed"
+        print(f"background model builds failed ({why}); building here:", *tail, sep="\n")
+
+
+def stop() -> None:
+    """Kill the background builds if they still run (the session ends early: a failure under -x, an interrupt)."""
+    if _process is not None and _process.poll() is None:
+        _process.kill()
+        _process.wait()
 
 
 def build(wanted: list[str], demo_dir: Path, data_dir: Path, math_agent: Path) -> None:
