@@ -6,6 +6,8 @@ resumed run sees exactly the prompts the uninterrupted run would have seen.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -58,3 +60,32 @@ class ShardedBatchSampler:
                 "resume with the same data or set trainer.resume_mode=disable"
             )
         self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]
+
+
+class SamplerHeld:
+    """A batch source whose only state across steps is its sampler's position (the actor side of rollout ranks, the
+    SFT source): the epoch, the checkpointed position, the last step's metrics; no validation samples of its own and
+    nothing to shut down."""
+
+    sampler: ShardedBatchSampler
+    _metrics: dict[str, float]
+
+    def metrics(self) -> dict[str, float]:
+        return self._metrics
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    @property
+    def val_samples(self) -> list[dict[str, Any]]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+    def shutdown(self, process_ends: bool = False) -> None:
+        pass

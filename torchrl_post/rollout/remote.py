@@ -16,7 +16,7 @@ import torch
 
 from torchrl_post.checkpoint.dcp import Trained
 from torchrl_post.data.dataset import PromptDataset
-from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.data.sampler import SamplerHeld, ShardedBatchSampler
 from torchrl_post.distributed import liveness
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.distributed.transfer import (
@@ -57,7 +57,7 @@ class RolloutTransfer:
         self({}, group_rows([]))
 
 
-class RemoteRollouts:
+class RemoteRollouts(SamplerHeld):
     """The actor side of rollout ranks: step k's batch arrives scored, as whole prompt groups."""
 
     def __init__(
@@ -85,26 +85,8 @@ class RemoteRollouts:
         self._metrics = rollout_metrics(table, step, self.group_size, self.streaming, self.rejection)
         return Batch.concat([Batch.from_wire(parts[g]) for g in sorted(parts)], self.pad_id)
 
-    def metrics(self) -> dict[str, float]:
-        return self._metrics
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
-        return no_validation(sources)  # the rollout ranks generate
-
-    val_samples: list[dict[str, Any]] = []  # (kept on the rollout ranks)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
-
-    def shutdown(self, process_ends: bool = False) -> None:
-        pass
+        return no_validation(sources)  # the rollout ranks generate (and keep the validation samples)
 
 
 class RolloutServer:

@@ -13,12 +13,11 @@ as FSDP's gathers need.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from torchrl_post.data.dataset import PromptDataset
-from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.data.sampler import SamplerHeld, ShardedBatchSampler
 from torchrl_post.data.sft import SftDataset
 from torchrl_post.engines.batch import pad_samples
 from torchrl_post.program import VAL_TOTALS
@@ -44,7 +43,7 @@ def sft_batch(data: SftDataset, rows: list[int], uids: list[int], pad_id: int, l
     return batch
 
 
-class SupervisedSource:
+class SupervisedSource(SamplerHeld):
     """The data's responses as each step's batch; validation as the actor's loss on the validation rows."""
 
     def __init__(
@@ -68,13 +67,6 @@ class SupervisedSource:
         self._metrics = {"data/truncated_responses": float(self.data.num_truncated)}
         return batch
 
-    def metrics(self) -> dict[str, float]:
-        return self._metrics
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
     @torch.no_grad()
     def validation_totals(self, data: PromptDataset, sources: list[str]) -> torch.Tensor:
         """[VAL_TOTALS, sources]: this rank's summed token NLL, trained tokens and rows of each data source."""
@@ -96,16 +88,3 @@ class SupervisedSource:
                     col = sources.index(data.data_sources[i])
                     out[:, col] += torch.stack([nll[j], tokens[j], torch.ones((), dtype=torch.float64)])
         return out
-
-    @property
-    def val_samples(self) -> list[dict[str, Any]]:
-        return []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state["sampler"])
-
-    def shutdown(self, process_ends: bool = False) -> None:
-        pass
