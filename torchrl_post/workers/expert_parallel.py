@@ -1,0 +1,81 @@
+"""Expert parallelism's token dispatch (issue 40's groundwork; not wired into the trainer yet): each rank of an ep
+group holds E / ep of a MoE layer's routed experts, and every (token, chosen expert) pair goes to the rank that owns
+the expert and comes back, by all-to-all.
+
+    out = expert_parallel_experts(hidden, top_k_index, top_k_weights, local, group)
+
+computes what the HF experts module (`Qwen3MoeExperts.forward(hidden, top_k_index, top_k_weights)`: [N, H], [N, k],
+[N, k] -> [N, H]) computes with all E experts, with each rank holding only its own. Rank r owns experts
+[r E/ep, (r + 1) E/ep). For the N x k pairs:
+
+1. sort the pairs by owner (stable), count them per owner, and exchange the counts;
+2. send each pair's token row and its expert's local index to the owner (`all_to_all_single`, the autograd form for
+   the rows: the backward sends the rows' gradients back the same way);
+3. the owner runs each of its experts on the rows it received (`local`: the per-expert loop, float32's path; a
+   grouped GEMM in bf16 later);
+4. send the results back, unsort, weight by the router's weights and sum over the k choices.
+
+The gradients follow the same routes: each token's gradient is the sum over its k experts, and each expert's
+weight gradient is the sum over every rank's tokens routed to it: what a single process with all E experts gets
+from all ranks' tokens together. Exact to float32 rounding against it (tests/distributed/test_expert_parallel.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+
+LocalExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(rows [M, H], local expert index [M]) -> each row through its expert, [M, H]."""
+
+
+def gated_experts(
+    gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+) -> LocalExperts:
+    """The local experts of a Qwen2/Qwen3-MoE layer (HF's fused layout: gate_up_proj [E_local, 2I, H], down_proj
+    [E_local, H, I]) as a per-expert loop: act(gate) * up, then down, as the HF module computes each expert."""
+
+    def run(rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(rows)
+        for e in expert.unique().tolist():
+            at = (expert == e).nonzero().squeeze(-1)
+            gate, up = torch.nn.functional.linear(rows[at], gate_up_proj[e]).chunk(2, dim=-1)
+            out = out.index_add(0, at, torch.nn.functional.linear(act(gate) * up, down_proj[e]).to(out.dtype))
+        return out
+
+    return run
+
+
+def expert_parallel_experts(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    local: LocalExperts,
+    experts_per_rank: int,
+    group: dist.ProcessGroup,
+) -> torch.Tensor:
+    """hidden [N, H], the router's choices and weights [N, k] over all E experts -> [N, H], each rank running only
+    the `experts_per_rank` experts it owns (`local`), over the ep `group` (every rank calls it, N may differ)."""
+    n, k = top_k_index.shape
+    ep = dist.get_world_size(group)
+    flat = top_k_index.reshape(-1)
+    owner = torch.div(flat, experts_per_rank, rounding_mode="floor")
+    order = torch.sort(owner, stable=True).indices
+    send = torch.bincount(owner, minlength=ep)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    send_sizes, recv_sizes = send.tolist(), recv.tolist()
+    rows = hidden.repeat_interleave(k, dim=0)[order]  # pair p = token p // k, its choice p % k; sorted by owner
+    expert = (flat - owner * experts_per_rank)[order]
+    got_expert = torch.empty(sum(recv_sizes), dtype=expert.dtype, device=expert.device)
+    dist.all_to_all_single(got_expert, expert, recv_sizes, send_sizes, group=group)
+    got = dist_fn.all_to_all_single(
+        hidden.new_empty(sum(recv_sizes), hidden.shape[1]), rows, recv_sizes, send_sizes, group=group
+    )
+    done = local(got, got_expert)
+    back = dist_fn.all_to_all_single(rows.new_empty(rows.shape), done, send_sizes, recv_sizes, group=group)
+    pairs = back[torch.argsort(order)].view(n, k, hidden.shape[1])  # unsorted: pair p at row p again
+    return (pairs * top_k_weights[..., None].to(pairs.dtype)).sum(1)
