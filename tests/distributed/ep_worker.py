@@ -8,6 +8,7 @@ torchrun --nproc-per-node N tests/distributed/ep_worker.py <out.json>
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import Any
@@ -15,11 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from transformers import Qwen3MoeConfig
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeForCausalLM
 
 from tests.distributed.device import worker_env
 from torchrl_post.distributed.env import end_process, init_world
-from torchrl_post.workers.expert_parallel import expert_parallel_experts, gated_experts
+from torchrl_post.workers.expert_parallel import expert_parallel_experts, gated_experts, shard_experts
 
 E, H, INTER, K = 8, 16, 8, 2
 
@@ -69,6 +70,51 @@ def _case(rank: int, world: int, tokens: int, to_first: bool) -> dict[str, float
     }
 
 
+def _model_case(rank: int, world: int) -> dict[str, float]:
+    """A whole tiny Qwen3-MoE (2 MoE layers, 8 experts, top-2) made expert-parallel by `shard_experts`, against the
+    same model with every expert, each rank on its own token rows: logits, every dense parameter's gradient (this
+    rank's tokens' own), every expert's weight gradient (the reference's summed over the ranks)."""
+    config = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=E, num_experts_per_tok=K,
+        decoder_sparse_step=1, tie_word_embeddings=False, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)  # routers that spread the tokens over the experts
+    model = copy.deepcopy(ref)
+    assert shard_experts(model, dist.group.WORLD) == 2
+    gen = torch.Generator().manual_seed(30 + rank)
+    ids = torch.randint(0, 64, (2, 6 + rank), generator=gen)
+    g = torch.randn(2, 6 + rank, 64, generator=gen)
+    out: dict[str, float] = {}
+    logits = {}
+    for name, m in (("ref", ref), ("ep", model)):
+        logits[name] = m(input_ids=ids).logits
+        (logits[name] * g).sum().backward()
+    out["logits"] = (logits["ep"] - logits["ref"]).abs().max().item()
+    ep_grads = dict(model.named_parameters())
+    per = E // world
+    mine = slice(rank * per, (rank + 1) * per)
+    dense, experts, scale = 0.0, 0.0, 0.0
+    for name, p in ref.named_parameters():
+        assert p.grad is not None, name
+        mirror = ep_grads[name].grad
+        assert mirror is not None, name
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            total = p.grad.clone()
+            dist.all_reduce(total)
+            experts = max(experts, (mirror - total[mine]).abs().max().item())
+            assert ep_grads[name].shape[0] == per
+        else:
+            dense = max(dense, (mirror - p.grad).abs().max().item())
+        scale = max(scale, p.grad.abs().max().item())
+    return {"logits": out["logits"], "dense": dense, "experts": experts, "scale": scale}
+
+
 def main() -> None:
     out_path = sys.argv[1]
     env = worker_env()
@@ -80,6 +126,7 @@ def main() -> None:
         "none_on_last": _case(rank, world, 0 if last else 6, to_first=False),
         "last_to_first": _case(rank, world, 7, to_first=last),
     }
+    report["model"] = _model_case(rank, world)
     reports: list[Any] = [None] * world
     dist.all_gather_object(reports, report)
     if rank == 0:

@@ -21,6 +21,10 @@ def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_
     reports = json.loads(out.read_text())
     assert len(reports) == world
     for rank in reports:
+        # a whole Qwen3-MoE made expert-parallel in place (`shard_experts`): logits and every gradient
+        m = rank.pop("model")
+        assert m["scale"] > 1e-3 and m["logits"] < 1e-5, m
+        assert m["dense"] < 1e-5 * max(1.0, m["scale"]) and m["experts"] < 1e-5 * max(1.0, m["scale"]), m
         for case, d in rank.items():
             assert d["d_scale"] > 1e-3, case  # the experts got gradient: the comparison means something
             assert d["out"] <= 1e-6 * max(1.0, d["out_scale"]), case

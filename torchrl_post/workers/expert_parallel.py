@@ -23,6 +23,7 @@ from all ranks' tokens together. Exact to float32 rounding against it (tests/dis
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -79,3 +80,50 @@ def expert_parallel_experts(
     back = dist_fn.all_to_all_single(rows.new_empty(rows.shape), done, send_sizes, recv_sizes, group=group)
     pairs = back[torch.argsort(order)].view(n, k, hidden.shape[1])  # unsorted: pair p at row p again
     return (pairs * top_k_weights[..., None].to(pairs.dtype)).sum(1)
+
+
+def fused_experts(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The routed-experts modules of a transformers MoE model in the fused layout (Qwen2-MoE, Qwen3-MoE:
+    `num_experts`, `gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], `act_fn`), in module order."""
+
+    def fused(m: torch.nn.Module) -> bool:
+        gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        params = isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter)
+        return params and gate_up.dim() == 3 and hasattr(m, "num_experts")  # type: ignore[union-attr]
+
+    return [m for m in model.modules() if fused(m)]
+
+
+def shard_experts(model: torch.nn.Module, group: dist.ProcessGroup) -> int:
+    """Make every fused-experts module of `model` expert-parallel over the ep `group`, in place: it keeps this rank's
+    E / ep experts (rank r: [r E/ep, (r + 1) E/ep)) and its forward dispatches by `expert_parallel_experts`. The rest
+    of the model (attention, router, shared experts, dense layers) is untouched. Returns the modules changed.
+
+    The forward is an instance attribute over the class's (as `workers/logprobs.py` swaps the LM head's): the HF
+    modelling stays, so every architecture with this layout works."""
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    modules = fused_experts(model)
+    for module in modules:
+        n_experts = int(cast(Any, module).num_experts)
+        if n_experts % ep:
+            raise ValueError(f"{n_experts} experts do not split over an ep group of {ep} ranks")
+        per = n_experts // ep
+        mine = slice(rank * per, (rank + 1) * per)
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(module, name)
+            setattr(module, name, torch.nn.Parameter(full.detach()[mine].clone(), requires_grad=full.requires_grad))
+        cast(Any, module).num_experts = per  # what this rank holds
+
+        def forward(
+            hidden: torch.Tensor,
+            top_k_index: torch.Tensor,
+            top_k_weights: torch.Tensor,
+            module: torch.nn.Module = module,
+            per: int = per,
+        ) -> torch.Tensor:
+            w = cast(Any, module)  # the fused layout's attributes (`fused_experts`)
+            local = gated_experts(w.gate_up_proj, w.down_proj, w.act_fn)
+            return expert_parallel_experts(hidden, top_k_index, top_k_weights, local, per, group)
+
+        module.forward = forward  # type: ignore[method-assign]
+    return len(modules)
