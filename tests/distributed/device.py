@@ -15,7 +15,9 @@ what they do with `bfloat16`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
 import torch
 
@@ -54,3 +56,18 @@ def worker_dtypes() -> list[str]:
 def key_prefix(dtype: str) -> str:
     """Report keys of a float32 run stay as the CPU tests read them; a bfloat16 run's get `bf16_` in front."""
     return "" if dtype == "float32" else "bf16_"
+
+
+def write_reports(report: Any, out: str) -> None:
+    """Every rank's `report`, gathered to rank 0 and written there to `out` as a JSON list in rank order; then the
+    process ends (`end_process`)."""
+    import torch.distributed as dist
+
+    from torchrl_post.distributed.env import end_process
+
+    reports: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, report)
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(reports, f)
+    end_process(0)

@@ -9,7 +9,6 @@ torchrun --nproc-per-node N tests/distributed/ep_worker.py <out.json>
 from __future__ import annotations
 
 import copy
-import json
 import sys
 from typing import Any
 
@@ -18,8 +17,8 @@ import torch.distributed as dist
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeForCausalLM
 
-from tests.distributed.device import worker_env
-from torchrl_post.distributed.env import end_process, init_world
+from tests.distributed.device import worker_env, write_reports
+from torchrl_post.distributed.env import init_world
 from torchrl_post.workers.expert_parallel import expert_parallel_experts, gated_experts, shard_experts
 
 E, H, INTER, K = 8, 16, 8, 2
@@ -127,12 +126,7 @@ def main() -> None:
         "last_to_first": _case(rank, world, 7, to_first=last),
     }
     report["model"] = _model_case(rank, world)
-    reports: list[Any] = [None] * world
-    dist.all_gather_object(reports, report)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(reports, f)
-    end_process(0)
+    write_reports(report, out_path)
 
 
 if __name__ == "__main__":

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import sys
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tests.distributed.checks import make_actor
-from tests.distributed.device import key_prefix, worker_dtypes, worker_env
+from tests.distributed.device import key_prefix, worker_dtypes, worker_env, write_reports
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world
+from torchrl_post.distributed.env import init_world
 from torchrl_post.distributed.placement import fsdp_mesh, sequence_mesh
 from torchrl_post.sync.weights import iter_full_weights
 from torchrl_post.types import Batch
@@ -219,12 +217,7 @@ def main() -> None:
                 report[f"{key}_distill_metrics"] = [got_d["metrics"], distilled["metrics"]]
                 report[f"{key}_distill_weights_diff"] = _max_diff(got_d["weights"], distilled["weights"])
         report[f"{name}_moved"] = _max_diff(base["weights"], _weights(make_actor(cfg, fsdp, device=device).model))
-    reports: list[Any] = [None] * world
-    dist.all_gather_object(reports, report)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(reports, f)
-    end_process(0)
+    write_reports(report, out)
 
 
 if __name__ == "__main__":
