@@ -167,7 +167,6 @@ def _routed(
 
 
 def _scores(
-    n: int,
     top_k: int,
     labels: torch.Tensor,
     temperature: float,
@@ -181,14 +180,14 @@ def _scores(
 
     def scores(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if head is None and top_k:
-            return logits_top_k(x, top_k, temperature, never), torch.zeros(n, device=x.device)
+            return logits_top_k(x, top_k, temperature, never), x.new_zeros(len(x), dtype=torch.float32)
         if head is None:
             return logits_to_logprobs(x, labels, temperature, never, truncation)
         chunk = head_chunk_positions(head.out_features)
         # the weight read here, inside the model's forward: FSDP has swapped in the gathered parameter
         if top_k:
             lp, ids = chunked_top_k(x, head.weight, head.bias, top_k, temperature, never, NEVER_GENERATED_BIAS, chunk)
-            return torch.stack([lp, ids.float()], dim=-1), torch.zeros(n, device=x.device)
+            return torch.stack([lp, ids.float()], dim=-1), x.new_zeros(len(x), dtype=torch.float32)
         return chunked_log_probs(
             x, head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS, chunk, truncation
         )
@@ -239,7 +238,7 @@ def head_log_probs(
         )
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
-    scores = _scores(labels.shape[0], top_k, labels, temperature, never, truncation, head)
+    scores = _scores(top_k, labels, temperature, never, truncation, head)
     if head is None:
         with _routed(model, routes, keep.device):
             out = model(**inputs, logits_to_keep=keep)
@@ -280,7 +279,7 @@ def _sharded_head_log_probs(
         at_label = torch.zeros((1, *labels.shape[1:]), dtype=torch.long, device=device)
     never = _never(model)
     head = _linear_head(model) if HEAD_CHUNK_TOKENS > 0 else None
-    scores = _scores(len(at_label), top_k, at_label, temperature, never, truncation, head)
+    scores = _scores(top_k, at_label, temperature, never, truncation, head)
     with sequence_parallel(model, shard, inputs) as local, _routed(model, routes, device, shard):
         if head is None:
             logits = model(**local, logits_to_keep=local_keep).logits
