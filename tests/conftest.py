@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests import prebuild
+from tests.launcher import Zygote
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -20,11 +21,14 @@ TIERS = ("unit", "distributed", "e2e", "gpu")
 _tier_seconds: dict[str, float] = {}
 _launches: list[float] = []  # seconds of each torchrun launch this session
 _prebuild_wanted: list[str] = []  # the background-built models the collected tests read (tests/prebuild.py)
+_zygote: list[Zygote] = []  # the launcher that forks ranks after the imports (tests/launcher.py), once started
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The unit tests that read the background-built demo models (`tests/prebuild.py`) go last in the unit tier,
     in their order, so the builds have the tier's other tests' time to finish."""
+    if any(not i.nodeid.startswith(("tests/unit/", "tests/gpu/")) for i in items):
+        _launcher()  # its imports overlap the tests before the first launch
     reads = [set(prebuild.FIXTURES) & set(getattr(i, "fixturenames", ())) for i in items]
     _prebuild_wanted[:] = [name for name in prebuild.FIXTURES if any(name in r for r in reads)]
     unit = [n for n, i in enumerate(items) if i.nodeid.startswith("tests/unit/")]
@@ -54,6 +58,8 @@ def math_agent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     prebuild.stop()  # no build outlives the session
+    for z in _zygote:
+        z.close()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -87,19 +93,36 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line("* beside pytest (its seconds overlap the unit tier's)")
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+
+
 def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=_env(env))
 
 
-def torchrun(nproc: int, target: list[str], timeout: int = 600, env: dict[str, str] | None = None):
-    """`torchrun --standalone --nproc-per-node N <target...>`; target is `-m module args` or a script. A training
-    run draws no plots unless it says `trainer.plots=true` (a second per launch; one test checks them)."""
+def _launcher() -> Zygote:
+    if not _zygote:
+        import tempfile
+
+        _zygote.append(Zygote(_env(None), REPO, Path(tempfile.mkdtemp(prefix="torchrl_post_launches_"))))
+    return _zygote[0]
+
+
+def torchrun(
+    nproc: int, target: list[str], timeout: int = 600, env: dict[str, str] | None = None, real: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`torchrun --standalone --nproc-per-node N <target...>`; target is `-m module args` or a script. The ranks
+    are forked from the suite's launcher after its imports, with torchrun's worker environment
+    (`tests/launcher.py`); `real=True` runs the `torchrun` command itself. A training run draws no plots unless it
+    says `trainer.plots=true` (a second per launch; one test checks them)."""
     entry = "torchrl_post.train" in target or any(t.endswith(".py") and "examples" in Path(t).parts for t in target)
     if entry and not any(t.startswith("trainer.plots=") for t in target):
         target = [*target, "trainer.plots=false"]
     start = time.perf_counter()
     try:
+        if not real:
+            return _launcher().launch(nproc, target, timeout, _env(env))
         return run_cmd([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *target], timeout, env)
     finally:
         _launches.append(time.perf_counter() - start)
