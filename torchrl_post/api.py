@@ -252,6 +252,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
             plan.tensor_parallel_size,
             timeout_s=plan.deadlines.collective_s,
             sp=plan.sequence_parallel,
+            ep_sizes=plan.expert_parallel_sizes,
         )
         watch = _watch(plan, env)
         claim_run_dir(cfg, env, topo)

@@ -106,6 +106,7 @@ def build_trainer(run: Run) -> Trainer:
         seed=cfg.trainer.seed,
         supervised=plan.sft,
         distill=cfg.distillation if plan.teacher != "none" else None,
+        experts=run.topo.experts("actor"),
     )
     info = RankInfo(
         run.env.rank, run.env.world_size, run.is_main, run.run_dir, run.pad_id, run.processor or run.tokenizer
@@ -336,6 +337,7 @@ def build_critic(run: Run) -> Critic:
         total_steps=run.total_steps,
         fsdp=role.fsdp,
         sequence=run.topo.sequence("critic"),
+        experts=run.topo.experts("critic"),
     )
 
 
@@ -351,6 +353,7 @@ def build_reference(run: Run) -> Reference:
         sequence=run.topo.sequence("reference"),
         replay=run.plan.router_replay,
         truncation=run.plan.sampling_support,
+        experts=run.topo.experts("reference"),
     )
 
 

@@ -62,6 +62,9 @@ class RolePlan:
     """Trained roles: samples per forward and backward of an update (its ppo_micro_batch_size_per_gpu, at most a
     mini-batch of the rows it splits: the sp group's, each rank holding 1/sp of their tokens); 0 for the reference,
     which only forwards. Fixed-size micro-batches (actor.use_dynamic_bsz packs by a token budget instead)."""
+    expert_parallel: int = 1
+    """MoE routed experts over an ep group of this many ranks (fsdp.expert_parallel_size): the sparse mesh
+    (efsdp, ep) = (ranks / ep, ep) beside the dense one (`distributed/placement.py: expert_mesh`)."""
 
     @property
     def where(self) -> Where:
@@ -181,6 +184,10 @@ class RunPlan:
     def fsdp_sizes(self) -> dict[str, int]:
         return {role: r.fsdp.fsdp_size for role, r in self.roles.items()}
 
+    @property
+    def expert_parallel_sizes(self) -> dict[str, int]:
+        return {role: r.expert_parallel for role, r in self.roles.items() if r.expert_parallel > 1}
+
     def total_steps(self, train_prompts: int) -> int:
         """Steps of the run once the training set's size is known: epochs x batches per epoch, capped by
         trainer.total_training_steps."""
@@ -233,7 +240,14 @@ class RunPlan:
                 else ""
             )
             micro = f"; micro-batches of {r.micro_batch_samples} samples" if r.micro_batch_samples else ""
-            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}{micro}")
+            ep = r.expert_parallel
+            experts = (
+                f"; experts (efsdp, ep) = ({len(r.ranks) // ep}, {ep}): each rank holds 1/{ep} of every MoE "
+                "layer's experts, tokens sent to them by all-to-all"
+                if ep > 1
+                else ""
+            )
+            lines.append(f"  {role} mesh {r.mesh_dims} = {r.mesh_shape} ({how}){seq}{experts}{micro}")
         if self.sft:  # no engine: the placement's rollout and weight-sync lines say nothing
             shown = "\n".join(lines).splitlines()
             lines = [line for line in shown if not line.startswith(("  rollout ", "  weight sync"))]
@@ -529,7 +543,8 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         role: replace(f, param_dtype=resolve_dtype(f.param_dtype, device))
         for role, f in (
             ("actor", cfg.actor.fsdp), ("critic", cfg.critic.fsdp), ("reference", cfg.actor.fsdp),
-            ("reward_model", cfg.actor.fsdp), ("teacher", cfg.actor.fsdp),
+            ("reward_model", replace(cfg.actor.fsdp, expert_parallel_size=1)),
+            ("teacher", replace(cfg.actor.fsdp, expert_parallel_size=1)),
         )
     }  # fmt: skip
     roles: dict[str, RolePlan] = {}
@@ -540,9 +555,16 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         dims, shape = mesh_shape(len(ranks), fsdp[role].fsdp_size)
         samples = mini * n // len(ranks)
         micro = {"actor": cfg.actor.ppo_micro_batch_size_per_gpu, "critic": cfg.critic.ppo_micro_batch_size_per_gpu}
+        ep = fsdp[role].expert_parallel_size
+        if len(ranks) % ep:
+            key = "critic" if role == "critic" else "actor"
+            raise ConfigError(
+                f"{key}.fsdp.expert_parallel_size={ep} does not divide the {role}'s {len(ranks)} ranks; set it to "
+                f"a divisor of {len(ranks)}"
+            )
         roles[role] = RolePlan(
             tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, samples, sp,
-            min(micro[role], samples * sp) if role in micro else 0,
+            min(micro[role], samples * sp) if role in micro else 0, ep,
         )  # fmt: skip
     lora = cfg.model.lora_rank > 0
     if "reference" in roles:

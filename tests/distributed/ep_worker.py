@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeForCausalLM
 
@@ -85,7 +87,7 @@ def _model_case(rank: int, world: int) -> dict[str, float]:
             if name.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 0.5)  # routers that spread the tokens over the experts
     model = copy.deepcopy(ref)
-    assert shard_experts(model, dist.group.WORLD) == 2
+    assert shard_experts(model, init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))) == 2
     gen = torch.Generator().manual_seed(30 + rank)
     ids = torch.randint(0, 64, (2, 6 + rank), generator=gen)
     g = torch.randn(2, 6 + rank, 64, generator=gen)
@@ -106,12 +108,61 @@ def _model_case(rank: int, world: int) -> dict[str, float]:
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             total = p.grad.clone()
             dist.all_reduce(total)
-            experts = max(experts, (mirror - total[mine]).abs().max().item())
-            assert ep_grads[name].shape[0] == per
+            assert isinstance(mirror, DTensor) and mirror.shape == p.grad.shape  # the global [E, ...] shape
+            experts = max(experts, (mirror.to_local() - total[mine]).abs().max().item())
+            assert mirror.to_local().shape[0] == per
         else:
             dense = max(dense, (mirror - p.grad).abs().max().item())
         scale = max(scale, p.grad.abs().max().item())
     return {"logits": out["logits"], "dense": dense, "experts": experts, "scale": scale}
+
+
+def _fsdp_case(world: int, ep: int) -> dict[str, float]:
+    """The trainer's own wrapping (`apply_fsdp` over the dense mesh, with and without expert parallelism's (efsdp,
+    ep) mesh): a tiny Qwen3-MoE with 4 experts, each rank on its own tokens, one backward, the clipped gradient
+    norm and an AdamW step. The ep run's gradients (gathered whole), norm and updated weights against ep = 1's."""
+    from torchrl_post.config.schema import FSDPConfig
+    from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
+    from torchrl_post.workers.fsdp import apply_fsdp
+    from torchrl_post.workers.optim import clip_grad_norm
+
+    config = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=K,
+        decoder_sparse_step=1, tie_word_embeddings=False, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(50 + rank)
+    ids = torch.randint(0, 64, (2, 5 + rank), generator=gen)
+    g = torch.randn(2, 5 + rank, 64, generator=gen)
+    cfg = FSDPConfig(param_dtype="float32")
+    grads, norms, weights = {}, {}, {}
+    for name, size in (("ref", 1), ("ep", ep)):
+        model = copy.deepcopy(base)
+        apply_fsdp(
+            model, fsdp_mesh("cpu", world, -1), cfg, experts=expert_mesh("cpu", world, size) if size > 1 else None
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        (model(input_ids=ids).logits * g).sum().backward()
+        grads[name] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+        norms[name] = clip_grad_norm(model, 1.0)
+        opt.step()
+        weights[name] = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+    ref = grads["ref"]
+    return {
+        "grad": max((grads["ep"][n] - ref[n]).abs().max().item() for n in ref),
+        "grad_scale": max(t.abs().max().item() for t in ref.values()),
+        "norm": abs(norms["ep"] - norms["ref"]),
+        "norm_value": norms["ref"],
+        "weights": max((weights["ep"][n] - weights["ref"][n]).abs().max().item() for n in ref),
+        "moved": max((weights["ref"][n] - p).abs().max().item() for n, p in base.named_parameters()),
+    }
 
 
 def main() -> None:
@@ -126,6 +177,8 @@ def main() -> None:
         "last_to_first": _case(rank, world, 7, to_first=last),
     }
     report["model"] = _model_case(rank, world)
+    for ep in sorted({2, world}):
+        report[f"fsdp_ep{ep}"] = _fsdp_case(world, ep)
     write_reports(report, out_path)
 
 

@@ -1,6 +1,7 @@
-"""Expert parallelism's token dispatch (torchrl_post/workers/expert_parallel.py) on 4 gloo ranks against
-transformers' Qwen3MoeExperts holding all 8 experts: outputs, the tokens' gradients and each rank's experts' weight
-gradients, float32."""
+"""Expert parallelism (torchrl_post/workers/expert_parallel.py, workers/fsdp.py) on 2 and 4 gloo ranks, float32: the
+token dispatch against transformers' Qwen3MoeExperts holding all 8 experts (outputs, the tokens' gradients, each
+rank's experts' weight gradients), and the trainer's FSDP2 wrapping with the (efsdp, ep) mesh against ep = 1
+(gradients, the clipped norm, the updated weights; ep = world is the layout where efsdp is one rank)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ from tests.conftest import assert_ok, torchrun
 pytestmark = pytest.mark.distributed
 
 
-@pytest.mark.parametrize("world", [4])  # ep = 4, two experts a rank (ep = 2 is the same code with four)
+@pytest.mark.parametrize("world", [2, 4])
 def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_path: Path) -> None:
     out = tmp_path / "ep.json"
     assert_ok(torchrun(world, ["tests/distributed/ep_worker.py", str(out)]))
     reports = json.loads(out.read_text())
     assert len(reports) == world
     for rank in reports:
+        # the trainer's wrapping (`apply_fsdp` with the (efsdp, ep) mesh) at ep = 2 and ep = world against ep = 1:
+        # every gradient gathered whole, the clipped norm, the weights after an AdamW step
+        for ep in sorted({2, world}):
+            f = rank.pop(f"fsdp_ep{ep}")
+            assert f["grad_scale"] > 1.0 and f["moved"] > 1e-4, f  # gradients and an update to compare
+            assert f["grad"] < 1e-6 * f["grad_scale"] and f["norm"] < 1e-6 * f["norm_value"], (ep, f)
+            assert f["weights"] < 1e-6, (ep, f)
         # a whole Qwen3-MoE made expert-parallel in place (`shard_experts`): logits and every gradient
         m = rank.pop("model")
         assert m["scale"] > 1e-3 and m["logits"] < 1e-5, m

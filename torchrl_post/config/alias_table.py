@@ -736,9 +736,7 @@ ALIASES: tuple[Alias, ...] = (
     _rename(V, f"{A}.fsdp_config.mixed_precision.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
     _rename(V, f"{A}.fsdp_config.mixed_precision.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),
     _rename(V, f"{A}.router_replay.mode", "actor.router_replay", "R3 is true, disabled false", convert=_router_replay),
-    _rename(
-        V, f"{A}.megatron.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "only 1: EP is not built"
-    ),
+    _rename(V, f"{A}.megatron.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "EP over FSDP2"),
     _rename(
         V,
         f"{A}.megatron.override_transformer_config.moe_aux_loss_coeff",
@@ -1259,7 +1257,7 @@ ALIASES: tuple[Alias, ...] = (
     _noop(R, f"{TSC}.use_distributed_optimizer", "FSDP2 shards the optimizer state"),
     _noop(R, f"{TSC}.recompute_granularity", "activation checkpointing is model.enable_gradient_checkpointing"),
     _rename(R, f"{TSC}.fsdp_size", "actor.fsdp.fsdp_size"),
-    _rename(R, f"{TSC}.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "only 1: EP is not built"),
+    _rename(R, f"{TSC}.expert_model_parallel_size", "actor.fsdp.expert_parallel_size", "EP over FSDP2"),
     _rename(R, "actor_train.router_replay.mode", "actor.router_replay", "R3 is true", convert=_router_replay),
     _rename(R, f"{TSC}.param_dtype", "actor.fsdp.param_dtype", convert=_dtype),
     _rename(R, f"{TSC}.reduce_dtype", "actor.fsdp.reduce_dtype", convert=_dtype),

@@ -225,7 +225,20 @@ def check_sequence_parallel(cfg: Config, model_config: Any, key: str = "model.pa
 
 def check_experts(cfg: Config, model_config: Any) -> None:
     """actor.router_replay against the model: a text mixture-of-experts model (the engine records the experts of
-    a text prompt's tokens; a vision model's placeholders are collapsed there, so rows would not line up)."""
+    a text prompt's tokens; a vision model's placeholders are collapsed there, so rows would not line up); and
+    expert parallelism against the model's experts (a MoE model whose expert count the ep size divides)."""
+    experts = expert_count(model_config)
+    for key, ep in (("actor", cfg.actor.fsdp.expert_parallel_size), ("critic", cfg.critic.fsdp.expert_parallel_size)):
+        if ep > 1 and not experts:
+            raise ConfigError(
+                f"{key}.fsdp.expert_parallel_size={ep}: model.path={cfg.model.path!r} has no mixture-of-experts "
+                "layers (no num_experts in its config.json); set it to 1"
+            )
+        if ep > 1 and experts % ep:
+            raise ConfigError(
+                f"{key}.fsdp.expert_parallel_size={ep} does not divide the {experts} experts of model.path="
+                f"{cfg.model.path!r}; set it to a divisor of {experts}"
+            )
     if not cfg.actor.router_replay:
         return
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config

@@ -273,9 +273,10 @@ class FSDPConfig:
     """Hybrid engine (verl's optimizer_offload): keep the optimizer state in host memory outside the optimizer
     step. No-op on CPU."""
     expert_parallel_size: int = 1
-    """Mixture-of-experts models: ranks each MoE layer's experts are spread over (an `ep` mesh dimension, tokens
-    sent to their experts' ranks by all-to-all). Not built yet: only 1 (the experts are sharded with the rest of
-    the layer by FSDP2); see docs/moe.md."""
+    """Mixture-of-experts models: ranks each MoE layer's routed experts are spread over (the `ep` dimension of a
+    sparse mesh (efsdp, ep) beside the dense one; each rank holds E / ep experts, FSDP-sharded over efsdp = ranks
+    / ep, and tokens go to their experts' ranks by all-to-all). Divides the role's ranks and the expert count; 1:
+    the experts are sharded with the rest of each layer by FSDP2. ROLL's expert_model_parallel_size; docs/moe.md."""
 
 
 @dataclass

@@ -199,13 +199,21 @@ def _rollout_correction(cfg: Config) -> None:
 
 
 def _mixture_of_experts(cfg: Config) -> None:
-    """Expert parallelism (not built) and routing replay's needs that the config alone shows (the model's own are
-    checked by `preflight.check_experts`)."""
-    ep = cfg.actor.fsdp.expert_parallel_size
-    if ep != 1:
+    """Expert parallelism's and routing replay's needs that the config alone shows (the model's own are checked by
+    `preflight.check_experts`, the ranks' by the plan)."""
+    for key, fsdp in (("actor.fsdp", cfg.actor.fsdp), ("critic.fsdp", cfg.critic.fsdp)):
+        ep = fsdp.expert_parallel_size
+        _positive(f"{key}.expert_parallel_size", ep)
+        if ep > 1 and fsdp.fsdp_size > 0:
+            raise ConfigError(
+                f"{key}.expert_parallel_size={ep} with {key}.fsdp_size={fsdp.fsdp_size}: expert parallelism runs "
+                f"over FSDP across all of the role's ranks, not HSDP; set {key}.fsdp_size=-1"
+            )
+    if cfg.actor.fsdp.expert_parallel_size > 1 and cfg.model.lora_rank > 0:
         raise ConfigError(
-            f"actor.fsdp.expert_parallel_size={ep}: expert parallelism is not built yet (the experts are sharded "
-            "with the rest of each layer by FSDP2); set it to 1 (docs/moe.md says what an ep mesh would take)"
+            f"actor.fsdp.expert_parallel_size={cfg.actor.fsdp.expert_parallel_size} with model.lora_rank="
+            f"{cfg.model.lora_rank}: LoRA's adapters on the experts are not sharded by expert yet; set "
+            "actor.fsdp.expert_parallel_size=1"
         )
     _positive("actor.router_aux_loss_coef", cfg.actor.router_aux_loss_coef, allow_zero=True)
     if not cfg.actor.router_replay:

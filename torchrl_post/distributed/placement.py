@@ -151,6 +151,7 @@ class Topology:
         tp: int = 1,
         timeout_s: int = 1800,
         sp: int = 1,
+        ep_sizes: dict[str, int] | None = None,
     ):
         self.placement, self.env, self.rank = placement, env, env.rank
         self.cell_name = placement.cell_of(env.rank)
@@ -181,12 +182,19 @@ class Topology:
             self.engine_group, _ = dist.new_subgroups_by_enumeration(engines)
         self._meshes: dict[str, DeviceMesh] = {}
         self._sequence: dict[str, DeviceMesh] = {}
+        self._experts: dict[str, DeviceMesh] = {}
+        by_ep: dict[int, DeviceMesh] = {}  # colocated roles with one ep size share its mesh (and its groups)
         for role in placement.roles_of(env.rank):
             if role == "rollout":
                 continue  # vLLM builds its own groups over the cell
             self._meshes[role] = fsdp_mesh(env.device.type, len(self.cell), fsdp_sizes.get(role, -1))
             if sp > 1:
                 self._sequence[role] = sequence_mesh(env.device.type, len(self.cell), sp)
+            ep = (ep_sizes or {}).get(role, 1)
+            if ep > 1:
+                if ep not in by_ep:
+                    by_ep[ep] = expert_mesh(env.device.type, len(self.cell), ep)
+                self._experts[role] = by_ep[ep]
 
     def sum_all(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every rank (all cells), in place; returns it."""
@@ -209,6 +217,10 @@ class Topology:
     def sequence(self, role: str) -> DeviceMesh | None:
         """The role's (dp, sp) mesh with sequence parallelism (`sequence_mesh`), else None."""
         return self._sequence.get(role)
+
+    def experts(self, role: str) -> DeviceMesh | None:
+        """The role's sparse (efsdp, ep) mesh with expert parallelism (`expert_mesh`), else None."""
+        return self._experts.get(role)
 
     def has(self, role: str) -> bool:
         return self.rank in self.placement.ranks.get(role, [])
@@ -234,6 +246,14 @@ def sequence_mesh(device_type: str, n: int, sp: int) -> DeviceMesh:
     sums over the batch run). The FSDP mesh shards over all n ranks regardless (`fsdp_mesh`): with HSDP each
     replica's shard group is whole sp groups."""
     return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(n // sp, sp), mesh_dim_names=("dp", "sp"))
+
+
+def expert_mesh(device_type: str, n: int, ep: int) -> DeviceMesh:
+    """Expert parallelism's sparse mesh over a role's n ranks: ep groups of consecutive ranks (`["ep"]`: each MoE
+    layer's experts spread over them, tokens exchanged by all-to-all; within a node first), and the efsdp groups
+    of the ranks that hold the same experts (`["efsdp"]`: FSDP shards those experts over them). The dense mesh
+    (`fsdp_mesh`) shards everything else over all n ranks."""
+    return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(n // ep, ep), mesh_dim_names=("efsdp", "ep"))
 
 
 def all_reduce_max(value: float, group: dist.ProcessGroup | None) -> float:

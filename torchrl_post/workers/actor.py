@@ -101,6 +101,7 @@ class Actor:
         seed: int = 0,
         supervised: bool = False,
         distill: DistillationConfig | None = None,
+        experts: DeviceMesh | None = None,
     ) -> None:
         """`mini_batch_samples`: samples per optimizer step on this rank; `micro_batch_samples`: per forward and
         backward of the update (the plan's: RolePlan.micro_batch_samples); `total_steps`: the run's training steps
@@ -113,7 +114,8 @@ class Actor:
         `skip_zero_advantage`: the update skips the rows whose trained tokens all have advantage 0 (the plan's);
         `seed`: trainer.seed, with the update and micro-batch index the seed of clip_cov's random token draw;
         `supervised`: the loss is the trained tokens' negative log-likelihood (the plan's sft); `distill`: on-policy
-        distillation's term against the batch's teacher_log_probs (distillation.*, where the plan has a teacher)."""
+        distillation's term against the batch's teacher_log_probs (distillation.*, where the plan has a teacher);
+        `experts`: the sparse (efsdp, ep) mesh of expert parallelism (the plan's expert_parallel, `apply_fsdp`)."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
         fsdp = fsdp or cfg.fsdp
         # Host offload between phases only where there is an accelerator to free (and FSDP's own CPU offload
@@ -153,7 +155,7 @@ class Actor:
             return model
 
         # actor.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank reads its rows
-        self.model = fsdp_model(build, model_cfg, mesh, fsdp, device, role="actor")
+        self.model = fsdp_model(build, model_cfg, mesh, fsdp, device, role="actor", experts=experts)
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, lr_schedule(cfg, total_steps), (cfg.betas[0], cfg.betas[1])
         )

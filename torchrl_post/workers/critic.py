@@ -86,12 +86,13 @@ class Critic:
         total_steps: int,
         fsdp: FSDPConfig | None = None,
         sequence: DeviceMesh | None = None,
+        experts: DeviceMesh | None = None,
     ) -> None:
         """`mini_batch_samples` per optimizer step on this rank, `micro_batch_samples` per forward and backward of
         the update (the plan's: RolePlan.micro_batch_samples), `epochs` passes (the actor's ppo_epochs);
         `total_steps`: the run's training steps (the lr schedule's length);
         `fsdp`: the plan's FSDP settings (default critic.fsdp); `sequence`: the (dp, sp) mesh with Ulysses
-        sequence parallelism (`workers/sequence.py`)."""
+        sequence parallelism (`workers/sequence.py`); `experts`: expert parallelism's (efsdp, ep) mesh."""
         self.cfg, self.device = cfg, device
         self.packed = model_cfg.use_remove_padding
         self.shared = model_cfg.use_remove_padding and model_cfg.use_shared_prefix
@@ -131,7 +132,17 @@ class Critic:
         # The value head is new: normal(0, initializer_range) weights, zero bias, the same on every rank.
         head = {"score.weight": config.get_text_config().initializer_range, "score.bias": 0.0}
         # critic.fsdp.offload_policy: CPU shards, optimizer on CPU; model.load_format=sharded: each rank its rows
-        self.model = fsdp_model(build, model_cfg, mesh, fsdp or cfg.fsdp, device, role="critic", path=path, fresh=head)
+        self.model = fsdp_model(
+            build,
+            model_cfg,
+            mesh,
+            fsdp or cfg.fsdp,
+            device,
+            role="critic",
+            path=path,
+            fresh=head,
+            experts=experts,
+        )
         self.optimizer, self.scheduler = build_optimizer(
             self.model, cfg.lr, cfg.weight_decay, lr_schedule(cfg, total_steps)
         )

@@ -28,6 +28,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 LocalExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(rows [M, H], local expert index [M]) -> each row through its expert, [M, H]."""
@@ -40,7 +42,11 @@ def gated_experts(
     [E_local, H, I]) as a per-expert loop: act(gate) * up, then down, as the HF module computes each expert."""
 
     def run(rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(rows)
+        # The rows and every local weight join the graph even where no row came: the backward then runs the
+        # all-to-all that sent the rows on every rank (a collective: one rank without it would hang the others),
+        # every rank has a gradient for each weight (zero where unused), FSDP reduces the same tensors on each rank
+        # of efsdp, and the gradient norm sums the same meshes.
+        out = rows * 0.0 + 0.0 * (gate_up_proj.sum() + down_proj.sum()).to(rows.dtype)
         for e in expert.unique().tolist():
             at = (expert == e).nonzero().squeeze(-1)
             gate, up = torch.nn.functional.linear(rows[at], gate_up_proj[e]).chunk(2, dim=-1)
@@ -94,25 +100,29 @@ def fused_experts(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if fused(m)]
 
 
-def shard_experts(model: torch.nn.Module, group: dist.ProcessGroup) -> int:
-    """Make every fused-experts module of `model` expert-parallel over the ep `group`, in place: it keeps this rank's
-    E / ep experts (rank r: [r E/ep, (r + 1) E/ep)) and its forward dispatches by `expert_parallel_experts`. The rest
-    of the model (attention, router, shared experts, dense layers) is untouched. Returns the modules changed.
+def shard_experts(model: torch.nn.Module, ep_mesh: DeviceMesh) -> int:
+    """Make every fused-experts module of `model` expert-parallel over the 1-D `ep_mesh`, in place: its weights
+    become DTensors sharded by expert over ep (`Shard(0)`; rank r keeps [r E/ep, (r + 1) E/ep), the global shape
+    stays [E, ...], so DCP saves and loads them across a change of ep and `full_tensor()` gathers every expert),
+    and its forward dispatches by `expert_parallel_experts` over this rank's experts. The rest of the model
+    (attention, router, shared experts, dense layers) is untouched. Returns the modules changed.
 
     The forward is an instance attribute over the class's (as `workers/logprobs.py` swaps the LM head's): the HF
-    modelling stays, so every architecture with this layout works."""
-    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    modelling stays, so every architecture with this layout works. FSDP2 then shards each expert module's local
+    experts over the remaining axis (`workers/fsdp.py`)."""
+    group = ep_mesh.get_group()
+    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
     modules = fused_experts(model)
     for module in modules:
         n_experts = int(cast(Any, module).num_experts)
         if n_experts % ep:
             raise ValueError(f"{n_experts} experts do not split over an ep group of {ep} ranks")
         per = n_experts // ep
-        mine = slice(rank * per, (rank + 1) * per)
         for name in ("gate_up_proj", "down_proj"):
-            full = getattr(module, name)
-            setattr(module, name, torch.nn.Parameter(full.detach()[mine].clone(), requires_grad=full.requires_grad))
-        cast(Any, module).num_experts = per  # what this rank holds
+            full = getattr(module, name)  # every rank loaded the same weights: each keeps its experts, no message
+            mine = full.detach()[rank * per : (rank + 1) * per].clone()
+            sharded = DTensor.from_local(mine, ep_mesh, [Shard(0)], run_check=False)
+            setattr(module, name, torch.nn.Parameter(sharded, requires_grad=full.requires_grad))
 
         def forward(
             hidden: torch.Tensor,
@@ -122,8 +132,13 @@ def shard_experts(model: torch.nn.Module, group: dist.ProcessGroup) -> int:
             per: int = per,
         ) -> torch.Tensor:
             w = cast(Any, module)  # the fused layout's attributes (`fused_experts`)
-            local = gated_experts(w.gate_up_proj, w.down_proj, w.act_fn)
+            local = gated_experts(_local(w.gate_up_proj), _local(w.down_proj), w.act_fn)
             return expert_parallel_experts(hidden, top_k_index, top_k_weights, local, per, group)
 
         module.forward = forward  # type: ignore[method-assign]
     return len(modules)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of an expert-sharded weight (differentiable: the gradient comes back as the DTensor's)."""
+    return t.to_local() if isinstance(t, DTensor) else t

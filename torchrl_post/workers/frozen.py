@@ -27,11 +27,12 @@ def frozen_model(
     role: str,
     param_offload: bool,
     path: str | None = None,
+    experts: DeviceMesh | None = None,
 ) -> torch.nn.Module:
     """`build(empty)` (the model at `path`, default `model.path`) sharded over `mesh` with the actor's FSDP
-    settings `fsdp` but for the offload (`param_offload`), frozen and in eval mode."""
-    model = fsdp_model(
-        build, model_cfg, mesh, replace(fsdp, offload_policy=param_offload), device, role=role, path=path, frozen=True
-    )
+    settings `fsdp` but for the offload (`param_offload`), frozen and in eval mode; `experts`: expert
+    parallelism's mesh (`apply_fsdp`)."""
+    fsdp = replace(fsdp, offload_policy=param_offload)
+    model = fsdp_model(build, model_cfg, mesh, fsdp, device, role=role, path=path, frozen=True, experts=experts)
     model.requires_grad_(False)
     return model.eval()

@@ -3,7 +3,7 @@ the root) over a role's mesh."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -11,6 +11,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from torchrl_post.config.precision import resolve_dtype
 from torchrl_post.config.schema import FSDPConfig
+from torchrl_post.workers.expert_parallel import fused_experts, shard_experts
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -29,8 +30,21 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers to shard")
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, *, frozen: bool = False) -> torch.nn.Module:
+def apply_fsdp(
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    cfg: FSDPConfig,
+    *,
+    frozen: bool = False,
+    experts: DeviceMesh | None = None,
+) -> torch.nn.Module:
     """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device.
+
+    `experts`: expert parallelism's sparse (efsdp, ep) mesh. Each MoE layer's routed experts are first split by
+    expert over ep (`shard_experts`: this rank keeps E / ep of them and dispatches tokens by all-to-all), then
+    FSDP-shards them over efsdp, a unit of their own inside the layer's. Their gradients are reduced over efsdp,
+    but each already sums its ep group's tokens (the all-to-all's backward), so they are divided by all the
+    mesh's ranks, as the dense gradients are: the same update as with every expert everywhere.
 
     `cfg.offload_policy` puts FSDP2's CPUOffloadPolicy on every `fully_shard` call: the sharded parameters,
     their gradients and so the optimizer state live in CPU memory (pinned on an accelerator), each layer is
@@ -47,6 +61,15 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, cfg: FSDPConfig, *, fro
     if cfg.offload_policy:
         extra["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu")
     layer_reshard = frozen or cfg.reshard_after_forward
+    if experts is not None:
+        shard_experts(model, experts["ep"])
+        for module in fused_experts(model):
+            fully_shard(module, mesh=experts["efsdp"], mp_policy=mp, reshard_after_forward=layer_reshard, **extra)
+            unit = cast(FSDPModule, module)
+            unit.set_gradient_divide_factor(float(mesh.size()))
+            # Over more than one rank: a sum, then the division (gloo has no pre-scaled sum). Over one rank
+            # torch 2.13 divides in the copy that stands for the reduction and, forced, once more after it.
+            unit.set_force_sum_reduction_for_comms(experts["efsdp"].size() > 1)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=layer_reshard, **extra)
     # A trained root keeps its parameters (embeddings, final norm, lm_head) gathered after forward: backward

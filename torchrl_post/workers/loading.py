@@ -167,13 +167,17 @@ def fsdp_model(
     path: str | None = None,
     frozen: bool = False,
     fresh: dict[str, float] | None = None,
+    experts: DeviceMesh | None = None,
 ) -> torch.nn.Module:
     """A role's model under FSDP2 (`apply_fsdp`), its shards read straight from the checkpoint at `path`
     (default `model.path`) when `model.load_format=sharded` allows, else loaded in full and then sharded.
     `fresh`: parameters the checkpoint does not have (a critic's value head) -> the std of their normal init,
-    drawn identically on every rank from a fixed seed."""
+    drawn identically on every rank from a fixed seed. `experts`: the sparse (efsdp, ep) mesh of expert
+    parallelism (`apply_fsdp`); such a model loads in full, then keeps its experts."""
     fresh = fresh or {}
-    if model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
+    if model_cfg.load_format == "sharded" and experts is not None:
+        log.info("model.load_format=sharded: %s loads in full with expert parallelism", role)
+    elif model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
         model = build(True)
         files = checkpoint_files(path or model_cfg.path)
         sources = checkpoint_sources(model_cfg, path or model_cfg.path, files)
@@ -192,7 +196,7 @@ def fsdp_model(
         del model
     elif model_cfg.load_format == "sharded" and role == "actor":
         log.info("model.load_format=sharded: a LoRA model loads in full (PEFT builds its adapter on loaded weights)")
-    return apply_fsdp(build(False), mesh, fsdp, frozen=frozen)
+    return apply_fsdp(build(False), mesh, fsdp, frozen=frozen, experts=experts)
 
 
 def _materialize(model: torch.nn.Module, device: torch.device) -> None:

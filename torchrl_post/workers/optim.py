@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,31 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
     Under `fsdp.offload_policy` the sharded gradients are CPU tensors on an accelerator mesh: their norm is
     reduced over the mesh's CPU backend (the `cpu:gloo,cuda:nccl` process groups) and they are scaled in place
     on CPU, where the optimizer then steps.
+
+    With expert parallelism the experts' gradients are DTensors on the sparse (efsdp, ep) mesh and the rest on
+    the dense one: each mesh's norm is reduced over its own ranks, the total is their root sum of squares, and
+    each gradient is scaled on its own rank.
     """
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm.item())
+    clip = max_norm if max_norm > 0 else float("inf")
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    if len(by_mesh) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm.item())
+    norms = []
+    for grads in by_mesh.values():  # in parameter order: the same meshes in the same order on every rank
+        part = torch.nn.utils.get_total_norm(grads, 2.0)
+        norms.append((part.full_tensor() if isinstance(part, DTensor) else part).to(torch.float64).cpu())
+    total = torch.stack(norms).norm()
+    if math.isfinite(total.item()) and total.item() > clip:
+        coef = clip / (total.item() + 1e-6)
+        for grads in by_mesh.values():
+            torch._foreach_mul_([local_tensor(g) for g in grads], coef)
+    return float(total.item())
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

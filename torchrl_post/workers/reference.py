@@ -31,6 +31,7 @@ class Reference:
         role: str = "reference",
         top_k: int = 0,
         field: str = "ref_log_probs",
+        experts: DeviceMesh | None = None,
     ) -> None:
         """`fsdp`: the actor's FSDP settings (mixed precision, fsdp_size), except two: offload follows
         `reference.param_offload` alone, and every module reshards after forward (`apply_fsdp(frozen=True)`):
@@ -41,7 +42,7 @@ class Reference:
         (the actor's alone renormalised would add -log of its kept mass to every k1 term). `role`: how loading names
         it (the teacher's checkpoint is `model_cfg.path`); `top_k`: the teacher answers its k most likely tokens at
         each position (the plan's teacher_top_k) instead of its logprob of each sampled token; `field`: the batch
-        field its answer fills (the plan's teacher_field)."""
+        field its answer fills (the plan's teacher_field); `experts`: expert parallelism's (efsdp, ep) mesh."""
         self.cfg, self.device, self.temperature, self.replay = cfg, device, temperature, replay
         self.truncation = truncation
         self.score = Score(top_k=top_k) if top_k else None
@@ -59,6 +60,7 @@ class Reference:
             role=role,
             param_offload=cfg.param_offload,
             path=model_cfg.path,
+            experts=experts,
         )
 
     def log_probs(self, batch: Batch) -> torch.Tensor:

@@ -285,8 +285,10 @@ def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["actor.fsdp.expert_parallel_size=4"], "expert parallelism is not built"),
-        (["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], "actor.fsdp.expert_parallel_size=2"),
+        (["actor.fsdp.expert_parallel_size=0"], "actor.fsdp.expert_parallel_size=0 must be > 0"),
+        (["actor.fsdp.expert_parallel_size=2", "actor.fsdp.fsdp_size=1"], "not HSDP; set actor.fsdp.fsdp_size=-1"),
+        (["critic.fsdp.expert_parallel_size=2", "critic.fsdp.fsdp_size=2"], "set critic.fsdp.fsdp_size=-1"),
+        (["actor.fsdp.expert_parallel_size=2", "model.lora_rank=4"], "LoRA's adapters on the experts"),
         (["actor.router_replay=true", "rollout.engine=hf"], "rollout.engine=vllm"),
         (["actor.router_replay=true", "rollout.return_routed_experts=false"], "rollout.return_routed_experts=true"),
         (["actor_rollout_ref.actor.router_replay.mode=R2"], "only R3"),
@@ -295,6 +297,23 @@ def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
 )
 def test_mixture_of_experts_refusals(overrides: list[str], needle: str) -> None:
     assert needle in _config_error(overrides)
+
+
+def test_expert_parallelism_in_the_plan_and_its_aliases() -> None:
+    """ep divides the role's ranks (one line naming the key otherwise), the plan carries it per role (the reference
+    takes the actor's; the reward model and teacher, other models, none), and the dry run shows the sparse mesh.
+    ROLL's and verl's Megatron keys are renames."""
+    plan = plan_run(load_config(["actor.fsdp.expert_parallel_size=2", "actor.use_kl_loss=true"]), 4)
+    assert {r: p.expert_parallel for r, p in plan.roles.items()} == {"actor": 2, "reference": 2}
+    assert plan.expert_parallel_sizes == {"actor": 2, "reference": 2}
+    assert "experts (efsdp, ep) = (2, 2)" in plan.describe("cpu", "gloo")
+    with pytest.raises(ConfigError, match=r"actor.fsdp.expert_parallel_size=3 does not divide the actor's 4 ranks"):
+        plan_run(load_config(["actor.fsdp.expert_parallel_size=3"]), 4)
+    for key in (
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+        "actor_train.strategy_args.strategy_config.expert_model_parallel_size=2",
+    ):
+        assert load_config([key]).actor.fsdp.expert_parallel_size == 2, key
 
 
 def test_router_replay_aliases() -> None:

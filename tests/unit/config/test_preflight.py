@@ -250,6 +250,11 @@ def test_router_replay_needs_a_mixture_of_experts(model_copy: Path) -> None:
     assert "has no mixture-of-experts layers" in _error(check_experts, on, dense)
     check_experts(on, Qwen3MoeConfig(num_experts=4))
     check_experts(load_config([]), dense)  # replay off: any model
+    ep = load_config(["actor.fsdp.expert_parallel_size=2"])
+    assert "actor.fsdp.expert_parallel_size=2: model.path=" in _error(check_experts, ep, dense)
+    odd = load_config(["actor.fsdp.expert_parallel_size=3"])
+    assert "does not divide the 4 experts" in _error(check_experts, odd, Qwen3MoeConfig(num_experts=4))
+    check_experts(ep, Qwen3MoeConfig(num_experts=4))
 
 
 def test_lora_on_a_mixture_of_experts_model(tiny_moe_model: Path, model_copy: Path, tmp_path: Path) -> None:
