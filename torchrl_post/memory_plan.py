@@ -21,7 +21,8 @@ Trained role (actor, critic), per rank:
     gathered units  (2 P_l + P_r) p + P_r p + P_l (p + r if r != p)
         one layer gathered and the next prefetched, the root kept gathered through backward, the root's gradient
         (the LM head's lives through backward) and one layer's before its reduce-scatter (LoRA: the adapter's);
-        fsdp.reshard_after_forward=false keeps every layer gathered: L P_l instead of 2 P_l
+        fsdp.reshard_after_forward=false keeps every layer gathered: L P_l instead of 2 P_l; with expert
+        parallelism a MoE layer's unit holds 1/ep of its routed experts P_e: P_l - P_e (1 - 1/ep) for P_l
     activations per token of a decoder layer (Qwen2 / Llama: RMSNorm in float32, SwiGLU, sdpa):
         A = 2 (f h + f + 2 p h)  two RMSNorms: the float32 input, 1/rms, the normed and the scaled output
           + 4 p n d              q, and k, v repeated to every head (a padding mask keeps HF's repeat_kv), the output
@@ -68,6 +69,7 @@ from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import SELF_JUDGE, Config, FSDPConfig, ModelConfig
 from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes, kv_dims
 from torchrl_post.plan import RunPlan
+from torchrl_post.workers.expert_parallel import fused_experts
 from torchrl_post.workers.fsdp import decoder_layers
 from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS, head_chunk_positions
 from torchrl_post.workers.models import VISION_TOWER, empty_model
@@ -107,6 +109,9 @@ class ModelShape:
     adapter_layer_params: int
     positions: int = 0
     """max_position_embeddings (0 where the config has none)."""
+    expert_layer_params: int = 0
+    """The routed experts of the largest decoder layer (a MoE model's; 0 for a dense one): with expert
+    parallelism a rank gathers 1/ep of them (`gathered_bytes`)."""
 
 
 def _lora_targets(cfg: ModelConfig) -> str | list[str]:
@@ -138,6 +143,7 @@ def model_shape(cfg: ModelConfig, auto: Any = None) -> ModelShape:
     model = empty_model(cfg, config, auto)
     layers = decoder_layers(model)
     layer_counts = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    expert_counts = [sum(p.numel() for e in fused_experts(layer) for p in e.parameters()) for layer in layers]
     params = sum(p.numel() for p in model.parameters())  # a tied head is one parameter, counted once
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is model.get_input_embeddings().weight
@@ -158,6 +164,7 @@ def model_shape(cfg: ModelConfig, auto: Any = None) -> ModelShape:
         adapter_params=_adapter_params(model, cfg),
         adapter_layer_params=max(_adapter_params(model, cfg, layer) for layer in layers),
         positions=int(getattr(text, "max_position_embeddings", 0) or 0),
+        expert_layer_params=expert_counts[layer_counts.index(max(layer_counts))],
     )
 
 
@@ -207,14 +214,18 @@ def head_accumulator_bytes(vocab: int, hidden: int, p: int, chunk_tokens: int = 
 
 
 def gathered_bytes(s: ModelShape, fsdp: FSDPConfig, trained: bool, lora: bool) -> int:
-    """FSDP's unsharded working set during forward and backward (see the module docstring)."""
+    """FSDP's unsharded working set during forward and backward (see the module docstring). With expert
+    parallelism (fsdp.expert_parallel_size = ep) a layer's unit gathers its E / ep experts only: P_l - P_e (1 - 1/ep)
+    for P_l (P_e: the layer's routed experts)."""
     p, r = DTYPE_BYTES[fsdp.param_dtype], DTYPE_BYTES[fsdp.reduce_dtype]
     layers = 2 if fsdp.reshard_after_forward or not trained else s.layers
-    total = (layers * s.layer_params + s.root_params) * p
+    ep = fsdp.expert_parallel_size
+    layer = s.layer_params - s.expert_layer_params + s.expert_layer_params // ep
+    total = (layers * layer + s.root_params) * p
     if trained and lora:
         total += s.adapter_layer_params * (p + r if r != p else p)
     elif trained:
-        total += s.root_params * p + s.layer_params * (p + r if r != p else p)
+        total += s.root_params * p + layer * (p + r if r != p else p)
     return total
 
 

@@ -5,6 +5,7 @@ the one-line refusal of a config that cannot fit."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from torchrl_post.memory_plan import (
     activation_bytes,
     card_bytes,
     forward_bytes,
+    gathered_bytes,
     head_accumulator_bytes,
     loss_path_bytes,
     model_shape,
@@ -464,3 +466,25 @@ def test_a_teacher_is_counted_beside_the_student_and_sft_counts_no_engine(qwen7b
     sft = load_config([f"model.path={tiny_dir}", *SEVEN_B_RUN, "sft.enable=true"])
     (only,) = plan_memory(sft, plan_run(sft, 8, "cuda"), student, "cuda", 80 * GiB).groups
     assert not only.engine and only.engine_share == 0 and "generation" not in only.phases()
+
+
+def cfg_overrides(model: Path) -> list[str]:
+    return [f"model.path={model}", "data.train_batch_size=4", "rollout.n=2"]
+
+
+def test_expert_parallelism_gathers_a_ranks_share_of_the_experts(tiny_moe_model: Path) -> None:
+    """The tiny Qwen3-MoE's routed experts per layer (4 experts: gate_up [4, 128, 64] and down [4, 64, 64], counted
+    by hand) and the gathered units' bytes at ep 2 against ep 1: each of the 3 layer-sized terms (a layer gathered,
+    the next prefetched, a layer's gradient) holds half of the experts."""
+    cfg = load_config(cfg_overrides(tiny_moe_model))
+    shape = model_shape(cfg.model)
+    assert shape.expert_layer_params == 4 * 128 * 64 + 4 * 64 * 64
+    fsdp = replace(cfg.actor.fsdp, param_dtype="float32")  # the plan resolves auto by the device: float32 on CPU
+    one = gathered_bytes(shape, fsdp, True, False)
+    two = gathered_bytes(shape, replace(fsdp, expert_parallel_size=2), True, False)
+    assert one - two == 3 * (shape.expert_layer_params // 2) * 4
+    items = {i.name: i.bytes for i in _actor(plan_memory(cfg, plan_run(cfg, 2), shape, "cpu", 64 * GiB))}
+    ep_cfg = load_config([*cfg_overrides(tiny_moe_model), "actor.fsdp.expert_parallel_size=2"])
+    ep_items = {i.name: i.bytes for i in _actor(plan_memory(ep_cfg, plan_run(ep_cfg, 2), shape, "cpu", 64 * GiB))}
+    assert items["gathered units"] - ep_items["gathered units"] == one - two
+    assert items["parameters"] == ep_items["parameters"]  # the shards: every expert over all ranks either way
