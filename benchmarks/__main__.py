@@ -25,7 +25,7 @@ from benchmarks import common
 
 BENCHMARKS = (
     "sync", "rollout", "update", "e2e", "memory", "loading", "lora", "agent_loop", "loss_path", "sequence_parallel",
-    "moe_experts", "moe_routing", "async_rollout", "reward_model", "sft",
+    "moe_experts", "moe_routing", "async_rollout", "reward_model", "sft", "expert_parallel",
 )  # fmt: skip
 PAGE = common.ROOT / "docs" / "benchmarks.md"  # the docs site's benchmark page
 BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"

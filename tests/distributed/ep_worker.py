@@ -21,7 +21,13 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qw
 
 from tests.distributed.device import worker_env, write_reports
 from torchrl_post.distributed.env import init_world
-from torchrl_post.workers.expert_parallel import expert_parallel_experts, gated_experts, shard_experts
+from torchrl_post.workers.expert_parallel import (
+    _local,
+    expert_parallel_experts,
+    fused_experts,
+    gated_experts,
+    shard_experts,
+)
 
 E, H, INTER, K = 8, 16, 8, 2
 
@@ -142,15 +148,24 @@ def _fsdp_case(world: int, ep: int) -> dict[str, float]:
     ids = torch.randint(0, 64, (2, 5 + rank), generator=gen)
     g = torch.randn(2, 5 + rank, 64, generator=gen)
     cfg = FSDPConfig(param_dtype="float32")
-    grads, norms, weights = {}, {}, {}
+    grads: dict = {}
+    norms, weights, gathered = {}, {}, {}
     for name, size in (("ref", 1), ("ep", ep)):
         model = copy.deepcopy(base)
-        apply_fsdp(
-            model, fsdp_mesh("cpu", world, -1), cfg, experts=expert_mesh("cpu", world, size) if size > 1 else None
-        )
+        layer_experts = sum(p.numel() for p in fused_experts(model)[0].parameters())
+        mesh = expert_mesh("cpu", world, size) if size > 1 else None
+        apply_fsdp(model, fsdp_mesh("cpu", world, -1), cfg, experts=mesh)
+        held: list[float] = []  # what each experts module holds as its forward runs (FSDP gathered it), x ep / all
+        for m in fused_experts(model):
+            m.register_forward_pre_hook(
+                lambda m, _, n=size, out=held, whole=layer_experts: out.append(
+                    n * sum(_local(p).numel() for p in m.parameters()) / whole
+                )
+            )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         (model(input_ids=ids).logits * g).sum().backward()
         grads[name] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # type: ignore[union-attr]
+        gathered[name] = held
         norms[name] = clip_grad_norm(model, 1.0)
         opt.step()
         weights[name] = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
@@ -162,6 +177,7 @@ def _fsdp_case(world: int, ep: int) -> dict[str, float]:
         "norm_value": norms["ref"],
         "weights": max((weights["ep"][n] - weights["ref"][n]).abs().max().item() for n in ref),
         "moved": max((weights["ref"][n] - p).abs().max().item() for n, p in base.named_parameters()),
+        "gathered": [min(gathered["ep"]), max(gathered["ep"]), len(gathered["ep"])],
     }
 
 

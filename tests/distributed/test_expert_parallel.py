@@ -29,6 +29,8 @@ def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_
             assert f["grad_scale"] > 1.0 and f["moved"] > 1e-4, f  # gradients and an update to compare
             assert f["grad"] < 1e-6 * f["grad_scale"] and f["norm"] < 1e-6 * f["norm_value"], (ep, f)
             assert f["weights"] < 1e-6, (ep, f)
+            # each layer's forward held its E / ep experts (gathered by FSDP over efsdp): ep x held / all = 1
+            assert f["gathered"] == [1.0, 1.0, 2], (ep, f)
         # a whole Qwen3-MoE made expert-parallel in place (`shard_experts`): logits and every gradient
         m = rank.pop("model")
         assert m["scale"] > 1e-3 and m["logits"] < 1e-5, m

@@ -1,0 +1,82 @@
+"""Expert-parallel benchmark: what actor.fsdp.expert_parallel_size changes per rank, on 4 ranks.
+
+Runs benchmarks/expert_parallel_worker.py under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden
+256, 4 layers; 8 experts and 2 layers with --quick/--tiny) wrapped by the trainer's own `apply_fsdp`, float32 on
+gloo, one 1024-token row per rank per update (forward, backward, clip, AdamW). Per rank:
+  expert bytes gathered   the routed experts one layer's forward holds (FSDP's gathered unit), and the ratio
+                          gathered x ep / a layer's expert bytes (goal 1.0: each rank gathers its E / ep experts only)
+  params + optimizer      the parameters and AdamW state a rank keeps (the same for every ep: the experts are
+                          sharded over all ranks either way)
+  update s, all-to-all    the median update and the all-to-alls' share of a profiled one (gloo on shared CPUs:
+                          the share includes waiting for the slowest rank)
+This is a bespoke worker, not the trainer: the trainer reports neither the gathered expert bytes nor the
+all-to-all's time. The exactness of ep against ep = 1 is tests/distributed/test_expert_parallel.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks import common
+
+NAME = "expert_parallel"
+WORKER = Path(__file__).resolve().parent / "expert_parallel_worker.py"
+RANKS = 4
+EPS = (1, 2, 4)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    small = args.quick or args.tiny
+    shape = ["--experts", "8", "--layers", "2", "--repeats", "1"] if small else []
+    rows = []
+    for ep in EPS:
+        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, ["--ep", str(ep), *shape])
+        ranks = rec["ranks"]
+        per_layer = ranks[0]["expert_bytes_per_layer"]
+        rows.append({
+            "ep": ep,
+            "experts": rec["experts"],
+            "gathered_mib": max(r["expert_bytes_gathered"] for r in ranks) / 2**20,
+            "ratio": max(r["expert_bytes_gathered"] for r in ranks) * ep / per_layer,
+            "kept_mib": max(r["params_and_optimizer_bytes"] for r in ranks) / 2**20,
+            "update_s": statistics.median(r["update_s"] for r in ranks),
+            "all_to_all_share": statistics.median(r["all_to_all_share"] for r in ranks),
+            "loadavg_1m": rec["loadavg_1m"],
+        })  # fmt: skip
+        print(f"ep {ep}: {rows[-1]}", flush=True)
+    return {"ranks": RANKS, "rows": rows}
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    columns = [
+        ("ep", "ep", "{}"),
+        ("experts", "experts", "{}"),
+        ("expert MiB gathered / layer / rank", "gathered_mib", "{:.2f}"),
+        ("gathered x ep / layer's experts", "ratio", "{:.3f}"),
+        ("params + AdamW MiB / rank", "kept_mib", "{:.1f}"),
+        ("update s", "update_s", "{:.3f}"),
+        ("all-to-all share", "all_to_all_share", "{:.1%}"),
+    ]
+    return f"{rec['ranks']} ranks, float32, gloo.\n\n" + common.table(rec["rows"], columns) + "\n"
+
+
+def plot(path: Path, rec: dict[str, Any]) -> None:
+    plt = common.pyplot()
+    rows = rec["rows"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    eps = [str(r["ep"]) for r in rows]
+    left.bar(eps, [r["gathered_mib"] for r in rows])
+    left.set(xlabel="expert_parallel_size", ylabel="MiB", title="experts gathered per layer per rank")
+    right.bar(eps, [r["update_s"] for r in rows], label="update")
+    right.bar(eps, [r["update_s"] * r["all_to_all_share"] for r in rows], label="all-to-all")
+    right.set(xlabel="expert_parallel_size", ylabel="s", title="one update")
+    right.legend()
+    common.save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    common.standalone(sys.modules[__name__])
