@@ -123,7 +123,7 @@ def _model_case(rank: int, world: int) -> dict[str, float]:
     return {"logits": out["logits"], "dense": dense, "experts": experts, "scale": scale}
 
 
-def _fsdp_case(world: int, ep: int) -> dict[str, float]:
+def _fsdp_case(world: int, ep: int, param_dtype: str = "float32") -> dict[str, Any]:
     """The trainer's own wrapping (`apply_fsdp` over the dense mesh, with and without expert parallelism's (efsdp,
     ep) mesh): a tiny Qwen3-MoE with 4 experts, each rank on its own tokens, one backward, the clipped gradient
     norm and an AdamW step. The ep run's gradients (gathered whole), norm and updated weights against ep = 1's."""
@@ -147,7 +147,7 @@ def _fsdp_case(world: int, ep: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(50 + rank)
     ids = torch.randint(0, 64, (2, 5 + rank), generator=gen)
     g = torch.randn(2, 5 + rank, 64, generator=gen)
-    cfg = FSDPConfig(param_dtype="float32")
+    cfg = FSDPConfig(param_dtype=param_dtype)  # bfloat16: the experts' grouped GEMM against transformers' own
     grads: dict = {}
     norms, weights, gathered = {}, {}, {}
     for name, size in (("ref", 1), ("ep", ep)):
@@ -195,6 +195,7 @@ def main() -> None:
     report["model"] = _model_case(rank, world)
     for ep in sorted({2, world}):
         report[f"fsdp_ep{ep}"] = _fsdp_case(world, ep)
+    report["fsdp_bf16"] = _fsdp_case(world, world, "bfloat16")
     write_reports(report, out_path)
 
 

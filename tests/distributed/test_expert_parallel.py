@@ -31,6 +31,11 @@ def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_
             assert f["weights"] < 1e-6, (ep, f)
             # each layer's forward held its E / ep experts (gathered by FSDP over efsdp): ep x held / all = 1
             assert f["gathered"] == [1.0, 1.0, 2], (ep, f)
+        # bfloat16 compute (float32 weights and gradients): the experts' grouped GEMM (`local_experts`) against
+        # transformers' experts at ep = 1 (bfloat16 too), within a stated bfloat16 bound
+        b = rank.pop("fsdp_bf16")
+        assert b["grad"] < 1e-3 * b["grad_scale"] and b["norm"] < 1e-4 * b["norm_value"], b  # measured 6e-5, 6e-8
+        assert b["gathered"] == [1.0, 1.0, 2], b
         # a whole Qwen3-MoE made expert-parallel in place (`shard_experts`): logits and every gradient
         m = rank.pop("model")
         assert m["scale"] > 1e-3 and m["logits"] < 1e-5, m

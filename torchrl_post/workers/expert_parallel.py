@@ -1,5 +1,5 @@
-"""Expert parallelism's token dispatch (issue 40's groundwork; not wired into the trainer yet): each rank of an ep
-group holds E / ep of a MoE layer's routed experts, and every (token, chosen expert) pair goes to the rank that owns
+"""Expert parallelism's token dispatch (wired in by `workers/fsdp.py: apply_fsdp`): each rank of an ep group holds
+E / ep of a MoE layer's routed experts, and every (token, chosen expert) pair goes to the rank that owns
 the expert and comes back, by all-to-all.
 
     out = expert_parallel_experts(hidden, top_k_index, top_k_weights, local, group)
@@ -11,8 +11,8 @@ computes what the HF experts module (`Qwen3MoeExperts.forward(hidden, top_k_inde
 1. sort the pairs by owner (stable), count them per owner, and exchange the counts;
 2. send each pair's token row and its expert's local index to the owner (`all_to_all_single`, the autograd form for
    the rows: the backward sends the rows' gradients back the same way);
-3. the owner runs each of its experts on the rows it received (`local`: the per-expert loop, float32's path; a
-   grouped GEMM in bf16 later);
+3. the owner runs each of its experts on the rows it received (`local_experts`: one grouped GEMM per projection in
+   bfloat16, the per-expert loop in float32, which `torch._grouped_mm` refuses);
 4. send the results back, unsort, weight by the router's weights and sum over the k choices.
 
 The gradients follow the same routes: each token's gradient is the sum over its k experts, and each expert's
@@ -54,6 +54,30 @@ def gated_experts(
         return out
 
     return run
+
+
+def grouped_experts(
+    gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+) -> LocalExperts:
+    """The same local experts as one grouped GEMM per projection (`torch._grouped_mm`, bfloat16's path on CPU and
+    CUDA): the rows sorted by expert, each group multiplied by its expert's weights, the rows put back in order."""
+
+    def run(rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        order = torch.argsort(expert, stable=True)
+        ends = torch.cumsum(torch.bincount(expert, minlength=gate_up_proj.shape[0]), 0).to(torch.int32)
+        gate, up = torch._grouped_mm(rows[order], gate_up_proj.transpose(-2, -1), offs=ends).chunk(2, dim=-1)
+        done = torch._grouped_mm(act(gate) * up, down_proj.transpose(-2, -1), offs=ends)
+        return done[torch.argsort(order)].to(rows.dtype)
+
+    return run
+
+
+def local_experts(
+    gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+) -> LocalExperts:
+    """The grouped GEMM where it runs (bfloat16 weights, rows of 16-byte multiples), else the per-expert loop."""
+    grouped = gate_up_proj.dtype == torch.bfloat16 and gate_up_proj.shape[-1] % 8 == 0
+    return (grouped_experts if grouped else gated_experts)(gate_up_proj, down_proj, act)
 
 
 def expert_parallel_experts(
@@ -132,7 +156,7 @@ def shard_experts(model: torch.nn.Module, ep_mesh: DeviceMesh) -> int:
             per: int = per,
         ) -> torch.Tensor:
             w = cast(Any, module)  # the fused layout's attributes (`fused_experts`)
-            local = gated_experts(_local(w.gate_up_proj), _local(w.down_proj), w.act_fn)
+            local = local_experts(_local(w.gate_up_proj), _local(w.down_proj), w.act_fn)
             return expert_parallel_experts(hidden, top_k_index, top_k_weights, local, per, group)
 
         module.forward = forward  # type: ignore[method-assign]
