@@ -77,21 +77,27 @@ def _case(rank: int, world: int, tokens: int, to_first: bool) -> dict[str, float
     }
 
 
+def _tiny_moe(experts: int) -> Qwen3MoeForCausalLM:
+    """A tiny Qwen3-MoE (2 MoE layers, top-2) drawn from seed 0, with routers that spread the tokens over the experts."""
+    config = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=experts, num_experts_per_tok=K,
+        decoder_sparse_step=1, tie_word_embeddings=False, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
 def _model_case(rank: int, world: int) -> dict[str, float]:
     """A whole tiny Qwen3-MoE (2 MoE layers, 8 experts, top-2) made expert-parallel by `shard_experts`, against the
     same model with every expert, each rank on its own token rows: logits, every dense parameter's gradient (this
     rank's tokens' own), every expert's weight gradient (the reference's summed over the ranks)."""
-    config = Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=E, num_experts_per_tok=K,
-        decoder_sparse_step=1, tie_word_embeddings=False, attn_implementation="eager",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    ref = Qwen3MoeForCausalLM(config)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.5)  # routers that spread the tokens over the experts
+    ref = _tiny_moe(E)
     model = copy.deepcopy(ref)
     assert shard_experts(model, init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))) == 2
     gen = torch.Generator().manual_seed(30 + rank)
@@ -132,17 +138,7 @@ def _fsdp_case(world: int, ep: int, param_dtype: str = "float32") -> dict[str, A
     from torchrl_post.workers.fsdp import apply_fsdp
     from torchrl_post.workers.optim import clip_grad_norm
 
-    config = Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=K,
-        decoder_sparse_step=1, tie_word_embeddings=False, attn_implementation="eager",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    base = Qwen3MoeForCausalLM(config)
-    with torch.no_grad():
-        for name, p in base.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.5)
+    base = _tiny_moe(4)
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(50 + rank)
     ids = torch.randint(0, 64, (2, 5 + rank), generator=gen)
