@@ -173,17 +173,15 @@ def fsdp_model(
     (default `model.path`) when `model.load_format=sharded` allows, else loaded in full and then sharded.
     `fresh`: parameters the checkpoint does not have (a critic's value head) -> the std of their normal init,
     drawn identically on every rank from a fixed seed. `experts`: the sparse (efsdp, ep) mesh of expert
-    parallelism (`apply_fsdp`); such a model loads in full, then keeps its experts."""
+    parallelism (`apply_fsdp`): sharded, a rank reads only the rows of the experts it keeps."""
     fresh = fresh or {}
-    if model_cfg.load_format == "sharded" and experts is not None:
-        log.info("model.load_format=sharded: %s loads in full with expert parallelism", role)
-    elif model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
+    if model_cfg.load_format == "sharded" and model_cfg.lora_rank == 0:
         model = build(True)
         files = checkpoint_files(path or model_cfg.path)
         sources = checkpoint_sources(model_cfg, path or model_cfg.path, files)
         missing = sorted(n for n, _ in model.named_parameters() if n not in sources and n not in fresh)
         if not missing:
-            apply_fsdp(model, mesh, fsdp, frozen=frozen)
+            apply_fsdp(model, mesh, fsdp, frozen=frozen, experts=experts)
             _materialize(model, torch.device("cpu") if fsdp.offload_policy else device)
             _fill(model, sources, fresh)
             return model
