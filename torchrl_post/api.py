@@ -56,8 +56,6 @@ from torchrl_post.logging.metrics import check_loggers
 from torchrl_post.plan import RunPlan, plan_run, planned_world
 from torchrl_post.reward import RewardFn
 
-# Read before a cell's process group rewrites RANK to the rank within the cell.
-_LAUNCH_RANK = launch_rank()
 REPORT_GRACE_S = 5.0
 
 
@@ -205,11 +203,12 @@ def report_error(e: UserError) -> None:
     if getattr(e, "reported", False):
         return
     setattr(e, "reported", True)  # noqa: B010  # the same error passes through run() and the caller's handler
-    if _LAUNCH_RANK == 0:
+    rank = launch_rank()
+    if rank == 0:
         print(f"error: {e}", file=sys.stderr, flush=True)
     else:
         time.sleep(REPORT_GRACE_S)
-        print(f"error (rank {_LAUNCH_RANK}): {e}", file=sys.stderr, flush=True)
+        print(f"error (rank {rank}): {e}", file=sys.stderr, flush=True)
 
 
 def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_ends: bool) -> RunResult:
@@ -264,7 +263,7 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
         report_error(e)  # now, before the engines shut down
         raise
     except Stopped as e:
-        if _LAUNCH_RANK == 0:
+        if launch_rank() == 0:
             print(str(e), flush=True)
         return RunResult(run_dir, e.step, stopped=True)
     except BaseException as e:

@@ -46,10 +46,14 @@ def resolve_device_type(preference: str, need_device: bool = True) -> str:
     return preference
 
 
+LAUNCH_RANK_VAR = "TORCHRL_POST_LAUNCH_RANK"
+"""torchrun's RANK, kept here when a cell's process group rewrites RANK to the rank within the cell."""
+
+
 def launch_rank() -> int:
-    """torchrun's global rank, as launched (a cell's process group later rewrites RANK to the rank in its
-    cell: read this first). 0 outside torchrun."""
-    return int(os.environ.get("RANK", "0"))
+    """torchrun's global rank, as launched, whenever it is read (a cell rewrites RANK; its launch value is kept in
+    `LAUNCH_RANK_VAR`). 0 outside torchrun."""
+    return int(os.environ.get(LAUNCH_RANK_VAR, os.environ.get("RANK", "0")))
 
 
 def under_torchrun() -> bool:
@@ -123,6 +127,7 @@ def init_distributed(env: DistEnv, store: dist.Store, cell: list[int], name: str
         timeout=timedelta(seconds=timeout_s),
     )
     # vLLM (external_launcher) reads the torchrun variables; inside a cell they are the cell's.
+    os.environ.setdefault(LAUNCH_RANK_VAR, os.environ.get("RANK", "0"))
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(cell.index(env.rank)), str(len(cell))
 
 
