@@ -61,7 +61,17 @@ def markdown(rec: dict[str, Any]) -> str:
         ("update s", "update_s", "{:.3f}"),
         ("all-to-all share", "all_to_all_share", "{:.1%}"),
     ]
-    return f"{rec['ranks']} ranks, float32, gloo.\n\n" + common.table(rec["rows"], columns) + "\n"
+    rows = {r["ep"]: r for r in rec["rows"]}
+    top = max(rows)
+    note = (
+        f"At ep = {top} a rank gathers {rows[top]['gathered_mib']:.2f} MiB of a layer's experts against "
+        f"{rows[1]['gathered_mib']:.2f} MiB at ep = 1 (gathered x ep / all = {rows[top]['ratio']:.3f}); the "
+        "parameters and AdamW state it keeps do not change (the experts are sharded over every rank either way). "
+        f"The all-to-alls take {rows[top]['all_to_all_share']:.0%} of its update: {rec['ranks']} ranks on shared "
+        "CPUs over gloo, the share counts the wait for the slowest rank.\n"
+    )
+    head = "## Expert parallelism\n\n"
+    return head + f"{rec['ranks']} ranks, float32, gloo.\n\n" + common.table(rec["rows"], columns) + "\n" + note
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
