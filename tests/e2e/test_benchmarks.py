@@ -68,6 +68,7 @@ def test_tiny_suite_writes_every_result(demo: tuple[Path, Path], tmp_path: Path)
             "--only",
             # sft is registered but left out: its tiny variant is three launches (ours on 1 and 2 ranks, TRL's
             # SFTTrainer), 45-70 s on 2 cores, over this test's 15 s a benchmark (`python -m benchmarks.sft --tiny`)
+            # and expert_parallel: three 4-rank launches; its claims are tests/distributed/test_expert_parallel.py's
             "rollout,memory,sync,loading,loss_path,sequence_parallel,reward_model",
             "--results",
             str(results),
