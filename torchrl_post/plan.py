@@ -556,6 +556,9 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         samples = mini * n // len(ranks)
         micro = {"actor": cfg.actor.ppo_micro_batch_size_per_gpu, "critic": cfg.critic.ppo_micro_batch_size_per_gpu}
         ep = fsdp[role].expert_parallel_size
+        if role == "reference" and not placement.colocated[role]:  # the actor's ep is for the actor's ranks
+            fsdp[role] = replace(fsdp[role], expert_parallel_size=1)
+            ep = 1
         if len(ranks) % ep:
             key = "critic" if role == "critic" else "actor"
             raise ConfigError(

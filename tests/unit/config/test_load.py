@@ -307,6 +307,9 @@ def test_expert_parallelism_in_the_plan_and_its_aliases() -> None:
     assert {r: p.expert_parallel for r, p in plan.roles.items()} == {"actor": 2, "reference": 2}
     assert plan.expert_parallel_sizes == {"actor": 2, "reference": 2}
     assert "experts (efsdp, ep) = (2, 2)" in plan.describe("cpu", "gloo")
+    own = ["actor.fsdp.expert_parallel_size=2", "actor.use_kl_loss=true", "placement.actor=[0,1]"]
+    plan = plan_run(load_config([*own, "placement.reference=[2]"]), 3)  # a reference of its own: no ep there
+    assert {r: p.expert_parallel for r, p in plan.roles.items()} == {"actor": 2, "reference": 1}
     with pytest.raises(ConfigError, match=r"actor.fsdp.expert_parallel_size=3 does not divide the actor's 4 ranks"):
         plan_run(load_config(["actor.fsdp.expert_parallel_size=3"]), 4)
     for key in (
