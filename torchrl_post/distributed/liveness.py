@@ -11,7 +11,7 @@ of the ranks it watches. A watched rank whose counter has not moved for the dead
     (actor) was in 'sync' at step 2: ending with exit code 3 ...
 
 and exits with code 3 once every other watcher of the silent rank has written its line too (three beats, at least
-4.5 s, at most). A watcher on the silent rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`,
+10 s, at most). A watcher on the silent rank's host SIGKILLs it first: torchrun sees the failure at once and, with `--max-restarts`,
 restarts every rank, which resume exactly from the last checkpoint. Stages (`enter`) name what a rank is doing: the step's timed stages
 (logging/timing.py), the rollout ranks' and role ranks' own, checkpointing, validation.
 
@@ -69,8 +69,10 @@ class Deadlines:
     @property
     def watchers_s(self) -> float:
         """How long the first watcher of a silent rank waits at most for the other watchers' lines: three beats, and
-        at least 4.5 s (a short deadline's beats are short, and a watcher slowed on a busy host is not faster)."""
-        return max(3 * self.beat_s, 4.5)
+        at least 10 s (a short deadline's beats are short, and a watcher slowed on a busy host is not faster: with
+        4.5 s, one run of the 3-rank stall test on 2 busy cores lost a watcher's line). The wait ends as soon as
+        every other watcher has written its line, so a longer bound costs nothing when they keep up."""
+        return max(3 * self.beat_s, 10.0)
 
     def describe(self) -> str:
         return (

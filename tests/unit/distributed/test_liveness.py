@@ -37,7 +37,7 @@ def test_deadlines_and_the_beat_period() -> None:
     assert (d.silence_s, d.collective_s, d.beat_s) == (300.0, 1800, 10.0)
     assert liveness.deadlines(15.0).beat_s == 1.5
     assert liveness.deadlines(2.0).beat_s == 0.5
-    assert (liveness.deadlines(300.0).watchers_s, liveness.deadlines(2.0).watchers_s) == (30.0, 4.5)
+    assert (liveness.deadlines(300.0).watchers_s, liveness.deadlines(2.0).watchers_s) == (30.0, 10.0)
     assert liveness.deadlines(3600.0).collective_s == 3600  # collectives never time out before silence does
 
 
@@ -107,7 +107,7 @@ def test_an_error_of_the_ranks_own_is_raised_at_once_not_after_a_beat_period() -
 
 def test_the_first_watcher_waits_for_the_others_lines_before_the_silent_rank_is_killed() -> None:
     """Rank 2 is silent; rank 0 has written its line. It returns as soon as rank 1 (the other live watcher) has
-    written its line or finished, and after three beats (at least 4.5 s) at most when rank 1 never does."""
+    written its line or finished, and after three beats (at least 10 s) at most when rank 1 never does."""
     limits = liveness.Deadlines(silence_s=1.0, collective_s=60)  # a beat every 0.1 s
     for other in ("verdict/1", "done/1", None):
         store = dist.HashStore()
@@ -118,6 +118,6 @@ def test_the_first_watcher_waits_for_the_others_lines_before_the_silent_rank_is_
         watch._await_watchers([2])
         waited = time.monotonic() - start
         if other is None:
-            assert limits.watchers_s == 4.5 and limits.watchers_s <= waited < limits.watchers_s + 1.0
+            assert limits.watchers_s == 10.0 and limits.watchers_s <= waited < limits.watchers_s + 1.0
         else:
             assert waited < limits.beat_s, other
