@@ -12,7 +12,7 @@ computes what the HF experts module (`Qwen3MoeExperts.forward(hidden, top_k_inde
 2. send each pair's token row and its expert's local index to the owner (`all_to_all_single`, the autograd form for
    the rows: the backward sends the rows' gradients back the same way);
 3. the owner runs each of its experts on the rows it received (`local_experts`: one grouped GEMM per projection in
-   bfloat16, the per-expert loop in float32, which `torch._grouped_mm` refuses);
+   bfloat16, the per-expert loop in float32);
 4. send the results back, unsort, weight by the router's weights and sum over the k choices.
 
 The gradients follow the same routes: each token's gradient is the sum over its k experts, and each expert's
