@@ -241,9 +241,15 @@ class RunPlan:
             )
             micro = f"; micro-batches of {r.micro_batch_samples} samples" if r.micro_batch_samples else ""
             ep = r.expert_parallel
+            shards = r.mesh_shape[-1]  # HSDP: a replica's shard group, which holds every expert once
+            layout = (
+                f"(dp_replicate, efsdp, ep) = ({r.mesh_shape[0]}, {shards // ep}, {ep})"
+                if len(r.mesh_shape) == 2
+                else f"(efsdp, ep) = ({shards // ep}, {ep})"
+            )
             experts = (
-                f"; experts (efsdp, ep) = ({len(r.ranks) // ep}, {ep}): each rank holds 1/{ep} of every MoE "
-                "layer's experts, tokens sent to them by all-to-all"
+                f"; experts {layout}: each rank holds 1/{ep} of every MoE layer's experts, tokens sent to them "
+                "by all-to-all"
                 if ep > 1
                 else ""
             )
@@ -559,11 +565,15 @@ def plan_run(cfg: Config, world_size: int, device: str = "cpu") -> RunPlan:
         if role == "reference" and not placement.colocated[role]:  # the actor's ep is for the actor's ranks
             fsdp[role] = replace(fsdp[role], expert_parallel_size=1)
             ep = 1
-        if len(ranks) % ep:
+        if shape[-1] % ep:  # the ranks, or with HSDP a replica's shard group (which holds every expert once)
             key = "critic" if role == "critic" else "actor"
+            what = (
+                f"{key}.fsdp.fsdp_size={shape[-1]} (HSDP's shard group)"
+                if len(shape) == 2
+                else (f"the {role}'s {len(ranks)} ranks")
+            )
             raise ConfigError(
-                f"{key}.fsdp.expert_parallel_size={ep} does not divide the {role}'s {len(ranks)} ranks; set it to "
-                f"a divisor of {len(ranks)}"
+                f"{key}.fsdp.expert_parallel_size={ep} does not divide {what}; set it to a divisor of {shape[-1]}"
             )
         roles[role] = RolePlan(
             tuple(ranks), placement.colocated[role], fsdp[role], dims, shape, samples, sp,

@@ -129,10 +129,11 @@ def _model_case(rank: int, world: int) -> dict[str, float]:
     return {"logits": out["logits"], "dense": dense, "experts": experts, "scale": scale}
 
 
-def _fsdp_case(world: int, ep: int, param_dtype: str = "float32") -> dict[str, Any]:
+def _fsdp_case(world: int, ep: int, param_dtype: str = "float32", fsdp_size: int = -1) -> dict[str, Any]:
     """The trainer's own wrapping (`apply_fsdp` over the dense mesh, with and without expert parallelism's (efsdp,
     ep) mesh): a tiny Qwen3-MoE with 4 experts, each rank on its own tokens, one backward, the clipped gradient
-    norm and an AdamW step. The ep run's gradients (gathered whole), norm and updated weights against ep = 1's."""
+    norm and an AdamW step. The ep run's gradients (gathered whole), norm and updated weights against ep = 1's.
+    `fsdp_size` < world: HSDP, both runs (the experts over (dp_replicate, efsdp, ep))."""
     from torchrl_post.config.schema import FSDPConfig
     from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
     from torchrl_post.workers.fsdp import apply_fsdp
@@ -149,8 +150,8 @@ def _fsdp_case(world: int, ep: int, param_dtype: str = "float32") -> dict[str, A
     for name, size in (("ref", 1), ("ep", ep)):
         model = copy.deepcopy(base)
         layer_experts = sum(p.numel() for p in fused_experts(model)[0].parameters())
-        mesh = expert_mesh("cpu", world, size) if size > 1 else None
-        apply_fsdp(model, fsdp_mesh("cpu", world, -1), cfg, experts=mesh)
+        mesh = expert_mesh("cpu", world, size, fsdp_size) if size > 1 else None
+        apply_fsdp(model, fsdp_mesh("cpu", world, fsdp_size), cfg, experts=mesh)
         held: list[float] = []  # what each experts module holds as its forward runs (FSDP gathered it), x ep / all
         for m in fused_experts(model):
             m.register_forward_pre_hook(
@@ -192,6 +193,8 @@ def main() -> None:
     for ep in sorted({2, world}):
         report[f"fsdp_ep{ep}"] = _fsdp_case(world, ep)
     report["fsdp_bf16"] = _fsdp_case(world, world, "bfloat16")
+    if world == 4:  # HSDP: 2 replicas of 2 shards, ep = 2 within each
+        report["hsdp_ep2"] = _fsdp_case(world, 2, fsdp_size=2)
     write_reports(report, out_path)
 
 

@@ -1,7 +1,8 @@
 """Expert parallelism (torchrl_post/workers/expert_parallel.py, workers/fsdp.py) on 2 and 4 gloo ranks, float32: the
 token dispatch against transformers' Qwen3MoeExperts holding all 8 experts (outputs, the tokens' gradients, each
 rank's experts' weight gradients), and the trainer's FSDP2 wrapping with the (efsdp, ep) mesh against ep = 1
-(gradients, the clipped norm, the updated weights; ep = world is the layout where efsdp is one rank)."""
+(gradients, the clipped norm, the updated weights; ep = world is the layout where efsdp is one rank; HSDP on 4
+ranks)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_
     for rank in reports:
         # the trainer's wrapping (`apply_fsdp` with the (efsdp, ep) mesh) at ep = 2 and ep = world against ep = 1:
         # every gradient gathered whole, the clipped norm, the weights after an AdamW step
-        for ep in sorted({2, world}):
-            f = rank.pop(f"fsdp_ep{ep}")
+        # with HSDP on 4 ranks (2 replicas of 2 shards; experts over (dp_replicate, efsdp, ep) = (2, 1, 2))
+        for ep, key in [(ep, f"fsdp_ep{ep}") for ep in sorted({2, world})] + [(2, "hsdp_ep2")] * (world == 4):
+            f = rank.pop(key)
             assert f["grad_scale"] > 1.0 and f["moved"] > 1e-4, f  # gradients and an update to compare
             assert f["grad"] < 1e-6 * f["grad_scale"] and f["norm"] < 1e-6 * f["norm_value"], (ep, f)
             assert f["weights"] < 1e-6, (ep, f)

@@ -99,11 +99,12 @@ def test_expert_parallel_training_equals_ep1_and_resumes_across_ep(
     runs: dict[str, Path], tiny_moe_model: Path, task_data: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """actor.fsdp.expert_parallel_size through the whole loop (the experts split by expert over ep, tokens sent to
-    them by all-to-all, FSDP over the rest, the weight sync gathering every expert into the engine, routing replay
-    and the load-balancing loss): on 2 ranks, ep = 2 gives the ep = 1 run's metrics at every step (the engine's
-    logprobs after each sync included); on 4 ranks with Ulysses sp = 2, a run saved at ep = 2 resumes at ep = 1, whose
-    checkpoint resumes at ep = 4, each equal to 4 straight steps at ep = 1 (DCP reshards the experts across the
-    change)."""
+        them by all-to-all, FSDP over the rest, the weight sync gathering every expert into the engine, routing replay
+        and the load-balancing loss): on 2 ranks, ep = 2 gives the ep = 1 run's metrics at every step (the engine's
+        logprobs after each sync included); on 4 ranks with Ulysses sp = 2, a run saved at ep = 2 (with HSDP: 2 replicas
+    of 2 shards) resumes at ep = 1, whose
+        checkpoint resumes at ep = 4, each equal to 4 straight steps at ep = 1 (DCP reshards the experts across the
+        change)."""
     ep = "actor.fsdp.expert_parallel_size="
     two = tmp_path / "ep2"
     assert_ok(torchrun(2, _args(tiny_moe_model, task_data, two, 4, f"{ep}2")))
@@ -118,7 +119,9 @@ def test_expert_parallel_training_equals_ep1_and_resumes_across_ep(
     chain = {name: tmp_path / name for name in ("straight4", "at_ep2", "at_ep1", "at_ep4")}
     sp = "model.ulysses_sequence_parallel_size=2"  # each row's tokens over 2 ranks, routed wherever they sit
     assert_ok(torchrun(4, _args(tiny_moe_model, task_data, chain["straight4"], 4, sp)))
-    assert_ok(torchrun(4, _args(tiny_moe_model, task_data, chain["at_ep2"], 2, sp, f"{ep}2")))
+    hsdp = "actor.fsdp.fsdp_size=2"  # the first link with HSDP too: ep = 2 within each replica's 2 shards
+    assert_ok(torchrun(4, _args(tiny_moe_model, task_data, chain["at_ep2"], 2, sp, f"{ep}2", hsdp)))
+    assert "experts (dp_replicate, efsdp, ep) = (2, 1, 2)" in (chain["at_ep2"] / "plan.txt").read_text()
     assert_ok(torchrun(4, _args(tiny_moe_model, task_data, chain["at_ep1"], 3, sp, *resumed_from(chain["at_ep2"], 2))))
     at4 = _args(tiny_moe_model, task_data, chain["at_ep4"], 4, sp, f"{ep}4", *resumed_from(chain["at_ep1"], 3))
     assert_ok(torchrun(4, at4))

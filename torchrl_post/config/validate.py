@@ -204,11 +204,6 @@ def _mixture_of_experts(cfg: Config) -> None:
     for key, fsdp in (("actor.fsdp", cfg.actor.fsdp), ("critic.fsdp", cfg.critic.fsdp)):
         ep = fsdp.expert_parallel_size
         _positive(f"{key}.expert_parallel_size", ep)
-        if ep > 1 and fsdp.fsdp_size > 0:
-            raise ConfigError(
-                f"{key}.expert_parallel_size={ep} with {key}.fsdp_size={fsdp.fsdp_size}: expert parallelism runs "
-                f"over FSDP across all of the role's ranks, not HSDP; set {key}.fsdp_size=-1"
-            )
     if cfg.actor.fsdp.expert_parallel_size > 1 and cfg.model.lora_rank > 0:
         raise ConfigError(
             f"actor.fsdp.expert_parallel_size={cfg.actor.fsdp.expert_parallel_size} with model.lora_rank="

@@ -183,7 +183,7 @@ class Topology:
         self._meshes: dict[str, DeviceMesh] = {}
         self._sequence: dict[str, DeviceMesh] = {}
         self._experts: dict[str, DeviceMesh] = {}
-        by_ep: dict[int, DeviceMesh] = {}  # colocated roles with one ep size share its mesh (and its groups)
+        by_ep: dict[tuple[int, int], DeviceMesh] = {}  # colocated roles with one layout share its mesh and groups
         for role in placement.roles_of(env.rank):
             if role == "rollout":
                 continue  # vLLM builds its own groups over the cell
@@ -192,9 +192,10 @@ class Topology:
                 self._sequence[role] = sequence_mesh(env.device.type, len(self.cell), sp)
             ep = (ep_sizes or {}).get(role, 1)
             if ep > 1:
-                if ep not in by_ep:
-                    by_ep[ep] = expert_mesh(env.device.type, len(self.cell), ep)
-                self._experts[role] = by_ep[ep]
+                layout = (ep, fsdp_sizes.get(role, -1))
+                if layout not in by_ep:
+                    by_ep[layout] = expert_mesh(env.device.type, len(self.cell), *layout)
+                self._experts[role] = by_ep[layout]
 
     def sum_all(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every rank (all cells), in place; returns it."""
@@ -219,7 +220,7 @@ class Topology:
         return self._sequence.get(role)
 
     def experts(self, role: str) -> DeviceMesh | None:
-        """The role's sparse (efsdp, ep) mesh with expert parallelism (`expert_mesh`), else None."""
+        """The role's sparse mesh with expert parallelism (`expert_mesh`), else None."""
         return self._experts.get(role)
 
     def has(self, role: str) -> bool:
@@ -248,11 +249,19 @@ def sequence_mesh(device_type: str, n: int, sp: int) -> DeviceMesh:
     return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(n // sp, sp), mesh_dim_names=("dp", "sp"))
 
 
-def expert_mesh(device_type: str, n: int, ep: int) -> DeviceMesh:
+def expert_mesh(device_type: str, n: int, ep: int, fsdp_size: int = -1) -> DeviceMesh:
     """Expert parallelism's sparse mesh over a role's n ranks: ep groups of consecutive ranks (`["ep"]`: each MoE
     layer's experts spread over them, tokens exchanged by all-to-all; within a node first), and the efsdp groups
     of the ranks that hold the same experts (`["efsdp"]`: FSDP shards those experts over them). The dense mesh
-    (`fsdp_mesh`) shards everything else over all n ranks."""
+    (`fsdp_mesh`) shards everything else over all n ranks.
+
+    With HSDP (`mesh_shape`: replicas of fsdp_size shards) the ep groups lie within a replica's shard group, as
+    torchtitan borrows ep from dp_shard: (dp_replicate, efsdp, ep) = (n / fsdp_size, fsdp_size / ep, ep), and the
+    experts are HSDP over (dp_replicate, efsdp) (`workers/fsdp.py: apply_fsdp`)."""
+    dims, shape = mesh_shape(n, fsdp_size)
+    if len(dims) == 2:
+        grid = torch.arange(n, dtype=torch.int).view(shape[0], shape[1] // ep, ep)
+        return DeviceMesh(device_type, grid, mesh_dim_names=("dp_replicate", "efsdp", "ep"))
     return DeviceMesh(device_type, torch.arange(n, dtype=torch.int).view(n // ep, ep), mesh_dim_names=("efsdp", "ep"))
 
 

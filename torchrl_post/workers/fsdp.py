@@ -40,9 +40,10 @@ def apply_fsdp(
 ) -> torch.nn.Module:
     """Shard per decoder layer and at the root; parameters become DTensors on the mesh's device.
 
-    `experts`: expert parallelism's sparse (efsdp, ep) mesh. Each MoE layer's routed experts are first split by
-    expert over ep (`shard_experts`: this rank keeps E / ep of them and dispatches tokens by all-to-all), then
-    FSDP-shards them over efsdp, a unit of their own inside the layer's. Their gradients are reduced over efsdp,
+    `experts`: expert parallelism's sparse (efsdp, ep) mesh (with HSDP (dp_replicate, efsdp, ep)). Each MoE
+    layer's routed experts are first split by expert over ep (`shard_experts`: this rank keeps E / ep of them and
+    dispatches tokens by all-to-all), then FSDP-shards them over efsdp (HSDP: replicated over dp_replicate), a
+    unit of their own inside the layer's. Their gradients are reduced over efsdp,
     but each already sums its ep group's tokens (the all-to-all's backward), so they are divided by all the
     mesh's ranks, as the dense gradients are: the same update as with every expert everywhere.
 
@@ -63,12 +64,15 @@ def apply_fsdp(
     layer_reshard = frozen or cfg.reshard_after_forward
     if experts is not None:
         shard_experts(model, experts["ep"])
+        dims = tuple(d for d in experts.mesh_dim_names or () if d != "ep")  # efsdp; HSDP: (dp_replicate, efsdp)
+        spread = experts[dims] if len(dims) > 1 else experts[dims[0]]
         for module in fused_experts(model):
-            fully_shard(module, mesh=experts["efsdp"], mp_policy=mp, reshard_after_forward=layer_reshard, **extra)
+            fully_shard(module, mesh=spread, mp_policy=mp, reshard_after_forward=layer_reshard, **extra)
             unit = cast(FSDPModule, module)
             unit.set_gradient_divide_factor(float(mesh.size()))
             # Over more than one rank: a sum, then the division (gloo has no pre-scaled sum). Over one rank
-            # torch 2.13 divides in the copy that stands for the reduction and, forced, once more after it.
+            # torch 2.13 divides in the copy that stands for the reduction and, forced, once more after it
+            # (with HSDP the replicas' all-reduce is a sum either way).
             unit.set_force_sum_reduction_for_comms(experts["efsdp"].size() > 1)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=layer_reshard, **extra)

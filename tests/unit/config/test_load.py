@@ -286,8 +286,6 @@ def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
     ("overrides", "needle"),
     [
         (["actor.fsdp.expert_parallel_size=0"], "actor.fsdp.expert_parallel_size=0 must be > 0"),
-        (["actor.fsdp.expert_parallel_size=2", "actor.fsdp.fsdp_size=1"], "not HSDP; set actor.fsdp.fsdp_size=-1"),
-        (["critic.fsdp.expert_parallel_size=2", "critic.fsdp.fsdp_size=2"], "set critic.fsdp.fsdp_size=-1"),
         (["actor.fsdp.expert_parallel_size=2", "model.lora_rank=4"], "LoRA's adapters on the experts"),
         (["actor.router_replay=true", "rollout.engine=hf"], "rollout.engine=vllm"),
         (["actor.router_replay=true", "rollout.return_routed_experts=false"], "rollout.return_routed_experts=true"),
@@ -312,6 +310,11 @@ def test_expert_parallelism_in_the_plan_and_its_aliases() -> None:
     assert {r: p.expert_parallel for r, p in plan.roles.items()} == {"actor": 2, "reference": 1}
     with pytest.raises(ConfigError, match=r"actor.fsdp.expert_parallel_size=3 does not divide the actor's 4 ranks"):
         plan_run(load_config(["actor.fsdp.expert_parallel_size=3"]), 4)
+    # HSDP: ep lies within a replica's shard group, which holds every expert once
+    hsdp = plan_run(load_config(["actor.fsdp.expert_parallel_size=2", "actor.fsdp.fsdp_size=4"]), 8)
+    assert "experts (dp_replicate, efsdp, ep) = (2, 2, 2)" in hsdp.describe("cpu", "gloo")
+    with pytest.raises(ConfigError, match=r"expert_parallel_size=4 does not divide actor.fsdp.fsdp_size=2 \(HSDP"):
+        plan_run(load_config(["actor.fsdp.expert_parallel_size=4", "actor.fsdp.fsdp_size=2"]), 4)
     for key in (
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
         "actor_train.strategy_args.strategy_config.expert_model_parallel_size=2",
