@@ -355,14 +355,14 @@ def build_actor(cfg: Any, mesh: Any, device: Any, samples: int = 1, response: in
     )  # fmt: skip
 
 
-def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True) -> Any:
+def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True, tok: Any = None) -> Any:
     """The engine `cfg.rollout.engine` names, as the trainer builds it (`stop`: the tokenizer's EOS stops)."""
     from transformers import AutoTokenizer
 
     from torchrl_post.engines.build import build_engine as build
     from torchrl_post.plan import engine_spec
 
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    tok = tok or AutoTokenizer.from_pretrained(cfg.model.path)
     spec = engine_spec(cfg, device=device.type)
     return build(cfg.model, cfg.rollout, spec, device, seed, tok.pad_token_id, [tok.eos_token_id] if stop else [])
 

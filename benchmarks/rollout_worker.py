@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoTokenizer
 
 from benchmarks import common
 from torchrl_post.config.schema import Config
@@ -149,19 +150,20 @@ def main() -> None:
     cfg.rollout.cpu_kvcache_space_gb = args.kv_cache_gb
     cfg.rollout.dtype = "bfloat16" if env.device.type == "cuda" else "float32"
     cfg.rollout.load_format = "auto"  # both engines read the model's weights (no sync comes to replace them)
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
     engines: dict[str, RolloutEngine] = {}
     start_s: dict[str, float] = {}
     for name in ENGINES:
         t0 = time.perf_counter()
         cfg.rollout.engine = name
         engines[name] = (
-            fixed_length_vllm(cfg, env.device) if name == "vllm" else common.build_engine(cfg, env.device, stop=False)
+            fixed_length_vllm(cfg, env.device)
+            if name == "vllm"
+            else common.build_engine(cfg, env.device, stop=False, tok=tok)
         )
         start_s[name] = time.perf_counter() - t0
     try:
-        from transformers import AutoConfig, AutoTokenizer
-
-        result = measure(args, engines, len(AutoTokenizer.from_pretrained(cfg.model.path)))
+        result = measure(args, engines, len(tok))
         mcfg = AutoConfig.from_pretrained(cfg.model.path)
         hf: Any = engines["hf"]
         common.write_json(args.out, {
