@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(rec: dict[str, Any]) -> str:
     h, v = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"]
     fits = {p["label"]: p for p in rec["paths"]}
-    before, after = (fits[k]["fit"]["slope_bytes_per_token"] if fits[k].get("fit") else None for k in ("before", "after"))
+    before, after = (
+        fits[k]["fit"]["slope_bytes_per_token"] if fits[k].get("fit") else None for k in ("before", "after")
+    )
     slopes = [
         {"what": "before: full logits (HEAD_CHUNK_TOKENS=0)", "bytes": before},
         {
