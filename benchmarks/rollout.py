@@ -123,12 +123,11 @@ def markdown(rec: dict[str, Any]) -> str:
     lines = [
         "# Rollout benchmark: vLLM against transformers generate",
         "",
-        f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end (other jobs shared "
-        "the CPUs). The project's two engines in one process, temperature 1, every sample forced to `length` "
-        f"tokens, {rec.get('threads', 1)} CPU thread(s) each; best of {rec['repeats']} repeats, the engines taking "
-        "turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token s`: a call of one new token at the same batch "
-        "(fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1) for the whole batch; "
-        "`decode share` = the part of the call's time spent after the first token.",
+        f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
+        f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token "
+        "s`: a call of one new token (fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1); "
+        "`decode share`: the call's time after the first token.",
         "",
     ]
     for r in rec["runs"]:

@@ -1,11 +1,9 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
 with Ulysses sequence parallelism over sp = 1, 2 and 4 gloo ranks (dp 1), and the all-to-all's share of the step,
-measured by benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions.
-
-Why about 1.1 x 1/sp (measured 2026-11-26, in the slope): per decoder layer and local token the Ulysses attention
-saves two hidden-sized tensors that sp=1 does not: k and v repeated to the rank's query heads before sdpa (sdpa at
-sp=1 passes `enable_gqa` and keeps them at the kv heads), and the exchanged output's copy to [b, s, H, d] that o_proj
-saves beside sdpa's output (at sp=1 one storage for both); 43.3 hidden sizes per local token against sp=1's 38.2.
+measured by benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions. Why the activations sit
+about 1.1 x 1/sp (k and v repeated to the query heads, the exchanged output's copy): the report's last paragraph;
+counted with saved-tensor hooks at 2k tokens (2026-11-26), 43.3 hidden sizes per local token against sp=1's 38.2.
+(Before its fix, found here, the global mask built an [S, S] square: 516 MiB per rank at 16k, above sp=1's 327.)
 
     default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on
     --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
@@ -133,15 +131,12 @@ def markdown(rec: dict[str, Any]) -> str:
         "",
         f"A random Qwen2 (hidden {m['hidden_size']}, {m['num_layers']} layers, {m['num_heads']} heads, "
         f"{m['num_kv_heads']} kv heads, vocabulary {m['vocab_size']}, {m['dtype']}); one `Actor.update` (FSDP2, "
-        f"PPO clip loss, AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, with "
-        "`model.ulysses_sequence_parallel_size` = sp = the gloo ranks (dp 1): each rank runs 1/sp of the row's "
-        "tokens. `activations`: torch's MemTracker peak less the parameters, gradients and AdamW state held at that "
-        "moment (FSDP shards those already), the largest rank's; `ratio` = that / sp=1's at the same length "
-        "(ideal 1/sp); `peak`: everything, the sharded model state included. "
-        f"`step`: the fastest of {rec['timed']} more updates, untracked, the slowest rank; `all-to-all`: the time "
-        "inside the Ulysses exchanges (q, k, v in, the output back; forward, backward and a checkpointed layer's "
-        "recomputation), mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes each "
-        "rank hands to them per update ((sp-1)/sp of it leaves the rank).",
+        f"AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, sp = the gloo ranks (dp 1). "
+        "`activations`: MemTracker's peak less the parameters, gradients and AdamW state, the largest rank's; "
+        "`ratio` = that / sp=1's (ideal 1/sp); `peak`: everything. "
+        f"`step`: the fastest of {rec['timed']} untracked updates, the slowest rank; `all-to-all`: the time inside "
+        "the Ulysses exchanges, mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes "
+        "each rank hands to them per update.",
         "",
         common.table(rows, COLUMNS),
         "Activations per rank = constant + slope x tokens (least squares over the lengths; tokens = prompt + "
@@ -159,16 +154,13 @@ def markdown(rec: dict[str, Any]) -> str:
             f"At {longest} response tokens a rank holds this fraction of sp=1's activations: {held}"
             + (f"; with checkpointing {held_ckpt}" if held_ckpt else "")
             + f": {min(above):.2f}-{max(above):.2f} x the ideal 1/sp. The per-token slope carries the excess "
-            f"({min(slopes):.2f}-{max(slopes):.2f} x sp=1's / sp; the constant is under {constant:.1f} MiB): "
-            "per layer and local token the Ulysses attention keeps two hidden-sized tensors that sp=1 does not, "
-            "k and v repeated to the rank's query heads for sdpa (transformers' sdpa at sp=1 passes `enable_gqa` "
-            "and keeps them at the kv heads) and the exchanged output, copied to [b, s, H, d] for o_proj beside "
-            "sdpa's own saved output (at sp=1 the CPU kernel's output is that layout already: one storage); "
-            "about 5 hidden sizes per token against sp=1's 38 (module docstring). The all-to-all's share of the "
-            f"step: {min(shares):.0%} to {max(shares):.0%}, falling with the length (the exchange grows with S, "
-            "the attention with S^2); sp processes share "
-            f"{rec['machine']['cpu_count']} busy cores, so an exchange also waits for the rank the scheduler ran "
-            f"last, and `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
+            f"({min(slopes):.2f}-{max(slopes):.2f} x sp=1's / sp; the constant is under {constant:.1f} MiB): per layer "
+            "and local token the Ulysses attention keeps two hidden-sized tensors that sp=1 does not, k and v "
+            "repeated to the rank's query heads for sdpa (sdpa at sp=1 keeps them at the kv heads with `enable_gqa`) "
+            "and the exchanged output copied to [b, s, H, d] for o_proj (one storage at sp=1): about 5 hidden sizes "
+            f"per token against sp=1's 38. The all-to-all's share of the step: {min(shares):.0%} to "
+            f"{max(shares):.0%}, falling with the length; sp processes share {rec['machine']['cpu_count']} busy "
+            f"cores, so `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
             f"{rec['seconds']:.0f} s in all."
         )
     return "\n".join(lines) + "\n"

@@ -110,16 +110,13 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Update benchmark: the actor's update against a bare PyTorch loop",
         "",
         f"{m['cpu_count']} CPUs, torch {m['torch']}; {rec.get('threads', 1)} torch thread(s) per rank; 1-minute "
-        f"load average {rec['loadavg_1m']:.1f} at the end (other jobs shared the CPUs). Ours: `Actor.update` "
-        "(FSDP2, PPO clip loss, entropy and metrics, gradient clipping, AdamW), one optimizer step per update. "
-        "Bare: the plain HF model with torch.optim.AdamW over the same micro-batches (padded: the columns some row "
-        "uses; packed: one row of real tokens, positions restarting per sample), on-policy PPO surrogate, "
-        "gradient clipping, an all_reduce of the gradients on 2 ranks. tokens/s = real (prompt + response) tokens "
-        f"of the whole batch / seconds of one update, median of {rec['repeats']} repeats after a warm-up, ours and "
-        "bare taking turns. `ratio` = ours / bare (padded) tok/s; for the packing modes bare is the padded loop "
-        "over the same rows, so the ratio includes what packing buys. `ratio (CPU s)`: the same ratio from rank "
-        "0's process CPU seconds (CPU runs, one thread per rank: other jobs on the cores do not stretch it). "
-        "`padding frac` is ours (`perf/padding_frac`, rank 0's).",
+        f"load average {rec['loadavg_1m']:.1f} at the end. Ours: `Actor.update` (FSDP2, PPO clip loss, metrics, "
+        "clipping, AdamW). Bare: the plain HF model and torch.optim.AdamW over the same micro-batches (padded, or "
+        "packed: one row of real tokens), the on-policy PPO surrogate, clipping, an all_reduce of the gradients on 2 "
+        "ranks. tokens/s = real tokens of the whole batch / seconds of one update, median of "
+        f"{rec['repeats']} repeats after a warm-up, taking turns. `ratio` = ours / bare padded tok/s (for the packing "
+        "modes it includes what packing buys); `ratio (CPU s)`: the same from rank 0's process CPU seconds (not "
+        "stretched by other jobs). `padding frac` is ours (`perf/padding_frac`, rank 0's).",
         "",
     ]
     for r in rec["runs"]:
