@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import sys
 import time
@@ -46,11 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load(name: str) -> ModuleType | None:
-    """The benchmark's module, or None (one line said) when it is not written yet."""
-    if importlib.util.find_spec(f"benchmarks.{name}") is None:
-        print(f"{name}: skipped (benchmarks/{name}.py does not exist yet)", flush=True)
-        return None
+def load(name: str) -> ModuleType:
     return importlib.import_module(f"benchmarks.{name}")
 
 
@@ -60,8 +55,6 @@ def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
     start = time.perf_counter()
     for i, name in enumerate(names, 1):
         module = load(name)
-        if module is None:
-            continue
         t0 = time.perf_counter()
         print(f"[{i}/{len(names)}] {name} (load average {common.load_1m():.1f}) ...", flush=True)
         try:
@@ -72,27 +65,19 @@ def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
             detail = str(e) if isinstance(e, SystemExit) else traceback.format_exc()
             print(f"[{i}/{len(names)}] {name} FAILED after {time.perf_counter() - t0:.0f} s:\n{detail}", flush=True)
             continue
-        print(
-            f"[{i}/{len(names)}] {name} done in {time.perf_counter() - t0:.0f} s "
-            f"(total {time.perf_counter() - start:.0f} s): {path}",
-            flush=True,
-        )
+        now = time.perf_counter()
+        print(f"[{i}/{len(names)}] {name} done in {now - t0:.0f} s (total {now - start:.0f} s): {path}", flush=True)
     return failed
 
 
 def rebuild(args: argparse.Namespace, names: list[str]) -> list[str]:
     """Every JSON's .md and .png again, dispatched on its `benchmark` field; returns the names that failed."""
     failed = []
-    modules: dict[str, ModuleType | None] = {}
     for path in sorted(args.results.glob("*.json")):
         name = json.loads(path.read_text()).get("benchmark")
         if name not in names:
             continue
-        if name not in modules:
-            modules[name] = load(name)
-        module = modules[name]
-        if module is None:
-            continue
+        module = load(name)
         try:
             common.render(path, module.markdown, module.plot)
             print(f"rebuilt {path.with_suffix('.md').name} and .png", flush=True)

@@ -1,12 +1,10 @@
 """Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
 
-1. benchmarks/agent_loop_worker.py under torchrun (an in-process vLLM engine on the demo model, built when
-   missing): the guess-number environment with a step sleeping 0 and 50 ms on average (a tool), through
-   `AgentLoop(turn_batches=False)` (a trajectory's next turn starts as soon as its environment answered) and
-   `turn_batches=True` (every turn and environment call of a round finish before the next round), the same
-   tasks and seed; median of the repeats after a warm-up.
+1. benchmarks/agent_loop_worker.py under torchrun (in-process vLLM on the demo model): the guess-number environment
+   with a step sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `turn_batches=True`,
+   the same tasks and seed; median of the repeats after a warm-up.
 2. The built-in tools timed in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
-   `subprocess.run` of the same code (the venv's interpreter and the sandbox's), and `calculator`.
+   `subprocess.run` of the same code, and `calculator`.
 
     default   32 tasks x n=2, 3 repeats, 20 calls per tool
     --quick   8 tasks, 10 calls
@@ -16,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -36,61 +33,41 @@ SETTINGS = {"full": (32, 3, 20), "quick": (8, 3, 10), "tiny": (2, 1, 2)}  # task
 N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per task, env step delays, threads
 
 
-# ---- 1. the agent loop ----------------------------------------------------------------------------------------
-
-
 def run_loop(tasks: int, repeats: int) -> dict[str, Any]:
     args = [
         *("--model", str(demo_model()), "--data", str(DEMO_DATA / "train.jsonl"), "--tasks", str(tasks)),
         *("--samples", str(N), "--repeats", str(repeats), "--delays-ms", DELAYS_MS, "--env-workers", str(ENV_WORKERS)),
     ]
     # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
-    env = dict(os.environ, OMP_NUM_THREADS=str(OMP_THREADS), VLLM_CPU_OMP_THREADS_BIND="nobind")
+    env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
     t0 = time.perf_counter()
     rec: dict[str, Any] = common.run_worker("agent_loop", WORKER, 1, args, env)
-    rec |= {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
-    for s in rec["summary"]:
-        print(
-            f"    {s['delay_ms']:>4g} ms {LABELS[s['mode']]:>18}: {s['trajectories_per_s']:6.1f} traj/s, "
-            f"{s['engine_steps']:g} engine steps, {s['wall_s']:.2f} s, {s['mean_turns']:.2f} turns",
-            flush=True,
-        )
-    return rec
-
-
-# ---- 2. the sandbox -------------------------------------------------------------------------------------------
-
-
-def median_s(fn: Callable[[], Any], calls: int) -> dict[str, float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+    return rec | {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
 
 
 def bench_tools(calls: int) -> dict[str, Any]:
     from torchrl_post.tools.builtin import calculator, python
     from torchrl_post.tools.sandbox import SandboxLimits, SandboxUnavailable
 
-    interp = SandboxLimits().interpreter
-    code = "print(1)"
+    def median_s(fn: Callable[[], Any]) -> dict[str, float]:
+        times = [t[0] for t in common.take_turns({"fn": fn}, calls)["fn"]]
+        return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+
+    interp, code = SandboxLimits().interpreter, "print(1)"
     res: dict[str, Any] = {"calls": calls, "code": code, "sandbox_interpreter": interp}
     res["plain_subprocess"] = median_s(
-        lambda: subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, check=True), calls
+        lambda: subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, check=True)
     )
     if Path(interp).exists():
         res["plain_subprocess_sandbox_interpreter"] = median_s(
-            lambda: subprocess.run([interp, "-I", "-c", code], capture_output=True, check=True), calls
+            lambda: subprocess.run([interp, "-I", "-c", code], capture_output=True, check=True)
         )
-    res["calculator"] = median_s(lambda: calculator("123456+654321"), calls)
+    res["calculator"] = median_s(lambda: calculator("123456+654321"))
     try:
         if python(code).strip() != "1":
             raise SandboxUnavailable(f"python({code!r}) returned {python(code)!r}")
-        res["sandbox"] = median_s(lambda: python(code), calls)
+        res["sandbox"] = median_s(lambda: python(code))
         res["sandbox_available"] = True
         base = res.get("plain_subprocess_sandbox_interpreter", res["plain_subprocess"])
         res["sandbox_overhead_s"] = res["sandbox"]["median_s"] - base["median_s"]
@@ -100,15 +77,20 @@ def bench_tools(calls: int) -> dict[str, Any]:
     return res
 
 
-# ---- reports --------------------------------------------------------------------------------------------------
-
-
 def row(loop: dict[str, Any], delay: float, mode: str) -> dict[str, Any]:
     return next(s for s in loop["summary"] if s["delay_ms"] == delay and s["mode"] == mode)
 
 
 def delays_of(loop: dict[str, Any]) -> list[float]:
     return sorted({s["delay_ms"] for s in loop["summary"]})
+
+
+TOOLS = {
+    "sandbox": '`python("print(1)")` (bubblewrap sandbox)',
+    "plain_subprocess": "plain `subprocess.run` (venv interpreter, `-I`)",
+    "plain_subprocess_sandbox_interpreter": "plain `subprocess.run` (the sandbox's interpreter, `-I`)",
+    "calculator": '`calculator("123456+654321")`',
+}
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -121,11 +103,10 @@ def markdown(rec: dict[str, Any]) -> str:
         f"torch {m['torch']}, vllm {m['vllm']}; in-process vLLM on `{loop['model']}`, engine OpenMP threads: "
         f"{loop['omp_threads']}. Guess-number environment on the demo questions (each env step sleeps between 0 "
         "and twice the listed mean, seeded per task and turn, as tool latencies vary), "
-        f"{loop['tasks']} tasks x n={loop['n']} = "
-        f"{loop['tasks'] * loop['n']} trajectories, max_turns {loop['max_turns']}, "
-        f"{loop['max_tokens_per_turn']} tokens per turn, temperature {loop['temperature']}, seed {loop['seed']}, "
-        f"env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a warm-up; the prefix cache "
-        "is emptied before each run.",
+        f"{loop['tasks']} tasks x n={loop['n']} = {loop['tasks'] * loop['n']} trajectories, max_turns "
+        f"{loop['max_turns']}, {loop['max_tokens_per_turn']} tokens per turn, temperature {loop['temperature']}, "
+        f"seed {loop['seed']}, env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a "
+        "warm-up; the prefix cache is emptied before each run.",
         "",
         "| env step | mode | traj/s | engine steps | wall s | env floor s | mean turns | same responses as the other mode |",
         "|---|---|---|---|---|---|---|---|",
@@ -142,22 +123,16 @@ def markdown(rec: dict[str, Any]) -> str:
         "`env floor`: the run's environment calls alone, spread over the env_workers threads (turns x step / "
         "threads); no schedule of the turns finishes sooner. `same responses`: the share of trajectories whose "
         "response tokens are equal in both modes (same seeds; the engine's batches differ).",
+        "",
+        "| tool call | median ms | min ms | max ms |",
+        "|---|---|---|---|",
     ]
-    lines += ["", "| tool call | median ms | min ms | max ms |", "|---|---|---|---|"]
-    names = {
-        "sandbox": '`python("print(1)")` (bubblewrap sandbox)',
-        "plain_subprocess": "plain `subprocess.run` (venv interpreter, `-I`)",
-        "plain_subprocess_sandbox_interpreter": "plain `subprocess.run` (the sandbox's interpreter, `-I`)",
-        "calculator": '`calculator("123456+654321")`',
-    }
-    for key, name in names.items():
-        if key in tools:
-            t = tools[key]
+    for key, name in TOOLS.items():
+        if (t := tools.get(key)) is not None:
             lines.append(f"| {name} | {t['median_s'] * 1e3:.3f} | {t['min_s'] * 1e3:.3f} | {t['max_s'] * 1e3:.3f} |")
     if not tools["sandbox_available"]:
         lines.append(f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |")
-    lines += ["", *conclusion(rec), ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *conclusion(rec), ""])
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -169,39 +144,31 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
             f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x the trajectories/s of one batch per turn "
             f"with a {d:g} ms environment step ({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
         )
-    first = "The step loop runs " + "; ".join(parts) + "."
-    if tools["sandbox_available"]:
-        second = (
-            f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
-            f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
-            f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us."
-        )
-    else:
-        second = f"The sandbox could not be timed: {tools['sandbox_unavailable']}."
-    return [first, second]
+    if not tools["sandbox_available"]:
+        return [
+            "The step loop runs " + "; ".join(parts) + ".",
+            f"The sandbox could not be timed: {tools['sandbox_unavailable']}.",
+        ]
+    return [
+        "The step loop runs " + "; ".join(parts) + ".",
+        f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
+        f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
+        f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us.",
+    ]
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     loop = rec["agent_loop"]
     delays = delays_of(loop)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.38
-    for i, mode in enumerate(MODES):
-        xs = [k + (i - 0.5) * width for k in range(len(delays))]
-        tps = [row(loop, d, mode)["trajectories_per_s"] for d in delays]
-        steps = [row(loop, d, mode)["engine_steps"] for d in delays]
-        for ax, ys, fmt in ((left, tps, "{:.1f}"), (right, steps, "{:g}")):
-            bars = ax.bar(xs, ys, width, label=LABELS[mode], color=f"C{i}")
-            ax.bar_label(bars, [fmt.format(y) for y in ys], fontsize=8)
-    for ax, ylabel, title in (
-        (left, "trajectories / s", "throughput (median)"),
-        (right, "engine steps", "engine steps per run (median)"),
+    ticks = [f"env step {d:g} ms" for d in delays]
+    for ax, key, fmt, ylabel, title in (
+        (left, "trajectories_per_s", "{:.1f}", "trajectories / s", "throughput (median)"),
+        (right, "engine_steps", "{:g}", "engine steps", "engine steps per run (median)"),
     ):
-        ax.set_xticks(range(len(delays)), [f"env step {d:g} ms" for d in delays])
-        ax.set(ylabel=ylabel, title=title)
-        ax.legend(fontsize=8)
+        series = [(LABELS[mode], [row(loop, d, mode)[key] for d in delays]) for mode in MODES]
+        common.bars(ax, ticks, series, fmt, ylabel, title)
     fig.suptitle(
         f"agent loop, {loop['tasks']} tasks x n={loop['n']}, {loop['max_turns']} turns x "
         f"{loop['max_tokens_per_turn']} tokens, env_workers {loop['env_workers']}",
@@ -210,17 +177,11 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     common.save_figure(fig, path)
 
 
-# ---- main -----------------------------------------------------------------------------------------------------
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks, repeats, calls = SETTINGS[common.mode(args)]
     loop = run_loop(tasks, repeats)
     print(f"sandbox: {calls} calls each ...", flush=True)
-    rec = {"repeats": repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": bench_tools(calls)}
-    for line in conclusion(rec):
-        print(f"  {line}", flush=True)
-    return rec
+    return {"repeats": repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": bench_tools(calls)}
 
 
 if __name__ == "__main__":

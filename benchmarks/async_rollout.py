@@ -2,12 +2,9 @@
 
     python -m benchmarks.async_rollout [--steps S] [--repeats R] [--configs on_policy,lookahead1,...]
 
-Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines
-on [2,3], on benchmarks/longtail_task.py (the demo model asked for 1 to 200 characters). Runs are interleaved
-(A B C, A B C) so that other jobs slow every configuration alike; repeat r runs with trainer.seed 1 + r. From
-each metrics.jsonl, after the first WARMUP steps: tokens/s and samples/s over the summed `timing_s/step`, the
-idle shares (`timing_s/rollout_wait`, `timing_s/gen` over `timing_s/step`), the staleness histogram
-(`rollout/staleness_groups/*`), stale dropped groups and validation at the same steps.
+Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines on
+[2,3], on benchmarks/longtail_task.py; runs are interleaved (A B C, A B C), repeat r with trainer.seed 1 + r. From
+each metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
 
     default   20 steps, 2 repeats, validation at steps 0, 10 and 20
     --quick   12 steps, 1 repeat
@@ -38,24 +35,25 @@ PARTIAL = ("rollout.partial_rollout=true", "trainer.max_off_policy_steps=1")
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration: its short name, what the table calls it, its overrides."""
+    """One configuration: its short name, what the table calls it, the plot's tick label, its overrides."""
 
     name: str
     label: str
-    short: str  # the plot's tick label
+    short: str
     overrides: tuple[str, ...]
 
 
+UNBOUNDED = (*PARTIAL, "trainer.max_staleness=null")
 CONFIGS = (
     Config("on_policy", "on-policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
     Config("lookahead1", "look-ahead 1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
     Config("partial_s2", "partial, max_staleness 2", "partial\nstaleness <= 2", (*PARTIAL, "trainer.max_staleness=2")),
-    Config("partial_unbounded", "partial, unbounded", "partial\nunbounded", (*PARTIAL, "trainer.max_staleness=null")),
+    Config("partial_unbounded", "partial, unbounded", "partial\nunbounded", UNBOUNDED),
     Config(
         "partial_arrival",
         "partial + update on arrival",
         "partial\non arrival",
-        (*PARTIAL, "trainer.max_staleness=null", "rollout.update_on_arrival=true"),
+        (*UNBOUNDED, "rollout.update_on_arrival=true"),
     ),
 )
 
@@ -184,18 +182,8 @@ def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, dat
     rows, wall = common.train_run(f"async_rollout_{cfg.name}_r{repeat}", overrides, nproc=4, env=env)
     out = {"config": cfg.name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
     out["loadavg_1m"] = common.load_1m()
-    print(
-        f"      {out['tokens_per_s']:.0f} tok/s, {out['samples_per_s']:.1f} samples/s, rollout idle "
-        f"{pct(out['rollout_idle'])}, actor idle {out['actor_idle']:.0%}, response {out['response_length']:.1f}, "
-        f"val {out['val']}; run {wall:.0f} s",
-        flush=True,
-    )
+    print(f"      {out['tokens_per_s']:.0f} tok/s, rollout idle {pct(out['rollout_idle'])}; run {wall:.0f} s")
     return out
-
-
-def chosen(args: argparse.Namespace) -> list[Config]:
-    names = [n for n in args.configs.split(",") if n] or (["on_policy", "partial_s2"] if args.tiny else [])
-    return [c for c in CONFIGS if not names or c.name in names]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,7 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.prompts, args.n = 4, 2
     args.steps = args.steps or (2 if args.tiny else 12 if args.quick else 20)
     repeats = args.repeats or (1 if args.tiny or args.quick else 2)
-    configs = chosen(args)
+    names = [n for n in args.configs.split(",") if n] or (["on_policy", "partial_s2"] if args.tiny else [])
+    configs = [c for c in CONFIGS if not names or c.name in names]
     model, data = longtail_task.build()
     runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
     for repeat in range(repeats):  # interleaved: every configuration once per round
@@ -213,50 +202,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ref_name = configs[0].name
     reference = combine(runs[ref_name], None)
     rows = [
-        {
-            "config": c.name,
-            "label": c.label,
-            "short": c.short,
-            **(reference if c.name == ref_name else combine(runs[c.name], reference)),
-        }
+        {"config": c.name, "label": c.label, "short": c.short,
+         **(reference if c.name == ref_name else combine(runs[c.name], reference))}
         for c in configs
-    ]
+    ]  # fmt: skip
     noise = val_noise(runs)
     for row in rows:
         row["goal"] = goal_met(row, reference, noise)
-    build_info = json.loads((model / "longtail_build.json").read_text())
+    settings = {
+        "steps": args.steps, "repeats": repeats, "prompts": args.prompts, "n": args.n, "warmup_steps": WARMUP,
+        "max_response_length": longtail_task.MAX_RESPONSE_LENGTH, "reference": ref_name,
+        "model_warm_start": json.loads((model / "longtail_build.json").read_text()),
+    }  # fmt: skip
     return {
-        "settings": {
-            "steps": args.steps,
-            "repeats": repeats,
-            "prompts": args.prompts,
-            "n": args.n,
-            "warmup_steps": WARMUP,
-            "max_response_length": longtail_task.MAX_RESPONSE_LENGTH,
-            "reference": ref_name,
-            "model_warm_start": build_info,
-        },  # fmt: skip
-        "rows": rows,
-        "runs": [r for c in configs for r in runs[c.name]],
-        "val_noise": noise,
+        "settings": settings, "rows": rows, "runs": [r for c in configs for r in runs[c.name]], "val_noise": noise,
         "loadavg_1m": common.load_1m(),
-    }
+    }  # fmt: skip
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
+
+COLUMNS = [
+    ("configuration", "label", "{}"), ("tokens/s", "tokens_per_s", "{:.0f}"), ("x on-policy", "speedup_tokens", "{:.2f}x"),
+    ("samples/s", "samples_per_s", "{:.1f}"), ("x on-policy", "speedup_samples", "{:.2f}x"),
+    ("response len", "response_length", "{:.1f}"), ("rollout idle", "rollout_idle", "{:.0%}"),
+    ("actor idle", "actor_idle", "{:.0%}"), ("staleness 0/1/2/3/4+", "hist", "{}"),
+    ("stale dropped", "stale_dropped", "{:.0f}"), ("train score", "score", "{:.3f}"), ("validation", "val_steps", "{}"),
+]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
     st, m = rec["settings"], rec["machine"]
     rows = [
-        {
-            **r,
-            "hist": " / ".join(f"{r['staleness_hist'][b]:.0f}" for b in STALENESS_BINS),
-            "val_steps": ", ".join(f"{v:.3f}" for v in r["val"].values()),
-        }
+        {**r, "hist": " / ".join(f"{r['staleness_hist'][b]:.0f}" for b in STALENESS_BINS),
+         "val_steps": ", ".join(f"{v:.3f}" for v in r["val"].values())}
         for r in rec["rows"]
-    ]
+    ]  # fmt: skip
     loads = [r["loadavg_1m"] for r in rec["runs"]]
+    per_run = []
+    for row in rec["rows"]:
+        runs = [r for r in rec["runs"] if r["config"] == row["config"]]
+        per_run.append(
+            f"- {row['label']}: " + ", ".join(f"{r['tokens_per_s']:.0f} (load {r['loadavg_1m']:.1f})" for r in runs)
+        )
     lines = [
         "# Asynchronous rollout on a long-tailed task",
         "",
@@ -271,28 +259,12 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{VAL_N} samples (temperature 1) of each of the 128 held-out prompts at each validation step (mean over "
         "repeats; repeat r runs with trainer.seed 1 + r).",
         "",
-        common.table(
-            rows,
-            [
-                ("configuration", "label", "{}"),
-                ("tokens/s", "tokens_per_s", "{:.0f}"),
-                ("x on-policy", "speedup_tokens", "{:.2f}x"),
-                ("samples/s", "samples_per_s", "{:.1f}"),
-                ("x on-policy", "speedup_samples", "{:.2f}x"),
-                ("response len", "response_length", "{:.1f}"),
-                ("rollout idle", "rollout_idle", "{:.0%}"),
-                ("actor idle", "actor_idle", "{:.0%}"),
-                ("staleness 0/1/2/3/4+", "hist", "{}"),
-                ("stale dropped", "stale_dropped", "{:.0f}"),
-                ("train score", "score", "{:.3f}"),
-                ("validation", "val_steps", "{}"),
-            ],
-        ),
+        common.table(rows, COLUMNS),
         f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between the seeds of one "
         f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below). "
         "Tokens/s of each repeat with the 1-minute load after it (the spread is the other jobs'):",
         "",
-        *per_run(rec),
+        *per_run,
         "",
         *conclusion(rec),
         "",
@@ -305,27 +277,15 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
-def per_run(rec: dict[str, Any]) -> list[str]:
-    """One line per configuration: each repeat's tokens/s and the load after it."""
-    out = []
-    for row in rec["rows"]:
-        runs = [r for r in rec["runs"] if r["config"] == row["config"]]
-        parts = ", ".join(f"{r['tokens_per_s']:.0f} (load {r['loadavg_1m']:.1f})" for r in runs)
-        out.append(f"- {row['label']}: {parts}")
-    return out
-
-
 def conclusion(rec: dict[str, Any]) -> list[str]:
-    out = []
+    out, ref = [], rec["rows"][0]
     for r in rec["rows"][1:]:
-        g = r["goal"]
-        verdict = "meets" if all(g.values()) else "misses"
-        missed = [k for k, ok in g.items() if not ok]
+        missed = [k for k, ok in r["goal"].items() if not ok]
         out.append(
             f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
-            f"samples/s (mean response {r['response_length']:.1f} tokens vs {rec['rows'][0]['response_length']:.1f}), "
-            f"rollout idle {pct(r['rollout_idle'])}, last validation {r['val_last']:.3f} vs "
-            f"{rec['rows'][0]['val_last']:.3f}: {verdict} the goal" + (f" ({', '.join(missed)})." if missed else ".")
+            f"samples/s (mean response {r['response_length']:.1f} tokens vs {ref['response_length']:.1f}), "
+            f"rollout idle {pct(r['rollout_idle'])}, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
+            f"{'misses' if missed else 'meets'} the goal" + (f" ({', '.join(missed)})." if missed else ".")
         )
     return out
 
@@ -334,37 +294,30 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
     rows = rec["rows"]
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.6))
-    xs = list(range(len(rows)))
-    names = [r.get("short", r["label"]) for r in rows]
-    ax = axes[0]
-    ax.bar([x - 0.2 for x in xs], [r["speedup_tokens"] for r in rows], 0.4, label="tokens/s")
-    ax.bar([x + 0.2 for x in xs], [r["speedup_samples"] for r in rows], 0.4, label="samples/s")
-    ax.axhline(GOAL_SPEEDUP, color="k", ls="--", lw=0.8, label=f"goal {GOAL_SPEEDUP:g}x")
-    ax.set_xticks(xs, names, fontsize=7)
-    ax.set(ylabel="x on-policy (median of repeats)", title="throughput")
-    ax.legend(fontsize=7)
-    ax = axes[1]
-    ax.bar([x - 0.2 for x in xs], [r["rollout_idle"] or 0.0 for r in rows], 0.4, label="rollout ranks")
-    ax.bar([x + 0.2 for x in xs], [r["actor_idle"] for r in rows], 0.4, label="actor ranks")
-    ax.axhline(GOAL_ROLLOUT_IDLE, color="k", ls="--", lw=0.8, label="goal (rollout)")
-    ax.set_xticks(xs, names, fontsize=7)
-    ax.set(ylabel="share of the step idle", title="idle")
-    ax.legend(fontsize=7)
-    ax = axes[2]
+    xs, names = list(range(len(rows))), [r.get("short", r["label"]) for r in rows]
+    for ax, pairs, goal, goal_label, ylabel, title in (
+        (axes[0], (("tokens/s", "speedup_tokens"), ("samples/s", "speedup_samples")), GOAL_SPEEDUP,
+         f"goal {GOAL_SPEEDUP:g}x", "x on-policy (median of repeats)", "throughput"),
+        (axes[1], (("rollout ranks", "rollout_idle"), ("actor ranks", "actor_idle")), GOAL_ROLLOUT_IDLE,
+         "goal (rollout)", "share of the step idle", "idle"),
+    ):  # fmt: skip
+        common.bars(ax, names, [(label, [r[key] or 0.0 for r in rows]) for label, key in pairs], "", ylabel, title)
+        ax.axhline(goal, color="k", ls="--", lw=0.8, label=goal_label)
+        ax.set_xticks(xs, names, fontsize=7)
+        ax.legend(fontsize=7)
     for i, r in enumerate(rows):
         steps = list(r["val"])
-        ax.plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
-    ax.set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)", title="validation")
-    ax.legend(fontsize=7)
-    ax = axes[3]
+        axes[2].plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
+    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)", title="validation")
+    axes[2].legend(fontsize=7)
     bottoms = [0.0] * len(rows)
     for b in STALENESS_BINS:
         shares = [r["staleness_hist"][b] / max(1.0, sum(r["staleness_hist"].values())) for r in rows]
-        ax.bar(xs, shares, 0.6, bottom=bottoms, label=f"staleness {b}")
+        axes[3].bar(xs, shares, 0.6, bottom=bottoms, label=f"staleness {b}")
         bottoms = [lo + s for lo, s in zip(bottoms, shares, strict=True)]
-    ax.set_xticks(xs, names, fontsize=7)
-    ax.set(ylabel="share of trained groups", title="staleness of the trained groups")
-    ax.legend(fontsize=7)
+    axes[3].set_xticks(xs, names, fontsize=7)
+    axes[3].set(ylabel="share of trained groups", title="staleness of the trained groups")
+    axes[3].legend(fontsize=7)
     fig.suptitle(
         "Long-tailed task, actor [0,1] + rollout [2,3]: on-policy, look-ahead and partial rollouts", fontsize=10
     )

@@ -1,17 +1,10 @@
-"""What every benchmark shares: the machine it ran on, where results go and how they are named, torchrun.
+"""What every benchmark shares: the machine, where results go and how they are named, torchrun, timing, plots.
 
-A benchmark module `benchmarks/<name>.py` exposes
-    NAME: str                                    the result's name ("rollout", "update", ...)
-    run(args: argparse.Namespace) -> dict        measure (args.quick: the 5-minute subset; args.tiny: the
-                                                 smallest sizes that still exercise every path, for tests)
-    markdown(rec: dict) -> str                   the table (and a line on what it means) from the record
-    plot(path: Path, rec: dict) -> None          the PNG from the record
-and `python -m benchmarks` (benchmarks/__main__.py) runs them, then `write_report` writes
-`<results>/<name>_<machine>_<date>.{json,md,png}`. `--report-only` rebuilds .md and .png from every JSON.
-
-Records are plain JSON: lists of rows (dicts), the measurement settings, and `machine` / `date`
-added here. Ratios against a reference measured in the same run are the headline numbers: absolute
-times on a shared 2-core machine are noise, ratios taken minutes apart on the same machine much less so.
+A benchmark module `benchmarks/<name>.py` exposes `NAME`, `run(args) -> dict` (args.quick: the 5-minute subset;
+args.tiny: the smallest sizes that still exercise every path, for tests), `markdown(rec) -> str` and
+`plot(path, rec)`; `write_report` writes `<results>/<name>_<machine>_<date>.{json,md,png}` and `--report-only`
+rebuilds .md and .png from every JSON. Records are plain JSON with `machine` and `date` added here; headline numbers
+are ratios against a reference measured in the same run (absolute times on a shared 2-core machine are noise).
 """
 
 from __future__ import annotations
@@ -39,6 +32,7 @@ DATA = ROOT / "outputs" / "bench_data"
 LOGS = ROOT / "outputs" / "bench_logs"
 DEMO_MODEL = ROOT / "outputs" / "demo_model"  # `make demo`'s model and data, as the trainer's defaults find them
 DEMO_DATA = ROOT / "outputs" / "demo_data"
+Record = dict[str, Any]
 
 
 def cpu_model() -> str:
@@ -51,14 +45,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpu_name() -> str | None:
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
-    return None
-
-
 def device_kind() -> str:
     """What the trainer runs on here: cuda or cpu."""
     import torch
@@ -66,7 +52,7 @@ def device_kind() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def machine() -> dict[str, Any]:
+def machine() -> Record:
     """What a result was measured on: CPU model and cores, GPU (if any), library versions."""
     import torch
 
@@ -76,22 +62,18 @@ def machine() -> dict[str, Any]:
         vllm_version = vllm.__version__
     except ImportError:
         vllm_version = "not installed"
+    gpu = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else None
     return {
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpu": gpu_name(),
-        "torch": torch.__version__,
-        "vllm": vllm_version,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpu": gpu, "torch": torch.__version__, "vllm": vllm_version,
+        "python": platform.python_version(), "platform": platform.platform(),
+    }  # fmt: skip
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def machine_tag(info: dict[str, Any] | None = None) -> str:
+def machine_tag(info: Record | None = None) -> str:
     """A short file-name-safe name of the machine: `amd-epyc-2c`, `intel-xeon-platinum-8480-16c-1x-nvidia-h100`
     (trademarks, clock, "CPU", "Processor", core counts in the name, GPU memory and form factor left out)."""
     info = info or machine()
@@ -103,48 +85,43 @@ def machine_tag(info: dict[str, Any] | None = None) -> str:
     return tag
 
 
-def today() -> str:
-    return datetime.date.today().isoformat()
+def result_stem(name: str, info: Record | None = None, date: str | None = None) -> str:
+    return f"{name}_{machine_tag(info)}_{date or datetime.date.today().isoformat()}"
 
 
-def result_stem(name: str, info: dict[str, Any] | None = None, date: str | None = None) -> str:
-    return f"{name}_{machine_tag(info)}_{date or today()}"
+Markdown = Callable[[Record], str]
+Plot = Callable[[Path, Record], None]
 
 
-def write_report(
-    results: Path,
-    name: str,
-    rec: dict[str, Any],
-    markdown: Callable[[dict[str, Any]], str],
-    plot: Callable[[Path, dict[str, Any]], None],
-) -> Path:
-    """<results>/<name>_<machine>_<date>.json (the record, with `benchmark`, `machine` and `date` added),
-    .md (`markdown(rec)`) and .png (`plot(path, rec)`); returns the JSON's path."""
+def write_report(results: Path, name: str, rec: Record, markdown: Markdown, plot: Plot) -> Path:
+    """<results>/<name>_<machine>_<date>.json (the record, with `benchmark`, `machine` and `date` added), .md and
+    .png; returns the JSON's path."""
     results.mkdir(parents=True, exist_ok=True)
-    rec = {"benchmark": name, "machine": rec.get("machine") or machine(), "date": rec.get("date") or today(), **rec}
-    stem = results / result_stem(name, rec["machine"], rec["date"])
-    json_path = stem.with_suffix(".json")
+    date = rec.get("date") or datetime.date.today().isoformat()
+    rec = {"benchmark": name, "machine": rec.get("machine") or machine(), "date": date, **rec}
+    json_path = (results / result_stem(name, rec["machine"], rec["date"])).with_suffix(".json")
     json_path.write_text(json.dumps(rec, indent=1) + "\n")
     render(json_path, markdown, plot)
     return json_path
 
 
-def render(
-    json_path: Path, markdown: Callable[[dict[str, Any]], str], plot: Callable[[Path, dict[str, Any]], None]
-) -> None:
+def render(json_path: Path, markdown: Markdown, plot: Plot) -> None:
     """The .md and .png beside a record's JSON, from the JSON alone (what `--report-only` runs)."""
     rec = json.loads(json_path.read_text())
-    json_path.with_suffix(".md").write_text(header(rec) + markdown(rec))
-    plot(json_path.with_suffix(".png"), rec)
-
-
-def header(rec: dict[str, Any]) -> str:
     m = rec["machine"]
     gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
-    return (
+    header = (
         f"<!-- {rec['benchmark']}: {m['cpu']} ({m['cpu_count']} cores){gpu}; torch {m['torch']}, "
         f"vllm {m['vllm']}; {rec['date']} -->\n"
     )
+    json_path.with_suffix(".md").write_text(header + markdown(rec))
+    plot(json_path.with_suffix(".png"), rec)
+
+
+def versions(rec: Record) -> str:
+    """`2 CPUs, torch X, vllm Y`: the line most reports open with."""
+    m = rec["machine"]
+    return f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}"
 
 
 def torchrun() -> list[str]:
@@ -168,7 +145,7 @@ def warn_if_busy() -> None:
         print(f"    warning: load average {load:.1f} on {cpus} CPUs; other processes share the timings", flush=True)
 
 
-def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+def table(rows: list[Record], columns: list[tuple[str, str, str]]) -> str:
     """A markdown table: `columns` are (header, key, format); a missing key is an empty cell."""
     head = "| " + " | ".join(c[0] for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
@@ -184,9 +161,9 @@ def load_1m() -> float:
     return os.getloadavg()[0]
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str | None) -> argparse.ArgumentParser:
     """The options every benchmark takes (a module with more adds them to this and defines `parse_args`)."""
-    ap = argparse.ArgumentParser(description=description.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(description or "").split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the ~5-minute subset")
     ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
     ap.add_argument("--results", type=Path, default=RESULTS)
@@ -247,17 +224,21 @@ SIZES = {
         ModelSize("qwen2-100m", 768, 13, 12, 4, 2560),
     )
 }
+TINY = ModelSize("qwen2-tiny", 64, 2, 2, 1, 128)  # the --tiny model of update and sft
 
 
-def model_dir(size: ModelSize) -> Path:
+def built(out: Path) -> bool:
+    """A saved model directory is there (config and weights)."""
+    return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
+def model_dir(size: ModelSize, out: Path | None = None, **extra: Any) -> Path:
     """The model's directory under MODELS, built once (build_tiny_model is seeded: a cached one is the same)."""
-    out = MODELS / size.name
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
-        return out
-    from torchrl_post.demo.build import build_tiny_model
+    out = out or MODELS / size.name
+    if not built(out):
+        from torchrl_post.demo.build import build_tiny_model
 
-    spec = {k: v for k, v in asdict(size).items() if k != "name"}
-    build_tiny_model(out, seed=0, **spec)
+        build_tiny_model(out, seed=0, **{k: v for k, v in asdict(size).items() if k != "name"}, **extra)
     return out
 
 
@@ -273,14 +254,12 @@ def demo_model() -> Path:
 
 def train_run(
     tag: str, overrides: list[str], nproc: int = 1, env: dict[str, str] | None = None
-) -> tuple[list[dict[str, Any]], float]:
+) -> tuple[list[Record], float]:
     """The trainer itself: `torchrun --nproc-per-node nproc -m torchrl_post.train` with `overrides` (key=value,
     `--config-name NAME` too), its run directory LOGS/runs/<tag> (emptied first), its log LOGS/<tag>.log and
     `env` added to this process's environment. Returns the rows of its metrics.jsonl and the run's wall seconds."""
     run_dir = LOGS / "runs" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
-    full_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env or {}))
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
     cmd = [
         *torchrun(), "--standalone", "--nproc-per-node", str(nproc), "-m", "torchrl_post.train",
         "trainer.save_freq=0", f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name=bench_{tag}",
@@ -288,28 +267,107 @@ def train_run(
     ]  # fmt: skip
     warn_if_busy()
     t0 = time.perf_counter()
-    run_logged(cmd, LOGS / f"{tag}.log", env=full_env)
+    run_logged(cmd, LOGS / f"{tag}.log", env=child_env({"TOKENIZERS_PARALLELISM": "false", **(env or {})}))
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return rows, wall
 
 
-def median(rows: list[dict[str, Any]], key: str) -> float | None:
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with `env` added, the repository first on PYTHONPATH (workers import it)."""
+    full = dict(os.environ, **(env or {}))
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH", "")) if p)
+    return full
+
+
+def median(rows: list[Record], key: str) -> float | None:
     """The median of a metric over the rows that have it (None when none has)."""
     values = [float(r[key]) for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
+def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) -> Record:
+    """`{key: median of metric}` over the rows from training step `first_step` on (all rows when none is)."""
+    kept = [r for r in rows if r.get("training/global_step", 0) >= first_step] or rows
+    return {key: median(kept, metric) for key, metric in metrics.items()}
+
+
 def run_worker(tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> Any:
-    """`worker` under torchrun on `nproc` processes with `--out LOGS/<tag>.json` added (its log beside it); the
-    record it wrote, with the 1-minute load average at the end (above the run's own ranks: shared CPUs)."""
+    """`worker` under torchrun on `nproc` processes with `--out LOGS/<tag>.json` added (its log beside it) and
+    `env` added to the environment; the record it wrote, with the 1-minute load average at the end."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
+    warn_if_busy()
     cmd = [*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(worker), *worker_args, "--out", str(out)]
-    run_logged(cmd, LOGS / f"{tag}.log", env=env)
+    run_logged(cmd, LOGS / f"{tag}.log", env=child_env(env))
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
     return rec
+
+
+# ---- inside workers ------------------------------------------------------------------------------------------
+
+
+def worker_args(doc: str | None, argv: list[str] | None = None, **options: Any) -> argparse.Namespace:
+    """A worker's options: `--out` and `--<name>` per keyword, of its default's type (a type: required)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    for name, default in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, type):
+            ap.add_argument(flag, type=default, required=True)
+        else:
+            ap.add_argument(flag, type=type(default), default=default)
+    return ap.parse_args(argv)
+
+
+def write_json(path: Path, rec: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+
+
+def take_turns(
+    calls: dict[str, Callable[[], Any]], repeats: int, sync: Callable[[], Any] = lambda: None
+) -> dict[str, list[tuple[float, float, Any]]]:
+    """(wall s, process CPU s, result) of each call per round: one warm-up call each, then `repeats` rounds in
+    which the calls take turns (outside load hits them alike), each between two `sync()`s."""
+    for call in calls.values():
+        sync()
+        call()
+    out: dict[str, list[tuple[float, float, Any]]] = {k: [] for k in calls}
+    for _ in range(repeats):
+        for key, call in calls.items():
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = call()
+            sync()
+            out[key].append((time.perf_counter() - t0, time.process_time() - c0, result))
+    return out
+
+
+def build_actor(cfg: Any, mesh: Any, device: Any, samples: int = 1, response: int = 8, **kw: Any) -> Any:
+    """The project's `Actor` for one update of `samples` rows of at most `response` tokens."""
+    from torchrl_post.workers.actor import Actor
+
+    return Actor(
+        cfg.model, cfg.actor, mesh, device, temperature=kw.pop("temperature", 1.0), mini_batch_samples=samples,
+        micro_batch_samples=cfg.actor.ppo_micro_batch_size_per_gpu, max_response_length=response, total_steps=1, **kw,
+    )  # fmt: skip
+
+
+def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True, tok: Any = None) -> Any:
+    """The engine `cfg.rollout.engine` names, as the trainer builds it (`stop`: the tokenizer's EOS stops)."""
+    from transformers import AutoTokenizer
+
+    from torchrl_post.engines.build import build_engine as build
+    from torchrl_post.plan import engine_spec
+
+    tok = tok or AutoTokenizer.from_pretrained(cfg.model.path)
+    spec = engine_spec(cfg, device=device.type)
+    return build(cfg.model, cfg.rollout, spec, device, seed, tok.pad_token_id, [tok.eos_token_id] if stop else [])
+
+
+# ---- plots ----------------------------------------------------------------------------------------------------
 
 
 def pyplot() -> Any:
@@ -329,6 +387,21 @@ def save_figure(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bars(
+    ax: Any, ticks: list[str], series: list[tuple[str, list[Any]]], fmt: str = "", ylabel: str = "", title: str = ""
+) -> None:
+    """Grouped bars: a group per tick, a bar per (label, values) series (None: no bar), labelled with `fmt`."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series):
+        pts = [(k + (i - (len(series) - 1) / 2) * width, y) for k, y in enumerate(values) if y is not None]
+        drawn = ax.bar([x for x, _ in pts], [y for _, y in pts], width, label=label, color=f"C{i}")
+        if fmt:
+            ax.bar_label(drawn, [fmt.format(y) for _, y in pts], fontsize=8)
+    ax.set_xticks(range(len(ticks)), ticks)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
 
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:

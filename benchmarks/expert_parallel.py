@@ -1,16 +1,10 @@
 """Expert-parallel benchmark: what actor.fsdp.expert_parallel_size changes per rank, on 4 ranks.
 
-Runs benchmarks/expert_parallel_worker.py under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden
-256, 4 layers; 8 experts and 2 layers with --quick/--tiny) wrapped by the trainer's own `apply_fsdp`, float32 on
-gloo, one 1024-token row per rank per update (forward, backward, clip, AdamW). Per rank:
-  expert bytes gathered   the routed experts one layer's forward holds (FSDP's gathered unit), and the ratio
-                          gathered x ep / a layer's expert bytes (goal 1.0: each rank gathers its E / ep experts only)
-  params + optimizer      the parameters and AdamW state a rank keeps (the same for every ep: the experts are
-                          sharded over all ranks either way)
-  update s, all-to-all    the median update and the all-to-alls' share of a profiled one (gloo on shared CPUs:
-                          the share includes waiting for the slowest rank)
-This is a bespoke worker, not the trainer: the trainer reports neither the gathered expert bytes nor the
-all-to-all's time. The exactness of ep against ep = 1 is tests/distributed/test_expert_parallel.py's.
+benchmarks/expert_parallel_worker.py under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden 256,
+4 layers; 8 experts and 2 layers with --quick/--tiny) wrapped by the trainer's own `apply_fsdp`, float32 on gloo, one
+1024-token row per rank per update. Per rank: the expert bytes one layer's forward gathers (and gathered x ep / a
+layer's expert bytes, goal 1.0), the parameters and AdamW state kept, the update time and the all-to-alls' share of a
+profiled update. A bespoke worker: the trainer reports neither the gathered expert bytes nor the all-to-all's time.
 """
 
 from __future__ import annotations
@@ -30,48 +24,41 @@ EPS = (1, 2, 4)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    small = args.quick or args.tiny
-    shape = ["--experts", "8", "--layers", "2", "--repeats", "1"] if small else []
+    shape = ["--experts", "8", "--layers", "2", "--repeats", "1"] if args.quick or args.tiny else []
     rows = []
     for ep in EPS:
         rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, ["--ep", str(ep), *shape])
         ranks = rec["ranks"]
-        per_layer = ranks[0]["expert_bytes_per_layer"]
+        gathered = max(r["expert_bytes_gathered"] for r in ranks)
         rows.append({
-            "ep": ep,
-            "experts": rec["experts"],
-            "gathered_mib": max(r["expert_bytes_gathered"] for r in ranks) / 2**20,
-            "ratio": max(r["expert_bytes_gathered"] for r in ranks) * ep / per_layer,
+            "ep": ep, "experts": rec["experts"], "gathered_mib": gathered / 2**20,
+            "ratio": gathered * ep / ranks[0]["expert_bytes_per_layer"],
             "kept_mib": max(r["params_and_optimizer_bytes"] for r in ranks) / 2**20,
             "update_s": statistics.median(r["update_s"] for r in ranks),
-            "all_to_all_share": statistics.median(r["all_to_all_share"] for r in ranks),
-            "loadavg_1m": rec["loadavg_1m"],
+            "all_to_all_share": statistics.median(r["all_to_all_share"] for r in ranks), "loadavg_1m": rec["loadavg_1m"],
         })  # fmt: skip
         print(f"ep {ep}: {rows[-1]}", flush=True)
     return {"ranks": RANKS, "rows": rows}
 
 
+COLUMNS = [
+    ("ep", "ep", "{}"), ("experts", "experts", "{}"), ("expert MiB gathered / layer / rank", "gathered_mib", "{:.2f}"),
+    ("gathered x ep / layer's experts", "ratio", "{:.3f}"), ("params + AdamW MiB / rank", "kept_mib", "{:.1f}"),
+    ("update s", "update_s", "{:.3f}"), ("all-to-all share", "all_to_all_share", "{:.1%}"),
+]  # fmt: skip
+
+
 def markdown(rec: dict[str, Any]) -> str:
-    columns = [
-        ("ep", "ep", "{}"),
-        ("experts", "experts", "{}"),
-        ("expert MiB gathered / layer / rank", "gathered_mib", "{:.2f}"),
-        ("gathered x ep / layer's experts", "ratio", "{:.3f}"),
-        ("params + AdamW MiB / rank", "kept_mib", "{:.1f}"),
-        ("update s", "update_s", "{:.3f}"),
-        ("all-to-all share", "all_to_all_share", "{:.1%}"),
-    ]
     rows = {r["ep"]: r for r in rec["rows"]}
-    top = max(rows)
-    note = (
-        f"At ep = {top} a rank gathers {rows[top]['gathered_mib']:.2f} MiB of a layer's experts against "
-        f"{rows[1]['gathered_mib']:.2f} MiB at ep = 1 (gathered x ep / all = {rows[top]['ratio']:.3f}); the "
-        "parameters and AdamW state it keeps do not change (the experts are sharded over every rank either way). "
-        f"The all-to-alls take {rows[top]['all_to_all_share']:.0%} of its update: {rec['ranks']} ranks on shared "
-        "CPUs over gloo, the share counts the wait for the slowest rank.\n"
+    top = rows[max(rows)]
+    return (
+        f"## Expert parallelism\n\n{rec['ranks']} ranks, float32, gloo.\n\n{common.table(rec['rows'], COLUMNS)}\n"
+        f"At ep = {top['ep']} a rank gathers {top['gathered_mib']:.2f} MiB of a layer's experts against "
+        f"{rows[1]['gathered_mib']:.2f} MiB at ep = 1 (gathered x ep / all = {top['ratio']:.3f}); the parameters and "
+        "AdamW state it keeps do not change (the experts are sharded over every rank either way). The all-to-alls "
+        f"take {top['all_to_all_share']:.0%} of its update: {rec['ranks']} ranks on shared CPUs over gloo, the share "
+        "counts the wait for the slowest rank.\n"
     )
-    head = "## Expert parallelism\n\n"
-    return head + f"{rec['ranks']} ranks, float32, gloo.\n\n" + common.table(rec["rows"], columns) + "\n" + note
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

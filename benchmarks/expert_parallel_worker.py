@@ -4,8 +4,6 @@ expert bytes each rank gathers per layer; the parameters and AdamW state each ra
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
@@ -14,6 +12,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from benchmarks import common
 from torchrl_post.config.schema import FSDPConfig
 from torchrl_post.distributed.env import end_process, init_world, read_env
 from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
@@ -23,11 +22,7 @@ from torchrl_post.workers.optim import clip_grad_norm, local_tensor
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    for name, default in (("ep", 1), ("experts", 16), ("hidden", 256), ("layers", 4), ("tokens", 1024), ("repeats", 3)):
-        ap.add_argument(f"--{name}", type=int, default=default)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    a = common.worker_args(__doc__, ep=1, experts=16, hidden=256, layers=4, tokens=1024, repeats=3)
     env = read_env("cpu")
     init_world(env)
     world = dist.get_world_size()
@@ -84,8 +79,7 @@ def main() -> None:
     reports: list = [None] * world
     dist.all_gather_object(reports, record)
     if dist.get_rank() == 0:
-        with open(a.out, "w") as f:
-            json.dump({"ep": a.ep, "world": world, "experts": a.experts, "ranks": reports}, f)
+        common.write_json(a.out, {"ep": a.ep, "world": world, "experts": a.experts, "ranks": reports})
     end_process(0)
 
 

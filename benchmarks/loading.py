@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +27,6 @@ SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
 }
 
 
-def launch(model: Path, fmt: str, ranks: int) -> dict[str, Any]:
-    args = ["--model", str(model), "--format", fmt]
-    rec: dict[str, Any] = common.run_worker(f"loading_{model.name}_{fmt}_r{ranks}", WORKER, ranks, args)
-    return rec
-
-
-def summarize(rec: dict[str, Any]) -> dict[str, Any]:
-    per = rec["per_rank"]
-    peak = max(r["peak_growth_bytes"] for r in per)
-    return {
-        "format": rec["format"],
-        "ranks": rec["ranks"],
-        "num_params": rec["num_params"],
-        "model_bytes": rec["model_bytes"],
-        "peak_rank": peak,
-        "after_rank": max(r["after_bytes"] for r in per),
-        "shard_rank": max(r["shard_bytes"] for r in per),
-        "ratio": peak / rec["model_bytes"],
-        "ideal": 1 / rec["ranks"],
-        "excess_mb": (peak - rec["model_bytes"] / rec["ranks"]) / 1e6,
-        "seconds": max(r["seconds"] for r in per),
-    }
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = common.mode(args)
     size, wanted = SETTINGS[mode]
@@ -63,58 +38,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if fmt == "full" and ranks * model_bytes * 1.3 > common.mem_available():
                 skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
                 continue
-            t0 = time.perf_counter()
-            row = summarize(launch(path, fmt, ranks))
-            rows.append({"model": size.name, **row})
-            print(
-                f"  {size.name} {fmt} on {ranks} rank(s): peak {row['peak_rank'] / 1e6:.0f} MB per rank of "
-                f"{row['model_bytes'] / 1e6:.0f} MB, ratio {row['ratio']:.3f} (ideal {1 / ranks:.3f}) "
-                f"({time.perf_counter() - t0:.0f} s)",
-                flush=True,
-            )
+            tag = f"loading_{path.name}_{fmt}_r{ranks}"
+            rec = common.run_worker(tag, WORKER, ranks, ["--model", str(path), "--format", fmt])
+            per, peak = rec["per_rank"], max(r["peak_growth_bytes"] for r in rec["per_rank"])
+            rows.append({
+                "model": size.name, **{k: rec[k] for k in ("format", "ranks", "num_params", "model_bytes")},
+                "peak_rank": peak, "after_rank": max(r["after_bytes"] for r in per),
+                "shard_rank": max(r["shard_bytes"] for r in per), "ratio": peak / rec["model_bytes"], "ideal": 1 / ranks,
+                "excess_mb": (peak - rec["model_bytes"] / ranks) / 1e6, "seconds": max(r["seconds"] for r in per),
+            })  # fmt: skip
+            print(f"  {size.name} {fmt} on {ranks} rank(s): ratio {rows[-1]['ratio']:.3f} (ideal {1 / ranks:.3f})")
     return {"mode": mode, "rows": rows, "skipped": skipped, "loadavg_1m": common.load_1m()}
 
 
 COLUMNS = [
-    ("model", "model", "{}"),
-    ("format", "format", "{}"),
-    ("ranks", "ranks", "{}"),
-    ("model MB", "model_mb", "{:.0f}"),
-    ("peak MB/rank", "peak_mb", "{:.0f}"),
-    ("ratio", "ratio", "{:.3f}"),
-    ("ideal", "ideal", "{:.3f}"),
-    ("above model/ranks MB", "excess_mb", "{:.0f}"),
-    ("resident after MB/rank", "after_mb", "{:.0f}"),
+    ("model", "model", "{}"), ("format", "format", "{}"), ("ranks", "ranks", "{}"), ("model MB", "model_mb", "{:.0f}"),
+    ("peak MB/rank", "peak_mb", "{:.0f}"), ("ratio", "ratio", "{:.3f}"), ("ideal", "ideal", "{:.3f}"),
+    ("above model/ranks MB", "excess_mb", "{:.0f}"), ("resident after MB/rank", "after_mb", "{:.0f}"),
     ("load s", "seconds", "{:.1f}"),
-]
+]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    rows = [
-        {**r, "model_mb": r["model_bytes"] / 1e6, "peak_mb": r["peak_rank"] / 1e6, "after_mb": r["after_rank"] / 1e6}
-        for r in rec["rows"]
-    ]
+    mb = {"model_mb": "model_bytes", "peak_mb": "peak_rank", "after_mb": "after_rank"}
+    rows = [{**r, **{k: r[v] / 1e6 for k, v in mb.items()}} for r in rec["rows"]]
     skipped = "".join(f"Not run: {s}.\n" for s in rec.get("skipped", []))
-    return "\n".join(
-        [
-            "# Loading: peak host memory per rank",
-            "",
-            "The actor built by `model.load_format`: `sharded` (parameters on the meta device, `fully_shard`, each "
-            "rank reads only its rows of each tensor from the safetensors files) or `full` (every rank loads the "
-            "whole model, then shards it). `peak MB/rank`: the largest rank's high-water RSS growth during the load "
-            "(tensors, the file pages it read, transient copies); `ratio` = peak / model bytes, ideal 1 / ranks.",
-            "",
-            common.table(rows, COLUMNS),
-            skipped,
-        ]
+    return (
+        "# Loading: peak host memory per rank\n\nThe actor built by `model.load_format`: `sharded` (parameters on "
+        "the meta device, `fully_shard`, each rank reads only its rows of each tensor from the safetensors files) or "
+        "`full` (every rank loads the whole model, then shards it). `peak MB/rank`: the largest rank's high-water "
+        "RSS growth during the load (tensors, the file pages it read, transient copies); `ratio` = peak / model "
+        f"bytes, ideal 1 / ranks.\n\n{common.table(rows, COLUMNS)}\n{skipped}"
     )
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    model_mb = rec["rows"][0]["model_bytes"] / 1e6
+    first = rec["rows"][0]
+    model_mb = first["model_bytes"] / 1e6
     for i, fmt in enumerate(("sharded", "full")):
         rows = sorted((r for r in rec["rows"] if r["format"] == fmt), key=lambda r: r["ranks"])
         if rows:
@@ -122,7 +84,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     xs = sorted({r["ranks"] for r in rec["rows"]})
     ax.plot(xs, [model_mb / k for k in xs], "k--", alpha=0.6, label="model / ranks")
     ax.set(xlabel="ranks", ylabel="peak host MB per rank", xticks=xs)
-    ax.set_title(f"{rec['rows'][0]['model']} ({rec['rows'][0]['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
+    ax.set_title(f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
     ax.legend()
     common.save_figure(fig, path)
 

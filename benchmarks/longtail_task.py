@@ -2,17 +2,11 @@
 
     python -m benchmarks.longtail_task [--out outputs/bench_models/longtail] [--data outputs/bench_data/longtail]
 
-A prompt reads "Write 12 digits from 7." and its answer is the digits counting up from 7, wrapping at 9
-("789012345678"), then the end of the turn. The length L is drawn as round(256 ** (u * u)) for u uniform in [0, 1),
-capped at `MAX_TARGET`: half the prompts ask for at most 4 characters, one in ten for 90 or more (`target_length`).
-The model stops where its warm start taught it to: nothing in the engine forces a length, so the lengths (and how
-they drift under training) are the policy's own.
-
-The model is the demo model (`make demo`) warm-started further on these rows (`warm_start`: a short supervised
-pass, with its rows up to 512 positions), so it writes digits and stops roughly at the asked length; `score`, the
-reward (`reward.function=benchmarks.longtail_task:score`), is 1 at exactly L characters and falls linearly to 0 at
-0 or 2L, so RL has room to make the stop sharper. Deliberately simple: one template family, no content reward
-beyond the length, and a model whose counting is only as good as its brief warm start.
+"Write 12 digits from 7." asks for the digits counting up from 7, wrapping at 9 ("789012345678"). The length is
+round(256 ** (u * u)) for u uniform, capped at `MAX_TARGET`: half the prompts ask for at most 4 characters, one in ten
+for 90 or more. The model is the demo model warm-started on these rows (`warm_start`), so it stops roughly at the
+asked length on its own; `score` (`reward.function=benchmarks.longtail_task:score`) is 1 at exactly the length and
+falls linearly to 0 at 0 or twice it.
 """
 
 from __future__ import annotations
@@ -125,13 +119,9 @@ def length_errors(model: Any, tok: Any, rows: list[dict[str, Any]]) -> float:
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     out = model.generate(
-        input_ids=ids,
-        attention_mask=(ids != tok.pad_token_id).long(),
-        max_new_tokens=MAX_RESPONSE_LENGTH,
-        do_sample=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
+        input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), max_new_tokens=MAX_RESPONSE_LENGTH,
+        do_sample=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
     texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
     errs = sorted(abs(len(t.strip()) - r["length"]) / r["length"] for t, r in zip(texts, rows, strict=True))
     return errs[len(errs) // 2] if errs else math.nan

@@ -1,11 +1,8 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
-before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head,
-workers/lm_head.py), measured by benchmarks/update_memory_worker.py (MemTracker) on a random Qwen2 of tiny depth
-(hidden 64, 2 layers, tied) whose LM head is the whole story of its loss path.
-
-The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on
-(below it the chunk itself grows with the tokens). Lengths whose full-logits update would take more than half of
-the memory available are not run on that path (the record says so).
+before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head),
+measured by benchmarks/update_memory_worker.py (MemTracker) on a random Qwen2 of tiny depth (hidden 64, 2 layers,
+tied). The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
+Lengths whose full-logits update would take more than half of the free memory are not run on that path.
 
     default, --quick   response lengths 256, 512, 1024, 2048, 4096
     --tiny             a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (tests)
@@ -32,22 +29,16 @@ TINY = {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "ch
 
 def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
     """A random float32 Qwen2 with `vocab` rows (tied embeddings), head_dim 32; cached."""
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if common.built(out):
         return out
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 32,
-        num_key_value_heads=1,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        dtype="float32",
-    )
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=hidden // 32, num_key_value_heads=1, max_position_embeddings=8192,
+        tie_word_embeddings=True, dtype="float32",
+    )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         Qwen2ForCausalLM(cfg).save_pretrained(out)
@@ -61,64 +52,46 @@ def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.tiny:
-        vocab, hidden, layers, lengths, chunk = (TINY[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
-    else:
-        vocab, hidden, layers, lengths, chunk = QWEN_VOCAB, 64, 2, LENGTHS, CHUNK
+    t = TINY if args.tiny else {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK}
+    vocab, hidden, layers, lengths, chunk = (t[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
     model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
     limit = full_logits_limit(vocab, lengths, common.mem_available())
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(os.cpu_count() or 1))
+    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
     paths = []
     for label, head_chunk in (("before", 0), ("after", chunk)):
         skip = limit if head_chunk == 0 else 0
-        note = f", full logits only up to {skip} tokens (memory)" if skip else ""
-        print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}{note} ...", flush=True)
+        print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}" + (f", full logits up to {skip} tokens" if skip else ""))
         worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
         rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
         rec["results"] = [{**r, "tokens": r["response_len"]} for r in rec.pop("per_rank")[0]]  # 1 row: its response
-        start = head_chunk  # the chunked path's steady state (module docstring); 0: every length
+        # the chunked path's steady state starts at one chunk (below it the chunk grows with the tokens); 0: all
         fitted = [
-            (r["tokens"], r["peak_bytes"]) for r in rec["results"] if not r.get("skipped") and r["tokens"] >= start
+            (r["tokens"], r["peak_bytes"]) for r in rec["results"] if not r.get("skipped") and r["tokens"] >= head_chunk
         ]
-        rec |= {"label": label, "fit": common.fit(fitted), "fit_from_tokens": start}
-        paths.append(rec)
-    before, after = paths
+        paths.append(rec | {"label": label, "fit": common.fit(fitted), "fit_from_tokens": head_chunk})
     rows = []
-    for b, a in zip(before["results"], after["results"], strict=True):
+    for b, a in zip(paths[0]["results"], paths[1]["results"], strict=True):
         row = {"response_len": b["response_len"], "after_mib": a["peak_bytes"] / 2**20}
         if not b.get("skipped"):
             row |= {"before_mib": b["peak_bytes"] / 2**20, "ratio": b["peak_bytes"] / a["peak_bytes"]}
         rows.append(row)
     return {
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "num_layers": layers,
-        "chunk": chunk,
-        "rows": rows,
-        "paths": paths,
-        "hidden_bytes_per_token": hidden * 4,
-        "vocab_bytes_per_token": vocab * 4,
-        "full_logits_skipped_above": limit,
+        "vocab_size": vocab, "hidden_size": hidden, "num_layers": layers, "chunk": chunk, "rows": rows, "paths": paths,
+        "hidden_bytes_per_token": hidden * 4, "vocab_bytes_per_token": vocab * 4, "full_logits_skipped_above": limit,
         "loadavg_1m": common.load_1m(),
-    }
-
-
-# ---- reports -----------------------------------------------------------------------------------------------
-
-
-def _slope(rec: dict[str, Any], label: str) -> float | None:
-    path = next(p for p in rec["paths"] if p["label"] == label)
-    return path["fit"]["slope_bytes_per_token"] if path.get("fit") else None
+    }  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
     h, v = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"]
-    before, after = _slope(rec, "before"), _slope(rec, "after")
-    after_path = next(p for p in rec["paths"] if p["label"] == "after")
+    fits = {p["label"]: p for p in rec["paths"]}
+    before, after = (
+        fits[k]["fit"]["slope_bytes_per_token"] if fits[k].get("fit") else None for k in ("before", "after")
+    )
     slopes = [
         {"what": "before: full logits (HEAD_CHUNK_TOKENS=0)", "bytes": before},
         {
-            "what": f"after: chunked head (HEAD_CHUNK_TOKENS={rec['chunk']}), from {after_path['fit_from_tokens']} tokens",
+            "what": f"after: chunked head (HEAD_CHUNK_TOKENS={rec['chunk']}), from {fits['after']['fit_from_tokens']} tokens",
             "bytes": after,
         },
         {"what": f"hidden x 4 bytes (hidden {rec['hidden_size']})", "bytes": h},
@@ -144,30 +117,16 @@ def markdown(rec: dict[str, Any]) -> str:
             else ""
         ),
         "",
-        common.table(
-            rec["rows"],
-            [
-                ("response tokens", "response_len", "{}"),
-                ("before MiB", "before_mib", "{:.0f}"),
-                ("after MiB", "after_mib", "{:.0f}"),
-                ("before / after", "ratio", "{:.1f}x"),
-            ],
-        ),
+        common.table(rec["rows"], [("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
+                                   ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x")]),
         "Per-token slope (least squares; after: from one chunk on, below which the chunk itself grows with the "
         "tokens):",
         "",
-        common.table(
-            slopes,
-            [
-                ("", "what", "{}"),
-                ("bytes / token", "bytes", "{:,.0f}"),
-                ("x hidden x 4 B", "per_hidden", "{:.1f}"),
-                ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
-            ],
-        ),
-    ]
-    if before and after and after_path.get("fit"):
-        intercept = after_path["fit"]["intercept_bytes"] / 2**20
+        common.table(slopes, [("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"),
+                              ("x hidden x 4 B", "per_hidden", "{:.1f}"), ("x vocabulary x 4 B", "per_vocab", "{:.3f}")]),
+    ]  # fmt: skip
+    if before and after and fits["after"].get("fit"):
+        intercept = fits["after"]["fit"]["intercept_bytes"] / 2**20
         lines.append(
             f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, "
             f"{after / h:.0f} x hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the "
@@ -185,18 +144,11 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ran = [r for r in p["results"] if not r.get("skipped")]
         xs = [r["tokens"] for r in ran]
         ax.plot(xs, [r["peak_bytes"] / 2**20 for r in ran], "o-", color=color, label=f"{p['label']}")
-        if p.get("fit"):
-            f = p["fit"]
-            lo = p["fit_from_tokens"] or min(xs)
-            line = [x for x in xs if x >= lo]
-            ax.plot(
-                line,
-                [(f["intercept_bytes"] + f["slope_bytes_per_token"] * x) / 2**20 for x in line],
-                "--",
-                color=color,
-                alpha=0.6,
-                label=f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token",
-            )
+        if f := p.get("fit"):
+            line = [x for x in xs if x >= (p["fit_from_tokens"] or min(xs))]
+            ys = [(f["intercept_bytes"] + f["slope_bytes_per_token"] * x) / 2**20 for x in line]
+            fit_label = f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token"
+            ax.plot(line, ys, "--", color=color, alpha=0.6, label=fit_label)
     ax.set(xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
     ax.set_title(
         f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}", fontsize=10

@@ -1,11 +1,8 @@
 """Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks.
 
-One GRPO step of the trainer (`torchrl_post.train`) per model and rank count, read back from its metrics.jsonl:
-`perf/param_bytes`, `perf/grad_bytes` and `perf/optimizer_bytes` (the largest rank's local shards: parameters,
-the gradients a step holds, AdamW's state after the step) and `perf/params`. `ratio` = the largest rank's bytes /
-the 1-rank run's (the unsharded total); the ideal is 1 / ranks (AdamW's `step` scalars are kept whole on every
-rank, so its state sits a few bytes above). These are tensor counts, deterministic, so the shared CPUs do not
-matter here; 4 ranks on 2 cores is fine for memory. On a CUDA machine the rank counts stop at the number of GPUs.
+One GRPO step of the trainer per model and rank count, read back from its metrics.jsonl (`perf/param_bytes`,
+`perf/grad_bytes`, `perf/optimizer_bytes`: the largest rank's local shards). `ratio` = that / the 1-rank run's; the
+ideal is 1 / ranks. Tensor counts, deterministic: shared CPUs do not matter. On CUDA the ranks stop at the GPU count.
 
     default   qwen2-10m, qwen2-40m and qwen2-100m on 1, 2, 4 ranks
     --quick   qwen2-10m on 1, 2, 4 ranks
@@ -33,49 +30,31 @@ SETTINGS = {
 }
 
 
-def rank_counts(wanted: tuple[int, ...]) -> list[int]:
-    """The rank counts to run: on a CUDA machine one GPU per rank, so at most the GPU count."""
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    if torch.cuda.is_available():
-        return [k for k in wanted if k <= torch.cuda.device_count()]
-    return list(wanted)
-
-
-def prompts() -> Path:
-    """Eight sums in the project's data format (what the step trains on does not change what it holds)."""
-    path = common.LOGS / "memory_data" / "train.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [
-        {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "data_source": "arithmetic"} for i in range(8)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def step_bytes(model: str, ranks: int) -> dict[str, Any]:
-    """One training step on `ranks` ranks: the largest rank's bytes per kind, from the step's metrics."""
-    overrides = [
-        f"model.path={model_dir(SIZES[model])}", f"data.train_files={prompts()}", "data.val_files=null",
-        "data.train_batch_size=4", "rollout.n=2",
-        "data.max_response_length=8", "trainer.total_training_steps=1", "trainer.test_freq=0",
-        "trainer.val_before_train=false", "trainer.plots=false",
-    ]  # fmt: skip
-    rows, _ = common.train_run(f"memory_{model}_r{ranks}", overrides, nproc=ranks)
-    step = rows[-1]
-    return {"model": model, "ranks": ranks, "num_params": int(step["perf/params"])} | {
-        f"{kind}_rank": int(step[metric]) for kind, metric in METRICS.items()
-    }
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = common.mode(args)
     models, wanted = SETTINGS[mode]
+    if torch.cuda.is_available():  # one GPU per rank
+        wanted = tuple(k for k in wanted if k <= torch.cuda.device_count())
+    # Eight sums in the project's data format (what the step trains on does not change what it holds).
+    data = common.LOGS / "memory_data" / "train.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1),
+                                        "data_source": "arithmetic"}) + "\n" for i in range(8)))  # fmt: skip
     rows = []
     for model in models:
         full: dict[str, int] = {}
-        for ranks in sorted(rank_counts(wanted)):
-            row = step_bytes(model, ranks)
+        for ranks in sorted(wanted):
+            overrides = [
+                f"model.path={model_dir(SIZES[model])}", f"data.train_files={data}", "data.val_files=null",
+                "data.train_batch_size=4", "rollout.n=2", "data.max_response_length=8",
+                "trainer.total_training_steps=1", "trainer.test_freq=0", "trainer.val_before_train=false",
+                "trainer.plots=false",
+            ]  # fmt: skip
+            step = common.train_run(f"memory_{model}_r{ranks}", overrides, nproc=ranks)[0][-1]
+            row: dict[str, Any] = {"model": model, "ranks": ranks, "num_params": int(step["perf/params"])}
+            row |= {f"{kind}_rank": int(step[metric]) for kind, metric in METRICS.items()}
             row["total_rank"] = sum(row[f"{k}_rank"] for k in KINDS)
             full = full or {k: row[f"{k}_rank"] for k in (*KINDS, "total")}  # the 1-rank run: unsharded
             row |= {f"{k}_full": full[k] for k in full} | {f"{k}_ratio": row[f"{k}_rank"] / full[k] for k in full}
@@ -85,69 +64,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"mode": mode, "device": common.device_kind(), "rows": rows, "loadavg_1m": common.load_1m()}
 
 
-# ---- reports -----------------------------------------------------------------------------------------------
-
 COLUMNS = [
-    ("model", "model", "{}"),
-    ("ranks", "ranks", "{}"),
-    ("params MB/rank", "params_mb", "{:.2f}"),
-    ("grads MB/rank", "grads_mb", "{:.2f}"),
-    ("AdamW MB/rank", "optimizer_mb", "{:.2f}"),
-    ("total MB/rank", "total_mb", "{:.2f}"),
-    ("unsharded MB", "full_mb", "{:.2f}"),
-    ("ratio", "total_ratio", "{:.4f}"),
-    ("ideal", "ideal_ratio", "{:.4f}"),
-    ("params ratio", "params_ratio", "{:.4f}"),
-    ("AdamW ratio", "optimizer_ratio", "{:.4f}"),
-    ("padding MB/rank", "padding_mb", "{:.3f}"),
-]
-
-
-def _table_row(r: dict[str, Any]) -> dict[str, Any]:
-    mb = {f"{k}_mb": r[f"{k}_rank"] / 1e6 for k in (*KINDS, "total")}
-    padding = (r["total_storage"] - r["total_rank"]) / 1e6 if "total_storage" in r else None  # records before 2026-12
-    return {**r, **mb, "full_mb": r["total_full"] / 1e6, "padding_mb": padding}
-
-
-def how(rec: dict[str, Any]) -> str:
-    """How the record counted: the trainer's metrics, or (records before 2026-11-28) memory_worker.py's model."""
-    if "total_storage" in rec["rows"][0]:
-        return "in the model wrapped by the project's `apply_fsdp` and `build_optimizer` (`DTensor.to_local()`)"
-    return "after one GRPO step of the trainer (`perf/param_bytes`, `perf/grad_bytes`, `perf/optimizer_bytes`)"
+    ("model", "model", "{}"), ("ranks", "ranks", "{}"), ("params MB/rank", "params_mb", "{:.2f}"),
+    ("grads MB/rank", "grads_mb", "{:.2f}"), ("AdamW MB/rank", "optimizer_mb", "{:.2f}"),
+    ("total MB/rank", "total_mb", "{:.2f}"), ("unsharded MB", "full_mb", "{:.2f}"), ("ratio", "total_ratio", "{:.4f}"),
+    ("ideal", "ideal_ratio", "{:.4f}"), ("params ratio", "params_ratio", "{:.4f}"),
+    ("AdamW ratio", "optimizer_ratio", "{:.4f}"), ("padding MB/rank", "padding_mb", "{:.3f}"),
+]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
     rows = rec["rows"]
+    old = "total_storage" in rows[0]  # records before 2026-11-28: memory_worker.py's count, with FSDP's padding
+    table = [
+        {
+            **r, **{f"{k}_mb": r[f"{k}_rank"] / 1e6 for k in (*KINDS, "total")}, "full_mb": r["total_full"] / 1e6,
+            "padding_mb": (r["total_storage"] - r["total_rank"]) / 1e6 if old else None,
+        }
+        for r in rows
+    ]  # fmt: skip
+    how = (
+        "in the model wrapped by the project's `apply_fsdp` and `build_optimizer` (`DTensor.to_local()`)"
+        if old
+        else "after one GRPO step of the trainer (`perf/param_bytes`, `perf/grad_bytes`, `perf/optimizer_bytes`)"
+    )
     worst = max(rows, key=lambda r: r["total_rank"] - r["total_full"] / r["ranks"])
     excess = worst["total_rank"] - worst["total_full"] / worst["ranks"]
-    return "\n".join(
-        [
-            "# FSDP2 memory per rank",
-            "",
-            f"Parameters, gradients and AdamW state (after one step) held by each rank: the bytes of its local "
-            f"shards, {how(rec)}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the unsharded "
-            "total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of the "
-            "ranks; older records). Activations and the parameters gathered during forward/backward come on top.",
-            "",
-            common.table([_table_row(r) for r in rows], COLUMNS),
-            f"Every rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
-            f"{worst['ranks']} ranks, ratio {worst['total_ratio']:.5f}): AdamW's `step` scalars (one per parameter "
-            "tensor, kept whole on every rank) and any dim 0 that does not split evenly over the ranks.",
-            "",
-        ]
+    return (
+        "# FSDP2 memory per rank\n\nParameters, gradients and AdamW state (after one step) held by each rank: the "
+        f"bytes of its local shards, {how}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the "
+        "unsharded total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of "
+        "the ranks; older records). Activations and the parameters gathered during forward/backward come on top.\n\n"
+        + common.table(table, COLUMNS)
+        + f"\nEvery rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
+        f"{worst['ranks']} ranks, ratio {worst['total_ratio']:.5f}): AdamW's `step` scalars (one per parameter "
+        "tensor, kept whole on every rank) and any dim 0 that does not split evenly over the ranks.\n"
     )
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     models = list(dict.fromkeys(r["model"] for r in rec["rows"]))
     fig, axes = plt.subplots(1, len(models), figsize=(max(7.0, 5.5 * len(models)), 4.5), squeeze=False)
     labels = {"params": "parameters", "grads": "gradients", "optimizer": "AdamW state", "total": "total"}
     for ax, model in zip(axes[0], models, strict=True):
         rows = sorted((r for r in rec["rows"] if r["model"] == model), key=lambda r: r["ranks"])
         xs = [r["ranks"] for r in rows]
-        for i, kind in enumerate((*KINDS, "total")):
+        for i, kind in enumerate(labels):
             style = "x--" if kind == "grads" else "o-"  # gradients are as large as the parameters: drawn over them
             ax.plot(xs, [r[f"{kind}_rank"] / 1e6 for r in rows], style, color=f"C{i}", label=labels[kind])
         ax.plot(xs, [rows[0]["total_full"] / 1e6 / k for k in xs], "k--", alpha=0.6, label="ideal total (1/ranks)")

@@ -1,12 +1,9 @@
-"""Mixture-of-experts benchmark: one forward and backward of a Qwen3-MoE with each `model.experts_implementation`
-(`eager`'s per-expert loop, `grouped_mm`, `batched_mm`'s per-token gathered weights), in this process.
-
-A random Qwen3MoeForCausalLM per size and dtype, the same weights for every implementation (switched by the
-trainer's own `workers.models.with_experts`), random token ids and the causal-LM loss, on `--threads` torch
-threads (default 1: on shared cores more threads scattered the timings by up to 10x). `--warmup` rounds, then
-`--repeats` timed rounds of one pass of every implementation in turn, timed in process CPU time and in wall time;
-the first round's loss and gradients are compared with eager's. `batched_mm` copies each routed token's expert
-weights and runs only where that fits in a quarter of the free memory (the record says which sizes it skipped).
+"""Mixture-of-experts benchmark: one forward and backward of a random Qwen3-MoE with each
+`model.experts_implementation` (`eager`'s per-expert loop, `grouped_mm`, `batched_mm`'s per-token gathered weights),
+in this process, the same weights for each (switched by the trainer's own `workers.models.with_experts`), on
+`--threads` torch threads. `--warmup` rounds, then `--repeats` timed rounds of one pass of every implementation in
+turn (CPU and wall time); the first round's loss and gradients are compared with eager's. `batched_mm` runs only where
+its gathered weights fit in a quarter of the free memory.
 
     default, --quick   the tiny test model and a larger one (hidden 512, 8 experts, 4 layers), 8 x 256 tokens,
                        float32 and bfloat16, 2 warm-up rounds, 9 timed
@@ -46,10 +43,7 @@ class MoeSize:
     expert_width: int  # moe_intermediate_size
 
 
-SIZES = (
-    MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64),
-    MoeSize("larger", 512, 4, 8, 2, 8, 2, 512),
-)
+SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,8 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def batched_mm_bytes(size: MoeSize, tokens: int, dtype_bytes: int) -> int:
     """What batched_mm gathers over the stack: each routed (token, expert) pair's gate_up [2 x width, hidden] and
     down [hidden, width] weights, per layer, all kept for the backward."""
-    per_pair = 3 * size.expert_width * size.hidden_size * dtype_bytes
-    return size.num_layers * tokens * size.top_k * per_pair
+    return size.num_layers * tokens * size.top_k * 3 * size.expert_width * size.hidden_size * dtype_bytes
 
 
 def build(size: MoeSize, dtype: Any) -> Any:
@@ -74,19 +67,11 @@ def build(size: MoeSize, dtype: Any) -> Any:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=size.hidden_size,
-        intermediate_size=2 * size.hidden_size,  # unused: every layer is sparse
-        moe_intermediate_size=size.expert_width,
-        num_hidden_layers=size.num_layers,
-        num_attention_heads=size.num_heads,
-        num_key_value_heads=size.num_kv_heads,
-        num_experts=size.num_experts,
-        num_experts_per_tok=size.top_k,
-        decoder_sparse_step=1,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+        vocab_size=VOCAB, hidden_size=size.hidden_size, intermediate_size=2 * size.hidden_size,  # unused: all sparse
+        moe_intermediate_size=size.expert_width, num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads, num_key_value_heads=size.num_kv_heads, num_experts=size.num_experts,
+        num_experts_per_tok=size.top_k, decoder_sparse_step=1, max_position_embeddings=4096, tie_word_embeddings=False,
+    )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return Qwen3MoeForCausalLM(cfg).to(dtype)
@@ -127,9 +112,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     args = common.options(args, parse_args)
-    sizes: tuple[MoeSize, ...] = SIZES
-    dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    batch, seq, warmup, repeats = args.batch, args.seq, args.warmup, args.repeats
+    sizes, dtypes, batch, seq, warmup, repeats = (
+        SIZES,
+        ("float32", "bfloat16"),
+        args.batch,
+        args.seq,
+        args.warmup,
+        args.repeats,
+    )
     if args.tiny:
         sizes, dtypes, batch, seq, warmup, repeats = SIZES[:1], ("float32",), 2, 32, 1, 2
     torch.set_num_threads(args.threads)
@@ -141,60 +131,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             dtype = getattr(torch, dtype_name)
             model = build(size, dtype)
             gathered = batched_mm_bytes(size, batch * seq, dtype.itemsize)
-            impls = [i for i in IMPLEMENTATIONS if i != "batched_mm" or gathered <= budget]
-            runs = measure(model, ids, impls, warmup, repeats)
+            runs = measure(
+                model, ids, [i for i in IMPLEMENTATIONS if i != "batched_mm" or gathered <= budget], warmup, repeats
+            )
             eager = runs["eager"]
             for impl in IMPLEMENTATIONS:
                 row: dict[str, Any] = {"size": size.name, "dtype": dtype_name, "implementation": impl}
-                if impl not in runs:
+                rows.append(row)
+                if (got := runs.get(impl)) is None:
                     row["skipped"] = f"would gather {gathered / 2**30:.0f} GiB of expert weights"
-                    print(f"  {size.name} {dtype_name} {impl}: skipped ({row['skipped']})", flush=True)
-                    rows.append(row)
                     continue
-                got = runs[impl]
                 row |= {
-                    "ms": 1e3 * statistics.median(got["cpu"]),
-                    "wall_ms": 1e3 * statistics.median(got["wall"]),
-                    "cpu_ms_each": [1e3 * t for t in got["cpu"]],
-                    "wall_ms_each": [1e3 * t for t in got["wall"]],
+                    "ms": 1e3 * statistics.median(got["cpu"]), "wall_ms": 1e3 * statistics.median(got["wall"]),
+                    "cpu_ms_each": [1e3 * t for t in got["cpu"]], "wall_ms_each": [1e3 * t for t in got["wall"]],
                     "loss": got["loss"],
-                }
+                }  # fmt: skip
                 if impl != "eager":
                     rounds = {k: [e / t for e, t in zip(eager[k], got[k], strict=True)] for k in ("cpu", "wall")}
                     row |= {
-                        "speedup": statistics.median(rounds["cpu"]),
-                        "wall_speedup": statistics.median(rounds["wall"]),
-                        "loss_diff": abs(got["loss"] - eager["loss"]),
-                        "grad_diff": max_grad_diff(got["grads"], eager["grads"]),
-                    }
+                        "speedup": statistics.median(rounds["cpu"]), "wall_speedup": statistics.median(rounds["wall"]),
+                        "loss_diff": abs(got["loss"] - eager["loss"]), "grad_diff": max_grad_diff(got["grads"], eager["grads"]),
+                    }  # fmt: skip
                     if dtype_name == "float32":
                         row["agrees"] = row["loss_diff"] <= FLOAT32_ATOL and row["grad_diff"] <= FLOAT32_ATOL
-                print(
-                    f"  {size.name} {dtype_name} {impl}: {row['ms']:.1f} ms CPU, {row['wall_ms']:.1f} ms wall"
-                    + (f", {row['speedup']:.2f}x eager" if "speedup" in row else ""),
-                    flush=True,
-                )
-                rows.append(row)
+                print(f"  {size.name} {dtype_name} {impl}: {row['ms']:.1f} ms CPU", flush=True)
             del model, runs, eager
     return {
-        "sizes": [asdict(s) for s in sizes],
-        "batch": batch,
-        "seq": seq,
-        "warmup": warmup,
-        "repeats": repeats,
-        "threads": torch.get_num_threads(),
-        "rows": rows,
-        "loadavg_1m": common.load_1m(),
-    }
+        "sizes": [asdict(s) for s in sizes], "batch": batch, "seq": seq, "warmup": warmup, "repeats": repeats,
+        "threads": torch.get_num_threads(), "rows": rows, "loadavg_1m": common.load_1m(),
+    }  # fmt: skip
 
 
-# ---- reports -----------------------------------------------------------------------------------------------
+COLUMNS = [
+    ("size", "size", "{}"), ("dtype", "dtype", "{}"), ("implementation", "implementation", "{}"),
+    ("fwd+bwd ms", "ms", "{:.1f}"), ("wall ms", "wall_ms", "{:.1f}"), ("speed-up vs eager", "speedup", "{:.2f}x"),
+    ("wall speed-up", "wall_speedup", "{:.2f}x"), ("loss diff", "loss_diff", "{:.1e}"),
+    ("max grad diff", "grad_diff", "{:.1e}"), ("", "note", "{}"),
+]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    rows = [dict(r) for r in rec["rows"]]
-    for r in rows:
-        r["note"] = r.get("skipped") or ("" if r.get("agrees", True) else f"DISAGREES beyond {FLOAT32_ATOL:g}")
+    rows = [r | {"note": r.get("skipped") or ("" if r.get("agrees", True) else f"DISAGREES beyond {FLOAT32_ATOL:g}")}
+            for r in rec["rows"]]  # fmt: skip
     sizes = "; ".join(
         f"{s['name']}: hidden {s['hidden_size']}, {s['num_layers']} layers, {s['num_experts']} experts, "
         f"top-{s['top_k']}, expert width {s['expert_width']}"
@@ -206,28 +184,15 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Mixture-of-experts: the experts' implementation in one forward and backward",
         "",
         f"A random Qwen3-MoE ({sizes}; vocabulary {VOCAB}), {rec['batch']} x {rec['seq']} tokens, the causal-LM "
-        f"loss, forward and backward on the CPU ({rec['threads']} thread{'s' * (rec['threads'] > 1)}), the same weights for each "
-        f"`model.experts_implementation`: {rec['repeats']} timed rounds after {rec['warmup']} warm-up, each round "
-        "one pass of every implementation in turn. ms: the median pass in CPU time of the process (on one thread "
-        "the time the pass computed, what other processes take of the cores left out), wall: in wall time; "
-        "speed-up: the median over rounds of eager's time over the implementation's in the same round. Diffs: "
-        "the largest absolute difference from eager's loss and from any of its gradient elements (first round).",
+        f"loss, forward and backward on the CPU ({rec['threads']} thread{'s' * (rec['threads'] > 1)}), the same "
+        f"weights for each `model.experts_implementation`: {rec['repeats']} timed rounds after {rec['warmup']} "
+        "warm-up, each round one pass of every implementation in turn. ms: the median pass in CPU time of the "
+        "process (on one thread the time the pass computed, what other processes take of the cores left out), "
+        "wall: in wall time; speed-up: the median over rounds of eager's time over the implementation's in the same "
+        "round. Diffs: the largest absolute difference from eager's loss and from any of its gradient elements "
+        "(first round).",
         "",
-        common.table(
-            rows,
-            [
-                ("size", "size", "{}"),
-                ("dtype", "dtype", "{}"),
-                ("implementation", "implementation", "{}"),
-                ("fwd+bwd ms", "ms", "{:.1f}"),
-                ("wall ms", "wall_ms", "{:.1f}"),
-                ("speed-up vs eager", "speedup", "{:.2f}x"),
-                ("wall speed-up", "wall_speedup", "{:.2f}x"),
-                ("loss diff", "loss_diff", "{:.1e}"),
-                ("max grad diff", "grad_diff", "{:.1e}"),
-                ("", "note", "{}"),
-            ],
-        ),
+        common.table(rows, COLUMNS),
     ]
     for impl in IMPLEMENTATIONS[1:]:
         ups = [r["speedup"] for r in rows if r["implementation"] == impl and r.get("speedup") is not None]
@@ -249,24 +214,24 @@ def markdown(rec: dict[str, Any]) -> str:
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
     groups = list(dict.fromkeys((r["size"], r["dtype"]) for r in rec["rows"]))
+    by = {(r["size"], r["dtype"], r["implementation"]): r for r in rec["rows"]}
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    width = 0.8 / len(IMPLEMENTATIONS)
-    for i, impl in enumerate(IMPLEMENTATIONS):
-        xs, ys = [], []
-        for k, (size, dtype) in enumerate(groups):
-            row = next(r for r in rec["rows"] if (r["size"], r["dtype"], r["implementation"]) == (size, dtype, impl))
-            if row.get("ms") is not None:
-                xs.append(k + (i - (len(IMPLEMENTATIONS) - 1) / 2) * width)
-                ys.append(row.get("speedup", 1.0))
-        bars = ax.bar(xs, ys, width, label=impl, color=f"C{i}")
-        ax.bar_label(bars, [f"{y:.2f}x" for y in ys], fontsize=8)
+    series = [
+        (
+            impl,
+            [
+                by[(s, d, impl)].get("speedup", 1.0) if by[(s, d, impl)].get("ms") is not None else None
+                for s, d in groups
+            ],
+        )
+        for impl in IMPLEMENTATIONS
+    ]
+    common.bars(ax, [f"{s}\n{d}" for s, d in groups], series, "{:.2f}x", "speed-up vs eager (fwd+bwd)")
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(groups)), [f"{s}\n{d}" for s, d in groups])
-    ax.set(ylabel="speed-up vs eager (fwd+bwd)")
     threads = f"{rec['threads']} thread{'s' * (rec['threads'] > 1)}"
-    title = f"Qwen3-MoE experts, {rec['batch']} x {rec['seq']} tokens, CPU time on {threads} (no bar: skipped)"
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title(
+        f"Qwen3-MoE experts, {rec['batch']} x {rec['seq']} tokens, CPU time on {threads} (no bar: skipped)", fontsize=10
+    )
     common.save_figure(fig, path)
 
 

@@ -1,20 +1,11 @@
 """MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
 replay does to the engine/trainer logprob difference, through the real training entrypoint.
 
-Runs `torchrun --standalone --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated
-vLLM, GRPO on the demo data, validation and checkpoints off) in four settings:
-  dense        the dense demo model, vLLM in bfloat16 (the trainer in float32): the dense models' level
-  moe          the MoE demo model (the dense one upcycled, `make moe-model`), vLLM in bfloat16, no replay
-  moe_replay   the same with actor.router_replay=true (R3)
-  moe_fp32     the MoE model with vLLM in float32 (both sides float32: the routes should agree)
-  ties, ties_replay  a variant of the MoE model, with and without replay: every router scaled down 20x (logits
-               20x closer together) and each expert perturbed by x(1 + 0.5 N(0, 1)) elementwise (a flipped choice
-               then changes the output more)
-A bfloat16 engine against a float32 trainer is what GPU runs have (vLLM in bf16, FSDP over float32 master
-weights); on CPU in float32 both compute the same router logits, so nothing disagrees. Per step, from
-metrics.jsonl: `rollout/router_mismatch` (the share of routing decisions where the trainer's router picks other
-experts than the engine recorded) and `rollout/logprob_diff` (mean |engine - trainer| logprob of the sampled
-tokens), both measured before the update's optimizer step.
+`torchrun --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated vLLM, GRPO on the demo
+data) per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine
+against the float32 trainer (as GPU runs have), without and with `actor.router_replay`, in float32 on both sides,
+and a near-tie variant (routers scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). Per step from
+metrics.jsonl: `rollout/router_mismatch` and `rollout/logprob_diff`, both before the update.
 `--quick`: 6 steps; `--tiny`: 2 steps (tests).
 """
 
@@ -31,16 +22,14 @@ from benchmarks.common import DEMO_DATA, DEMO_MODEL, ROOT
 
 NAME = "moe_routing"
 MOE_MODEL = ROOT / "outputs" / "moe_model_qwen3_moe"
+BF16, REPLAY = "rollout.dtype=bfloat16", "actor.router_replay=true"
 MODES = {
-    "dense": ("dense demo model, engine bf16", ["rollout.dtype=bfloat16"]),
-    "moe": ("MoE, engine bf16, no replay", ["rollout.dtype=bfloat16"]),
-    "moe_replay": ("MoE, engine bf16, router replay", ["rollout.dtype=bfloat16", "actor.router_replay=true"]),
+    "dense": ("dense demo model, engine bf16", [BF16]),
+    "moe": ("MoE, engine bf16, no replay", [BF16]),
+    "moe_replay": ("MoE, engine bf16, router replay", [BF16, REPLAY]),
     "moe_fp32": ("MoE, engine float32, no replay", []),
-    "ties": ("MoE with near-tie routers, engine bf16, no replay", ["rollout.dtype=bfloat16"]),
-    "ties_replay": (
-        "MoE with near-tie routers, engine bf16, router replay",
-        ["rollout.dtype=bfloat16", "actor.router_replay=true"],
-    ),
+    "ties": ("MoE with near-tie routers, engine bf16, no replay", [BF16]),
+    "ties_replay": ("MoE with near-tie routers, engine bf16, router replay", [BF16, REPLAY]),
 }
 TIES_MODEL = common.MODELS / "moe_near_ties"
 ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
@@ -74,14 +63,6 @@ def near_ties(moe: Path) -> Path:
     return TIES_MODEL
 
 
-def models() -> tuple[Path, Path]:
-    """The dense demo model and its MoE upcycling, built once (as `make demo` and `make moe-model` do)."""
-    from torchrl_post.demo.moe import build_moe
-
-    build_moe(MOE_MODEL, DEMO_MODEL, DEMO_DATA)  # the dense demo model and data first
-    return DEMO_MODEL, MOE_MODEL
-
-
 def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
     overrides = [
         f"model.path={model}", f"data.train_files={DEMO_DATA / 'train.jsonl'}",
@@ -97,19 +78,17 @@ def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
     for key, values in per_step.items():
         known = [float(v) for v in values if v is not None]
         rec[key] = statistics.mean(known) if known else None
-    rec["loadavg_1m"] = common.load_1m()
-    print(f"    logprob_diff {rec['logprob_diff']:.2e}, router_mismatch {rec['router_mismatch']}", flush=True)
-    return rec
+    return rec | {"loadavg_1m": common.load_1m()}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from torchrl_post.demo.moe import build_moe
+
     steps = getattr(args, "steps", None) or (2 if args.tiny else 6 if args.quick else 12)
-    dense, moe = models()
-    ties = near_ties(moe)
-    runs = [
-        train(mode, dense if mode == "dense" else ties if mode.startswith("ties") else moe, steps) for mode in MODES
-    ]
-    return {"steps": steps, "runs": runs}
+    build_moe(MOE_MODEL, DEMO_MODEL, DEMO_DATA)  # the dense demo model and data first (`make moe-model`)
+    ties = near_ties(MOE_MODEL)
+    models = {"dense": DEMO_MODEL, "ties": ties, "ties_replay": ties}
+    return {"steps": steps, "runs": [train(mode, models.get(mode, MOE_MODEL), steps) for mode in MODES]}
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -117,16 +96,15 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    m = rec["machine"]
     by = {r["mode"]: r for r in rec["runs"]}
     lines = [
         "# MoE routing: engine/trainer disagreement and routing replay",
         "",
-        f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}. Each row is one `torchrun --nproc-per-node 2 "
-        f"-m torchrl_post.train` run of {rec['steps']} GRPO steps on the demo task (FSDP2 actor in float32 over 2 "
-        "CPU ranks, colocated vLLM). Means over the steps of `rollout/router_mismatch` (routing decisions, token x "
-        "MoE layer, where the trainer's own router picks other experts than the engine recorded) and "
-        "`rollout/logprob_diff` (mean |engine - trainer| logprob of the sampled tokens), both before the update.",
+        f"{common.versions(rec)}. Each row is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run of "
+        f"{rec['steps']} GRPO steps on the demo task (FSDP2 actor in float32 over 2 CPU ranks, colocated vLLM). "
+        "Means over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the "
+        "trainer's own router picks other experts than the engine recorded) and `rollout/logprob_diff` (mean "
+        "|engine - trainer| logprob of the sampled tokens), both before the update.",
         "",
         "| setting | router mismatch | logprob diff | vs dense |",
         "|---|---|---|---|",
@@ -143,21 +121,16 @@ def markdown(rec: dict[str, Any]) -> str:
         f"the dense model's {dense:.2e}); replaying the engine's experts gives {replay['logprob_diff']:.2e} "
         f"({dense and replay['logprob_diff'] / dense:.2f}x). In float32 on both sides the routes disagree on "
         f"{_fmt(by['moe_fp32']['router_mismatch'], '.2%')} of the decisions.",
-        *(
-            [
-                "",
-                f"With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
-                f"{_fmt(by['ties']['router_mismatch'], '.2%')} of the decisions (bfloat16's rounding is relative: "
-                "smaller logits do not flip more often); the logprobs differ by "
-                f"{by['ties']['logprob_diff']:.2e} without replay and {by['ties_replay']['logprob_diff']:.2e} with "
-                "it.",
-            ]
-            if "ties" in by and "ties_replay" in by
-            else []
-        ),
-        "",
     ]
-    return "\n".join(lines)
+    if "ties" in by and "ties_replay" in by:
+        lines += [
+            "",
+            f"With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
+            f"{_fmt(by['ties']['router_mismatch'], '.2%')} of the decisions (bfloat16's rounding is relative: "
+            "smaller logits do not flip more often); the logprobs differ by "
+            f"{by['ties']['logprob_diff']:.2e} without replay and {by['ties_replay']['logprob_diff']:.2e} with it.",
+        ]
+    return "\n".join([*lines, ""])
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

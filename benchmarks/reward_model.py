@@ -1,22 +1,12 @@
 """Reward-model benchmark: scoring colocated with the actor against on a rank of its own, through the real trainer.
 
-For each reward model (random Qwen2ForSequenceClassification, one label, built once under outputs/bench_models
-with the demo's character tokenizer and chat template: `rm-demo`, the demo model's config, ~0.3M parameters, and
-`rm-qwen2-25m`, ~25M; a random head, since this measures throughput, not quality) runs the demo GRPO config with
-`reward_model.enable=true` and a KL loss against the reference (`actor.use_kl_loss=true`, verl's GRPO recipe: a
-reference forward per step on the actor's ranks) twice through `torchrun --standalone -m torchrl_post.train`:
-    colocated   2 processes, `placement.reward_model=actor`: each actor rank scores its half of the step's samples
-    own_rank    3 processes, `placement.actor=[0,1] placement.reward_model=[2]`: rank 2 scores every sample
-validation and checkpoints off, `reward_model.micro_batch_size_per_gpu` at its default. From each run's
-metrics.jsonl: medians over steps 3..N of the scoring on the actor's critical path, `timing_s/reward_model` plus
-`timing_s/wait_reward_model` (colocated: the forward on the actor's ranks, then the mix; own rank: sending the
-batch, then the wait for the scores that the actor's old and reference logprobs did not cover:
-workers/remote.py `RemoteRewardModel.start_scores`), `timing_s/step` and `timing_s/gen`. RM samples/s is the step's
-samples (data.train_batch_size x rollout.n) over that median: colocated, the reward model's throughput; on its own
-rank, the throughput the actor sees.
-The headline is the step time on its own rank over colocated's.
-Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with transformers (`rollout.engine=hf`): vLLM's
-start costs ~10 s a launch, and the scoring and the link do not depend on the engine).
+Per reward model (a random Qwen2ForSequenceClassification with the demo's tokenizer: `rm-demo`, the demo model's
+config, and `rm-qwen2-25m`) the demo GRPO config with `reward_model.enable=true` and a KL loss against the reference
+(`actor.use_kl_loss=true`: a reference forward per step on the actor's ranks), twice: colocated on the 2 actor ranks
+(`placement.reward_model=actor`) and on rank 2 of its own (3 processes). RM s = `timing_s/reward_model` +
+`timing_s/wait_reward_model` (the scoring on the actor's critical path), medians over steps 3..N. Headline: the step
+time on its own rank over colocated's. Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with
+transformers: vLLM's start costs ~10 s a launch, and the scoring does not depend on the engine).
 """
 
 from __future__ import annotations
@@ -24,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,38 +21,24 @@ from benchmarks import common
 from benchmarks.common import ROOT, demo_model
 
 NAME = "reward_model"
-PLACEMENTS = {
+PLACEMENTS = {  # placement: (processes, overrides)
     "colocated": (2, ["placement.reward_model=actor"]),
     "own_rank": (3, ["placement.actor=[0,1]", "placement.reward_model=[2]"]),
-}  # placement: (processes, overrides)
+}
 LABELS = {"colocated": "colocated (actor ranks 0,1)", "own_rank": "own rank (actor 0,1; RM 2)"}
 BATCH, N = 16, 8  # data.train_batch_size, rollout.n: the demo config's, stated so the samples per step are known
 ENGINE_NAMES = {"vllm": "in-process vLLM", "hf": "transformers generate"}
 FIRST_STEP = 3  # medians over steps FIRST_STEP..N (the first two steps hold the warm-up)
 METRICS = {
-    "rm_start_s": "timing_s/reward_model",
-    "rm_wait_s": "timing_s/wait_reward_model",
-    "step_s": "timing_s/step",
-    "gen_s": "timing_s/gen",
-}
-
-
-@dataclass(frozen=True)
-class RMSize:
-    """A reward model: the demo model's config with these fields replaced (none: the demo's own sizes)."""
-
-    name: str
-    sizes: tuple[tuple[str, int], ...] = ()
-
-
-RM_SIZES = (
-    RMSize("rm-demo"),
-    RMSize(
-        "rm-qwen2-25m",
-        (("hidden_size", 512), ("num_hidden_layers", 8), ("num_attention_heads", 8), ("num_key_value_heads", 4),
-         ("intermediate_size", 1536)),
-    ),
-)  # fmt: skip
+    "rm_start_s": "timing_s/reward_model", "rm_wait_s": "timing_s/wait_reward_model", "step_s": "timing_s/step",
+    "gen_s": "timing_s/gen", "rm_mean": "reward/reward_model/mean",  # None would mean nothing was scored
+}  # fmt: skip
+# name -> the demo model's config with these fields replaced
+RM_SIZES: dict[str, dict[str, int]] = {
+    "rm-demo": {},
+    "rm-qwen2-25m": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+                     "intermediate_size": 1536},
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,22 +47,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def reward_model_dir(size: RMSize) -> Path:
+def reward_model_dir(name: str) -> Path:
     """The reward model's directory under outputs/bench_models, built once (seeded: a cached one is the same)."""
-    out = common.MODELS / size.name
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    out = common.MODELS / name
+    if common.built(out):
         return out
     import torch
     from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
-    print(f"building the reward model {size.name} under {out} (once) ...", flush=True)
+    print(f"building the reward model {name} under {out} (once) ...", flush=True)
     demo = demo_model()
     spec = AutoConfig.from_pretrained(demo).to_dict()
     spec.pop("layer_types")  # one per layer: derived again for the new depth
-    config = Qwen2Config(**spec | dict(size.sizes))
+    config = Qwen2Config(**spec | RM_SIZES[name])
     tok = AutoTokenizer.from_pretrained(demo)
-    config.num_labels, config.architectures = 1, ["Qwen2ForSequenceClassification"]
-    config.pad_token_id = tok.pad_token_id
+    config.num_labels, config.architectures, config.pad_token_id = (
+        1,
+        ["Qwen2ForSequenceClassification"],
+        tok.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Qwen2ForSequenceClassification(config)
@@ -103,15 +81,11 @@ def parameters(path: Path) -> int:
     total = 0
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(file, "pt") as f:
-            for key in f.keys():  # noqa: SIM118  # safe_open is not iterable
-                total += math.prod(f.get_slice(key).get_shape())
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
     return total
 
 
-# ---- training runs --------------------------------------------------------------------------------------------
-
-
-def train(size: RMSize, path: Path, placement: str, steps: int, engine: str) -> dict[str, Any]:
+def train(name: str, path: Path, placement: str, steps: int, engine: str) -> dict[str, Any]:
     """One run's row: the medians of METRICS, RM samples/s, the rest of the step (step - RM)."""
     nproc, where = PLACEMENTS[placement]
     overrides = [
@@ -119,26 +93,17 @@ def train(size: RMSize, path: Path, placement: str, steps: int, engine: str) -> 
         f"data.train_batch_size={BATCH}", f"rollout.n={N}", f"rollout.engine={engine}", "actor.use_kl_loss=true",
         f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.plots=false",
     ]  # fmt: skip
-    print(f"{size.name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
-    rows, wall = common.train_run(f"reward_model_{size.name}_{placement}", overrides, nproc=nproc)
-    kept = [r for r in rows if r.get("training/global_step", 0) >= FIRST_STEP] or rows
-    samples = BATCH * N
+    print(f"{name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
+    rows, wall = common.train_run(f"reward_model_{name}_{placement}", overrides, nproc=nproc)
     row: dict[str, Any] = {
-        "placement": placement, "rm": size.name, "rm_params": parameters(path), "nproc": nproc,
-        "samples_per_step": samples, "steps": len(rows), "median_over_steps": f"{FIRST_STEP}..{len(rows)}",
-        "run_wall_s": wall,
+        "placement": placement, "rm": name, "rm_params": parameters(path), "nproc": nproc,
+        "samples_per_step": BATCH * N, "steps": len(rows), "median_over_steps": f"{FIRST_STEP}..{len(rows)}",
+        "run_wall_s": wall, **common.medians(rows, METRICS, FIRST_STEP),
     }  # fmt: skip
-    row |= {key: common.median(kept, metric) for key, metric in METRICS.items()}
     row["rm_s"] = row["rm_start_s"] + row["rm_wait_s"]  # the scoring on the actor's critical path
-    row["rm_mean"] = common.median(kept, "reward/reward_model/mean")  # None would mean nothing was scored
-    row["rm_samples_per_s"] = samples / row["rm_s"]
+    row["rm_samples_per_s"] = BATCH * N / row["rm_s"]
     row["rest_s"] = row["step_s"] - row["rm_s"]
     row["loadavg_1m"] = common.load_1m()
-    print(
-        f"    RM {row['rm_s']:.3f} s ({row['rm_samples_per_s']:.0f} samples/s), step {row['step_s']:.3f} s, "
-        f"run {wall:.0f} s",
-        flush=True,
-    )
     return row
 
 
@@ -147,34 +112,19 @@ def headlines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for name in dict.fromkeys(r["rm"] for r in rows):
         by = {r["placement"]: r for r in rows if r["rm"] == name}
-        if set(by) != set(PLACEMENTS):
-            continue
-        co, own = by["colocated"], by["own_rank"]
-        out.append(
-            {
-                "rm": name,
-                "rm_params": co["rm_params"],
-                "step_ratio": own["step_s"] / co["step_s"],
-                "rm_ratio": own["rm_s"] / co["rm_s"],
-                "rest_ratio": own["rest_s"] / co["rest_s"],
-            }
-        )
+        if set(by) == set(PLACEMENTS):
+            co, own = by["colocated"], by["own_rank"]
+            ratios = {f"{k}_ratio": own[f"{k}_s"] / co[f"{k}_s"] for k in ("step", "rm", "rest")}
+            out.append({"rm": name, "rm_params": co["rm_params"], **ratios})
     return out
 
 
-# ---- reports --------------------------------------------------------------------------------------------------
-
 COLUMNS = [
-    ("placement", "label", "{}"),
-    ("RM", "rm", "{}"),
-    ("RM params", "rm_params_m", "{:.2f}M"),
-    ("samples/step", "samples_per_step", "{}"),
-    ("RM s (median)", "rm_s", "{:.3f}"),
-    ("RM samples/s", "rm_samples_per_s", "{:.0f}"),
-    ("step s (median)", "step_s", "{:.3f}"),
-    ("step - RM s", "rest_s", "{:.3f}"),
-    ("gen s", "gen_s", "{:.3f}"),
-]
+    ("placement", "label", "{}"), ("RM", "rm", "{}"), ("RM params", "rm_params_m", "{:.2f}M"),
+    ("samples/step", "samples_per_step", "{}"), ("RM s (median)", "rm_s", "{:.3f}"),
+    ("RM samples/s", "rm_samples_per_s", "{:.0f}"), ("step s (median)", "step_s", "{:.3f}"),
+    ("step - RM s", "rest_s", "{:.3f}"), ("gen s", "gen_s", "{:.3f}"),
+]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -187,9 +137,8 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {min(loads):.1f} to "
         f"{max(loads):.1f} after the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row is "
         f"one `torchrun -m torchrl_post.train` run of the demo GRPO config ({rec['steps']} steps, "
-        f"{ENGINE_NAMES[rec['engine']]}, "
-        f"{BATCH} prompts x {N} samples, validation and checkpoints off) with a random "
-        "Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
+        f"{ENGINE_NAMES[rec['engine']]}, {BATCH} prompts x {N} samples, validation and checkpoints off) with a "
+        "random Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
         f"{rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on rank 2 of its own (3 processes). "
         f"RM s is `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over steps {FIRST_STEP}..N: "
         "colocated, each actor rank's forward over its half of the samples; on its own rank, the part of the "
@@ -204,59 +153,48 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
-    heads = rec["headlines"]
-    if not heads:
+    if not rec["headlines"]:
         return []
     ratios = "; ".join(
         f"{h['step_ratio']:.2f}x colocated's step time with {h['rm']} (RM wait {h['rm_ratio']:.2f}x, "
         f"the rest of the step {h['rest_ratio']:.2f}x)"
-        for h in heads
+        for h in rec["headlines"]
     )
     return [
         f"On its own rank: {ratios}.",
         "On its own rank the scoring overlaps the actor's reference forward (recorded as `overlapped: true`): "
         "rank 2 receives the batch after generation and scores every sample on one process while the actor ranks "
-        "compute their reference logprobs; the actor waits only for what is left of it. Generation does not overlap it here "
-        "(whole batches from the actor's own engine); with rollout ranks of their own and look-ahead the next "
-        "batch generates meanwhile. On these shared CPUs the third process also competes with the actor ranks "
+        "compute their reference logprobs; the actor waits only for what is left of it. Generation does not overlap "
+        "it here (whole batches from the actor's own engine); with rollout ranks of their own and look-ahead the "
+        "next batch generates meanwhile. On these shared CPUs the third process also competes with the actor ranks "
         "for the 2 cores.",
     ]
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     rows = rec["rows"]
     names = list(dict.fromkeys(r["rm"] for r in rows))
+    by = {(r["rm"], r["placement"]): r for r in rows}
     placements = [p for p in PLACEMENTS if any(r["placement"] == p for r in rows)]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.8 / len(placements)
-    for i, placement in enumerate(placements):
-        xs, speed, step = [], [], []
-        for k, name in enumerate(names):
-            row = next((r for r in rows if r["rm"] == name and r["placement"] == placement), None)
-            if row is not None:
-                xs.append(k + (i - (len(placements) - 1) / 2) * width)
-                speed.append(row["rm_samples_per_s"])
-                step.append(row["step_s"])
-        for ax, ys, fmt in ((left, speed, "{:.0f}"), (right, step, "{:.2f}")):
-            bars = ax.bar(xs, ys, width, label=LABELS[placement], color=f"C{i}")
-            ax.bar_label(bars, [fmt.format(y) for y in ys], fontsize=8)
     params = {r["rm"]: r["rm_params"] for r in rows}
     ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
-    for ax, ylabel, title in (
-        (left, "samples / s (log scale)", "reward-model scoring on the critical path (samples / s)"),
-        (right, "seconds", "training step (median)"),
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, fmt, ylabel, title in (
+        (
+            left,
+            "rm_samples_per_s",
+            "{:.0f}",
+            "samples / s (log scale)",
+            "reward-model scoring on the critical path (samples / s)",
+        ),
+        (right, "step_s", "{:.2f}", "seconds", "training step (median)"),
     ):
-        ax.set_xticks(range(len(names)), ticks)
-        ax.set(ylabel=ylabel, title=title)
-        ax.legend(fontsize=8)
+        series = [(LABELS[p], [by[(n, p)][key] if (n, p) in by else None for n in names]) for p in placements]
+        common.bars(ax, ticks, series, fmt, ylabel, title)
     left.set_yscale("log")  # the demo-size model scores ~25x faster than the ~25M one
     fig.suptitle(f"Reward model colocated vs on its own rank, GRPO {BATCH}x{N} samples per step, CPU", fontsize=10)
     common.save_figure(fig, path)
-
-
-# ---- main -----------------------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,32 +202,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     args = common.options(args, parse_args)
     steps = args.steps or (3 if args.tiny else 6 if args.quick else 12)
-    sizes = RM_SIZES[:1] if args.tiny else RM_SIZES
+    names = list(RM_SIZES)[:1] if args.tiny else list(RM_SIZES)
     engine = "hf" if args.tiny else "vllm"
-    rows = []
-    for size in sizes:
-        path = reward_model_dir(size)
-        rows += [train(size, path, placement, steps, engine) for placement in PLACEMENTS]
-    rec = {
-        "quick": args.quick,
-        "tiny": args.tiny,
-        "steps": steps,
-        "engine": engine,
-        "median_from_step": FIRST_STEP,
-        "train_batch_size": BATCH,
-        "rollout_n": N,
-        "rm_micro_batch": RewardModelConfig().micro_batch_size_per_gpu,
-        "models": {s.name: str(reward_model_dir(s).relative_to(ROOT)) for s in sizes},
-        "rows": rows,
-        "headlines": headlines(rows),
-        "overlapped": True,
+    rows = [train(n, reward_model_dir(n), placement, steps, engine) for n in names for placement in PLACEMENTS]
+    return {
+        "quick": args.quick, "tiny": args.tiny, "steps": steps, "engine": engine, "median_from_step": FIRST_STEP,
+        "train_batch_size": BATCH, "rollout_n": N, "rm_micro_batch": RewardModelConfig().micro_batch_size_per_gpu,
+        "models": {n: str(reward_model_dir(n).relative_to(ROOT)) for n in names}, "rows": rows,
+        "headlines": headlines(rows), "overlapped": True,
         "overlap_basis": "workers/remote.py: the actor sends the batch after generation and blocks until the scores "
         "return; rank 2 has nothing else to run",
         "loadavg_1m": common.load_1m(),
-    }
-    for line in conclusion(rec):
-        print(f"  {line}", flush=True)
-    return rec
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,28 +1,20 @@
 """Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
-generation time goes.
+generation time goes (benchmarks/rollout_worker.py under torchrun, 1 process, random Qwen2 models).
 
-Runs benchmarks/rollout_worker.py under torchrun (1 process: vLLM in-process needs a process group) on random
-Qwen2 models (cached under outputs/bench_models): both engines as the trainer builds them, the same random
-prompts, every sample forced to the asked length (vLLM `ignore_eos`, no stop token for transformers), over
-batches (prompts x n samples per call) and response lengths. Headline: `ratio` = vLLM tokens/s / hf tokens/s per
-row. The time split: `first token s` is a call of one new token at the same batch (the call's fixed cost plus
-the prefill), `decode ms/step` = (t(L) - t(1)) / (L - 1), and `fixed call s` one prompt, one token.
+Headline: `ratio` = vLLM tokens/s / hf tokens/s per (batch, length) row, every sample forced to the asked length.
 
     default   qwen2-10m and qwen2-40m, batches 1x1 4x4 16x4 32x8, lengths 32 128 224, 3 repeats
     --quick   qwen2-10m, batches 1x1 4x2 8x4, lengths 16 64, 2 repeats
     --tiny    qwen2-1m, batches 1x1 2x2, lengths 4 8, 1 repeat
 
-On CPU both engines run `--threads` unbound OpenMP/torch threads (default 1): on a few cores shared with other
-jobs, several spinning OpenMP threads (and vLLM's default of one pinned thread per core) stall 10x whenever
-another process takes one of their cores, which buries the engines' difference in noise.
+On CPU both engines run `--threads` unbound OpenMP threads (default 1: on shared cores, spinning or pinned threads
+stall 10x whenever another process takes one of their cores).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +30,7 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
     "quick": (("qwen2-10m",), "1x1,4x2,8x4", "16,64", 2, 16),
     "tiny": (("qwen2-1m",), "1x1,2x2", "4,8", 1, 8),
 }
+ENGINES = ("vllm", "hf")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,69 +40,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def launch(model: str, batches: str, lengths: str, repeats: int, prompt_len: int, threads: int) -> dict[str, Any]:
-    max_seqs = max(int(p) * int(n) for p, n in (b.split("x") for b in batches.split(",")))
-    max_len = prompt_len + max(int(x) for x in lengths.split(","))
-    size = SIZES[model]
-    kv_heads, head_dim = size.num_kv_heads, size.hidden_size // size.num_heads
-    kv_gb = max(1, -(-2 * size.num_layers * kv_heads * head_dim * 4 * max_seqs * max_len * 2 // 2**30))
-    worker_args = [
-        *("--model", str(model_dir(size)), "--prompt-len", str(prompt_len)),
-        *("--batches", batches, "--lengths", lengths, "--repeats", str(repeats), "--kv-cache-gb", str(kv_gb)),
-    ]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    if not torch.cuda.is_available():  # the engines compute on the CPU: `threads` each, unbound
-        env |= {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    rec: dict[str, Any] = common.run_worker(f"rollout_{model}", WORKER, 1, worker_args, env)
-    return rec
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
     mode = common.mode(args)
     models, batches, lengths, repeats, prompt_len = SETTINGS[mode]
     repeats = args.repeats or repeats
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if not torch.cuda.is_available():  # the engines compute on the CPU: `threads` each, unbound
+        env |= {"OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     runs = []
     for model in models:
-        t0 = time.perf_counter()
         print(f"  {model}: batches {batches}, lengths {lengths}, {repeats} repeats ...", flush=True)
-        common.warn_if_busy()
-        rec = launch(model, batches, lengths, repeats, prompt_len, args.threads)
-        rec["decode_fit"] = {e: decode_fit(rec, e) for e in ("vllm", "hf")}
+        size = SIZES[model]
+        max_seqs = max(int(p) * int(n) for p, n in (b.split("x") for b in batches.split(",")))
+        max_len = prompt_len + max(int(x) for x in lengths.split(","))
+        head_dim = size.hidden_size // size.num_heads
+        kv_gb = max(1, -(-2 * size.num_layers * size.num_kv_heads * head_dim * 4 * max_seqs * max_len * 2 // 2**30))
+        worker_args = [
+            *("--model", str(model_dir(size)), "--prompt-len", str(prompt_len), "--batches", batches),
+            *("--lengths", lengths, "--repeats", str(repeats), "--kv-cache-gb", str(kv_gb)),
+        ]
+        rec = common.run_worker(f"rollout_{model}", WORKER, 1, worker_args, env)
+        rec["decode_fit"] = {e: decode_fit(rec, e) for e in ENGINES}
         runs.append(rec)
-        for r in rec["rows"]:
-            print(
-                f"      {r['prompts']}x{r['n']} len {r['length']}: vllm {r['vllm_tokens_per_s']:.0f} tok/s, "
-                f"hf {r['hf_tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}",
-                flush=True,
-            )
-        print(f"      ({time.perf_counter() - t0:.0f} s)", flush=True)
     return {"mode": mode, "repeats": repeats, "threads": args.threads, "runs": runs, "loadavg_1m": common.load_1m()}
-
-
-# ---- reports -----------------------------------------------------------------------------------------------
-
-COLUMNS = [
-    ("prompts x n", "shape", "{}"),
-    ("length", "length", "{}"),
-    ("vllm tok/s", "vllm_tokens_per_s", "{:.0f}"),
-    ("hf tok/s", "hf_tokens_per_s", "{:.0f}"),
-    ("ratio", "ratio", "{:.2f}"),
-    ("LLM.generate tok/s", "llm_generate_tokens_per_s", "{:.0f}"),
-    ("stepped / LLM.generate", "stepped_vs_llm_generate", "{:.3f}"),
-    ("streamed / LLM.generate", "stream_vs_llm_generate", "{:.3f}"),
-    ("vllm s", "vllm_s", "{:.3f}"),
-    ("vllm first token s", "vllm_first_token_s", "{:.3f}"),
-    ("vllm decode ms/step", "vllm_decode_step_ms", "{:.2f}"),
-    ("vllm decode share", "vllm_decode_share", "{:.0%}"),
-    ("hf s", "hf_s", "{:.3f}"),
-    ("hf first token s", "hf_first_token_s", "{:.3f}"),
-    ("hf decode ms/step", "hf_decode_step_ms", "{:.2f}"),
-]
-
-
-def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{**r, "shape": f"{r['prompts']} x {r['n']}"} for r in run["rows"]]
 
 
 def decode_fit(run: dict[str, Any], engine: str) -> dict[str, float] | None:
@@ -124,63 +78,68 @@ def decode_fit(run: dict[str, Any], engine: str) -> dict[str, float] | None:
     return {"step_ms": my - slope * mx, "sample_ms": slope, "length": longest}
 
 
+COLUMNS = [
+    ("prompts x n", "shape", "{}"), ("length", "length", "{}"), ("vllm tok/s", "vllm_tokens_per_s", "{:.0f}"),
+    ("hf tok/s", "hf_tokens_per_s", "{:.0f}"), ("ratio", "ratio", "{:.2f}"),
+    ("LLM.generate tok/s", "llm_generate_tokens_per_s", "{:.0f}"),
+    ("stepped / LLM.generate", "stepped_vs_llm_generate", "{:.3f}"),
+    ("streamed / LLM.generate", "stream_vs_llm_generate", "{:.3f}"), ("vllm s", "vllm_s", "{:.3f}"),
+    ("vllm first token s", "vllm_first_token_s", "{:.3f}"), ("vllm decode ms/step", "vllm_decode_step_ms", "{:.2f}"),
+    ("vllm decode share", "vllm_decode_share", "{:.0%}"), ("hf s", "hf_s", "{:.3f}"),
+    ("hf first token s", "hf_first_token_s", "{:.3f}"), ("hf decode ms/step", "hf_decode_step_ms", "{:.2f}"),
+]  # fmt: skip
+
+
 def conclusion(run: dict[str, Any]) -> str:
-    rows = run["rows"]
-    ratios = [r["ratio"] for r in rows]
-    biggest = max(rows, key=lambda r: (r["batch"], r["length"]))
+    ratios = [r["ratio"] for r in run["rows"]]
+    big = max(run["rows"], key=lambda r: (r["batch"], r["length"]))
     fixed = run["fixed_call_s"]
-    return (
+    text = (
         f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x (largest batch and length, "
-        f"{biggest['prompts']} x {biggest['n']} x {biggest['length']} tokens: {biggest['ratio']:.2f}x). "
-        f"Where vLLM's time goes there: {biggest['vllm_first_token_s']:.3f} s for the first token (fixed cost and "
-        f"prefill), then {biggest['vllm_decode_step_ms']:.2f} ms per decode step for {biggest['batch']} samples "
-        f"({biggest['vllm_decode_share']:.0%} of the call); a call of one prompt and one token costs "
+        f"{big['prompts']} x {big['n']} x {big['length']} tokens: {big['ratio']:.2f}x). Where vLLM's time goes "
+        f"there: {big['vllm_first_token_s']:.3f} s for the first token (fixed cost and prefill), then "
+        f"{big['vllm_decode_step_ms']:.2f} ms per decode step for {big['batch']} samples "
+        f"({big['vllm_decode_share']:.0%} of the call); a call of one prompt and one token costs "
         f"{fixed['vllm'] * 1e3:.1f} ms in vLLM and {fixed['hf'] * 1e3:.1f} ms in transformers (its logprob pass "
-        f"included).{fit_sentence(run)}"
+        "included)."
     )
-
-
-def fit_sentence(run: dict[str, Any]) -> str:
-    fits = {e: decode_fit(run, e) for e in ("vllm", "hf")}
-    if fits["vllm"] is None or fits["hf"] is None:
-        return ""
-    v, h = fits["vllm"], fits["hf"]
-    return (
+    v, h = decode_fit(run, "vllm"), decode_fit(run, "hf")
+    if v is None or h is None:
+        return text
+    text += (
         f" A decode step costs about {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per sample in vLLM and "
         f"{h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms per sample in transformers (a line through the "
         f"{v['length']}-token rows)"
-        + (
-            f"; in vLLM the samples' part outweighs the step's fixed part from about {v['step_ms'] / v['sample_ms']:.0f} "
-            "samples per call on."
-            if v["sample_ms"] > 0
-            else "."
-        )
+    )
+    if v["sample_ms"] <= 0:
+        return text + "."
+    return text + (
+        f"; in vLLM the samples' part outweighs the step's fixed part from about {v['step_ms'] / v['sample_ms']:.0f} "
+        "samples per call on."
     )
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    m = rec["machine"]
     lines = [
         "# Rollout benchmark: vLLM against transformers generate",
         "",
-        f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}; 1-minute load average {rec['loadavg_1m']:.1f} "
-        f"at the end (other jobs shared the CPUs). The project's two engines in one process, temperature 1, "
-        f"every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) each; best of {rec['repeats']} "
-        "repeats, the engines taking turns. "
-        "`ratio` = vLLM tokens/s / hf tokens/s. `first token s`: a call of one new token at the same batch "
-        "(fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1) for the whole batch; "
-        "`decode share` = the part of the call's time spent after the first token.",
+        f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
+        f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token "
+        "s`: a call of one new token (fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1); "
+        "`decode share`: the call's time after the first token.",
         "",
     ]
     for r in rec["runs"]:
+        start, fixed = r["engine_start_s"], r["fixed_call_s"]
         lines += [
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}, prompts of "
             f"{r['prompt_len']} tokens)",
             "",
-            common.table(_rows(r), COLUMNS),
-            f"Engine start: vLLM {r['engine_start_s']['vllm']:.1f} s, hf {r['engine_start_s']['hf']:.1f} s. "
-            f"Fixed cost of one call (1 prompt, 1 token): vLLM {r['fixed_call_s']['vllm'] * 1e3:.1f} ms, "
-            f"hf {r['fixed_call_s']['hf'] * 1e3:.1f} ms. Load average {r['loadavg_1m']:.1f} after this model.",
+            common.table([{**row, "shape": f"{row['prompts']} x {row['n']}"} for row in r["rows"]], COLUMNS),
+            f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s. Fixed cost of one call (1 prompt, "
+            f"1 token): vLLM {fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average "
+            f"{r['loadavg_1m']:.1f} after this model.",
             "",
             conclusion(r),
             "",
@@ -192,12 +151,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     import matplotlib.ticker
 
     plt = common.pyplot()
-
     runs = rec["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
-        lengths = sorted({row["length"] for row in r["rows"]})
-        for i, length in enumerate(lengths):
+        for i, length in enumerate(sorted({row["length"] for row in r["rows"]})):
             rows = sorted((row for row in r["rows"] if row["length"] == length), key=lambda row: row["batch"])
             xs = [row["batch"] for row in rows]
             ax.plot(xs, [row["vllm_tokens_per_s"] for row in rows], "o-", color=f"C{i}", label=f"vLLM, {length} tok")

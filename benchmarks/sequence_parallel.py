@@ -1,16 +1,9 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
 with Ulysses sequence parallelism over sp = 1, 2 and 4 gloo ranks (dp 1), and the all-to-all's share of the step,
-measured by benchmarks/update_memory_worker.py (MemTracker; the exchanges timed by a hook) on a random Qwen2 from
-the demo's builder with room for 32k positions.
-
-Why about 1.1 x 1/sp (measured 2026-11-26, in the slope; the constant is under 1 MiB): counted with saved-tensor
-hooks at 2k tokens, per decoder layer and local token the Ulysses attention saves two hidden-sized tensors that
-sp=1 does not: k and v repeated to the rank's query heads before sdpa (`workers/ulysses.py: _attend`;
-transformers' sdpa at sp=1 passes `enable_gqa` and keeps k and v at the kv heads; sdpa with enable_gqa there
-measured 23.0 against 24.0 MiB at sp=2), and the exchanged output's copy to [b, s, H, d] that o_proj saves beside
-sdpa's saved output (at sp=1 the CPU kernel's output already has that layout: one storage for both); 43.3 hidden
-sizes per local token against sp=1's 38.2. (Before its fix, found by this benchmark, the global mask built a
-[S, S] causal square for plain rows and dropped it: 516 MiB per rank at 16k, above sp=1's 327.)
+measured by benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions. Why the activations sit
+about 1.1 x 1/sp (k and v repeated to the query heads, the exchanged output's copy): the report's last paragraph;
+counted with saved-tensor hooks at 2k tokens (2026-11-26), 43.3 hidden sizes per local token against sp=1's 38.2.
+(Before its fix, found here, the global mask built an [S, S] square: 516 MiB per rank at 16k, above sp=1's 327.)
 
     default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on
     --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
@@ -20,7 +13,6 @@ sizes per local token against sp=1's 38.2. (Before its fix, found by this benchm
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,7 +22,7 @@ from benchmarks import common
 
 NAME = "sequence_parallel"
 WORKER = Path(__file__).resolve().parent / "update_memory_worker.py"
-MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 256}
+MODEL = common.ModelSize("qwen2-sp-h128-l2", 128, 2, 4, 2, 256)
 MAX_POSITIONS = 32768  # above the longest row (16k response + prompt)
 PROMPT = 32
 SETTINGS = {  # response lengths, sp, gradient checkpointing, timed updates per length (the fastest counts)
@@ -38,17 +30,6 @@ SETTINGS = {  # response lengths, sp, gradient checkpointing, timed updates per 
     "quick": ((1024, 2048, 4096), (1, 2, 4), ("off", "on"), 3),
     "tiny": ((256, 512), (1, 2), ("off",), 1),
 }
-
-
-def build_model() -> Path:
-    """The demo's tiny Qwen2 with room for 32k positions; cached (build_tiny_model is seeded)."""
-    out = common.MODELS / "qwen2-sp-h128-l2"
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
-        return out
-    from torchrl_post.demo.build import build_tiny_model
-
-    build_tiny_model(out, seed=0, max_position_embeddings=MAX_POSITIONS, **MODEL)
-    return out
 
 
 def summarize(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -60,29 +41,24 @@ def summarize(rec: dict[str, Any]) -> list[dict[str, Any]]:
         fastest = [min(range(len(r["step_seconds"])), key=r["step_seconds"].__getitem__) for r in ranks]
         steps = [r["step_seconds"][j] for r, j in zip(ranks, fastest, strict=True)]
         exchange = [r["exchange_seconds"][j] for r, j in zip(ranks, fastest, strict=True)]
-        rows.append(
-            {
-                "sp": rec["sp"],
-                "checkpointing": first["checkpointing"],
-                "response_len": first["response_len"],
-                "tokens": rec["prompt_len"] + first["response_len"],
-                "activation_bytes": max(r["activation_bytes"] for r in ranks),
-                "peak_bytes": max(r["peak_bytes"] for r in ranks),
-                "step_seconds": max(steps),
-                "exchange_seconds": sum(exchange) / len(exchange),
-                "exchange_share": sum(e / s for e, s in zip(exchange, steps, strict=True)) / len(steps),
-                "exchange_calls": first["exchange_calls"],  # of the last timed update
-                "exchange_bytes": first["exchange_bytes"],
-            }
-        )
+        rows.append({
+            "sp": rec["sp"], "checkpointing": first["checkpointing"], "response_len": first["response_len"],
+            "tokens": rec["prompt_len"] + first["response_len"],
+            "activation_bytes": max(r["activation_bytes"] for r in ranks),
+            "peak_bytes": max(r["peak_bytes"] for r in ranks), "step_seconds": max(steps),
+            "exchange_seconds": sum(exchange) / len(exchange),
+            "exchange_share": sum(e / s for e, s in zip(exchange, steps, strict=True)) / len(steps),
+            "exchange_calls": first["exchange_calls"],  # of the last timed update
+            "exchange_bytes": first["exchange_bytes"],
+        })  # fmt: skip
     return rows
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = common.mode(args)
     lengths, sps, checkpointing, timed = SETTINGS[mode]
-    model = build_model()
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    model = common.model_dir(MODEL, max_position_embeddings=MAX_POSITIONS)
+    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     rows: list[dict[str, Any]] = []
     runs = []
     for sp in sps:
@@ -93,61 +69,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rec["seconds"] = time.perf_counter() - t0
         runs.append(rec)
         rows += summarize(rec)
-        print(f"  sp {sp}: {len(lengths)} lengths x {len(checkpointing)} in {rec['seconds']:.0f} s", flush=True)
     base = {(r["checkpointing"], r["response_len"]): r["activation_bytes"] for r in rows if r["sp"] == 1}
     for r in rows:
-        r["activation_mib"] = r["activation_bytes"] / 2**20
-        r["peak_mib"] = r["peak_bytes"] / 2**20
-        r["ratio"] = r["activation_bytes"] / base[(r["checkpointing"], r["response_len"])]
-        r["ideal"] = 1 / r["sp"]
+        r |= {"activation_mib": r["activation_bytes"] / 2**20, "peak_mib": r["peak_bytes"] / 2**20}
+        r |= {"ratio": r["activation_bytes"] / base[(r["checkpointing"], r["response_len"])], "ideal": 1 / r["sp"]}
     rows.sort(key=lambda r: (r["checkpointing"], r["response_len"], r["sp"]))
     fits = []
     for ckpt in sorted({r["checkpointing"] for r in rows}):
         for sp in sps:
-            pts = [(r["tokens"], r["activation_bytes"]) for r in rows if r["sp"] == sp and r["checkpointing"] == ckpt]
-            f = common.fit(pts)
+            f = common.fit(
+                [(r["tokens"], r["activation_bytes"]) for r in rows if (r["sp"], r["checkpointing"]) == (sp, ckpt)]
+            )
             if f is not None:
                 fits.append({"sp": sp, "checkpointing": ckpt, **f})
     one = {f["checkpointing"]: f["slope_bytes_per_token"] for f in fits if f["sp"] == 1}
     for f in fits:
         f["slope_ratio"] = f["slope_bytes_per_token"] / one[f["checkpointing"]]
-    return {
-        "mode": mode,
-        "model": {**MODEL, "vocab_size": 128, "max_position_embeddings": MAX_POSITIONS, "dtype": "float32"},
-        "prompt_len": PROMPT,
-        "timed": timed,
-        "rows": rows,
-        "fits": fits,
-        "runs": runs,
-        "seconds": sum(r["seconds"] for r in runs),
-        "loadavg_1m": common.load_1m(),
+    size = {
+        k: getattr(MODEL, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
     }
+    return {
+        "mode": mode, "model": {**size, "vocab_size": 128, "max_position_embeddings": MAX_POSITIONS, "dtype": "float32"},
+        "prompt_len": PROMPT, "timed": timed, "rows": rows, "fits": fits, "runs": runs,
+        "seconds": sum(r["seconds"] for r in runs), "loadavg_1m": common.load_1m(),
+    }  # fmt: skip
 
-
-# ---- reports -----------------------------------------------------------------------------------------------
 
 COLUMNS = [
-    ("checkpointing", "ckpt", "{}"),
-    ("sp", "sp", "{}"),
-    ("response tokens", "response_len", "{}"),
-    ("activations MiB/rank", "activation_mib", "{:.1f}"),
-    ("ratio to sp=1", "ratio", "{:.3f}"),
-    ("ideal", "ideal", "{:.3f}"),
-    ("peak MiB/rank", "peak_mib", "{:.1f}"),
-    ("step s", "step_seconds", "{:.2f}"),
-    ("all-to-all s", "exchange_seconds", "{:.2f}"),
-    ("all-to-all share", "exchange_share", "{:.0%}"),
-    ("all-to-alls", "exchange_calls", "{}"),
-    ("MiB into all-to-alls", "exchange_mib", "{:.0f}"),
-]
-
+    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("response tokens", "response_len", "{}"),
+    ("activations MiB/rank", "activation_mib", "{:.1f}"), ("ratio to sp=1", "ratio", "{:.3f}"),
+    ("ideal", "ideal", "{:.3f}"), ("peak MiB/rank", "peak_mib", "{:.1f}"), ("step s", "step_seconds", "{:.2f}"),
+    ("all-to-all s", "exchange_seconds", "{:.2f}"), ("all-to-all share", "exchange_share", "{:.0%}"),
+    ("all-to-alls", "exchange_calls", "{}"), ("MiB into all-to-alls", "exchange_mib", "{:.0f}"),
+]  # fmt: skip
 FIT_COLUMNS = [
-    ("checkpointing", "ckpt", "{}"),
-    ("sp", "sp", "{}"),
-    ("KiB / token", "slope_kib", "{:.2f}"),
-    ("slope / sp=1's", "slope_ratio", "{:.3f}"),
-    ("constant MiB", "intercept_mib", "{:.2f}"),
-]
+    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("KiB / token", "slope_kib", "{:.2f}"),
+    ("slope / sp=1's", "slope_ratio", "{:.3f}"), ("constant MiB", "intercept_mib", "{:.2f}"),
+]  # fmt: skip
 
 
 def _on(ckpt: bool) -> str:
@@ -155,22 +113,15 @@ def _on(ckpt: bool) -> str:
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    rows = [
-        {**r, "ckpt": _on(r["checkpointing"]), "exchange_mib": r["exchange_bytes"] / 2**20 if r["sp"] > 1 else None}
-        for r in rec["rows"]
-    ]
+    rows = [{**r, "ckpt": _on(r["checkpointing"]), "exchange_mib": r["exchange_bytes"] / 2**20} for r in rec["rows"]]
     for r in rows:
         if r["sp"] == 1:
-            r["exchange_seconds"] = r["exchange_share"] = r["exchange_calls"] = None
+            r["exchange_seconds"] = r["exchange_share"] = r["exchange_calls"] = r["exchange_mib"] = None
     fits = [
-        {
-            **f,
-            "ckpt": _on(f["checkpointing"]),
-            "slope_kib": f["slope_bytes_per_token"] / 1024,
-            "intercept_mib": f["intercept_bytes"] / 2**20,
-        }
+        {**f, "ckpt": _on(f["checkpointing"]), "slope_kib": f["slope_bytes_per_token"] / 1024,
+         "intercept_mib": f["intercept_bytes"] / 2**20}
         for f in rec["fits"]
-    ]
+    ]  # fmt: skip
     m = rec["model"]
     longest = max(r["response_len"] for r in rows)
     at_longest = [r for r in rows if r["response_len"] == longest and r["sp"] > 1]
@@ -180,15 +131,12 @@ def markdown(rec: dict[str, Any]) -> str:
         "",
         f"A random Qwen2 (hidden {m['hidden_size']}, {m['num_layers']} layers, {m['num_heads']} heads, "
         f"{m['num_kv_heads']} kv heads, vocabulary {m['vocab_size']}, {m['dtype']}); one `Actor.update` (FSDP2, "
-        f"PPO clip loss, AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, with "
-        "`model.ulysses_sequence_parallel_size` = sp = the gloo ranks (dp 1): each rank runs 1/sp of the row's "
-        "tokens. `activations`: torch's MemTracker peak less the parameters, gradients and AdamW state held at that "
-        "moment (FSDP shards those already), the largest rank's; `ratio` = that / sp=1's at the same length "
-        "(ideal 1/sp); `peak`: everything, the sharded model state included. "
-        f"`step`: the fastest of {rec['timed']} more updates, untracked, the slowest rank; `all-to-all`: the time "
-        "inside the Ulysses exchanges (q, k, v in, the output back; forward, backward and a checkpointed layer's "
-        "recomputation), mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes each "
-        "rank hands to them per update ((sp-1)/sp of it leaves the rank).",
+        f"AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, sp = the gloo ranks (dp 1). "
+        "`activations`: MemTracker's peak less the parameters, gradients and AdamW state, the largest rank's; "
+        "`ratio` = that / sp=1's (ideal 1/sp); `peak`: everything. "
+        f"`step`: the fastest of {rec['timed']} untracked updates, the slowest rank; `all-to-all`: the time inside "
+        "the Ulysses exchanges, mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes "
+        "each rank hands to them per update.",
         "",
         common.table(rows, COLUMNS),
         "Activations per rank = constant + slope x tokens (least squares over the lengths; tokens = prompt + "
@@ -206,16 +154,13 @@ def markdown(rec: dict[str, Any]) -> str:
             f"At {longest} response tokens a rank holds this fraction of sp=1's activations: {held}"
             + (f"; with checkpointing {held_ckpt}" if held_ckpt else "")
             + f": {min(above):.2f}-{max(above):.2f} x the ideal 1/sp. The per-token slope carries the excess "
-            f"({min(slopes):.2f}-{max(slopes):.2f} x sp=1's / sp; the constant is under {constant:.1f} MiB): "
-            "per layer and local token the Ulysses attention keeps two hidden-sized tensors that sp=1 does not, "
-            "k and v repeated to the rank's query heads for sdpa (transformers' sdpa at sp=1 passes `enable_gqa` "
-            "and keeps them at the kv heads) and the exchanged output, copied to [b, s, H, d] for o_proj beside "
-            "sdpa's own saved output (at sp=1 the CPU kernel's output is that layout already: one storage); "
-            "about 5 hidden sizes per token against sp=1's 38 (module docstring). The all-to-all's share of the "
-            f"step: {min(shares):.0%} to {max(shares):.0%}, falling with the length (the exchange grows with S, "
-            "the attention with S^2); sp processes share "
-            f"{rec['machine']['cpu_count']} busy cores, so an exchange also waits for the rank the scheduler ran "
-            f"last, and `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
+            f"({min(slopes):.2f}-{max(slopes):.2f} x sp=1's / sp; the constant is under {constant:.1f} MiB): per layer "
+            "and local token the Ulysses attention keeps two hidden-sized tensors that sp=1 does not, k and v "
+            "repeated to the rank's query heads for sdpa (sdpa at sp=1 keeps them at the kv heads with `enable_gqa`) "
+            "and the exchanged output copied to [b, s, H, d] for o_proj (one storage at sp=1): about 5 hidden sizes "
+            f"per token against sp=1's 38. The all-to-all's share of the step: {min(shares):.0%} to "
+            f"{max(shares):.0%}, falling with the length; sp processes share {rec['machine']['cpu_count']} busy "
+            f"cores, so `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
             f"{rec['seconds']:.0f} s in all."
         )
     return "\n".join(lines) + "\n"
@@ -236,11 +181,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
             ax.plot(xs, [r["activation_mib"] for r in mine], "o-", color=f"C{i}", label=f"sp={sp}")
             if sp > 1:
                 ax.plot(xs, [one[x] / sp for x in xs], "--", color=f"C{i}", alpha=0.6, label=f"sp=1 / {sp}")
-        xs = sorted(one)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xticks(xs, [f"{x // 1024}k" if x >= 1024 else str(x) for x in xs])
+        ax.set_xticks(sorted(one), [f"{x // 1024}k" if x >= 1024 else str(x) for x in sorted(one)])
         ax.minorticks_off()
         ax.set(xlabel="response tokens (one row)", ylabel="peak activation MiB per rank")
         ax.set_title(f"gradient checkpointing {_on(ckpt)}", fontsize=10)

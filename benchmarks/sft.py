@@ -1,27 +1,12 @@
-"""SFT benchmark: trained tokens/s of our SFT (`sft.enable=true`, the real entrypoint) on 1 and 2 ranks against
-TRL's SFTTrainer on 1 process, same model, same data, same batch, learning rate and steps; and the losses of both.
+"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`, the real entrypoint) on 1 and 2 ranks against
+TRL's SFTTrainer on 1 process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py), same model,
+same rows in the same order (a seeded copy task; TRL gets the tokens our SFT loader produced), same batch, learning
+rate and steps; and the losses of both. Packing off on both (fixed-length rows: nothing to unpad). tokens/s = loss
+tokens of the steps after the first / their summed wall time; `--threads` torch threads per process (default 1).
 
     python -m benchmarks --only sft          (or python -m benchmarks.sft [--quick | --tiny])
 
-Data: seeded prompt/response rows of fixed lengths (a copy task: the response repeats the prompt's letters, so
-the loss falls), in file order on both sides (ours data.shuffle=false, TRL train_sampling_strategy="sequential"):
-step k trains the same rows on both. Ours reads the text rows (data.apply_chat_template=false: the prompt's
-characters, then the response's and the end-of-sequence token); TRL gets the same tokens, written by our SFT
-loader (torchrl_post/data/sft.py) as `input_ids` and `completion_mask` (benchmarks/trl_sft_worker.py in TRL's
-venv, outputs/bench_venvs/trl, built once by benchmarks/e2e.py). Loss on the response tokens, token mean over the
-batch, one AdamW step per batch, constant learning rate, gradient clipping at 1, float32, no gradient
-checkpointing. Sequence packing off on both (model.use_remove_padding=false; packing=False): every row has the
-same length, so there is no padding to remove and packing would only turn each row's attention into one long
-masked row.
-
-tokens/s = tokens with loss (response tokens, the end-of-sequence token included) of the measured steps / the
-summed wall time of those steps (ours `timing_s/step`, TRL on_step_begin -> on_step_end), the first step left out
-(warm-up); start-up, loading and validation are outside. On CPU each process runs `--threads` torch threads
-(default 1, as the update benchmark: on a few cores shared with other jobs, a process of 2 threads stalls whenever
-another process takes one of its cores; measured on the tiny model, ours took 1.5 s a step on 2 threads, 0.02 s
-on 1), so 2 ranks use twice the cores of 1 rank and of TRL's one process.
-
-    default   qwen2-10m (the update benchmark's model), 16 rows of 64 prompt + 192 response tokens, 8 steps
+    default   qwen2-10m, 16 rows of 64 prompt + 192 response tokens, 8 steps
     --quick   qwen2-10m, 8 rows of 64 + 128 tokens, 5 steps (about 2 minutes on 2 cores)
     --tiny    a 2-layer model of hidden size 64, 4 rows of 16 + 16 tokens, 3 steps (45-70 s: three launches)
 """
@@ -41,13 +26,12 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.artefacts import num_params
-from benchmarks.common import SIZES, ModelSize, model_dir
-from benchmarks.e2e import trl_python
+from benchmarks.common import SIZES, TINY, ModelSize, model_dir
+from benchmarks.e2e import TRL_ENV, trl_python
 
 NAME = "sft"
 WORKER = Path(__file__).resolve().parent / "trl_sft_worker.py"
 RUNS = common.LOGS / "sft"
-TINY = ModelSize("qwen2-tiny", 64, 2, 2, 1, 128)
 WARMUP = 1  # steps left out of the throughput (the first step holds allocator warm-up)
 SEED = 1
 
@@ -80,9 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-# ---- data -----------------------------------------------------------------------------------------------------
-
-
 def write_data(s: Setting, rows: int) -> tuple[Path, Path]:
     """(text rows for ours, the same rows tokenised by our SFT loader for TRL), every row exactly
     s.prompt_len + s.response_len tokens with loss on the last s.response_len."""
@@ -112,13 +93,6 @@ def write_data(s: Setting, rows: int) -> tuple[Path, Path]:
     return text, tokens
 
 
-def env_for(threads: int) -> dict[str, str]:
-    return dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
-
-
-# ---- the two sides --------------------------------------------------------------------------------------------
-
-
 def run_ours(s: Setting, data: Path, ranks: int, threads: int) -> dict[str, Any]:
     """`torchrun -m torchrl_post.train --config-name sft` on `ranks` ranks: per-step times and losses."""
     overrides = [
@@ -132,17 +106,14 @@ def run_ours(s: Setting, data: Path, ranks: int, threads: int) -> dict[str, Any]
         "trainer.val_before_train=false", f"trainer.seed={SEED}",
     ]  # fmt: skip
     print(f"    ours: {s.model.name}, {ranks} rank(s), {threads} thread(s) each ...", flush=True)
-    rows, wall = common.train_run(
-        f"sft_{s.model.name}_{ranks}r", overrides, nproc=ranks, env={"OMP_NUM_THREADS": str(threads)}
-    )
+    env = {"OMP_NUM_THREADS": str(threads)}
+    rows, wall = common.train_run(f"sft_{s.model.name}_{ranks}r", overrides, nproc=ranks, env=env)
     rows = [r for r in rows if "timing_s/step" in r]
     return {
-        "steps_s": [r["timing_s/step"] for r in rows],
-        "update_s": [r.get("timing_s/update_actor") for r in rows],
-        "loss": [r["train/loss"] for r in rows],
-        "throughput_metric": common.median(rows[WARMUP:], "perf/throughput"),
+        "steps_s": [r["timing_s/step"] for r in rows], "update_s": [r.get("timing_s/update_actor") for r in rows],
+        "loss": [r["train/loss"] for r in rows], "throughput_metric": common.median(rows[WARMUP:], "perf/throughput"),
         "run_wall_s": wall,
-    }
+    }  # fmt: skip
 
 
 def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, Any] | None:
@@ -157,111 +128,71 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
         str(python), str(WORKER), "--model", str(model_dir(s.model)), "--train", str(tokens), "--out", str(out),
         "--batch", str(s.batch), "--lr", str(s.lr), "--steps", str(s.steps), "--seed", str(SEED),
     ]  # fmt: skip
-    log = RUNS / f"trl_{s.model.name}.log"
-    print(
-        f"    TRL: {s.model.name}, 1 process, {threads} thread(s) (log {log.relative_to(common.ROOT)}) ...", flush=True
-    )
+    print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
     common.warn_if_busy()
-    # The same allocator setting as ours (torchrl_post sets it on import): large CPU tensors on huge pages.
-    env = env_for(threads) | {"THP_MEM_ALLOC_ENABLE": "1"}
     t0 = time.perf_counter()
-    common.run_logged(cmd, log, env=env)
+    common.run_logged(
+        cmd, RUNS / f"trl_{s.model.name}.log", env=dict(os.environ, OMP_NUM_THREADS=str(threads), **TRL_ENV)
+    )
     raw = json.loads(out.read_text())
     return {
-        "steps_s": [r["step_s"] for r in raw["steps"]],
-        "loss": raw["loss"],
-        "run_wall_s": time.perf_counter() - t0,
-        "versions": raw["versions"],
-        "settings": raw["settings"],
-        "attn_implementation": raw["attn_implementation"],
-        "torch_threads": raw["torch_threads"],
-    }
+        "steps_s": [r["step_s"] for r in raw["steps"]], "loss": raw["loss"], "run_wall_s": time.perf_counter() - t0,
+        **{k: raw[k] for k in ("versions", "settings", "attn_implementation", "torch_threads")},
+    }  # fmt: skip
 
 
 def row(system: str, ranks: int, threads: int, s: Setting, side: dict[str, Any]) -> dict[str, Any]:
     """One system's row: trained tokens/s over the steps after the warm-up, step-1 and final losses."""
     measured = side["steps_s"][WARMUP:]
-    tokens = s.batch * s.response_len * len(measured)
     seconds = sum(measured)
     return {
-        "system": system,
-        "ranks": ranks,
-        "threads": threads,
-        "tokens_per_s": tokens / seconds,
-        "step_s": seconds / len(measured),
-        "measured_steps": len(measured),
-        "first_loss": side["loss"][0],
-        "final_loss": side["loss"][-1],
-        "run_wall_s": side["run_wall_s"],
-        "loadavg_1m": common.load_1m(),
-        **{k: side[k] for k in ("steps_s", "loss")},
-    }
+        "system": system, "ranks": ranks, "threads": threads,
+        "tokens_per_s": s.batch * s.response_len * len(measured) / seconds, "step_s": seconds / len(measured),
+        "measured_steps": len(measured), "first_loss": side["loss"][0], "final_loss": side["loss"][-1],
+        "run_wall_s": side["run_wall_s"], "loadavg_1m": common.load_1m(), "steps_s": side["steps_s"],
+        "loss": side["loss"],
+    }  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
     mode = common.mode(args)
-    s = SETTINGS[mode]
-    if args.steps:
-        s = replace(s, steps=args.steps)
+    s = replace(SETTINGS[mode], steps=args.steps) if args.steps else SETTINGS[mode]
     if s.steps <= WARMUP:
         raise SystemExit(f"--steps {s.steps}: need more than the {WARMUP} warm-up step(s)")
     text, tokens = write_data(s, s.batch * s.steps)
-    rows = []
-    for ranks in s.ranks:
-        rows.append(row("torchrl_post", ranks, args.threads, s, run_ours(s, text, ranks, args.threads)))
+    rows = [row("torchrl_post", k, args.threads, s, run_ours(s, text, k, args.threads)) for k in s.ranks]
     trl = None if args.no_trl else run_trl(s, tokens, args.threads, install=mode != "tiny")
     if trl is not None:
         rows.append(row("TRL SFTTrainer", 1, trl["torch_threads"], s, trl))
-    base = rows[0]
     for r in rows:
-        r["vs_ours_1r"] = r["tokens_per_s"] / base["tokens_per_s"]
-        r["first_loss_diff"] = r["first_loss"] - base["first_loss"]
-        print(
-            f"      {r['system']} {r['ranks']}r: {r['tokens_per_s']:.0f} tok/s ({r['step_s']:.2f} s/step), loss "
-            f"{r['first_loss']:.4f} -> {r['final_loss']:.4f}",
-            flush=True,
-        )
+        r["vs_ours_1r"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+        r["first_loss_diff"] = r["first_loss"] - rows[0]["first_loss"]
+        print(f"      {r['system']} {r['ranks']}r: {r['tokens_per_s']:.0f} tok/s, loss {r['final_loss']:.4f}")
     return {
-        "mode": mode,
-        "setting": {**asdict(s), "model": asdict(s.model)},
-        "params": num_params(model_dir(s.model)),
-        "warmup": WARMUP,
-        "rows": rows,
+        "mode": mode, "setting": {**asdict(s), "model": asdict(s.model)}, "params": num_params(model_dir(s.model)),
+        "warmup": WARMUP, "rows": rows, "loadavg_1m": common.load_1m(),
         "trl": {k: trl[k] for k in ("versions", "settings", "attn_implementation")} if trl else None,
-        "loadavg_1m": common.load_1m(),
-    }
+    }  # fmt: skip
 
-
-# ---- reports --------------------------------------------------------------------------------------------------
 
 COLUMNS = [
-    ("system", "system", "{}"),
-    ("ranks", "ranks", "{}"),
-    ("threads / process", "threads", "{}"),
-    ("trained tok/s", "tokens_per_s", "{:.0f}"),
-    ("vs ours 1 rank", "vs_ours_1r", "{:.2f}x"),
-    ("s / step", "step_s", "{:.2f}"),
-    ("best tok/s", "best_tokens_per_s", "{:.0f}"),
-    ("step-1 loss", "first_loss", "{:.5f}"),
-    ("step-1 diff", "first_loss_diff", "{:+.1e}"),
-    ("final loss", "final_loss", "{:.4f}"),
-    ("load", "loadavg_1m", "{:.1f}"),
-]
+    ("system", "system", "{}"), ("ranks", "ranks", "{}"), ("threads / process", "threads", "{}"),
+    ("trained tok/s", "tokens_per_s", "{:.0f}"), ("vs ours 1 rank", "vs_ours_1r", "{:.2f}x"), ("s / step", "step_s", "{:.2f}"),
+    ("best tok/s", "best_tokens_per_s", "{:.0f}"), ("step-1 loss", "first_loss", "{:.5f}"),
+    ("step-1 diff", "first_loss_diff", "{:+.1e}"), ("final loss", "final_loss", "{:.4f}"), ("load", "loadavg_1m", "{:.1f}"),
+]  # fmt: skip
 
 
 def with_best(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows with `best_tokens_per_s`: the fastest measured step's (other jobs stretch some steps, not all)."""
-    s = rec["setting"]
-    return [
-        r | {"best_tokens_per_s": s["batch"] * s["response_len"] / min(r["steps_s"][rec["warmup"] :])}
-        for r in rec["rows"]
-    ]
+    tokens = rec["setting"]["batch"] * rec["setting"]["response_len"]
+    return [r | {"best_tokens_per_s": tokens / min(r["steps_s"][rec["warmup"] :])} for r in rec["rows"]]
 
 
 def conclusion(rec: dict[str, Any]) -> str:
     rows = {(r["system"], r["ranks"]): r for r in with_best(rec)}
-    ours, trl = rows.get(("torchrl_post", 1)), rows.get(("TRL SFTTrainer", 1))
+    ours, trl, two = rows.get(("torchrl_post", 1)), rows.get(("TRL SFTTrainer", 1)), rows.get(("torchrl_post", 2))
     if ours is None:
         return ""
     if trl is None:
@@ -273,7 +204,6 @@ def conclusion(rec: dict[str, Any]) -> str:
         f"{ours['first_loss']:.5f} vs {trl['first_loss']:.5f} (difference {abs(trl['first_loss_diff']):.1e}); "
         f"final losses {ours['final_loss']:.4f} vs {trl['final_loss']:.4f}."
     )
-    two = rows.get(("torchrl_post", 2))
     if two is not None:
         text += (
             f" Ours on 2 ranks: {two['tokens_per_s']:.0f} tok/s ({two['vs_ours_1r']:.2f}x 1 rank, with twice its "
@@ -285,46 +215,37 @@ def conclusion(rec: dict[str, Any]) -> str:
 
 def markdown(rec: dict[str, Any]) -> str:
     s, m = rec["setting"], rec["machine"]
-    trl = rec.get("trl") or {}
-    versions = trl.get("versions", {})
-    lines = [
+    versions = (rec.get("trl") or {}).get("versions", {})
+    trl = f", TRL {versions.get('trl')} (transformers {versions.get('transformers')})" if versions else ""
+    return "\n".join([
         "# SFT benchmark: torchrl_post's SFT against TRL's SFTTrainer",
         "",
-        f"{s['model']['name']} ({rec['params'] / 1e6:.1f}M parameters, float32, "
-        f"{m['gpu'] or 'cpu'}), {s['batch']} rows per step of {s['prompt_len']} prompt + {s['response_len']} "
-        f"response tokens (loss on the {s['response_len']}), {s['steps']} steps at lr {s['lr']:g}; {m['cpu_count']} "
-        f"CPUs, torch {m['torch']}"
-        + (f", TRL {versions.get('trl')} (transformers {versions.get('transformers')})" if versions else "")
-        + f"; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Ours: `--config-name sft` through "
-        "`torchrun -m torchrl_post.train` (FSDP2, `nll_loss`), the rows in file order, one AdamW step per batch, "
-        "packing off (`model.use_remove_padding=false`). TRL: SFTTrainer on the same tokens (written by our SFT "
-        "loader), `completion_only_loss`, sequential sampler, packing off, float32, no gradient checkpointing, "
-        "adamw_torch, constant lr, max_grad_norm 1. Both: token-mean loss over the batch, gradient clipping at 1, "
-        "weight decay 0. trained tok/s = loss tokens of the steps after the first / their summed wall time (ours "
-        "`timing_s/step`; TRL on_step_begin to on_step_end); start-up and loading outside; `best tok/s` the same "
-        "from the fastest of those steps (other jobs on the cores stretch some steps, not all). "
+        f"{s['model']['name']} ({rec['params'] / 1e6:.1f}M parameters, float32, {m['gpu'] or 'cpu'}), {s['batch']} "
+        f"rows per step of {s['prompt_len']} prompt + {s['response_len']} response tokens (loss on the "
+        f"{s['response_len']}), {s['steps']} steps at lr {s['lr']:g}; {m['cpu_count']} CPUs, torch {m['torch']}{trl}; "
+        f"1-minute load average {rec['loadavg_1m']:.1f} at the end. Ours: `--config-name sft` through `torchrun -m "
+        "torchrl_post.train` (FSDP2, `nll_loss`), rows in file order, packing off. TRL: SFTTrainer on the same tokens, "
+        "`completion_only_loss`, sequential sampler, packing off, float32, no gradient checkpointing, adamw_torch, "
+        "constant lr. Both: token-mean loss, gradient clipping at 1, weight decay 0. trained tok/s = loss tokens of "
+        "the steps after the first / their summed wall time; `best tok/s` the same from the fastest of those steps. "
         f"{rec['rows'][0]['threads']} torch thread(s) per process: 2 ranks have twice the cores of 1 rank and of "
-        "TRL's process. `step-1 diff`: this row's step-1 loss minus ours on 1 rank (same initial weights, same "
-        "rows); `load`: the 1-minute load average after the row's run.",
+        "TRL's process. `step-1 diff`: this row's step-1 loss minus ours on 1 rank; `load`: the 1-minute load "
+        "average after the row's run.",
         "",
         common.table(with_best(rec), COLUMNS),
         conclusion(rec),
         "",
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     labels = [f"{r['system']}\n{r['ranks']} rank(s)" for r in rec["rows"]]
-    bars = ax.bar(range(len(labels)), [r["tokens_per_s"] for r in rec["rows"]], color=["C0", "C1", "C2"][: len(labels)])
-    for bar, r in zip(bars, rec["rows"], strict=True):
-        ax.annotate(
-            f"{r['tokens_per_s']:.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-            va="bottom", fontsize=8,
-        )  # fmt: skip
+    bars = ax.bar(
+        range(len(labels)), [r["tokens_per_s"] for r in rec["rows"]], color=[f"C{i}" for i in range(len(labels))]
+    )
+    ax.bar_label(bars, [f"{r['tokens_per_s']:.0f}" for r in rec["rows"]], fontsize=8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
     for i, r in enumerate(rec["rows"]):
@@ -337,10 +258,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     )
     bx.legend(fontsize=8)
     s = rec["setting"]
-    fig.suptitle(
-        f"sft: {s['model']['name']}, {s['batch']} x ({s['prompt_len']} + {s['response_len']}) tokens, lr {s['lr']:g}",
-        fontsize=10,
+    title = (
+        f"sft: {s['model']['name']}, {s['batch']} x ({s['prompt_len']} + {s['response_len']}) tokens, lr {s['lr']:g}"
     )
+    fig.suptitle(title, fontsize=10)
     common.save_figure(fig, path)
 
 

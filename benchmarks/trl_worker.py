@@ -1,21 +1,15 @@
-"""TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py.
+"""TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py (and tests/gpu's speed check).
 
     outputs/bench_venvs/trl/bin/python benchmarks/trl_worker.py --model DIR --train FILE.jsonl --out OUT.json \
         [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1] [--bf16] [--reward NAME]
 
-Runs inside TRL's own virtual environment (benchmarks/e2e.py builds it under outputs/bench_venvs/trl), one
-process, no torchrl_post import (only the reward: `gsm8k` loaded from torchrl_post/reward/builtin.py by file,
-`gsm8k_closeness` from benchmarks/rewards.py, so both sides score alike). GRPOTrainer is configured as the project's run: `prompts` x `n` samples per step
-(per_device_train_batch_size = prompts * n, num_generations = n, one optimizer step per generation), at most
-`response_length` new tokens, temperature 1, beta 0 (no reference model), one iteration (no old-logprob
-pass), float32 (`--bf16`: bf16 autocast over float32 weights, as the GPU tier's speed check runs it:
-tests/gpu/checks.py),
-torch AdamW at a constant learning rate, gradient clipping at 1.0. Generation is transformers' `generate` (use_vllm=False): TRL's vLLM colocate mode does not run on the CPU build of vLLM.
-
-Per step it records the wall time between on_step_begin and on_step_end (a TrainerCallback) and TRL's own
-profiling timers (`profiling/Time taken: ...`, captured in this process whatever report_to says):
-`_prepare_inputs` (generation, reward, advantages), `transformers.generate`, `_calculate_rewards` and
-`compute_loss` (the training forward). Writes one JSON record to --out.
+Runs inside TRL's own virtual environment, one process, no torchrl_post import (the reward is loaded by file:
+`gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py, so both sides score alike).
+GRPOTrainer as the project's run: prompts x n samples per step (one optimizer step per generation), at most
+`response_length` new tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), torch AdamW at
+a constant learning rate, clipping at 1.0, transformers' `generate` (use_vllm=False). Per step: the wall time between
+on_step_begin and on_step_end and TRL's own profiling timers (`_prepare_inputs`, `transformers.generate`,
+`_calculate_rewards`, `compute_loss`). Also the shared parts of benchmarks/trl_sft_worker.py. Writes one JSON record.
 """
 
 from __future__ import annotations
@@ -40,22 +34,12 @@ PROFILED = {  # TRL profiling name -> our key
     "GRPOTrainer.compute_loss": "loss_forward_s",
 }
 REWARD_FILES = {"gsm8k": "torchrl_post/reward/builtin.py", "gsm8k_closeness": "benchmarks/rewards.py"}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--train", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--response-length", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-6)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--reward", choices=tuple(REWARD_FILES), default="gsm8k")
-    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (float32 master weights)")
-    return ap.parse_args(argv)
+# TrainingArguments both workers share: constant lr, torch AdamW, clipping at 1, a log per step, nothing saved
+TRAINING = {
+    "lr_scheduler_type": "constant", "warmup_steps": 0, "optim": "adamw_torch", "max_grad_norm": 1.0,
+    "logging_steps": 1, "fp16": False, "report_to": "none", "save_strategy": "no", "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+}  # fmt: skip
 
 
 def load_reward(name: str) -> Callable[..., float]:
@@ -68,14 +52,66 @@ def load_reward(name: str) -> Callable[..., float]:
     return fn
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    t_start = time.perf_counter()
+def step_timer(steps: list[dict[str, float]], logged: list[dict[str, Any]], timers: dict[str, float] | None) -> Any:
+    """A TrainerCallback: per step its wall seconds (on_step_begin to on_step_end) and `timers` (cleared at each
+    begin, renamed by PROFILED) into `steps`, every log into `logged`."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            if timers is not None:
+                timers.clear()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            row = {"step_s": time.perf_counter() - self.t0}
+            steps.append(
+                row | {key: timers.get(name, 0.0) for name, key in PROFILED.items()} if timers is not None else row
+            )
+
+        def on_log(self, *a: Any, logs: dict[str, Any] | None = None, **k: Any) -> None:
+            if logs:
+                logged.append(dict(logs))
+
+    return StepTimer()
+
+
+def train(trainer: Any, out: Path, record: Callable[[], dict[str, Any]], t_start: float, load_s: float) -> None:
+    """Run `trainer`, then write `record()` with the versions, device, threads and times to `out`."""
     import datasets
     import torch
     import transformers
     import trl
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    t_train = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t_train
+    rec = {
+        "versions": {
+            "trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+            "datasets": datasets.__version__, "python": sys.version.split()[0],
+        },
+        "device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(), **record(),
+        "load_s": load_s, "train_s": train_s, "wall_s": time.perf_counter() - t_start,
+        "pid_env_threads": os.environ.get("OMP_NUM_THREADS"),
+    }  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rec, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, kind in (("model", Path), ("train", Path), ("out", Path)):
+        ap.add_argument(f"--{name}", type=kind, required=True)
+    for name, default in (("prompts", 8), ("n", 8), ("response-length", 32), ("lr", 1e-6), ("steps", 6), ("seed", 1)):
+        ap.add_argument(f"--{name}", type=type(default), default=default)
+    ap.add_argument("--reward", choices=tuple(REWARD_FILES), default="gsm8k")
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (float32 master weights)")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
     from trl.extras import profiling
 
@@ -88,112 +124,49 @@ def main(argv: list[str] | None = None) -> None:
         original_log(self, duration)
 
     profiling.ProfilingContext._log_metrics = record  # type: ignore[method-assign]
-
     score = load_reward(args.reward)
 
     def gsm8k(completions: list[Any], answer: list[str], data_source: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [score(src, text, ans) for src, text, ans in zip(data_source, texts, answer, strict=True)]
 
-    rows = [json.loads(line) for line in args.train.read_text().splitlines() if line.strip()]
-    dataset = datasets.Dataset.from_list(rows)
-
+    dataset = datasets.Dataset.from_list(
+        [json.loads(line) for line in args.train.read_text().splitlines() if line.strip()]
+    )
     steps: list[dict[str, float]] = []
     logged: list[dict[str, Any]] = []
-
-    class StepTimer(TrainerCallback):  # type: ignore[misc]
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            timers.clear()
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            row = {"step_s": time.perf_counter() - self.t0}
-            row |= {key: timers.get(name, 0.0) for name, key in PROFILED.items()}
-            steps.append(row)
-
-        def on_log(self, *a: Any, logs: dict[str, Any] | None = None, **k: Any) -> None:
-            if logs:
-                logged.append(dict(logs))
-
     t_load = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     load_s = time.perf_counter() - t_load
+    settings = {
+        "per_device_train_batch_size": args.prompts * args.n, "num_generations": args.n,
+        "max_completion_length": args.response_length, "temperature": 1.0, "beta": 0.0, "num_iterations": 1,
+        "learning_rate": args.lr,
+    }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="trl_bench_") as tmp:
         config = GRPOConfig(
-            output_dir=tmp,
-            per_device_train_batch_size=args.prompts * args.n,
-            num_generations=args.n,
-            max_completion_length=args.response_length,
-            temperature=1.0,
-            top_p=1.0,
-            beta=0.0,
-            num_iterations=1,
-            learning_rate=args.lr,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            optim="adamw_torch",
-            max_grad_norm=1.0,
-            max_steps=args.steps,
-            logging_steps=1,
-            bf16=args.bf16,
-            fp16=False,
-            use_cpu=not torch.cuda.is_available(),
-            use_vllm=False,
-            report_to="none",
-            save_strategy="no",
-            seed=args.seed,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-        )
+            output_dir=tmp, top_p=1.0, max_steps=args.steps, bf16=args.bf16, use_cpu=not torch.cuda.is_available(),
+            use_vllm=False, seed=args.seed, **settings, **TRAINING,
+        )  # fmt: skip
+        callbacks = [step_timer(steps, logged, timers)]
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[gsm8k],
             args=config,
             train_dataset=dataset,
             processing_class=tok,
-            callbacks=[StepTimer()],
+            callbacks=callbacks,
         )
-        t_train = time.perf_counter()
-        trainer.train()
-        train_s = time.perf_counter() - t_train
-    rewards = [float(entry["reward"]) for entry in logged if "reward" in entry]
-    lengths = [float(entry["completions/mean_length"]) for entry in logged if "completions/mean_length" in entry]
-    rec = {
-        "versions": {
-            "trl": trl.__version__,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-            "datasets": datasets.__version__,
-            "python": sys.version.split()[0],
-        },
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "torch_threads": torch.get_num_threads(),
-        "settings": {
-            "per_device_train_batch_size": args.prompts * args.n,
-            "num_generations": args.n,
-            "max_completion_length": args.response_length,
-            "temperature": 1.0,
-            "beta": 0.0,
-            "num_iterations": 1,
-            "learning_rate": args.lr,
-            "loss_type": config.loss_type,
-            "scale_rewards": config.scale_rewards,
-            "use_vllm": False,
-            "bf16": args.bf16,
-            "optim": "adamw_torch",
-            "reward": args.reward,
-        },
-        "steps": steps,
-        "reward_mean": rewards,
-        "completion_length_mean": lengths,
-        "load_s": load_s,
-        "train_s": train_s,
-        "wall_s": time.perf_counter() - t_start,
-        "pid_env_threads": os.environ.get("OMP_NUM_THREADS"),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rec, indent=1) + "\n")
+        settings |= {
+            "loss_type": config.loss_type, "scale_rewards": config.scale_rewards, "use_vllm": False, "bf16": args.bf16,
+            "optim": "adamw_torch", "reward": args.reward,
+        }  # fmt: skip
+        train(trainer, args.out, lambda: {
+            "settings": settings, "steps": steps,
+            "reward_mean": [float(e["reward"]) for e in logged if "reward" in e],
+            "completion_length_mean": [float(e["completions/mean_length"]) for e in logged if "completions/mean_length" in e],
+        }, t_start, load_s)  # fmt: skip
     print(f"trl: {len(steps)} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in steps) + " s", flush=True)
 
 

@@ -1,37 +1,29 @@
 """Update benchmark: tokens/s of the actor's update (`Actor.update`, FSDP2) against a bare PyTorch loop (the plain
-HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode.
+HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode (benchmarks/update_worker.py).
 
-Runs benchmarks/update_worker.py under torchrun on a random Qwen2 model (cached under outputs/bench_models) with
-a seeded GRPO-shaped batch: groups of 8 samples sharing a prompt of 40-120 tokens (left-padded), responses of
-1-64 tokens (right-padded). Modes: fixed and dynamic (token-budget) micro-batches, padded and packed
-(model.use_remove_padding). Headline: `ratio` = ours / bare real tokens/s over the same rows (target >= 0.9);
-the packing modes are compared with the bare *padded* loop (what packing buys), the bare packed loop beside it.
+A seeded GRPO-shaped batch (groups of 8 sharing a 40-120 token prompt, responses of 1-64 tokens); modes fixed,
+dynamic, packed, packed_dynamic. Headline: `ratio` = ours / bare real tokens/s (target >= 0.9).
 
-    default   qwen2-10m, 64 samples, micro 8, budget 1536, 3 repeats: 1 rank and 2 ranks (uniform lengths),
-              1 rank with skewed lengths (most responses short)
-    --quick   qwen2-10m, 16 samples, micro 4, budget 768, 2 repeats, 1 rank (about 2-3 minutes on 2 cores)
-    --tiny    a 2-layer model of hidden size 64, 8 samples, 1 repeat, 1 rank (seconds; for tests)
+    default   qwen2-10m, 64 samples, micro 8, budget 1536, 3 repeats: 1 and 2 ranks, 1 rank with skewed lengths
+    --quick   qwen2-10m, 16 samples, micro 4, budget 768, 2 repeats, 1 rank
+    --tiny    a 2-layer model of hidden size 64, 8 samples, 1 repeat, 1 rank (tests)
 
-On CPU each rank runs `--threads` torch threads (default 1): on a few cores shared with other jobs, more
-threads stall whenever another process takes one of their cores.
+On CPU each rank runs `--threads` torch threads (default 1: more stall whenever another process takes a core).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import SIZES, ModelSize, model_dir
+from benchmarks.common import SIZES, TINY, ModelSize, model_dir
 
 NAME = "update"
 WORKER = Path(__file__).resolve().parent / "update_worker.py"
-TINY = ModelSize("qwen2-tiny", 64, 2, 2, 1, 128)
 
 
 @dataclass(frozen=True)
@@ -63,73 +55,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def launch(setting: Setting, ranks: int, lengths: str, repeats: int, threads: int) -> dict[str, Any]:
-    args = [
-        *("--model", str(model_dir(setting.model)), "--samples", str(setting.samples), "--group", str(setting.group)),
-        *("--prompt-len", PROMPT_LEN, "--response-len", RESPONSE_LEN, "--lengths", lengths),
-        *("--micro", str(setting.micro), "--budget", str(setting.budget), "--repeats", str(repeats)),
-    ]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
-    rec: dict[str, Any] = common.run_worker(f"update_{setting.model.name}_{ranks}r_{lengths}", WORKER, ranks, args, env)
-    return rec
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args = common.options(args, parse_args)
     mode = common.mode(args)
-    setting = SETTINGS[mode]
-    repeats = args.repeats or setting.repeats
-    plan = [(int(k), "uniform") for k in args.ranks.split(",")] if args.ranks else list(setting.runs)
+    s = SETTINGS[mode]
+    repeats = args.repeats or s.repeats
     runs = []
-    for ranks, lengths in plan:
-        t0 = time.perf_counter()
-        print(f"  {setting.model.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
-        common.warn_if_busy()
-        rec = launch(setting, ranks, lengths, repeats, args.threads)
-        runs.append(rec)
-        for r in rec["rows"]:
-            print(
-                f"      {r['mode']}: ours {r['ours_tokens_per_s']:.0f} tok/s, bare {r['bare_tokens_per_s']:.0f} "
-                f"tok/s, ratio {r['ratio']:.2f} (CPU s {r.get('ratio_cpu') or 0:.2f}), padding {r['padding_frac']:.2f}",
-                flush=True,
-            )
-        print(f"      ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for ranks, lengths in [(int(k), "uniform") for k in args.ranks.split(",")] if args.ranks else s.runs:
+        print(f"  {s.model.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
+        worker_args = [
+            *("--model", str(model_dir(s.model)), "--samples", str(s.samples), "--group", str(s.group)),
+            *("--prompt-len", PROMPT_LEN, "--response-len", RESPONSE_LEN, "--lengths", lengths),
+            *("--micro", str(s.micro), "--budget", str(s.budget), "--repeats", str(repeats)),
+        ]
+        env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
+        runs.append(common.run_worker(f"update_{s.model.name}_{ranks}r_{lengths}", WORKER, ranks, worker_args, env))
     return {"mode": mode, "repeats": repeats, "threads": args.threads, "runs": runs, "loadavg_1m": common.load_1m()}
 
 
-# ---- reports -----------------------------------------------------------------------------------------------
-
 COLUMNS = [
-    ("mode", "mode", "{}"),
-    ("ours tok/s", "ours_tokens_per_s", "{:.0f}"),
-    ("bare tok/s", "bare_tokens_per_s", "{:.0f}"),
-    ("ratio", "ratio", "{:.2f}"),
-    ("ratio (CPU s)", "ratio_cpu", "{:.2f}"),
-    ("bare packed tok/s", "bare_packed_tokens_per_s", "{:.0f}"),
-    ("ours / bare packed", "ratio_vs_bare_packed", "{:.2f}"),
-    ("padding frac", "padding_frac", "{:.2f}"),
-    ("bare padding frac", "bare_padding_frac", "{:.2f}"),
-    ("micro-batches", "micro_batches", "{}"),
-    ("ours s", "ours_s", "{:.2f}"),
-    ("bare s", "bare_s", "{:.2f}"),
+    ("mode", "mode", "{}"), ("ours tok/s", "ours_tokens_per_s", "{:.0f}"), ("bare tok/s", "bare_tokens_per_s", "{:.0f}"),
+    ("ratio", "ratio", "{:.2f}"), ("ratio (CPU s)", "ratio_cpu", "{:.2f}"),
+    ("bare packed tok/s", "bare_packed_tokens_per_s", "{:.0f}"), ("ours / bare packed", "ratio_vs_bare_packed", "{:.2f}"),
+    ("padding frac", "padding_frac", "{:.2f}"), ("bare padding frac", "bare_padding_frac", "{:.2f}"),
+    ("micro-batches", "micro_batches", "{}"), ("ours s", "ours_s", "{:.2f}"), ("bare s", "bare_s", "{:.2f}"),
     ("bare packed s", "bare_packed_s", "{:.2f}"),
-]
-
-
-def _title(r: dict[str, Any]) -> str:
-    return (
-        f"{r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}), {r['ranks']} rank(s), "
-        f"{r['samples']} samples, {r['lengths']} response lengths"
-    )
+]  # fmt: skip
 
 
 def conclusion(run: dict[str, Any]) -> str:
     rows = {r["mode"]: r for r in run["rows"]}
+    ratios = [r["ratio"] for r in rows.values()]
     low = [m for m, r in rows.items() if r["ratio"] < 0.9]
-    text = (
-        f"Ours / bare over the same real tokens: {min(r['ratio'] for r in rows.values()):.2f}x to "
-        f"{max(r['ratio'] for r in rows.values()):.2f}x"
-        + (f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target).")
+    text = f"Ours / bare over the same real tokens: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
+        f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target)."
     )
     cpu = [r["ratio_cpu"] for r in rows.values() if r.get("ratio_cpu")]
     if cpu:
@@ -151,21 +110,19 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Update benchmark: the actor's update against a bare PyTorch loop",
         "",
         f"{m['cpu_count']} CPUs, torch {m['torch']}; {rec.get('threads', 1)} torch thread(s) per rank; 1-minute "
-        f"load average {rec['loadavg_1m']:.1f} at the end (other jobs shared the CPUs). Ours: `Actor.update` "
-        "(FSDP2, PPO clip loss, entropy and metrics, gradient clipping, AdamW), one optimizer step per update. "
-        "Bare: the plain HF model with torch.optim.AdamW over the same micro-batches (padded: the columns some row "
-        "uses; packed: one row of real tokens, positions restarting per sample), on-policy PPO surrogate, "
-        "gradient clipping, an all_reduce of the gradients on 2 ranks. tokens/s = real (prompt + response) tokens "
-        f"of the whole batch / seconds of one update, median of {rec['repeats']} repeats after a warm-up, ours and "
-        "bare taking turns. `ratio` = ours / bare (padded) tok/s; for the packing modes bare is the padded loop "
-        "over the same rows, so the ratio includes what packing buys. `ratio (CPU s)`: the same ratio from rank "
-        "0's process CPU seconds (CPU runs, one thread per rank: other jobs on the cores do not stretch it). "
-        "`padding frac` is ours (`perf/padding_frac`, rank 0's).",
+        f"load average {rec['loadavg_1m']:.1f} at the end. Ours: `Actor.update` (FSDP2, PPO clip loss, metrics, "
+        "clipping, AdamW). Bare: the plain HF model and torch.optim.AdamW over the same micro-batches (padded, or "
+        "packed: one row of real tokens), the on-policy PPO surrogate, clipping, an all_reduce of the gradients on 2 "
+        "ranks. tokens/s = real tokens of the whole batch / seconds of one update, median of "
+        f"{rec['repeats']} repeats after a warm-up, taking turns. `ratio` = ours / bare padded tok/s (for the packing "
+        "modes it includes what packing buys); `ratio (CPU s)`: the same from rank 0's process CPU seconds (not "
+        "stretched by other jobs). `padding frac` is ours (`perf/padding_frac`, rank 0's).",
         "",
     ]
     for r in rec["runs"]:
         lines += [
-            f"## {_title(r)}",
+            f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}), {r['ranks']} "
+            f"rank(s), {r['samples']} samples, {r['lengths']} response lengths",
             "",
             f"Prompts {r['prompt_len'].replace(',', '-')} tokens in groups of {r['group']}, responses "
             f"{r['response_len'].replace(',', '-')} tokens; {r['real_tokens']:.0f} real tokens in {r['cells']} "
@@ -180,27 +137,18 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     plt = common.pyplot()
-
     runs = rec["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
-    series = (("ours", "ours"), ("bare", "bare padded"), ("bare_packed", "bare packed"))
     for ax, r in zip(axes[0], runs, strict=True):
-        modes = [row["mode"] for row in r["rows"]]
-        width = 0.27
-        for i, (key, label) in enumerate(series):
-            xs = [j + (i - 1) * width for j in range(len(modes))]
-            ys = [row.get(f"{key}_tokens_per_s") or 0.0 for row in r["rows"]]
-            bars = ax.bar(xs, ys, width, label=label, color=f"C{i}")
-            if key == "ours":
-                for bar, row in zip(bars, r["rows"], strict=True):
-                    ax.annotate(
-                        f"{row['ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=8,
-                    )  # fmt: skip
-        ax.set_xticks(range(len(modes)), modes)
-        ax.set(ylabel="real tokens / s (whole batch)")
+        series = [
+            (label, [row.get(f"{key}_tokens_per_s") or 0.0 for row in r["rows"]])
+            for key, label in (("ours", "ours"), ("bare", "bare padded"), ("bare_packed", "bare packed"))
+        ]
+        common.bars(ax, [row["mode"] for row in r["rows"]], series, ylabel="real tokens / s (whole batch)")
+        for bar, row in zip(ax.containers[0], r["rows"], strict=True):  # ours / bare over ours' bars
+            ax.annotate(f"{row['ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=8)  # fmt: skip
         ax.set_title(f"{r['model']}, {r['ranks']} rank(s), {r['samples']} samples, {r['lengths']}", fontsize=9)
-        ax.legend(fontsize=8)
     fig.suptitle("update: Actor.update (ours, ratio ours/bare padded above) vs a bare PyTorch loop", fontsize=10)
     common.save_figure(fig, path)
 
