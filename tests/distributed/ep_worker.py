@@ -166,6 +166,7 @@ def _fsdp_case(world: int, ep: int, param_dtype: str = "float32", fsdp_size: int
         norms[name] = clip_grad_norm(model, 1.0)
         opt.step()
         weights[name] = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+    sync = _sync_case(model, weights["ep"])
     ref = grads["ref"]
     return {
         "grad": max((grads["ep"][n] - ref[n]).abs().max().item() for n in ref),
@@ -175,6 +176,32 @@ def _fsdp_case(world: int, ep: int, param_dtype: str = "float32", fsdp_size: int
         "weights": max((weights["ep"][n] - weights["ref"][n]).abs().max().item() for n in ref),
         "moved": max((weights["ref"][n] - p).abs().max().item() for n, p in base.named_parameters()),
         "gathered": [min(gathered["ep"]), max(gathered["ep"]), len(gathered["ep"])],
+        **sync,
+    }
+
+
+def _sync_case(model: torch.nn.Module, whole: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The weight sync's stream (`iter_full_weights`, small buckets) of an expert-parallel model: its experts as
+    per-expert checkpoint tensors (one ep block at a time), which put back into their fused parameters give every
+    parameter's whole value."""
+    from torchrl_post.sync.weights import iter_full_weights
+    from torchrl_post.workers.loading import expert_pieces
+
+    pieces = expert_pieces(model)
+    rebuilt = {n: torch.full_like(t, float("nan")) for n, t in whole.items()}
+    sent = []
+    for name, t in iter_full_weights(model, 1 << 12):
+        sent.append(name)
+        if name in pieces:
+            fused, expert, part, parts = pieces[name]
+            rebuilt[fused][expert].chunk(parts)[part].copy_(t)
+        else:
+            rebuilt[name].copy_(t)
+    fused = {f for f, *_ in pieces.values()}
+    return {
+        "sync": max((rebuilt[n] - t).abs().max().item() for n, t in whole.items()),  # nan (a hole) fails too
+        "sync_fused_sent": sum(1 for n in sent if n in fused),  # a fused [E, ...] tensor gathered whole
+        "sync_pieces": sum(1 for n in sent if n in pieces),
     }
 
 

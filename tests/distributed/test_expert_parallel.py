@@ -31,6 +31,9 @@ def test_all_to_all_dispatch_equals_every_expert_in_one_process(world: int, tmp_
             assert f["grad_scale"] > 1.0 and f["moved"] > 1e-4, f  # gradients and an update to compare
             assert f["grad"] < 1e-6 * f["grad_scale"] and f["norm"] < 1e-6 * f["norm_value"], (ep, f)
             assert f["weights"] < 1e-6, (ep, f)
+            # the weight sync sends the experts as per-expert checkpoint tensors, one ep block at a time, and
+            # they rebuild every parameter exactly (2 layers x 2 fused tensors x 4 experts, gate_up in 2 parts)
+            assert f["sync"] == 0.0 and f["sync_pieces"] == 2 * 4 * 3 and f["sync_fused_sent"] == 0, (ep, f)
             # each layer's forward held its E / ep experts (gathered by FSDP over efsdp): ep x held / all = 1
             assert f["gathered"] == [1.0, 1.0, 2], (ep, f)
         # bfloat16 compute (float32 weights and gradients): the experts' grouped GEMM (`local_experts`) against

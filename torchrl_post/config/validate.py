@@ -204,12 +204,6 @@ def _mixture_of_experts(cfg: Config) -> None:
     for key, fsdp in (("actor.fsdp", cfg.actor.fsdp), ("critic.fsdp", cfg.critic.fsdp)):
         ep = fsdp.expert_parallel_size
         _positive(f"{key}.expert_parallel_size", ep)
-    if cfg.actor.fsdp.expert_parallel_size > 1 and cfg.model.lora_rank > 0:
-        raise ConfigError(
-            f"actor.fsdp.expert_parallel_size={cfg.actor.fsdp.expert_parallel_size} with model.lora_rank="
-            f"{cfg.model.lora_rank}: LoRA's adapters on the experts are not sharded by expert yet; set "
-            "actor.fsdp.expert_parallel_size=1"
-        )
     _positive("actor.router_aux_loss_coef", cfg.actor.router_aux_loss_coef, allow_zero=True)
     if not cfg.actor.router_replay:
         return

@@ -22,6 +22,7 @@ from torchrl_post.engines.batch import collate
 from torchrl_post.multimodal.vision import NEVER_GENERATED_BIAS, VisionSpec, image_inputs, load_processor, model_inputs
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.types import Generation, PromptBatch
+from torchrl_post.workers.loading import expert_pieces
 from torchrl_post.workers.logprobs import batched_log_probs
 from torchrl_post.workers.models import load_pretrained, model_class
 
@@ -165,16 +166,24 @@ class HFEngine:
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (HF name, full tensor) pairs into the model (a LoRA model's merged here). Every parameter must
-        arrive, under any of its names (tied embeddings: `lm_head.weight` is `model.embed_tokens.weight`): a
-        name the model does not have, or a parameter the sync left out, is an error naming it."""
+        """Copy (HF name, full tensor) pairs into the model (a LoRA model's merged here); a fused experts
+        parameter may come as its experts' checkpoint tensors (`...experts.{e}.gate_proj.weight`, as an
+        expert-parallel trainer sends it: `sync/weights.py: ExpertBlocks`). Every parameter must arrive, under any
+        of its names (tied embeddings: `lm_head.weight` is `model.embed_tokens.weight`): a name the model does
+        not have, or a parameter the sync left out, is an error naming it."""
         params = dict(self.model.named_parameters(remove_duplicate=False))
+        pieces: dict[str, tuple[str, int, int, int]] | None = None
         loaded: set[int] = set()
         for name, tensor in merged_weights(weights, self.lora_scale) if self.lora_scale else weights:
-            param = params.get(name)
+            param, target = params.get(name), None
+            if param is None:  # one expert's checkpoint tensor, as an expert-parallel trainer sends them
+                pieces = expert_pieces(self.model) if pieces is None else pieces
+                if name in pieces:
+                    fused, expert, part, parts = pieces[name]
+                    param, target = params[fused], params[fused][expert].chunk(parts)[part]
             if param is None:
                 raise RuntimeError(f"weight sync: the engine's model has no parameter {name!r} (sent by the trainer)")
-            param.copy_(tensor)
+            (param if target is None else target).copy_(tensor)
             loaded.add(id(param))
         missed = [name for name, p in self.model.named_parameters() if id(p) not in loaded]
         if missed:

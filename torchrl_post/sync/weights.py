@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.engines.base import RolloutEngine
+from torchrl_post.workers.loading import expert_pieces
 
 Entry = tuple[str, tuple[int, ...], int, int]  # name, full shape, rows per rank slot, elements per rank slot
 ParamSpec = tuple[str, tuple[int, ...], torch.dtype, int]  # name, full shape, dtype on the wire, shard ranks
@@ -99,15 +100,103 @@ def _shard_group(p: torch.Tensor) -> dist.ProcessGroup | None:
 def param_specs(
     model: torch.nn.Module, wire_dtype: torch.dtype | None = None, keep: Keep | None = None
 ) -> list[ParamSpec]:
-    """(HF name, full shape, dtype on the wire, shard ranks) of every parameter (`keep`: those it accepts)."""
+    """(HF name, full shape, dtype on the wire, shard ranks) of every parameter (`keep`: those it accepts); an
+    expert-parallel parameter as its experts' checkpoint tensors (`ExpertBlocks`), each whole on one rank slot."""
     specs = []
+    pieces = ExpertBlocks(model).pieces
     for name, p in model.named_parameters():
         if keep is not None and not keep(name):
             continue
-        group = _shard_group(p)
         dtype = wire_dtype if wire_dtype is not None and p.is_floating_point() else p.dtype
+        if name in pieces:
+            specs += [(piece, shape, dtype, 1) for piece, shape in pieces[name]]
+            continue
+        group = _shard_group(p)
         specs.append((name, tuple(p.shape), dtype, 1 if group is None else dist.get_world_size(group)))
     return specs
+
+
+class ExpertBlocks:
+    """An expert-parallel model's experts for the sync at O(E / ep) memory, as verl's #6612 keeps it.
+
+    A fused experts parameter sharded by expert over ep (`workers/expert_parallel.py: shard_experts`) leaves as its
+    experts' checkpoint tensors (`expert_checkpoint_names`: `...experts.{e}.gate_proj.weight`, ...), the names every
+    engine loads a checkpoint by. They are made one ep block at a time: each rank gathers its own block (its E / ep
+    experts) over efsdp, then each ep rank's block in turn is broadcast over the ep group. A rank holds at most its
+    own block and one other, never the whole [E, ...] tensor. Every actor rank walks the pieces in the same order
+    (the gathers and broadcasts are collectives). Parameters without a per-expert checkpoint layout (transposed
+    experts) are gathered whole."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = dict(model.named_parameters())
+        sharded = {n for n, p in self.params.items() if _expert_parallel(p)}
+        self.where = {k: v for k, v in expert_pieces(model).items() if v[0] in sharded} if sharded else {}
+        """piece -> (parameter, expert, part, parts), in the parameter's expert-major, part order"""
+        self.pieces: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        """each expert-parallel parameter -> its pieces (checkpoint name, shape), in the order they are sent"""
+        for piece, (name, _, _, parts) in self.where.items():
+            shape = self.params[name].shape
+            self.pieces.setdefault(name, []).append((piece, (shape[1] // parts, *shape[2:])))
+        self._own: tuple[str, torch.Tensor] | None = None
+        self._block: tuple[str, int, torch.Tensor] | None = None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def piece(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The checkpoint tensor `name`, a view into the current ep block (made when first asked for)."""
+        param, expert, part, parts = self.where[name]
+        p = self.params[param]
+        assert isinstance(p, DTensor)
+        per = _experts_per_rank(p)
+        owner = expert // per
+        if self._block is None or self._block[:2] != (param, owner):
+            self._block = None  # freed before the next is made
+            self._block = (param, owner, self._broadcast(param, p, owner, device, dtype))
+        return self._block[2][expert - owner * per].chunk(parts)[part]
+
+    def _own_block(self, param: str, p: DTensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's E / ep experts of `p`, whole: its FSDP shard gathered over efsdp (torch.chunk rows)."""
+        if self._own is not None and self._own[0] == param:
+            return self._own[1]
+        self._own = None
+        local = p.to_local().detach()
+        group = p.device_mesh.get_group("efsdp")
+        world = dist.get_world_size(group)
+        if world == 1:
+            own = local.to(device=device, dtype=dtype)
+        else:
+            rows = _experts_per_rank(p)
+            per_rank = _rows_per_rank(rows, world)
+            send = torch.zeros((per_rank, *local.shape[1:]), dtype=dtype, device=device)
+            send[: local.shape[0]].copy_(local)
+            recv = torch.empty((world * per_rank, *local.shape[1:]), dtype=dtype, device=device)
+            dist.all_gather_into_tensor(recv, send, group=group)
+            own = recv[:rows]
+        self._own = (param, own)
+        return own
+
+    def _broadcast(self, param: str, p: DTensor, owner: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Ep rank `owner`'s block of `p` on every rank of the ep group."""
+        own = self._own_block(param, p, device, dtype)
+        mesh = p.device_mesh
+        if mesh.get_local_rank("ep") == owner:
+            block = own
+        else:
+            block = torch.empty_like(own)
+        dist.broadcast(block, group=mesh.get_group("ep"), group_src=owner)
+        return block
+
+
+def _experts_per_rank(p: DTensor) -> int:
+    """E / ep: the experts of `p` each rank of its ep group keeps."""
+    names = p.device_mesh.mesh_dim_names or ()
+    return p.shape[0] // p.device_mesh.size(names.index("ep"))
+
+
+def _expert_parallel(p: torch.Tensor) -> bool:
+    """A parameter sharded by expert over an ep mesh dim (`workers/expert_parallel.py: shard_experts`)."""
+    return isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ())
 
 
 def _local_or_full(p: torch.Tensor) -> torch.Tensor:
@@ -120,21 +209,26 @@ def _local_or_full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor()
 
 
-def gather_bucket(bucket: WireBucket, params: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
-    """This bucket's flat, rank-major buffer: one all_gather over the shard group (none for world 1)."""
-    first = params[bucket.entries[0][0]]
+def gather_bucket(
+    bucket: WireBucket, params: Mapping[str, torch.Tensor], device: torch.device, experts: ExpertBlocks | None = None
+) -> torch.Tensor:
+    """This bucket's flat, rank-major buffer: one all_gather over the shard group (none for world 1); the pieces
+    of expert-parallel parameters from `experts`."""
     send = torch.empty(bucket.slot, dtype=bucket.dtype, device=device)
     offset = 0
     for name, _, _, n in bucket.entries:
-        p = params[name].detach()
-        local = p.to_local() if isinstance(p, DTensor) and bucket.world > 1 else _local_or_full(p)
+        if experts is not None and name in experts:
+            local = experts.piece(name, device, bucket.dtype)
+        else:
+            p = params[name].detach()
+            local = p.to_local() if isinstance(p, DTensor) and bucket.world > 1 else _local_or_full(p)
         flat = local.reshape(-1)
         send[offset : offset + flat.numel()].copy_(flat)  # casts to the wire dtype
         send[offset + flat.numel() : offset + n].zero_()  # the short last shard's padding
         offset += n
     if bucket.world == 1:
         return send
-    group = _shard_group(first)
+    group = _shard_group(params[bucket.entries[0][0]])
     assert group is not None
     recv = torch.empty(bucket.numel, dtype=bucket.dtype, device=device)
     dist.all_gather_into_tensor(recv, send, group=group)
@@ -176,8 +270,9 @@ def iter_full_weights(
     the gather runs on the accelerator's backend, not on the CPU's."""
     params = dict(model.named_parameters())
     device = device or next(iter(params.values())).device
+    experts = ExpertBlocks(model)
     for bucket in plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes):
-        yield from split_bucket(gather_bucket(bucket, params, device), bucket)
+        yield from split_bucket(gather_bucket(bucket, params, device, experts), bucket)
 
 
 Alias = tuple[str, str]  # (another name of a parameter, the name `named_parameters()` lists it under)
@@ -310,13 +405,13 @@ class BroadcastSync:
 
     def send(self, model: torch.nn.Module) -> int:
         """Actor ranks: gather every bucket; the sender broadcasts each. Returns the bytes sent (0 elsewhere)."""
-        params = dict(model.named_parameters())
+        params, experts = dict(model.named_parameters()), ExpertBlocks(model)
         if self.is_sender and self.store is not None:
             self.store.set(self._announcement(), "1")  # before the first bucket is even gathered
         self.updates += 1
         inflight: list[tuple[Any, torch.Tensor]] = []
         for bucket in self.buckets:
-            flat = gather_bucket(bucket, params, self.device)
+            flat = gather_bucket(bucket, params, self.device, experts)
             if not self.is_sender:
                 continue
             assert self.group is not None

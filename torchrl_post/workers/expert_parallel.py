@@ -148,19 +148,65 @@ def shard_experts(model: torch.nn.Module, ep_mesh: DeviceMesh) -> int:
             sharded = DTensor.from_local(mine, ep_mesh, [Shard(0)], run_check=False)
             setattr(module, name, torch.nn.Parameter(sharded, requires_grad=full.requires_grad))
 
+        adapters, outer = lora_wrappers(model, module)
+
         def forward(
             hidden: torch.Tensor,
             top_k_index: torch.Tensor,
             top_k_weights: torch.Tensor,
             module: torch.nn.Module = module,
             per: int = per,
+            adapters: dict[str, Any] = adapters,
         ) -> torch.Tensor:
             w = cast(Any, module)  # the fused layout's attributes (`fused_experts`)
-            local = local_experts(_local(w.gate_up_proj), _local(w.down_proj), w.act_fn)
+            gate_up, down = _local(w.gate_up_proj), _local(w.down_proj)
+            if adapters:  # LoRA on the experts: each rank adds its own experts' share of the update
+                gate_up = _with_lora(gate_up, adapters.get("gate_up_proj"), rank * per)
+                down = _with_lora(down, adapters.get("down_proj"), rank * per)
+            local = local_experts(gate_up, down, w.act_fn)
             return expert_parallel_experts(hidden, top_k_index, top_k_weights, local, per, group)
 
         module.forward = forward  # type: ignore[method-assign]
+        if outer is not None:  # PEFT's wrapper would add the whole [E, ...] update to this rank's E / ep experts
+
+            def through(*args: Any, module: torch.nn.Module = module, **kwargs: Any) -> torch.Tensor:
+                return cast(torch.Tensor, module(*args, **kwargs))  # the call runs FSDP's hooks on the experts
+
+            outer.forward = through  # type: ignore[method-assign]
     return len(modules)
+
+
+def lora_wrappers(model: torch.nn.Module, experts: torch.nn.Module) -> tuple[dict[str, Any], torch.nn.Module | None]:
+    """PEFT's LoRA wrappers of `experts`' fused parameters (`target_parameters`: one nested `ParamWrapper` per
+    parameter), by parameter name, and the outermost wrapper (the module the MoE block calls); ({}, None) without."""
+    wrappers = [
+        m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "parameter_name") and m is not experts
+    ]
+    mine = [m for m in wrappers if cast(Any, m).get_base_layer() is experts]
+    if not mine:
+        return {}, None
+    inner = {id(cast(Any, m).base_layer) for m in mine}
+    outer = next(m for m in mine if id(m) not in inner)
+    return {cast(Any, m).parameter_name: m for m in mine}, outer
+
+
+def _with_lora(weight: torch.Tensor, wrapper: Any, first: int) -> torch.Tensor:
+    """`weight` (this rank's experts [first, first + E/ep) of a fused parameter) plus their LoRA update from PEFT's
+    `wrapper` (A [r E, in] viewed as [E, r, in], B [out, r E] as [out, r, E]: expert e's update is B[:, :, e] @ A[e],
+    as `ParamWrapper.get_delta_weight` has it), for the wrapper's active adapters; `weight` as it is when they are
+    off (`disable_adapter`: the reference as the base model) or merged."""
+    if wrapper is None or wrapper.disable_adapters or wrapper.merged:
+        return weight
+    last = first + weight.shape[0]
+    for name in wrapper.active_adapters:
+        if name not in wrapper.lora_A:
+            continue
+        experts = wrapper.num_experts
+        a = wrapper.lora_A[name].weight.reshape(experts, -1, wrapper.lora_A[name].weight.shape[-1])[first:last]
+        b = wrapper.lora_B[name].weight.reshape(wrapper.lora_B[name].weight.shape[0], -1, experts)[:, :, first:last]
+        layout = "ore,eri->eoi" if wrapper._did_swap_in_out_features else "ore,eri->eio"  # [E, out, in] or [E, in, out]
+        weight = weight + torch.einsum(layout, b, a).to(weight.dtype) * wrapper.scaling[name]
+    return weight
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -25,13 +25,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import (
     Concatenate,
@@ -128,6 +128,39 @@ def _stacks_experts(converter: WeightConverter) -> bool:
     if len(ops) == 1:
         return stacks and len(converter.source_patterns) == 1
     return stacks and len(ops) == 2 and type(ops[1]) is Concatenate and ops[1].dim == 1
+
+
+def expert_checkpoint_names(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each fused experts parameter of `model` whose checkpoint stores its experts apart (`_stacks_experts`) ->
+    its per-expert checkpoint names as templates, in part order: `model.layers.0.mlp.experts.gate_up_proj` ->
+    (`model.layers.0.mlp.experts.{}.gate_proj.weight`, `...{}.up_proj.weight`). Expert e's slice of the parameter
+    is its parts concatenated along the slice's first dim. These are the names every engine loads a checkpoint
+    by (vLLM's FusedMoE takes them one expert at a time), so the weight sync sends expert-parallel parameters so
+    (`sync/weights.py`), one ep block at a time."""
+    mapping = get_model_conversion_mapping(cast(PreTrainedModel, model))
+    stackers = [t for t in mapping if isinstance(t, WeightConverter) and _stacks_experts(t)]
+    out: dict[str, tuple[str, ...]] = {}
+    for name, param in model.named_parameters():
+        if param.ndim != 3:
+            continue
+        for c in stackers:
+            target = next((t for t in c.target_patterns if name.endswith("." + t)), None)
+            if target is not None:
+                prefix = name[: len(name) - len(target)]
+                out[name] = tuple(prefix + source.replace("*", "{}") for source in c.source_patterns)
+                break
+    return out
+
+
+def expert_pieces(model: torch.nn.Module) -> dict[str, tuple[str, int, int, int]]:
+    """Each per-expert checkpoint name of `model`'s fused experts (`expert_checkpoint_names`) -> (the fused
+    parameter, the expert, the part, the parts): the tensor is `param[expert].chunk(parts)[part]`."""
+    out: dict[str, tuple[str, int, int, int]] = {}
+    for name, templates in expert_checkpoint_names(model).items():
+        for expert in range(model.get_parameter(name).shape[0]):
+            for part, template in enumerate(templates):
+                out[template.format(expert)] = (name, expert, part, len(templates))
+    return out
 
 
 def _expert_pattern(pattern: str) -> re.Pattern[str]:

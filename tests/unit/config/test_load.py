@@ -286,7 +286,6 @@ def test_invalid_model_dtype_is_one_config_error(value: str) -> None:
     ("overrides", "needle"),
     [
         (["actor.fsdp.expert_parallel_size=0"], "actor.fsdp.expert_parallel_size=0 must be > 0"),
-        (["actor.fsdp.expert_parallel_size=2", "model.lora_rank=4"], "LoRA's adapters on the experts"),
         (["actor.router_replay=true", "rollout.engine=hf"], "rollout.engine=vllm"),
         (["actor.router_replay=true", "rollout.return_routed_experts=false"], "rollout.return_routed_experts=true"),
         (["actor_rollout_ref.actor.router_replay.mode=R2"], "only R3"),

@@ -41,6 +41,46 @@ def test_hf_engine_untied_lm_head_left_out_is_an_error() -> None:
         engine.load_weights((n, t) for n, t in stream(untied_qwen(seed=1)) if n != "lm_head.weight")
 
 
+def _tiny_moe(seed: int) -> torch.nn.Module:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
+
+
+def test_hf_engine_loads_experts_sent_one_expert_at_a_time() -> None:
+    """An expert-parallel trainer sends each fused experts parameter as its experts' checkpoint tensors
+    (`experts.{e}.gate_proj.weight`, `up_proj`, `down_proj`): the engine puts each in its slice, and names a
+    fused parameter none of whose pieces came."""
+    trained, engine = _tiny_moe(1), hf_engine(_tiny_moe(2))
+    experts = {n: p for n, p in trained.named_parameters() if ".experts." in n}
+    assert sorted(experts) == [
+        f"model.layers.{i}.mlp.experts.{k}" for i in (0, 1) for k in ("down_proj", "gate_up_proj")
+    ]
+
+    def per_expert(skip: str = "") -> list[tuple[str, torch.Tensor]]:
+        out = [(n, t.detach()) for n, t in stream(trained) if n not in experts]
+        for name, p in experts.items():
+            head = name.rsplit(".", 1)[0]
+            for e in range(4):
+                if name.endswith("gate_up_proj"):
+                    gate, up = p[e].detach().chunk(2)
+                    out += [(f"{head}.{e}.gate_proj.weight", gate), (f"{head}.{e}.up_proj.weight", up)]
+                elif name != skip:
+                    out.append((f"{head}.{e}.down_proj.weight", p[e].detach()))
+        return out
+
+    engine.load_weights(per_expert())
+    for name, p in engine.model.named_parameters():
+        assert torch.equal(p, trained.get_parameter(name)), name
+    with pytest.raises(RuntimeError, match=r"did not get 1 parameter\(s\): model\.layers\.1\.mlp\.experts\.down_proj"):
+        hf_engine(_tiny_moe(2)).load_weights(per_expert(skip="model.layers.1.mlp.experts.down_proj"))
+
+
 # --- the HF engine's logprobs under top-k / top-p ----------------------------------------------------------------
 
 
