@@ -129,29 +129,33 @@ def _model_case(rank: int, world: int) -> dict[str, float]:
     return {"logits": out["logits"], "dense": dense, "experts": experts, "scale": scale}
 
 
-def _fsdp_case(world: int, ep: int, param_dtype: str = "float32", fsdp_size: int = -1) -> dict[str, Any]:
+def _fsdp_case(
+    world: int, ep: int, param_dtype: str = "float32", fsdp_size: int = -1, device: torch.device | None = None
+) -> dict[str, Any]:
     """The trainer's own wrapping (`apply_fsdp` over the dense mesh, with and without expert parallelism's (efsdp,
     ep) mesh): a tiny Qwen3-MoE with 4 experts, each rank on its own tokens, one backward, the clipped gradient
     norm and an AdamW step. The ep run's gradients (gathered whole), norm and updated weights against ep = 1's.
-    `fsdp_size` < world: HSDP, both runs (the experts over (dp_replicate, efsdp, ep))."""
+    `fsdp_size` < world: HSDP, both runs (the experts over (dp_replicate, efsdp, ep)). `device`: where the ranks
+    compute (tests/distributed/device.py; CPU by default)."""
     from torchrl_post.config.schema import FSDPConfig
     from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
     from torchrl_post.workers.fsdp import apply_fsdp
     from torchrl_post.workers.optim import clip_grad_norm
 
-    base = _tiny_moe(4)
+    device = device or torch.device("cpu")
+    base = _tiny_moe(4).to(device)
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(50 + rank)
-    ids = torch.randint(0, 64, (2, 5 + rank), generator=gen)
-    g = torch.randn(2, 5 + rank, 64, generator=gen)
+    ids = torch.randint(0, 64, (2, 5 + rank), generator=gen).to(device)
+    g = torch.randn(2, 5 + rank, 64, generator=gen).to(device)
     cfg = FSDPConfig(param_dtype=param_dtype)  # bfloat16: the experts' grouped GEMM against transformers' own
     grads: dict = {}
     norms, weights, gathered = {}, {}, {}
     for name, size in (("ref", 1), ("ep", ep)):
         model = copy.deepcopy(base)
         layer_experts = sum(p.numel() for p in fused_experts(model)[0].parameters())
-        mesh = expert_mesh("cpu", world, size, fsdp_size) if size > 1 else None
-        apply_fsdp(model, fsdp_mesh("cpu", world, fsdp_size), cfg, experts=mesh)
+        mesh = expert_mesh(device.type, world, size, fsdp_size) if size > 1 else None
+        apply_fsdp(model, fsdp_mesh(device.type, world, fsdp_size), cfg, experts=mesh)
         held: list[float] = []  # what each experts module holds as its forward runs (FSDP gathered it), x ep / all
         for m in fused_experts(model):
             m.register_forward_pre_hook(
@@ -210,6 +214,11 @@ def main() -> None:
     env = worker_env()
     init_world(env)
     rank, world = env.rank, env.world_size
+    if env.device.type == "cuda":  # the GPU tier (tests/gpu/checks.py, `expert_parallel`): the trainer's wrapping
+        cases = {f"fsdp_ep{ep}": (ep, "float32") for ep in sorted({2, world})} | {"fsdp_bf16": (world, "bfloat16")}
+        report = {key: _fsdp_case(world, ep, dtype, device=env.device) for key, (ep, dtype) in cases.items()}
+        write_reports(report | {"device": str(env.device), "backend": env.backend}, out_path)
+        return
     last = rank == world - 1
     report: dict[str, Any] = {
         "uneven": _case(rank, world, 5 + 3 * rank, to_first=False),

@@ -683,6 +683,54 @@ def sequence_parallel(ctx: Ctx) -> Result:
     return "passed", "", numbers
 
 
+# ---- expert parallelism --------------------------------------------------------------------------------------
+
+# tests/distributed/ep_worker.py's FSDP cases; keys: (grad, norm, weights) relative to the largest gradient, the
+# norm, absolute for the weights after one AdamW step (None: reported, not asserted). CPU: the test's own bounds
+# (test_expert_parallel.py). CUDA float32 (TF32 off): 500x them, as the sequence-parallel check allows 50x and more
+# for its own reductions in another order. bfloat16: the experts as torch._grouped_mm, within 1e-2 (the CPU test's
+# bound is 1e-3, measured 6e-5), the weights reported (AdamW steps an entry by about lr whatever its gradient).
+EP_RANKS = 2
+EP_TOL: dict[tuple[str, str], tuple[float, float, float | None]] = {
+    ("cpu", "float32"): (1e-6, 1e-6, 1e-6),
+    ("cpu", "bfloat16"): (1e-3, 1e-4, None),
+    ("cuda", "float32"): (5e-4, 5e-4, 5e-4),
+    ("cuda", "bfloat16"): (1e-2, 1e-2, None),
+}
+
+
+def expert_parallel(ctx: Ctx) -> Result:
+    """Expert parallelism on 2 ranks sharing the device (gloo, TF32 off, as `sequence_parallel`): the distributed
+    test's worker (tests/distributed/ep_worker.py) with `TORCHRL_POST_TEST_DEVICE=cuda`, its FSDP cases: a tiny
+    Qwen3-MoE (4 experts, top-2) wrapped by the trainer's `apply_fsdp` with the (efsdp, ep) mesh at ep = 2 against
+    ep = 1 (gradients gathered whole, the clipped norm, the weights after an AdamW step, the weight sync's
+    per-expert stream), in float32 (the per-expert loop) and bfloat16 (`torch._grouped_mm` on the device)."""
+    from tests.distributed.device import DEVICE_VAR
+
+    out = ctx.work / "runs" / "ep.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    cmd = [*common.torchrun(), "--standalone", "--nproc-per-node", str(EP_RANKS), "tests/distributed/ep_worker.py"]
+    seconds = run_together({"ep": [*cmd, str(out)]}, ctx, dict(os.environ, **{DEVICE_VAR: ctx.device.type}))
+    reports = json.loads(out.read_text())
+    assert len(reports) == EP_RANKS, f"{len(reports)} reports from {EP_RANKS} ranks"
+    numbers: dict[str, Any] = {"seconds": seconds["ep"], "ranks": EP_RANKS, "device": reports[0].get("device", "cpu")}
+    for key, dtype in (("fsdp_ep2", "float32"), ("fsdp_bf16", "bfloat16")):
+        grad_tol, norm_tol, weights_tol = EP_TOL[(ctx.device.type, dtype)]
+        worst = {"grad": 0.0, "norm": 0.0, "weights": 0.0}
+        for rank, report in enumerate(reports):
+            f = report[key]
+            assert f["grad_scale"] > 0 and f["gathered"][:2] == [1.0, 1.0], (rank, key, f)
+            worst["grad"] = max(worst["grad"], f["grad"] / f["grad_scale"])
+            worst["norm"] = max(worst["norm"], f["norm"] / f["norm_value"])
+            worst["weights"] = max(worst["weights"], f["weights"])
+            assert f["sync"] == 0.0 and f["sync_fused_sent"] == 0, (rank, key, "the per-expert sync stream")
+        assert worst["grad"] < grad_tol and worst["norm"] < norm_tol, (key, worst, (grad_tol, norm_tol))
+        assert weights_tol is None or worst["weights"] < weights_tol, (key, worst, weights_tol)
+        numbers[f"{'f32' if dtype == 'float32' else 'bf16'}_ep2"] = worst
+    return "passed", "", numbers
+
+
 # ---- speed against TRL -----------------------------------------------------------------------------------------
 
 QWEN05B = {
@@ -830,6 +878,7 @@ CHECKS = {
         memory_plan,
         actor_offload,
         sequence_parallel,
+        expert_parallel,
         split_placement,
         speed_vs_trl,
         moe_routes_vllm,

@@ -105,6 +105,13 @@ CHECKS = (
         90,
     ),
     Check(
+        "expert_parallel",
+        "expert parallelism ep = 2 on 2 ranks sharing the GPU (gloo, TF32 off): a tiny Qwen3-MoE wrapped by "
+        "apply_fsdp with the (efsdp, ep) mesh equal to ep = 1 (gradients, norm, weights, the per-expert sync), float32 "
+        "and bf16 with torch._grouped_mm",
+        60,
+    ),
+    Check(
         "split_placement",
         "2 ranks: vLLM engine on GPU 1, FSDP2 actor on GPU 0 (placement.rollout=[1] placement.actor=[0]), the NCCL "
         "weight broadcast, trainer.max_off_policy_steps=1: exit 0, staleness 1 after the first step, sync bytes",
