@@ -275,8 +275,9 @@ class FSDPConfig:
     expert_parallel_size: int = 1
     """Mixture-of-experts models: ranks each MoE layer's routed experts are spread over (the `ep` dimension of a
     sparse mesh (efsdp, ep) beside the dense one; each rank holds E / ep experts, FSDP-sharded over efsdp = ranks
-    / ep, and tokens go to their experts' ranks by all-to-all). Divides the role's ranks and the expert count; 1:
-    the experts are sharded with the rest of each layer by FSDP2. ROLL's expert_model_parallel_size; docs/moe.md."""
+    / ep, and tokens go to their experts' ranks by all-to-all). Divides the role's ranks (with HSDP, fsdp_size: the
+    mesh is then (dp_replicate, efsdp, ep)) and the expert count; composes with LoRA and Ulysses; 1: the experts are
+    sharded with the rest of each layer by FSDP2. ROLL's expert_model_parallel_size; docs/moe.md."""
 
 
 @dataclass
