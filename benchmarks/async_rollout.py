@@ -17,11 +17,11 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common, longtail_task
+from benchmarks.common import na
 
 NAME = "async_rollout"
 WARMUP = 2  # steps left out of rates and idle shares (engine warm-up; a look-ahead's first batches)
@@ -31,41 +31,21 @@ VAL_N = 4  # validation samples per held-out prompt
 LR = 5e-5
 PLACEMENT = ("placement.actor=[0,1]", "placement.rollout=[2,3]")
 PARTIAL = ("rollout.partial_rollout=true", "trainer.max_off_policy_steps=1")
-
-
-@dataclass(frozen=True)
-class Config:
-    """One configuration: its short name, what the table calls it, the plot's tick label, its overrides."""
-
-    name: str
-    label: str
-    short: str
-    overrides: tuple[str, ...]
-
-
 UNBOUNDED = (*PARTIAL, "trainer.max_staleness=null")
-CONFIGS = (
-    Config("on_policy", "on-policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
-    Config("lookahead1", "look-ahead 1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
-    Config("partial_s2", "partial, max_staleness 2", "partial\nstaleness <= 2", (*PARTIAL, "trainer.max_staleness=2")),
-    Config("partial_unbounded", "partial, unbounded", "partial\nunbounded", UNBOUNDED),
-    Config(
-        "partial_arrival",
-        "partial + update on arrival",
-        "partial\non arrival",
-        (*UNBOUNDED, "rollout.update_on_arrival=true"),
-    ),
-)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 20; quick 12; tiny 2)")
-    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 2; quick and tiny 1)")
-    ap.add_argument("--configs", default="", help=f"comma-separated subset of {', '.join(c.name for c in CONFIGS)}")
-    ap.add_argument("--prompts", type=int, default=16, help="data.train_batch_size")
-    ap.add_argument("--n", type=int, default=8, help="rollout.n")
-    return ap.parse_args(argv)
+CONFIGS = {  # name: (the table's label, the plot's tick label, overrides)
+    "on_policy": ("on-policy", "on-policy", ("trainer.max_off_policy_steps=0",)),
+    "lookahead1": ("look-ahead 1", "look-ahead 1", ("trainer.max_off_policy_steps=1",)),
+    "partial_s2": ("partial, max_staleness 2", "partial\nstaleness <= 2", (*PARTIAL, "trainer.max_staleness=2")),
+    "partial_unbounded": ("partial, unbounded", "partial\nunbounded", UNBOUNDED),
+    "partial_arrival": ("partial + update on arrival", "partial\non arrival", (*UNBOUNDED, "rollout.update_on_arrival=true")),
+}  # fmt: skip
+OPTIONS: common.Options = {
+    "--steps": {"type": int, "help": "steps per run (default 20; quick 12; tiny 2)"},
+    "--repeats": {"type": int, "help": "interleaved rounds (default 2; quick and tiny 1)"},
+    "--configs": {"default": "", "help": f"comma-separated subset of {', '.join(CONFIGS)}"},
+    "--prompts": {"type": int, "default": 16, "help": "data.train_batch_size"},
+    "--n": {"type": int, "default": 8, "help": "rollout.n"},
+}
 
 
 # ---- summaries (pure: tests/unit/test_bench_async_rollout.py) ---------------------------------------------------
@@ -77,12 +57,8 @@ def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) -> dict[str, Any]:
-    """One run's numbers from its metrics rows; `samples` trained per step (prompts x n).
-
-    Rates and idle shares are sums over the steps after `warmup` (tokens: samples x (prompt + response mean
-    length)); a step's rollout wait is the next row's `timing_s/rollout_wait` (None with one measured step); the
-    staleness histogram sums every step's groups; `val` maps each validation step to its score.
-    """
+    """One run's numbers from its metrics rows, `samples` trained per step: rates and idle shares over the steps
+    after `warmup`, the staleness histogram over every step, `val`: validation step -> score."""
     steps = step_rows(rows)
     first = min(warmup, len(steps) - 1)
     kept = steps[first:]
@@ -115,8 +91,8 @@ def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) ->
 
 
 def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dict[str, Any]:
-    """A configuration's repeats in one row: medians of the rates and shares, summed histogram, mean validation
-    per step; speed-ups against `reference` (on-policy's row; None: this is it)."""
+    """A configuration's repeats in one row (medians, summed histogram, mean validation per step); speed-ups
+    against `reference` (on-policy's row; None: this is it)."""
     med = {k: statistics.median(v) if (v := [r[k] for r in runs if r[k] is not None]) else None for k in NUMBERS}
     steps = sorted({s for r in runs for s in r["val"]})
     val = {s: statistics.mean(r["val"][s] for r in runs if s in r["val"]) for s in steps}
@@ -135,7 +111,7 @@ NUMBERS = (
 
 
 def goal_met(row: dict[str, Any], reference: dict[str, Any], val_noise: float) -> dict[str, bool]:
-    """The issue's goal for one configuration: >= 1.5x on-policy's tokens/s, rollout ranks idle under 10%, the last
+    """The issue's goal: GOAL_SPEEDUP x on-policy's tokens/s, rollout ranks idle under GOAL_ROLLOUT_IDLE, the last
     validation no lower than on-policy's by more than `val_noise`."""
     return {
         "speedup": row["speedup_tokens"] >= GOAL_SPEEDUP,
@@ -145,8 +121,7 @@ def goal_met(row: dict[str, Any], reference: dict[str, Any], val_noise: float) -
 
 
 def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
-    """The spread of the last validation between repeats of one configuration: the largest max - min over the
-    configurations (0 with one repeat)."""
+    """The largest spread (max - min) of the last validation between one configuration's repeats."""
     spreads = []
     for rs in runs.values():
         last = [r["val"][max(r["val"])] for r in rs if r["val"]]
@@ -158,9 +133,8 @@ def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
 
-def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
-    """One training run (repeat r: trainer.seed 1 + r); its summary (`summarize`) with the wall time and the load
-    average after it."""
+def run_one(name: str, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
+    """One training run (trainer.seed 1 + repeat): its `summarize`, wall time and the load average after it."""
     overrides = [
         f"model.path={model}", f"data.train_files={data / 'train.jsonl'}", f"data.val_files={data / 'val.jsonl'}",
         f"data.train_batch_size={args.prompts}", f"rollout.n={args.n}",
@@ -174,36 +148,36 @@ def run_one(cfg: Config, repeat: int, args: argparse.Namespace, model: Path, dat
         "rollout.val_kwargs.do_sample=true", "rollout.val_kwargs.temperature=1.0", f"rollout.val_kwargs.n={VAL_N}",
         f"trainer.val_before_train={'false' if args.tiny else 'true'}", "trainer.plots=false",
         f"trainer.seed={1 + repeat}",  # repeats differ by seed: their spread is the validation's noise
-        *PLACEMENT, *cfg.overrides,
+        *PLACEMENT, *CONFIGS[name][2],
     ]  # fmt: skip
-    print(f"    {cfg.label}, repeat {repeat} ...", flush=True)
+    print(f"    {CONFIGS[name][0]}, repeat {repeat} ...", flush=True)
     # One OpenMP thread per process, unbound: 4 processes share the cores with other jobs (benchmarks/rollout.py).
     env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    rows, wall = common.train_run(f"async_rollout_{cfg.name}_r{repeat}", overrides, nproc=4, env=env)
-    out = {"config": cfg.name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
+    rows, wall = common.train_run(f"async_rollout_{name}_r{repeat}", overrides, nproc=4, env=env)
+    out = {"config": name, "repeat": repeat, **summarize(rows, args.prompts * args.n), "run_wall_s": wall}
     out["loadavg_1m"] = common.load_1m()
-    print(f"      {out['tokens_per_s']:.0f} tok/s, rollout idle {pct(out['rollout_idle'])}; run {wall:.0f} s")
+    print(f"      {out['tokens_per_s']:.0f} tok/s, rollout idle {na(out['rollout_idle'], '{:.0%}')}; run {wall:.0f} s")
     return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     if args.tiny:
         args.prompts, args.n = 4, 2
     args.steps = args.steps or (2 if args.tiny else 12 if args.quick else 20)
     repeats = args.repeats or (1 if args.tiny or args.quick else 2)
     names = [n for n in args.configs.split(",") if n] or (["on_policy", "partial_s2"] if args.tiny else [])
-    configs = [c for c in CONFIGS if not names or c.name in names]
+    configs = [c for c in CONFIGS if not names or c in names]
     model, data = longtail_task.build()
-    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in configs}
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for repeat in range(repeats):  # interleaved: every configuration once per round
-        for cfg in configs:
-            runs[cfg.name].append(run_one(cfg, repeat, args, model, data))
-    ref_name = configs[0].name
+        for c in configs:
+            runs[c].append(run_one(c, repeat, args, model, data))
+    ref_name = configs[0]
     reference = combine(runs[ref_name], None)
     rows = [
-        {"config": c.name, "label": c.label, "short": c.short,
-         **(reference if c.name == ref_name else combine(runs[c.name], reference))}
+        {"config": c, "label": CONFIGS[c][0], "short": CONFIGS[c][1],
+         **(reference if c == ref_name else combine(runs[c], reference))}
         for c in configs
     ]  # fmt: skip
     noise = val_noise(runs)
@@ -215,7 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model_warm_start": json.loads((model / "longtail_build.json").read_text()),
     }  # fmt: skip
     return {
-        "settings": settings, "rows": rows, "runs": [r for c in configs for r in runs[c.name]], "val_noise": noise,
+        "settings": settings, "rows": rows, "runs": [r for c in configs for r in runs[c]], "val_noise": noise,
         "loadavg_1m": common.load_1m(),
     }  # fmt: skip
 
@@ -272,11 +246,6 @@ def markdown(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def pct(x: float | None) -> str:
-    """A share as a percentage; n/a where it could not be measured (one measured step: no rollout wait)."""
-    return "n/a" if x is None else f"{x:.0%}"
-
-
 def conclusion(rec: dict[str, Any]) -> list[str]:
     out, ref = [], rec["rows"][0]
     for r in rec["rows"][1:]:
@@ -284,16 +253,15 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
         out.append(
             f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
             f"samples/s (mean response {r['response_length']:.1f} tokens vs {ref['response_length']:.1f}), "
-            f"rollout idle {pct(r['rollout_idle'])}, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
+            f"rollout idle {na(r['rollout_idle'], '{:.0%}')}, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
             f"{'misses' if missed else 'meets'} the goal" + (f" ({', '.join(missed)})." if missed else ".")
         )
     return out
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     rows = rec["rows"]
-    fig, axes = plt.subplots(1, 4, figsize=(19, 4.6))
+    fig, axes = common.subplots(1, 4, figsize=(19, 4.6))
     xs, names = list(range(len(rows))), [r.get("short", r["label"]) for r in rows]
     for ax, pairs, goal, goal_label, ylabel, title in (
         (axes[0], (("tokens/s", "speedup_tokens"), ("samples/s", "speedup_samples")), GOAL_SPEEDUP,
@@ -318,10 +286,9 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     axes[3].set_xticks(xs, names, fontsize=7)
     axes[3].set(ylabel="share of trained groups", title="staleness of the trained groups")
     axes[3].legend(fontsize=7)
-    fig.suptitle(
-        "Long-tailed task, actor [0,1] + rollout [2,3]: on-policy, look-ahead and partial rollouts", fontsize=10
+    common.save_figure(
+        fig, path, "Long-tailed task, actor [0,1] + rollout [2,3]: on-policy, look-ahead and partial rollouts"
     )
-    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -45,13 +45,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_kind() -> str:
-    """What the trainer runs on here: cuda or cpu."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def machine() -> Record:
     """What a result was measured on: CPU model and cores, GPU (if any), library versions."""
     import torch
@@ -94,13 +87,11 @@ Plot = Callable[[Path, Record], None]
 
 
 def write_report(results: Path, name: str, rec: Record, markdown: Markdown, plot: Plot) -> Path:
-    """<results>/<name>_<machine>_<date>.json (the record, with `benchmark`, `machine` and `date` added), .md and
-    .png; returns the JSON's path."""
-    results.mkdir(parents=True, exist_ok=True)
+    """<results>/<name>_<machine>_<date>.{json,md,png}, `benchmark`, `machine` and `date` added; the JSON's path."""
     date = rec.get("date") or datetime.date.today().isoformat()
     rec = {"benchmark": name, "machine": rec.get("machine") or machine(), "date": date, **rec}
     json_path = (results / result_stem(name, rec["machine"], rec["date"])).with_suffix(".json")
-    json_path.write_text(json.dumps(rec, indent=1) + "\n")
+    write_json(json_path, rec)
     render(json_path, markdown, plot)
     return json_path
 
@@ -156,23 +147,33 @@ def table(rows: list[Record], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
+def na(x: float | None, spec: str = "{:.2f}") -> str:
+    """`spec` of x; n/a where it was not measured."""
+    return "n/a" if x is None else spec.format(x)
+
+
 def load_1m() -> float:
     """The 1-minute load average: above the benchmark's own processes, something else shared the CPUs."""
     return os.getloadavg()[0]
 
 
-def parser(description: str | None) -> argparse.ArgumentParser:
-    """The options every benchmark takes (a module with more adds them to this and defines `parse_args`)."""
+Options = dict[str, dict[str, Any]]  # a module's own `OPTIONS`: flag -> add_argument's keywords
+
+
+def parser(description: str | None, own: Options | None = None) -> argparse.ArgumentParser:
+    """The options every benchmark takes, then a module's own."""
     ap = argparse.ArgumentParser(description=(description or "").split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the ~5-minute subset")
     ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
     ap.add_argument("--results", type=Path, default=RESULTS)
+    for flag, kw in (own or {}).items():
+        ap.add_argument(flag, **kw)
     return ap
 
 
-def options(args: argparse.Namespace, parse: Callable[[list[str]], argparse.Namespace]) -> argparse.Namespace:
-    """A module's own options (its parser's defaults) overlaid with the runner's `args` (quick, tiny, results)."""
-    return argparse.Namespace(**{**vars(parse([])), **vars(args)})
+def options(args: argparse.Namespace, own: Options) -> argparse.Namespace:
+    """A module's own options (their defaults) overlaid with the runner's `args` (quick, tiny, results)."""
+    return argparse.Namespace(**{**vars(parser(None, own).parse_args([])), **vars(args)})
 
 
 def mode(args: argparse.Namespace) -> str:
@@ -204,8 +205,7 @@ def fit(points: list[tuple[int, int]]) -> dict[str, float] | None:
 
 @dataclass(frozen=True)
 class ModelSize:
-    """A random Qwen2 (vocabulary 128, the demo's character tokenizer); head_dim = hidden_size / num_heads is 32
-    or 64 (build_tiny_model's constraint)."""
+    """A random Qwen2 (vocabulary 128, the demo's tokenizer); head_dim = hidden_size / num_heads is 32 or 64."""
 
     name: str
     hidden_size: int
@@ -292,14 +292,17 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
     return {key: median(kept, metric) for key, metric in metrics.items()}
 
 
-def run_worker(tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> Any:
-    """`worker` under torchrun on `nproc` processes with `--out LOGS/<tag>.json` added (its log beside it) and
-    `env` added to the environment; the record it wrote, with the 1-minute load average at the end."""
+def run_worker(
+    tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None, python: Any = None
+) -> Any:
+    """`worker` under torchrun on `nproc` processes (or by `python` alone: TRL's venv, this repository not on its
+    path) with `--out LOGS/<tag>.json`, its log beside it, `env` added; what it wrote, with the load average."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()
-    cmd = [*torchrun(), "--standalone", "--nproc-per-node", str(nproc), str(worker), *worker_args, "--out", str(out)]
-    run_logged(cmd, LOGS / f"{tag}.log", env=child_env(env))
+    launch = [str(python)] if python else [*torchrun(), "--standalone", "--nproc-per-node", str(nproc)]
+    full_env = dict(os.environ, **(env or {})) if python else child_env(env)
+    run_logged([*launch, str(worker), *worker_args, "--out", str(out)], LOGS / f"{tag}.log", env=full_env)
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
     return rec
@@ -380,10 +383,16 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out, write the PNG, free the figure."""
+def subplots(*args: Any, **kw: Any) -> tuple[Any, Any]:
+    return pyplot().subplots(*args, **kw)
+
+
+def save_figure(fig: Any, path: Path, title: str = "") -> None:
+    """Title (if any), lay out, write the PNG, free the figure."""
     import matplotlib.pyplot as plt
 
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -405,8 +414,8 @@ def bars(
 
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.<name>`: the module's options (`parse_args`, else `parser`'s), its run, its report."""
-    args = module.parse_args(argv) if hasattr(module, "parse_args") else parser(module.__doc__).parse_args(argv)
+    """`python -m benchmarks.<name>`: the module's options (`OPTIONS`), its run, its report."""
+    args = parser(module.__doc__, getattr(module, "OPTIONS", None)).parse_args(argv)
     start = time.perf_counter()
     path = write_report(args.results, module.NAME, module.run(args), module.markdown, module.plot)
     print(f"done in {time.perf_counter() - start:.0f} s; {path}", flush=True)

@@ -5,7 +5,7 @@ Both sides train on real GSM8K prompts (benchmarks/artefacts.py), `prompts` x `n
 gsm8k, or gsm8k_closeness from benchmarks/rewards.py, not constant within a group). Ours is `torchrl_post.train`
 (per-step `timing_s/*` from metrics.jsonl); TRL is benchmarks/trl_worker.py in TRL's own venv
 (outputs/bench_venvs/trl, built here once; `--no-trl` skips it), generating with transformers (its vLLM mode does not
-run on vLLM's CPU build). Headline per model: `ratio` = TRL step / our step (target >= 2), medians after WARMUP.
+run on vLLM's CPU build). Headline per model: `ratio` = TRL step / our step (target >= 3), medians after WARMUP.
 
     default   a synthetic 24M Qwen2 over Qwen2.5's tokenizer and SmolLM2-135M-Instruct, 5 steps each side; how our
               step grows on the synthetic model: prompts 4/16, lengths 16/64, 2 ranks, rollout on its own rank
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.artefacts import gsm8k_data, num_params, qwen_synthetic_dir, smollm2_dir
+from benchmarks.common import na
 
 NAME = "e2e"
 WORKER = Path(__file__).resolve().parent / "trl_worker.py"
@@ -80,17 +80,16 @@ def label(run: dict[str, Any]) -> str:
     return f"{run['prompts']} x {run['n']}, {run['response_length']} tok, {run['nproc']} rank(s){place}{extra}"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 5; tiny 2)")
-    ap.add_argument("--no-trl", action="store_true", help="measure our side only")
-    ap.add_argument("--no-scaling", action="store_true", help="skip the scaling runs")
-    ap.add_argument("--models", default="", help="comma-separated subset of synthetic,smollm2")
-    ap.add_argument("--extra", default="", help="comma-separated overrides added to every run of ours")
-    ap.add_argument("--response-length", type=int, default=32, help="new tokens at most (the comparison runs)")
-    ap.add_argument("--reward", choices=("gsm8k", "gsm8k_closeness"), default="gsm8k", help="both sides' reward")
-    ap.add_argument("--reuse", action="store_true", help="take a run's result from outputs/bench_logs/e2e if there")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--steps": {"type": int, "help": "steps per run (default 5; tiny 2)"},
+    "--no-trl": {"action": "store_true", "help": "measure our side only"},
+    "--no-scaling": {"action": "store_true", "help": "skip the scaling runs"},
+    "--models": {"default": "", "help": "comma-separated subset of synthetic,smollm2"},
+    "--extra": {"default": "", "help": "comma-separated overrides added to every run of ours"},
+    "--response-length": {"type": int, "default": 32, "help": "new tokens at most (the comparison runs)"},
+    "--reward": {"choices": ("gsm8k", "gsm8k_closeness"), "default": "gsm8k", "help": "both sides' reward"},
+    "--reuse": {"action": "store_true", "help": "take a run's result from outputs/bench_logs/e2e if there"},
+}
 
 
 def model_path(name: str) -> Path:
@@ -165,25 +164,20 @@ def trl_python(install: bool) -> Path | None:
 
 
 def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) -> dict[str, Any] | None:
-    """TRL's GRPOTrainer on the same model, data and batch; medians over the steps after the warm-up (None
-    without TRL's venv and no saved result)."""
+    """TRL's GRPOTrainer on the same model, data and batch (None without its venv or a saved result)."""
     if (saved := _kept(RUNS / f"trl_{s.tag}.result.json", reuse)) is not None:
         return saved
     if python is None:
         return None
-    out = RUNS / f"trl_{s.tag}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        str(python), str(WORKER), "--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"),
-        "--out", str(out), "--prompts", str(s.prompts), "--n", str(s.n), "--response-length", str(s.response_length),
-        "--lr", str(LR), "--steps", str(s.steps), "--reward", s.reward,
+    args = [
+        "--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--prompts", str(s.prompts),
+        "--n", str(s.n), "--response-length", str(s.response_length), "--lr", str(LR), "--steps", str(s.steps),
+        "--reward", s.reward,
     ]  # fmt: skip
     print(f"    TRL: {s.model}, {label(asdict(s))} ...", flush=True)
-    common.warn_if_busy()
     t0 = time.perf_counter()
-    common.run_logged(cmd, RUNS / f"trl_{s.tag}.log", env=dict(os.environ, **TRL_ENV))
+    raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python)
     wall = time.perf_counter() - t0
-    raw = json.loads(out.read_text())
     steps = raw["steps"]
     kept = steps[min(WARMUP, len(steps) - 1) :]
     med = common.median
@@ -194,8 +188,7 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
         "update_s": med([{"u": r["step_s"] - r["prepare_s"]} for r in kept], "u"),
         "loss_forward_s": med(kept, "loss_forward_s"), "measured_steps": len(kept),
         **{k: statistics.median(raw[k]) if raw[k] else None for k in ("reward_mean", "completion_length_mean")},
-        **{k: raw[k] for k in ("versions", "settings", "torch_threads")}, "run_wall_s": wall,
-        "loadavg_1m": common.load_1m(),
+        **{k: raw[k] for k in ("versions", "settings", "torch_threads", "loadavg_1m")}, "run_wall_s": wall,
     }  # fmt: skip
     common.write_json(RUNS / f"trl_{s.tag}.result.json", rec)
     print(f"      step {rec['step_s']:.2f} s; run {wall:.0f} s", flush=True)
@@ -223,7 +216,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)
@@ -276,10 +269,6 @@ def _git_head() -> str | None:
 
 
 # ---- reports ------------------------------------------------------------------------------------------------
-
-
-def _fmt(x: float | None, spec: str = "{:.2f}") -> str:
-    return "n/a" if x is None else spec.format(x)
 
 
 def _stages(ours: dict[str, Any]) -> list[tuple[str, float]]:
@@ -345,15 +334,15 @@ def markdown(rec: dict[str, Any]) -> str:
             g = o["stages"].get
             best_ratio = _best(t, warm) / _best(o, warm) if t else None
             lines.append(
-                f"{head} | {name} | {_fmt(o['step_s'])} | {_fmt(ratio, '{:.2f}x')} | {_fmt(_best(o, warm))} | "
-                f"{_fmt(best_ratio, '{:.2f}x')} | {_fmt(g('gen'))} | {_fmt(g('update_actor'))} | "
-                f"{_fmt(g('sync'), '{:.3f}')} | {o['loadavg_1m']:.1f} |"
+                f"{head} | {name} | {na(o['step_s'])} | {na(ratio, '{:.2f}x')} | {na(_best(o, warm))} | "
+                f"{na(best_ratio, '{:.2f}x')} | {na(g('gen'))} | {na(g('update_actor'))} | "
+                f"{na(g('sync'), '{:.3f}')} | {o['loadavg_1m']:.1f} |"
             )
             head = "| |"
         if t:
             lines.append(
-                f"{head} | TRL | {_fmt(t['step_s'])} | 1.00x | {_fmt(_best(t, warm))} | 1.00x | {_fmt(t['gen_s'])} "
-                f"(generate {_fmt(t['generate_s'])}) | {_fmt(t['update_s'])} (forward {_fmt(t['loss_forward_s'])}) "
+                f"{head} | TRL | {na(t['step_s'])} | 1.00x | {na(_best(t, warm))} | 1.00x | {na(t['gen_s'])} "
+                f"(generate {na(t['generate_s'])}) | {na(t['update_s'])} (forward {na(t['loss_forward_s'])}) "
                 f"| | {t['loadavg_1m']:.1f} |"
             )
     lines += ["", "Our step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):", ""]
@@ -400,18 +389,17 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
             out.append(
                 f"{mod['model']}, {name}: {o['step_s']:.2f} s vs TRL {t['step_s']:.2f} s per step, {ratio:.2f}x "
                 f"({'meets' if ratio >= TARGET else 'misses'} the {TARGET:g}x target). Generation "
-                f"{_fmt(o['stages'].get('gen'))} s (vLLM) vs {_fmt(t['gen_s'])} s (transformers), update "
-                f"{_fmt(o['stages'].get('update_actor'))} s vs {_fmt(t['update_s'])} s; our largest stage: {top} "
+                f"{na(o['stages'].get('gen'))} s (vLLM) vs {na(t['gen_s'])} s (transformers), update "
+                f"{na(o['stages'].get('update_actor'))} s vs {na(t['update_s'])} s; our largest stage: {top} "
                 f"({top_s / o['step_s']:.0%} of the step)."
             )
     return out
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     models = rec["models"]
     ncols = len(models) + (1 if rec["scaling"] else 0)
-    fig, axes = plt.subplots(1, ncols, figsize=(5.0 * ncols, 4.6), squeeze=False)
+    fig, axes = common.subplots(1, ncols, figsize=(5.0 * ncols, 4.6), squeeze=False)
     colors: dict[str, str] = {}
 
     def stack(ax: Any, x: float, parts: list[tuple[str, float]], **kw: Any) -> float:
@@ -448,8 +436,9 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.set(ylabel="seconds per step (median)", title="ours on the synthetic model")
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7)
-    fig.suptitle("GRPO step: torchrl_post vs TRL GRPOTrainer (same model, data, batch; 1 process each)", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(
+        fig, path, "GRPO step: torchrl_post vs TRL GRPOTrainer (same model, data, batch; 1 process each)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,5 @@
 """A long-tailed task on the demo model: each prompt names how many characters to write, most few, some ~200.
 
-    python -m benchmarks.longtail_task [--out outputs/bench_models/longtail] [--data outputs/bench_data/longtail]
-
 "Write 12 digits from 7." asks for the digits counting up from 7, wrapping at 9 ("789012345678"). The length is
 round(256 ** (u * u)) for u uniform, capped at `MAX_TARGET`: half the prompts ask for at most 4 characters, one in ten
 for 90 or more. The model is the demo model warm-started on these rows (`warm_start`), so it stops roughly at the
@@ -11,7 +9,6 @@ falls linearly to 0 at 0 or twice it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -46,7 +43,6 @@ def answer(n: int, d: int) -> str:
 
 
 def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` prompts with their answers (`answer`) and asked lengths (`length`), drawn with `seed`."""
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
@@ -57,8 +53,7 @@ def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
-    """1 at exactly the asked length, linearly down to 0 at no characters or twice the length (verl's signature;
-    the ground truth is the answer, whose length is the asked one).
+    """1 at exactly the asked length (the answer's), linearly down to 0 at none or twice it (verl's signature).
 
     >>> score("longtail", "789", "789"), score("longtail", "78", "7890"), score("longtail", "7" * 9, "789")
     (1.0, 0.5, 0.0)
@@ -67,9 +62,8 @@ def score(data_source: str, solution_str: str, ground_truth: str, extra_info: An
     return max(0.0, 1.0 - abs(len(solution_str.strip()) - want) / want)
 
 
-def build(model_dir: Path = MODEL, data_dir: Path = DATA, demo_dir: Path | None = None) -> tuple[Path, Path]:
-    """The task's rows (data_dir/train.jsonl, val.jsonl) and its warm-started model (model_dir), each built once;
-    returns (model_dir, data_dir)."""
+def build(model_dir: Path = MODEL, data_dir: Path = DATA) -> tuple[Path, Path]:
+    """(the warm-started model, the task's train.jsonl and val.jsonl), each built once."""
     from torchrl_post.demo.task import write_splits
 
     if not (data_dir / "val.jsonl").is_file():
@@ -77,16 +71,15 @@ def build(model_dir: Path = MODEL, data_dir: Path = DATA, demo_dir: Path | None 
     marker = model_dir / "longtail_build.json"
     if marker.is_file() and json.loads(marker.read_text()).get("recipe") == RECIPE:
         return model_dir, data_dir
-    demo = demo_dir or common.demo_model()
     rows = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
-    info = warm_start(demo, model_dir, rows)
+    info = warm_start(common.demo_model(), model_dir, rows)
     marker.write_text(json.dumps({"recipe": RECIPE, **info}) + "\n")
     return model_dir, data_dir
 
 
 def warm_start(demo: Path, out: Path, rows: list[dict[str, Any]], steps: int = 200) -> dict[str, Any]:
-    """The demo model, fine-tuned `steps` supervised steps on prompt -> answer rows and saved to `out` with room for
-    512 positions; returns what the record keeps (steps, the sampled lengths' median error on 64 prompts)."""
+    """The demo model fine-tuned `steps` steps on prompt -> answer rows, saved to `out` (512 positions); returns
+    what the record keeps (steps, the sampled lengths' median error on 64 prompts)."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     from torchrl_post.demo.build import _encode, save_model, sft
@@ -112,7 +105,7 @@ def warm_start(demo: Path, out: Path, rows: list[dict[str, Any]], steps: int = 2
 
 @torch.no_grad()
 def length_errors(model: Any, tok: Any, rows: list[dict[str, Any]]) -> float:
-    """The median of |sampled length - asked length| / asked length over `rows` (temperature 1)."""
+    """The median of |sampled length - asked| / asked over `rows` (temperature 1)."""
     from torchrl_post.demo.build import _encode
 
     prompts = [_encode(tok, r["prompt"]) for r in rows]
@@ -127,13 +120,5 @@ def length_errors(model: Any, tok: Any, rows: list[dict[str, Any]]) -> float:
     return errs[len(errs) // 2] if errs else math.nan
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=MODEL)
-    ap.add_argument("--data", type=Path, default=DATA)
-    args = ap.parse_args(argv)
-    print(build(args.out, args.data))
-
-
 if __name__ == "__main__":
-    main()
+    print(build())

@@ -46,19 +46,18 @@ class MoeSize:
 SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on shared cores)")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=9)
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--batch": {"type": int, "default": 8},
+    "--seq": {"type": int, "default": 256},
+    "--threads": {"type": int, "default": 1, "help": "torch threads (1: steadier on shared cores)"},
+    "--warmup": {"type": int, "default": 2},
+    "--repeats": {"type": int, "default": 9},
+}
 
 
 def batched_mm_bytes(size: MoeSize, tokens: int, dtype_bytes: int) -> int:
-    """What batched_mm gathers over the stack: each routed (token, expert) pair's gate_up [2 x width, hidden] and
-    down [hidden, width] weights, per layer, all kept for the backward."""
+    """What batched_mm gathers: per layer and routed (token, expert) pair, gate_up and down weights (3 x width x
+    hidden), all kept for the backward."""
     return size.num_layers * tokens * size.top_k * 3 * size.expert_width * size.hidden_size * dtype_bytes
 
 
@@ -78,8 +77,7 @@ def build(size: MoeSize, dtype: Any) -> Any:
 
 
 def measure(model: Any, ids: Any, impls: list[str], warmup: int, repeats: int) -> dict[str, dict[str, Any]]:
-    """impl -> {"cpu" and "wall": the timed passes' seconds, "loss" and "grads": the first pass's}. The passes are
-    interleaved (round r runs each implementation once): a change of load on shared cores hits them alike."""
+    """impl -> {"cpu", "wall": the timed passes' seconds; "loss", "grads": the first pass's}, in interleaved rounds."""
     from torchrl_post.config.schema import ModelConfig
     from torchrl_post.workers.models import with_experts
 
@@ -111,15 +109,8 @@ def max_grad_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    args = common.options(args, parse_args)
-    sizes, dtypes, batch, seq, warmup, repeats = (
-        SIZES,
-        ("float32", "bfloat16"),
-        args.batch,
-        args.seq,
-        args.warmup,
-        args.repeats,
-    )
+    args = common.options(args, OPTIONS)
+    sizes, dtypes, batch, seq, warmup, repeats = SIZES, ("float32", "bfloat16"), args.batch, args.seq, args.warmup, args.repeats  # fmt: skip
     if args.tiny:
         sizes, dtypes, batch, seq, warmup, repeats = SIZES[:1], ("float32",), 2, 32, 1, 2
     torch.set_num_threads(args.threads)
@@ -212,20 +203,11 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     groups = list(dict.fromkeys((r["size"], r["dtype"]) for r in rec["rows"]))
     by = {(r["size"], r["dtype"], r["implementation"]): r for r in rec["rows"]}
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    series = [
-        (
-            impl,
-            [
-                by[(s, d, impl)].get("speedup", 1.0) if by[(s, d, impl)].get("ms") is not None else None
-                for s, d in groups
-            ],
-        )
-        for impl in IMPLEMENTATIONS
-    ]
+    fig, ax = common.subplots(figsize=(8, 4.2))
+    speedup = {k: r.get("speedup", 1.0) if r.get("ms") is not None else None for k, r in by.items()}
+    series = [(impl, [speedup[(s, d, impl)] for s, d in groups]) for impl in IMPLEMENTATIONS]
     common.bars(ax, [f"{s}\n{d}" for s, d in groups], series, "{:.2f}x", "speed-up vs eager (fwd+bwd)")
     ax.axhline(1.0, color="grey", lw=0.8)
     threads = f"{rec['threads']} thread{'s' * (rec['threads'] > 1)}"

@@ -12,12 +12,12 @@ transformers: vLLM's start costs ~10 s a launch, and the scoring does not depend
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
+from benchmarks.artefacts import num_params
 from benchmarks.common import ROOT, demo_model
 
 NAME = "reward_model"
@@ -41,14 +41,11 @@ RM_SIZES: dict[str, dict[str, int]] = {
 }  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 12)")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per run (default 12)"}}
 
 
 def reward_model_dir(name: str) -> Path:
-    """The reward model's directory under outputs/bench_models, built once (seeded: a cached one is the same)."""
+    """The reward model's directory under outputs/bench_models, built once (seeded)."""
     out = common.MODELS / name
     if common.built(out):
         return out
@@ -74,17 +71,6 @@ def reward_model_dir(name: str) -> Path:
     return out
 
 
-def parameters(path: Path) -> int:
-    """The parameters in the checkpoint's safetensors files."""
-    from safetensors import safe_open
-
-    total = 0
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
-    return total
-
-
 def train(name: str, path: Path, placement: str, steps: int, engine: str) -> dict[str, Any]:
     """One run's row: the medians of METRICS, RM samples/s, the rest of the step (step - RM)."""
     nproc, where = PLACEMENTS[placement]
@@ -96,7 +82,7 @@ def train(name: str, path: Path, placement: str, steps: int, engine: str) -> dic
     print(f"{name} {LABELS[placement]}: {steps} steps on {nproc} processes ...", flush=True)
     rows, wall = common.train_run(f"reward_model_{name}_{placement}", overrides, nproc=nproc)
     row: dict[str, Any] = {
-        "placement": placement, "rm": name, "rm_params": parameters(path), "nproc": nproc,
+        "placement": placement, "rm": name, "rm_params": num_params(path), "nproc": nproc,
         "samples_per_step": BATCH * N, "steps": len(rows), "median_over_steps": f"{FIRST_STEP}..{len(rows)}",
         "run_wall_s": wall, **common.medians(rows, METRICS, FIRST_STEP),
     }  # fmt: skip
@@ -172,35 +158,27 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     rows = rec["rows"]
     names = list(dict.fromkeys(r["rm"] for r in rows))
     by = {(r["rm"], r["placement"]): r for r in rows}
     placements = [p for p in PLACEMENTS if any(r["placement"] == p for r in rows)]
     params = {r["rm"]: r["rm_params"] for r in rows}
     ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, fmt, ylabel, title in (
-        (
-            left,
-            "rm_samples_per_s",
-            "{:.0f}",
-            "samples / s (log scale)",
-            "reward-model scoring on the critical path (samples / s)",
-        ),
+        (left, "rm_samples_per_s", "{:.0f}", "samples / s (log scale)", "reward-model scoring on the critical path (samples / s)"),
         (right, "step_s", "{:.2f}", "seconds", "training step (median)"),
-    ):
+    ):  # fmt: skip
         series = [(LABELS[p], [by[(n, p)][key] if (n, p) in by else None for n in names]) for p in placements]
         common.bars(ax, ticks, series, fmt, ylabel, title)
     left.set_yscale("log")  # the demo-size model scores ~25x faster than the ~25M one
-    fig.suptitle(f"Reward model colocated vs on its own rank, GRPO {BATCH}x{N} samples per step, CPU", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, f"Reward model colocated vs on its own rank, GRPO {BATCH}x{N} samples per step, CPU")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from torchrl_post.config.schema import RewardModelConfig
 
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     steps = args.steps or (3 if args.tiny else 6 if args.quick else 12)
     names = list(RM_SIZES)[:1] if args.tiny else list(RM_SIZES)
     engine = "hf" if args.tiny else "vllm"

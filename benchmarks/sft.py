@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import string
 import sys
@@ -56,12 +55,11 @@ SETTINGS = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: the mode's)")
-    ap.add_argument("--threads", type=int, default=1, help="CPU: torch threads per process")
-    ap.add_argument("--no-trl", action="store_true", help="measure our side only")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--steps": {"type": int, "help": "steps per run (default: the mode's)"},
+    "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per process"},
+    "--no-trl": {"action": "store_true", "help": "measure our side only"},
+}
 
 
 def write_data(s: Setting, rows: int) -> tuple[Path, Path]:
@@ -122,19 +120,14 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
     if python is None:
         print("    TRL: skipped (no environment at outputs/bench_venvs/trl; a full run builds it)", flush=True)
         return None
-    out = RUNS / f"trl_{s.model.name}.json"
-    out.unlink(missing_ok=True)
-    cmd = [
-        str(python), str(WORKER), "--model", str(model_dir(s.model)), "--train", str(tokens), "--out", str(out),
-        "--batch", str(s.batch), "--lr", str(s.lr), "--steps", str(s.steps), "--seed", str(SEED),
+    args = [
+        "--model", str(model_dir(s.model)), "--train", str(tokens), "--batch", str(s.batch), "--lr", str(s.lr),
+        "--steps", str(s.steps), "--seed", str(SEED),
     ]  # fmt: skip
     print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
-    common.warn_if_busy()
     t0 = time.perf_counter()
-    common.run_logged(
-        cmd, RUNS / f"trl_{s.model.name}.log", env=dict(os.environ, OMP_NUM_THREADS=str(threads), **TRL_ENV)
-    )
-    raw = json.loads(out.read_text())
+    env = {"OMP_NUM_THREADS": str(threads), **TRL_ENV}
+    raw = common.run_worker(f"sft/trl_{s.model.name}", WORKER, 1, args, env, python)
     return {
         "steps_s": [r["step_s"] for r in raw["steps"]], "loss": raw["loss"], "run_wall_s": time.perf_counter() - t0,
         **{k: raw[k] for k in ("versions", "settings", "attn_implementation", "torch_threads")},
@@ -155,7 +148,7 @@ def row(system: str, ranks: int, threads: int, s: Setting, side: dict[str, Any])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     s = replace(SETTINGS[mode], steps=args.steps) if args.steps else SETTINGS[mode]
     if s.steps <= WARMUP:
@@ -239,14 +232,11 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx) = common.subplots(1, 2, figsize=(11, 4.2))
     labels = [f"{r['system']}\n{r['ranks']} rank(s)" for r in rec["rows"]]
-    bars = ax.bar(
-        range(len(labels)), [r["tokens_per_s"] for r in rec["rows"]], color=[f"C{i}" for i in range(len(labels))]
-    )
+    bars = ax.bar(labels, [r["tokens_per_s"] for r in rec["rows"]], color=[f"C{i}" for i in range(len(labels))])
     ax.bar_label(bars, [f"{r['tokens_per_s']:.0f}" for r in rec["rows"]], fontsize=8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
     for i, r in enumerate(rec["rows"]):
         bx.plot(
@@ -261,8 +251,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     title = (
         f"sft: {s['model']['name']}, {s['batch']} x ({s['prompt_len']} + {s['response_len']}) tokens, lr {s['lr']:g}"
     )
-    fig.suptitle(title, fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, title)
 
 
 if __name__ == "__main__":
