@@ -91,11 +91,20 @@ TOOLS = {
     "plain_subprocess_sandbox_interpreter": "plain `subprocess.run` (the sandbox's interpreter, `-I`)",
     "calculator": '`calculator("123456+654321")`',
 }
+COLUMNS = [
+    ("env step", "delay_ms", "{:g} ms"), ("mode", "label", "{}"), ("traj/s", "trajectories_per_s", "{:.1f}"),
+    ("engine steps", "engine_steps", "{:g}"), ("wall s", "wall_s", "{:.2f}"), ("env floor s", "env_floor_s", "{:.2f}"),
+    ("mean turns", "mean_turns", "{:.2f}"), ("same responses as the other mode", "same", "{:.0%}"),
+]  # fmt: skip
+TOOL_COLUMNS = [("tool call", "name", "{}"), *((f"{k} ms", k, "{:.3f}") for k in ("median", "min", "max"))]
 
 
 def markdown(rec: dict[str, Any]) -> str:
     loop, tools, m = rec["agent_loop"], rec["tools"], rec["machine"]
-    same = {c["delay_ms"]: c for c in loop["mode_comparison"]}
+    same = {c["delay_ms"]: c["identical_fraction"] for c in loop["mode_comparison"]}
+    rows = [row(loop, d, mo) | {"label": LABELS[mo], "same": same[d]} for d in delays_of(loop) for mo in MODES]
+    timed = [{"name": name, **{k: t[f"{k}_s"] * 1e3 for k in ("median", "min", "max")}}
+             for key, name in TOOLS.items() if (t := tools.get(key))]  # fmt: skip
     lines = [
         "# Agent-loop benchmark",
         "",
@@ -108,28 +117,12 @@ def markdown(rec: dict[str, Any]) -> str:
         f"seed {loop['seed']}, env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a "
         "warm-up; the prefix cache is emptied before each run.",
         "",
-        "| env step | mode | traj/s | engine steps | wall s | env floor s | mean turns | same responses as the other mode |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for d in delays_of(loop):
-        for mode in MODES:
-            s = row(loop, d, mode)
-            lines.append(
-                f"| {d:g} ms | {LABELS[mode]} | {s['trajectories_per_s']:.1f} | {s['engine_steps']:g} | "
-                f"{s['wall_s']:.2f} | {s['env_floor_s']:.2f} | {s['mean_turns']:.2f} | {same[d]['identical_fraction']:.0%} |"
-            )
-    lines += [
+        common.table(rows, COLUMNS) + "\n`env floor`: the run's environment calls alone, spread over the env_workers "
+        "threads (turns x step / threads); no schedule of the turns finishes sooner. `same responses`: the share of "
+        "trajectories whose response tokens are equal in both modes (same seeds; the engine's batches differ).",
         "",
-        "`env floor`: the run's environment calls alone, spread over the env_workers threads (turns x step / "
-        "threads); no schedule of the turns finishes sooner. `same responses`: the share of trajectories whose "
-        "response tokens are equal in both modes (same seeds; the engine's batches differ).",
-        "",
-        "| tool call | median ms | min ms | max ms |",
-        "|---|---|---|---|",
+        common.table(timed, TOOL_COLUMNS).rstrip("\n"),
     ]
-    for key, name in TOOLS.items():
-        if (t := tools.get(key)) is not None:
-            lines.append(f"| {name} | {t['median_s'] * 1e3:.3f} | {t['min_s'] * 1e3:.3f} | {t['max_s'] * 1e3:.3f} |")
     if not tools["sandbox_available"]:
         lines.append(f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |")
     return "\n".join([*lines, "", *conclusion(rec), ""])
@@ -158,10 +151,9 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     loop = rec["agent_loop"]
     delays = delays_of(loop)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
     ticks = [f"env step {d:g} ms" for d in delays]
     for ax, key, fmt, ylabel, title in (
         (left, "trajectories_per_s", "{:.1f}", "trajectories / s", "throughput (median)"),
@@ -169,12 +161,8 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ):
         series = [(LABELS[mode], [row(loop, d, mode)[key] for d in delays]) for mode in MODES]
         common.bars(ax, ticks, series, fmt, ylabel, title)
-    fig.suptitle(
-        f"agent loop, {loop['tasks']} tasks x n={loop['n']}, {loop['max_turns']} turns x "
-        f"{loop['max_tokens_per_turn']} tokens, env_workers {loop['env_workers']}",
-        fontsize=10,
-    )
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, f"agent loop, {loop['tasks']} tasks x n={loop['n']}, {loop['max_turns']} turns x "
+                       f"{loop['max_tokens_per_turn']} tokens, env_workers {loop['env_workers']}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

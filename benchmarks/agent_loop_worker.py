@@ -1,7 +1,4 @@
-"""The agent loop on a real in-process vLLM engine: step-wise turns against one batch per turn.
-
-    torchrun --standalone --nproc-per-node 1 benchmarks/agent_loop_worker.py \
-        --model DIR --data FILE --tasks T --samples N --repeats R --delays-ms 0,50 --out FILE
+"""The agent loop on a real in-process vLLM engine (under torchrun): step-wise turns against one batch per turn.
 
 Per environment delay (a sleep in `step`: a tool call) the same tasks and seed through `AgentLoop(turn_batches=False)`
 (a trajectory's next turn starts as soon as its environment answered) and `turn_batches=True` (every turn of a round
@@ -35,8 +32,7 @@ MAX_MODEL_LEN = 256  # the demo model's max_position_embeddings
 
 
 class SlowGuessEnv(GuessNumberEnv):
-    """GuessNumberEnv whose step sleeps `delay_s` on average, each call between 0 and twice that, drawn from the
-    task and the call's turn (the same in both modes and every repeat), as real tool latencies vary."""
+    """GuessNumberEnv whose step sleeps between 0 and 2 x `delay_s`, seeded by task and turn (alike in every run)."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
@@ -54,12 +50,7 @@ class SlowGuessEnv(GuessNumberEnv):
 
 
 def one_run(
-    engine: RolloutEngine,
-    tok: Any,
-    args: Any,
-    tasks: list[tuple[int, dict[str, Any]]],
-    delay_ms: float,
-    turn_batches: bool,
+    engine: RolloutEngine, tok: Any, args: Any, tasks: list[Any], delay_ms: float, turn_batches: bool
 ) -> tuple[dict[str, Any], list[Trajectory]]:
     limits = LoopLimits(
         max_turns=args.max_turns, max_response_length=args.max_turns * args.max_tokens, max_model_len=MAX_MODEL_LEN,

@@ -62,9 +62,8 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     rows = rec["rows"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (left, right) = common.subplots(1, 2, figsize=(9, 3.5))
     eps = [str(r["ep"]) for r in rows]
     left.bar(eps, [r["gathered_mib"] for r in rows])
     left.set(xlabel="expert_parallel_size", ylabel="MiB", title="experts gathered per layer per rank")

@@ -73,8 +73,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = common.subplots(figsize=(7, 4.5))
     first = rec["rows"][0]
     model_mb = first["model_bytes"] / 1e6
     for i, fmt in enumerate(("sharded", "full")):

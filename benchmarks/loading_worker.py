@@ -1,9 +1,6 @@
 """Worker for benchmarks/loading.py (run under torchrun): one actor loaded by `model.load_format`, the peak host
 memory it took on this rank: the high-water RSS (`ru_maxrss`) after the load minus the RSS just before (tensors,
-the safetensors pages the rank touched, transient copies). Rank 0 writes every rank's numbers.
-
-    torchrun --standalone --nproc-per-node N benchmarks/loading_worker.py --model DIR --format sharded|full --out F
-"""
+the safetensors pages the rank touched, transient copies). Rank 0 writes every rank's numbers."""
 
 from __future__ import annotations
 

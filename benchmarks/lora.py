@@ -31,11 +31,10 @@ METRICS = {
 }  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="training steps on the demo model (default 20)")
-    ap.add_argument("--big-steps", type=int, default=None, help="training steps on the ~25M model (default 10)")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--steps": {"type": int, "help": "training steps on the demo model (default 20)"},
+    "--big-steps": {"type": int, "help": "training steps on the ~25M model (default 10)"},
+}
 
 
 def train(name: str, path: Path, steps: int, mode: str) -> tuple[dict[str, Any], dict[str, int]]:
@@ -55,7 +54,7 @@ def train(name: str, path: Path, steps: int, mode: str) -> tuple[dict[str, Any],
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     models = [("demo", demo_model(), args.steps or (3 if args.tiny else 6 if args.quick else 20))]
     if not (args.quick or args.tiny):
         models.append(("qwen2-25m", model_dir(BIG), args.big_steps or 10))
@@ -142,18 +141,16 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     models = rec["models"]
     modes = [m for m in MODES if all(m in model["runs"] for model in models)]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
     names = [f"{m['name']}\n({m['params']['full']['total_params'] / 1e6:.1f}M params)" for m in models]
     steps = [(LABELS[mode], [m["runs"][mode]["step_s"] for m in models]) for mode in modes]
     state = [(LABELS[mode], [m["params"][mode]["optimizer_state_bytes"] / 1e6 for m in models]) for mode in modes]
     common.bars(left, names, steps, "{:.3f}", "seconds", "training step (median)")
     common.bars(right, names, state, "{:.2f}", "MB (log scale)", "AdamW state, both ranks")
     right.set_yscale("log")
-    fig.suptitle("LoRA vs full fine-tuning, GRPO on 2 CPU ranks (FSDP + in-process vLLM)", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, "LoRA vs full fine-tuning, GRPO on 2 CPU ranks (FSDP + in-process vLLM)")
 
 
 if __name__ == "__main__":

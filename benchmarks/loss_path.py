@@ -138,8 +138,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = common.subplots(figsize=(7, 4.5))
     for p, color in zip(rec["paths"], ("C3", "C0"), strict=True):
         ran = [r for r in p["results"] if not r.get("skipped")]
         xs = [r["tokens"] for r in ran]

@@ -103,9 +103,8 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     models = list(dict.fromkeys(r["model"] for r in rec["rows"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(max(7.0, 5.5 * len(models)), 4.5), squeeze=False)
+    fig, axes = common.subplots(1, len(models), figsize=(max(7.0, 5.5 * len(models)), 4.5), squeeze=False)
     labels = {"params": "parameters", "grads": "gradients", "optimizer": "AdamW state", "total": "total"}
     for ax, model in zip(axes[0], models, strict=True):
         rows = sorted((r for r in rec["rows"] if r["model"] == model), key=lambda r: r["ranks"])
@@ -119,8 +118,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.minorticks_off()
         ax.set_title(f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)")
         ax.legend(fontsize=8)
-    fig.suptitle("FSDP2 per-rank memory: local shards after one backward and one AdamW step", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, "FSDP2 per-rank memory: local shards after one backward and one AdamW step")
 
 
 if __name__ == "__main__":

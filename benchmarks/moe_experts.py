@@ -110,9 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     args = common.options(args, OPTIONS)
-    sizes, dtypes, batch, seq, warmup, repeats = SIZES, ("float32", "bfloat16"), args.batch, args.seq, args.warmup, args.repeats  # fmt: skip
-    if args.tiny:
-        sizes, dtypes, batch, seq, warmup, repeats = SIZES[:1], ("float32",), 2, 32, 1, 2
+    sizes, dtypes = (SIZES[:1], ("float32",)) if args.tiny else (SIZES, ("float32", "bfloat16"))
+    batch, seq, warmup, repeats = (2, 32, 1, 2) if args.tiny else (args.batch, args.seq, args.warmup, args.repeats)
     torch.set_num_threads(args.threads)
     common.warn_if_busy()
     ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
-from benchmarks.common import DEMO_DATA, DEMO_MODEL, ROOT
+from benchmarks.common import DEMO_DATA, DEMO_MODEL, ROOT, na
 
 NAME = "moe_routing"
 MOE_MODEL = ROOT / "outputs" / "moe_model_qwen3_moe"
@@ -36,10 +36,7 @@ ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
 METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/router_mismatch"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--steps", type=int, default=None, help="training steps per setting (default 12)")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per setting (default 12)"}}
 
 
 def near_ties(moe: Path) -> Path:
@@ -84,15 +81,11 @@ def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from torchrl_post.demo.moe import build_moe
 
-    steps = getattr(args, "steps", None) or (2 if args.tiny else 6 if args.quick else 12)
+    steps = common.options(args, OPTIONS).steps or (2 if args.tiny else 6 if args.quick else 12)
     build_moe(MOE_MODEL, DEMO_MODEL, DEMO_DATA)  # the dense demo model and data first (`make moe-model`)
     ties = near_ties(MOE_MODEL)
     models = {"dense": DEMO_MODEL, "ties": ties, "ties_replay": ties}
     return {"steps": steps, "runs": [train(mode, models.get(mode, MOE_MODEL), steps) for mode in MODES]}
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "n/a" if v is None else format(v, spec)
 
 
 def markdown(rec: dict[str, Any]) -> str:
@@ -112,21 +105,21 @@ def markdown(rec: dict[str, Any]) -> str:
     dense = by["dense"]["logprob_diff"]
     for r in rec["runs"]:
         ratio = f"{r['logprob_diff'] / dense:.2f}x" if dense else "n/a"
-        lines.append(f"| {r['label']} | {_fmt(r['router_mismatch'], '.4f')} | {r['logprob_diff']:.2e} | {ratio} |")
+        lines.append(f"| {r['label']} | {na(r['router_mismatch'], '{:.4f}')} | {r['logprob_diff']:.2e} | {ratio} |")
     moe, replay = by["moe"], by["moe_replay"]
     lines += [
         "",
-        f"Without replay the bf16 engine and the float32 trainer disagree on {_fmt(moe['router_mismatch'], '.2%')} of "
+        f"Without replay the bf16 engine and the float32 trainer disagree on {na(moe['router_mismatch'], '{:.2%}')} of "
         f"the routing decisions and the logprobs differ by {moe['logprob_diff']:.2e} ({dense and moe['logprob_diff'] / dense:.2f}x "
         f"the dense model's {dense:.2e}); replaying the engine's experts gives {replay['logprob_diff']:.2e} "
         f"({dense and replay['logprob_diff'] / dense:.2f}x). In float32 on both sides the routes disagree on "
-        f"{_fmt(by['moe_fp32']['router_mismatch'], '.2%')} of the decisions.",
+        f"{na(by['moe_fp32']['router_mismatch'], '{:.2%}')} of the decisions.",
     ]
     if "ties" in by and "ties_replay" in by:
         lines += [
             "",
             f"With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
-            f"{_fmt(by['ties']['router_mismatch'], '.2%')} of the decisions (bfloat16's rounding is relative: "
+            f"{na(by['ties']['router_mismatch'], '{:.2%}')} of the decisions (bfloat16's rounding is relative: "
             "smaller logits do not flip more often); the logprobs differ by "
             f"{by['ties']['logprob_diff']:.2e} without replay and {by['ties_replay']['logprob_diff']:.2e} with it.",
         ]
@@ -134,8 +127,7 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
     for r in rec["runs"]:
         steps = list(range(1, len(r["per_step"]["logprob_diff"]) + 1))
         left.plot(steps, r["per_step"]["logprob_diff"], marker="o", label=r["label"])

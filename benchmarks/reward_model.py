@@ -166,7 +166,8 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ticks = [f"{n}\n({params[n] / 1e6:.1f}M params)" for n in names]
     fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, fmt, ylabel, title in (
-        (left, "rm_samples_per_s", "{:.0f}", "samples / s (log scale)", "reward-model scoring on the critical path (samples / s)"),
+        (left, "rm_samples_per_s", "{:.0f}", "samples / s (log scale)",
+         "reward-model scoring on the critical path (samples / s)"),
         (right, "step_s", "{:.2f}", "seconds", "training step (median)"),
     ):  # fmt: skip
         series = [(LABELS[p], [by[(n, p)][key] if (n, p) in by else None for n in names]) for p in placements]

@@ -33,15 +33,14 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
 ENGINES = ("vllm", "hf")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1, help="CPU: OpenMP/torch threads of both engines, unbound")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--repeats": {"type": int},
+    "--threads": {"type": int, "default": 1, "help": "CPU: OpenMP/torch threads of both engines, unbound"},
+}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     models, batches, lengths, repeats, prompt_len = SETTINGS[mode]
     repeats = args.repeats or repeats
@@ -67,15 +66,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def decode_fit(run: dict[str, Any], engine: str) -> dict[str, float] | None:
-    """Decode step time as `step_ms + sample_ms * batch` (least squares over the rows of the longest length):
-    what a step costs whatever the batch (scheduling, sampling, Python) and what each sample adds."""
+    """Decode step time = `step_ms` (whatever the batch) + `sample_ms` x batch, fitted on the longest rows."""
     longest = max(r["length"] for r in run["rows"])
     pts = [(r["batch"], r[f"{engine}_decode_step_ms"]) for r in run["rows"] if r["length"] == longest]
     if longest < 2 or len({b for b, _ in pts}) < 2:
         return None
-    mx, my = sum(b for b, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    slope = sum((b - mx) * (y - my) for b, y in pts) / sum((b - mx) ** 2 for b, _ in pts)
-    return {"step_ms": my - slope * mx, "sample_ms": slope, "length": longest}
+    f = common.fit(pts)
+    assert f is not None
+    return {"step_ms": f["intercept_bytes"], "sample_ms": f["slope_bytes_per_token"], "length": longest}
 
 
 COLUMNS = [
@@ -150,9 +148,8 @@ def markdown(rec: dict[str, Any]) -> str:
 def plot(path: Path, rec: dict[str, Any]) -> None:
     import matplotlib.ticker
 
-    plt = common.pyplot()
     runs = rec["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
+    fig, axes = common.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
         for i, length in enumerate(sorted({row["length"] for row in r["rows"]})):
             rows = sorted((row for row in r["rows"] if row["length"] == length), key=lambda row: row["batch"])
@@ -165,8 +162,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_title(f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})")
         ax.legend(fontsize=8)
-    fig.suptitle("rollout: vLLM (solid) vs transformers generate (dashed)", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, "rollout: vLLM (solid) vs transformers generate (dashed)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
 """Generation speed of the vLLM engine against the transformers engine, in one process under torchrun.
 
-    torchrun --standalone --nproc-per-node 1 benchmarks/rollout_worker.py \
-        --model DIR --prompt-len P --batches 1x1,4x4 --lengths 32,128 --repeats R --out FILE
-
 Both engines as the trainer builds them, the same random prompts, temperature 1, every sample forced to the asked
 length (vLLM `ignore_eos` via a subclass, no stop token for transformers; tokens/s from the counted tokens). Per batch
 one new token is timed too (prefill and fixed cost: decode = t(L) - t(1) over L - 1 steps), and one prompt of one
@@ -17,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +45,7 @@ def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
 
 
 def timed_turns(calls: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
-    """Seconds of each call, best of `repeats` (as timeit: the least disturbed by other processes) and median,
-    and the tokens it generated, after one warm-up each; the calls take turns."""
+    """Each call's best seconds of `repeats` (as timeit: the least disturbed), median seconds and tokens."""
     out = {}
     for k, turns in common.take_turns(calls, repeats).items():
         times = [t[0] for t in turns]
@@ -70,8 +67,7 @@ def generate_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_t
 
 
 def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
-    """vLLM's own batch call (`LLM.generate`) on the same engine, with the sampling parameters the stepped driver
-    gives each request: the reference the stepped protocol (`rollout.base.generate`) must keep up with."""
+    """vLLM's own `LLM.generate` on the same engine and sampling: what the stepped driver must keep up with."""
     inputs: Any = [{"prompt_token_ids": p} for p in prompts]
     each = params(n, max_tokens)
 
@@ -84,8 +80,7 @@ def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens:
 
 
 def stream_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
-    """The same samples as requests of a stream (rollout/inflight.py), each step reporting its new tokens: what
-    partial rollouts and agents drive."""
+    """The same samples as a stream's requests (rollout/inflight.py): what partial rollouts and agents drive."""
     one = params(1, max_tokens)
 
     def call() -> int:
@@ -156,11 +151,8 @@ def main() -> None:
     for name in ENGINES:
         t0 = time.perf_counter()
         cfg.rollout.engine = name
-        engines[name] = (
-            fixed_length_vllm(cfg, env.device)
-            if name == "vllm"
-            else common.build_engine(cfg, env.device, stop=False, tok=tok)
-        )
+        build = fixed_length_vllm if name == "vllm" else partial(common.build_engine, stop=False, tok=tok)
+        engines[name] = build(cfg, env.device)
         start_s[name] = time.perf_counter() - t0
     try:
         result = measure(args, engines, len(tok))

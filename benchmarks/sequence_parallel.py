@@ -167,11 +167,10 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     from matplotlib.ticker import FuncFormatter
 
     settings = sorted({r["checkpointing"] for r in rec["rows"]})
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 4.5), squeeze=False)
+    fig, axes = common.subplots(1, len(settings), figsize=(6.5 * len(settings), 4.5), squeeze=False)
     for ax, ckpt in zip(axes[0], settings, strict=True):
         rows = [r for r in rec["rows"] if r["checkpointing"] == ckpt]
         one = {r["response_len"]: r["activation_mib"] for r in rows if r["sp"] == 1}
@@ -189,8 +188,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.set(xlabel="response tokens (one row)", ylabel="peak activation MiB per rank")
         ax.set_title(f"gradient checkpointing {_on(ckpt)}", fontsize=10)
         ax.legend(fontsize=8)
-    fig.suptitle("Ulysses sequence parallelism: activations per rank of one actor update", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, "Ulysses sequence parallelism: activations per rank of one actor update")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,10 @@ TARGET_RATIO = 0.7
 MODELS = ("qwen2-1m", "qwen2-10m", "qwen2-40m", "qwen2-100m")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3, --tiny 1)")
-    ap.add_argument("--bucket-mb", type=int, default=64)
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--repeats": {"type": int, "help": "timed repeats (default 3, --tiny 1)"},
+    "--bucket-mb": {"type": int, "default": 64},
+}
 
 
 def plan_runs(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
@@ -39,7 +38,7 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     args.repeats = args.repeats or (1 if args.tiny else 3)
     runs = plan_runs(args)
     records: list[dict[str, Any]] = []
@@ -91,9 +90,8 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     records = rec["records"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right) = common.subplots(1, 2, figsize=(12, 4.5))
     series = {"colocated": ("C0", "colocated (2 actor ranks)"), "broadcast": ("C1", "broadcast (1 actor -> 1 rollout)")}
     for mode, (color, label) in series.items():
         rs = [r for r in records if r["mode"] == mode and (mode == "colocated" or r["rollout"] == r["actor"] == 1)]
@@ -109,12 +107,9 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         biggest = max(r["bytes"] for r in bcast)
         rs = sorted((r for r in bcast if r["bytes"] == biggest and r["actor"] == 1), key=lambda r: r["rollout"])
         xs = [r["rollout"] for r in rs]
-        lines = (
-            ("sync_s", "o-", "sync"),
-            ("transfer_s", "^-", "transfer (no engine load)"),
-            ("raw_s", "s--", "raw broadcast"),
-        )
-        for key, style, label in lines:
+        for key, style, label in (
+            ("sync_s", "o-", "sync"), ("transfer_s", "^-", "transfer (no engine load)"), ("raw_s", "s--", "raw broadcast"),
+        ):  # fmt: skip
             right.plot(xs, [r[key] for r in rs], style, label=label)
         right.set(xlabel="rollout ranks", ylabel="seconds", xticks=xs)
         right.set_title(f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)")

@@ -1,7 +1,4 @@
-"""Weight-sync speed, one topology per launch: the framework's sync against a raw collective of the same bytes.
-
-    torchrun --standalone --nproc-per-node K benchmarks/sync_worker.py \
-        --model DIR --mode {colocated,broadcast} --actor N --rollout M --bucket-mb B --repeats R --out FILE
+"""Weight-sync speed, one topology per launch (torchrun on K ranks): the framework's sync against a raw collective.
 
 colocated (K = N): `sync_weights` (bucketed all_gather streamed into vLLM's reload) against the same all_gathers
 into buffers allocated once. broadcast (K = N + M, engines on ranks N..): `BroadcastSync.send/receive` against one
@@ -32,8 +29,7 @@ GB = 1e9
 
 
 def timed(topo: Topology, fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds of each fn between barriers over every rank (common.take_turns)."""
-
+    """Median seconds of each fn between barriers over every rank."""
     turns = common.take_turns(fns, repeats, lambda: barrier(topo))
     return {k: statistics.median(t[0] for t in ts) for k, ts in turns.items()}
 
@@ -90,28 +86,14 @@ def bench_broadcast(topo: Topology, actor: Actor | None, engine: RolloutEngine |
         else None
     )
     stand_in = checkpoint_weights(args.model) if engine is not None else []
-
-    def sync() -> None:
-        if actor is not None:
-            bsync.send(actor.model)
-        elif engine is not None:
-            bsync.receive(engine)
-
-    def raw() -> None:
-        if topo.sync is not None and flat is not None:
-            topo.sync.broadcast([flat], dist.BroadcastOptions()).wait()
-
-    def transfer() -> None:
-        if actor is not None:
-            bsync.send(actor.model)
-        else:
-            drain(bsync.received())
-
-    def load() -> None:
-        if engine is not None:
-            engine.load_weights(iter(stand_in))
-
-    times = timed(topo, {"sync_s": sync, "raw_s": raw, "transfer_s": transfer, "load_s": load}, args.repeats)
+    # an actor rank sends either way; a rollout rank receives into the engine or just drains; others only wait
+    send, skip = (lambda: bsync.send(model)) if model is not None else None, lambda: None
+    times = timed(topo, {
+        "sync_s": send or ((lambda: bsync.receive(engine)) if engine is not None else skip),
+        "raw_s": (lambda: topo.sync.broadcast([flat], dist.BroadcastOptions()).wait()) if flat is not None else skip,
+        "transfer_s": send or (lambda: drain(bsync.received())),
+        "load_s": (lambda: engine.load_weights(iter(stand_in))) if engine is not None else skip,
+    }, args.repeats)  # fmt: skip
     params = sum(p.numel() for p in model.parameters()) if model is not None else 0  # global rank 0 is an actor rank
     return {"params": params, "bytes": bsync.nbytes, **times}
 

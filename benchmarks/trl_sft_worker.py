@@ -13,38 +13,19 @@ logged `loss`; writes one JSON record.
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-from trl_worker import TRAINING, step_timer, train  # beside this file: the script's directory is on sys.path
+from trl_worker import TRAINING, setup, step_timer, train  # beside this file: the script's directory is on sys.path
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for name in ("model", "train", "out"):
-        ap.add_argument(f"--{name}", type=Path, required=True)
-    for name, default in (("batch", 16), ("lr", 1e-3), ("steps", 8), ("seed", 1)):
-        ap.add_argument(f"--{name}", type=type(default), default=default)
-    args = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    import datasets
+    args, t_start, dataset, tok, model, load_s = setup(__doc__, argv, batch=16, lr=1e-3, steps=8, seed=1)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    dataset = datasets.Dataset.from_list(
-        [json.loads(line) for line in args.train.read_text().splitlines() if line.strip()]
-    )
     steps: list[dict[str, float]] = []
     logged: list[dict[str, Any]] = []
-    t_load = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    load_s = time.perf_counter() - t_load
     settings = {
         "per_device_train_batch_size": args.batch, "gradient_accumulation_steps": 1,
         "train_sampling_strategy": "sequential", "completion_only_loss": True, "packing": False,
@@ -62,9 +43,7 @@ def main(argv: list[str] | None = None) -> None:
             "attn_implementation": model.config._attn_implementation, "settings": settings, "steps": steps,
             "loss": [float(e["loss"]) for e in logged if "loss" in e],
         }, t_start, load_s)  # fmt: skip
-    losses = [float(e["loss"]) for e in logged if "loss" in e]
-    print(f"trl sft: {len(steps)} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in steps) + " s", flush=True)
-    print("losses: " + ", ".join(f"{x:.4f}" for x in losses), flush=True)
+    print("losses: " + ", ".join(f"{float(e['loss']):.4f}" for e in logged if "loss" in e), flush=True)
 
 
 if __name__ == "__main__":

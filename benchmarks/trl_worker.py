@@ -52,6 +52,33 @@ def load_reward(name: str) -> Callable[..., float]:
     return fn
 
 
+def setup(doc: str | None, argv: list[str] | None, **defaults: Any) -> tuple[Any, float, Any, Any, Any, float]:
+    """--model, --train, --out and `defaults` (a bool: a switch; a tuple: the choices, the first the default); then
+    the rows, the tokenizer and the float32 model: (args, start time, dataset, tokenizer, model, load seconds)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    for name in ("model", "train", "out"):
+        ap.add_argument(f"--{name}", type=Path, required=True)
+    for name, default in defaults.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            ap.add_argument(flag, action="store_true")
+        elif isinstance(default, tuple):
+            ap.add_argument(flag, choices=default, default=default[0])
+        else:
+            ap.add_argument(flag, type=type(default), default=default)
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = [json.loads(line) for line in args.train.read_text().splitlines() if line.strip()]
+    t_load = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    return args, t_start, datasets.Dataset.from_list(rows), tok, model, time.perf_counter() - t_load
+
+
 def step_timer(steps: list[dict[str, float]], logged: list[dict[str, Any]], timers: dict[str, float] | None) -> Any:
     """A TrainerCallback: per step its wall seconds (on_step_begin to on_step_end) and `timers` (cleared at each
     begin, renamed by PROFILED) into `steps`, every log into `logged`."""
@@ -97,21 +124,15 @@ def train(trainer: Any, out: Path, record: Callable[[], dict[str, Any]], t_start
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")
+    print(f"{len(rec['steps'])} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in rec["steps"]) + " s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for name, kind in (("model", Path), ("train", Path), ("out", Path)):
-        ap.add_argument(f"--{name}", type=kind, required=True)
-    for name, default in (("prompts", 8), ("n", 8), ("response-length", 32), ("lr", 1e-6), ("steps", 6), ("seed", 1)):
-        ap.add_argument(f"--{name}", type=type(default), default=default)
-    ap.add_argument("--reward", choices=tuple(REWARD_FILES), default="gsm8k")
-    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (float32 master weights)")
-    args = ap.parse_args(argv)
-    t_start = time.perf_counter()
-    import datasets
+    args, t_start, dataset, tok, model, load_s = setup(
+        __doc__, argv, prompts=8, n=8, response_length=32, lr=1e-6, steps=6, seed=1, reward=tuple(REWARD_FILES),
+        bf16=False,
+    )  # fmt: skip
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
     from trl.extras import profiling
 
@@ -130,15 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [score(src, text, ans) for src, text, ans in zip(data_source, texts, answer, strict=True)]
 
-    dataset = datasets.Dataset.from_list(
-        [json.loads(line) for line in args.train.read_text().splitlines() if line.strip()]
-    )
     steps: list[dict[str, float]] = []
     logged: list[dict[str, Any]] = []
-    t_load = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    load_s = time.perf_counter() - t_load
     settings = {
         "per_device_train_batch_size": args.prompts * args.n, "num_generations": args.n,
         "max_completion_length": args.response_length, "temperature": 1.0, "beta": 0.0, "num_iterations": 1,
@@ -150,14 +164,8 @@ def main(argv: list[str] | None = None) -> None:
             use_vllm=False, seed=args.seed, **settings, **TRAINING,
         )  # fmt: skip
         callbacks = [step_timer(steps, logged, timers)]
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=[gsm8k],
-            args=config,
-            train_dataset=dataset,
-            processing_class=tok,
-            callbacks=callbacks,
-        )
+        trainer = GRPOTrainer(model=model, reward_funcs=[gsm8k], args=config, train_dataset=dataset,
+                              processing_class=tok, callbacks=callbacks)  # fmt: skip
         settings |= {
             "loss_type": config.loss_type, "scale_rewards": config.scale_rewards, "use_vllm": False, "bf16": args.bf16,
             "optim": "adamw_torch", "reward": args.reward,
@@ -167,7 +175,6 @@ def main(argv: list[str] | None = None) -> None:
             "reward_mean": [float(e["reward"]) for e in logged if "reward" in e],
             "completion_length_mean": [float(e["completions/mean_length"]) for e in logged if "completions/mean_length" in e],
         }, t_start, load_s)  # fmt: skip
-    print(f"trl: {len(steps)} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in steps) + " s", flush=True)
 
 
 if __name__ == "__main__":

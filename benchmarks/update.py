@@ -47,21 +47,19 @@ SETTINGS = {
 PROMPT_LEN, RESPONSE_LEN = "40,120", "1,64"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = common.parser(__doc__)
-    ap.add_argument("--ranks", default="", help="comma-separated rank counts instead of the mode's runs")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1, help="CPU: torch threads per rank")
-    return ap.parse_args(argv)
+OPTIONS: common.Options = {
+    "--repeats": {"type": int},
+    "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per rank"},
+}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, parse_args)
+    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     s = SETTINGS[mode]
     repeats = args.repeats or s.repeats
     runs = []
-    for ranks, lengths in [(int(k), "uniform") for k in args.ranks.split(",")] if args.ranks else s.runs:
+    for ranks, lengths in s.runs:
         print(f"  {s.model.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
         worker_args = [
             *("--model", str(model_dir(s.model)), "--samples", str(s.samples), "--group", str(s.group)),
@@ -136,9 +134,8 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    plt = common.pyplot()
     runs = rec["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
+    fig, axes = common.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
         series = [
             (label, [row.get(f"{key}_tokens_per_s") or 0.0 for row in r["rows"]])
@@ -149,8 +146,7 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
             ax.annotate(f"{row['ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                         va="bottom", fontsize=8)  # fmt: skip
         ax.set_title(f"{r['model']}, {r['ranks']} rank(s), {r['samples']} samples, {r['lengths']}", fontsize=9)
-    fig.suptitle("update: Actor.update (ours, ratio ours/bare padded above) vs a bare PyTorch loop", fontsize=10)
-    common.save_figure(fig, path)
+    common.save_figure(fig, path, "update: Actor.update (ours, ratio ours/bare padded above) vs a bare PyTorch loop")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,6 @@
 benchmarks/loss_path.py (1 rank, `--chunk` sets the LM head's HEAD_CHUNK_TOKENS) and benchmarks/sequence_parallel.py
 (Ulysses over every rank: sp = world size, dp = 1).
 
-    torchrun --standalone --nproc-per-node SP benchmarks/update_memory_worker.py --model DIR --lengths 1024,2048 \
-        --out FILE [--checkpointing off,on --chunk N --skip-above N --timed 0 --prompt-len 32]
-
 Per checkpointing setting one `Actor` (FSDP2, float32, AdamW); the sp group trains one unpadded row held by rank 0.
 After a warm-up update (AdamW's state), per length: one update under torch's MemTracker (exact tensor bytes on CPU;
 `activation_bytes` = its peak less the parameters, buffers, gradients and optimizer state), then `--timed` untracked
@@ -53,8 +50,7 @@ class ExchangeClock:
 
 
 def group_row(prompt: int, response: int, vocab: int, rank: int, seed: int = 0) -> Batch:
-    """This rank's share of the sp group's rows: one row of random tokens (no padding, random advantages,
-    on-policy) on rank 0, none elsewhere."""
+    """This rank's share of the sp group's one random on-policy row (rank 0 holds it)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (1, prompt + response), generator=gen)
     attn, loss_mask = torch.ones_like(ids), torch.ones(1, response)

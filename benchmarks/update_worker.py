@@ -1,9 +1,5 @@
 """Tokens/s of the project's actor update against a bare PyTorch loop over the same micro-batches, under torchrun.
 
-    torchrun --standalone --nproc-per-node K benchmarks/update_worker.py --model DIR --out FILE \
-        [--samples 64 --group 8 --prompt-len 40,120 --response-len 1,64 --lengths uniform|skewed \
-         --micro 8 --budget 2048 --modes fixed,dynamic,packed,packed_dynamic --repeats 3]
-
 One seeded GRPO-shaped batch (groups sharing a left-padded prompt, right-padded responses, group-normalized
 advantages); rank r takes the r-th contiguous share. "ours" is `Actor.update(batch)` with the mode's keys
 (model.use_remove_padding, actor.use_dynamic_bsz); "bare" is the plain HF model with torch.optim.AdamW over the same
@@ -38,8 +34,7 @@ _KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not 
 
 
 def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
-    """The global GRPO-shaped batch: prompts left-padded, responses right-padded, group-normalized advantages.
-    Skewed response lengths: most short, a long tail (lo + (hi - lo) * u^3)."""
+    """The global GRPO-shaped batch; skewed response lengths are lo + (hi - lo) * u^3 (most short, a long tail)."""
     rng = random.Random(args.seed)
     (p_lo, p_hi), (r_lo, r_hi) = (tuple(int(x) for x in s.split(",")) for s in (args.prompt_len, args.response_len))
     prompts, responses = [], []
@@ -73,8 +68,7 @@ def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
 def bare_loss(
     model: torch.nn.Module, b: Batch, rows: slice | torch.Tensor, tokens: float, device: torch.device, packed: bool
 ) -> tuple[torch.Tensor, int]:
-    """The PPO surrogate of `rows` and the cells computed: padded, on the columns some row uses; packed, one row of
-    their real tokens, positions restarting per sample."""
+    """The PPO surrogate of `rows` and the cells computed: padded (the columns some row uses) or packed."""
     p = b.prompt_width
     if packed:
         mask = b.attention_mask[rows].bool()
@@ -109,7 +103,7 @@ def bare_update(
     model: torch.nn.Module, opt: torch.optim.Optimizer, b: Batch, plan: list[slice | torch.Tensor], tokens: float,
     packed: bool, grad_clip: float, device: torch.device,
 ) -> int:  # fmt: skip
-    """One optimizer step over the micro-batches `plan` of this rank's rows; returns the cells computed."""
+    """One optimizer step over the micro-batches `plan`; the cells computed."""
     opt.zero_grad(set_to_none=True)
     cells = 0
     for rows in plan:
