@@ -31,16 +31,14 @@ BEGIN, END = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the ~5-minute subset (2 CPU cores)")
-    ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
-    ap.add_argument("--report-only", action="store_true", help="rebuild the .md and .png from the JSON files")
-    ap.add_argument("--only", default="", help=f"comma-separated names of {', '.join(BENCHMARKS)}")
-    ap.add_argument("--results", type=Path, default=common.RESULTS)
+    ap = common.parser(__doc__, {
+        "--report-only": {"action": "store_true", "help": "rebuild the .md and .png from the JSON files"},
+        "--only": {"default": "", "help": f"comma-separated names of {', '.join(BENCHMARKS)}"},
+    })  # fmt: skip
+    ap.prog = "python -m benchmarks"
     args = ap.parse_args(argv)
     args.only = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = [n for n in args.only if n not in BENCHMARKS]
-    if unknown:
+    if unknown := [n for n in args.only if n not in BENCHMARKS]:
         ap.error(f"--only: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     return args
 
@@ -51,11 +49,9 @@ def load(name: str) -> ModuleType:
 
 def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
     """Run each benchmark and write its report; returns the names that failed."""
-    failed = []
-    start = time.perf_counter()
+    failed, start = [], time.perf_counter()
     for i, name in enumerate(names, 1):
-        module = load(name)
-        t0 = time.perf_counter()
+        module, t0 = load(name), time.perf_counter()
         print(f"[{i}/{len(names)}] {name} (load average {common.load_1m():.1f}) ...", flush=True)
         try:
             rec = module.run(args)
@@ -88,8 +84,7 @@ def rebuild(args: argparse.Namespace, names: list[str]) -> list[str]:
 
 
 def newest(results: Path, name: str, tag: str) -> Path | None:
-    """The benchmark's newest result: the latest date, this machine's result first among equals and over
-    other machines' (any date); another machine's only when this one has none."""
+    """The benchmark's newest result: this machine's latest if it has one, else the latest of any machine's."""
     found = []
     for path in results.glob(f"{name}_*.json"):
         rec = json.loads(path.read_text())
@@ -113,9 +108,8 @@ def latest(results: Path, link_prefix: str) -> str:
             continue
         rec = json.loads(path.read_text())
         md = path.with_suffix(".md").read_text() if path.with_suffix(".md").is_file() else ""
-        m = rec["machine"]
+        m, stem = rec["machine"], link_prefix + path.stem
         where = f"{m['cpu']}, {m['cpu_count']} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
-        stem = link_prefix + path.stem
         parts.append(
             f"{demote(md).rstrip()}\n\n_{rec['date']}, {where}: [{path.stem}.md]({stem}.md), "
             f"[plot]({stem}.png), [record]({stem}.json)._\n"
@@ -138,9 +132,8 @@ def write_latest(results: Path) -> None:
         print(f"docs/benchmarks.md has no {BEGIN} ... {END} section; left as it is", flush=True)
         return
     head, rest = readme.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    rel = "results/"  # docs/results links to benchmarks/results
-    PAGE.write_text(f"{head}{BEGIN}\n{latest(results, rel).rstrip()}\n{END}{tail}")
+    # docs/results links to benchmarks/results
+    PAGE.write_text(f"{head}{BEGIN}\n{latest(results, 'results/').rstrip()}\n{END}{rest.split(END, 1)[1]}")
     print("updated docs/benchmarks.md's generated section", flush=True)
 
 
@@ -149,11 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(BENCHMARKS)
     args.results.mkdir(parents=True, exist_ok=True)
     common.LOGS.mkdir(parents=True, exist_ok=True)
-    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     if args.report_only:
         failed = rebuild(args, names)
     else:
-        print(f"benchmarks ({mode}): {', '.join(names)}; results in {args.results}", flush=True)
+        print(f"benchmarks ({common.mode(args)}): {', '.join(names)}; results in {args.results}", flush=True)
         failed = measure(args, names)
     write_latest(args.results)
     if failed:

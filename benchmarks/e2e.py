@@ -295,35 +295,27 @@ def markdown(rec: dict[str, Any]) -> str:
     st, warm = rec["settings"], rec["settings"]["warmup_steps"]
     runs = [r for mod in rec["models"] for r in (mod["ours"], mod.get("ours_packed"), mod["trl"]) if r]
     loads = [r["loadavg_1m"] for r in runs + rec["scaling"]]
+    git = f", torchrl_post at {rec['git_head']}" if rec.get("git_head") else ""
     packed_default = PACKED[0] in st.get("extra_overrides", [])
+    update = "packed update (the default)" if packed_default else "padded update (`model.use_remove_padding=false`)"
+    packed = f", and `ours, packed` with `{PACKED[0]}` (packing with shared prompts, `model.use_shared_prefix`)"
+    packed = packed if any(mod.get("ours_packed") for mod in rec["models"]) else ""
+    extra = f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else ""
+    reused = ", ".join(f"`{r}`" for r in rec.get("reused") or [])
+    reused = f" Kept from an earlier invocation (`--reuse`): {reused}." if reused else ""
     lines = [
-        "# End to end: a GRPO step of torchrl_post against TRL's GRPOTrainer",
-        "",
-        f"{common.versions(rec)}, TRL {rec['trl_version']}"
-        + (f", torchrl_post at {rec['git_head']}" if rec.get("git_head") else "")
-        + f"; 1-minute load average {min(loads):.1f} to {max(loads):.1f} at the end of the runs (shared CPUs: "
-        f"absolute times are noisy). Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples per step, at most "
-        f"{st['response_length']} new tokens, temperature {st['temperature']}, no reference model (beta 0), lr "
-        f"{st['lr']:g}, float32, one process, the same {st.get('reward', 'gsm8k')} reward; {st['steps']} steps "
-        f"each, medians over the steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 -m "
-        "torchrl_post.train` (FSDP2 actor, in-process vLLM) with the "
-        + ("packed update (the default)" if packed_default else "padded update (`model.use_remove_padding=false`)")
-        + (
-            f", and `ours, packed` with `{PACKED[0]}` (packing with shared prompts, `model.use_shared_prefix`)"
-            if any(mod.get("ours_packed") for mod in rec["models"])
-            else ""
-        )
-        + ". TRL: GRPOTrainer with use_vllm=False (its vLLM colocate mode does not run on vLLM's CPU build), "
-        f"per_device_train_batch_size {st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, "
-        "loss_type dapo, scale_rewards group, torch AdamW, constant lr. `ratio` = TRL step / our step (target >= "
-        f"{TARGET:g}x); TRL's `gen` is its `_prepare_inputs` (generate, reward, advantages), `update` the rest. "
-        "`best`: the fastest measured step (other jobs slowed single steps by up to 3x)."
-        + (f" Extra overrides of ours: `{' '.join(st['extra_overrides'])}`." if st.get("extra_overrides") else "")
-        + (
-            " Kept from an earlier invocation (`--reuse`): " + ", ".join(f"`{r}`" for r in reused) + "."
-            if (reused := rec.get("reused"))
-            else ""
-        ),
+        f"# End to end: a GRPO step of torchrl_post against TRL's GRPOTrainer\n\n{common.versions(rec)}, TRL "
+        f"{rec['trl_version']}{git}; 1-minute load average {min(loads):.1f} to {max(loads):.1f} at the end of the "
+        f"runs (shared CPUs: absolute times are noisy). Both sides: {st['prompts']} GSM8K prompts x {st['n']} samples "
+        f"per step, at most {st['response_length']} new tokens, temperature {st['temperature']}, no reference model "
+        f"(beta 0), lr {st['lr']:g}, float32, one process, the same {st.get('reward', 'gsm8k')} reward; {st['steps']} "
+        f"steps each, medians over the steps after the first {st['warmup_steps']}. Ours: `torchrun --nproc-per-node 1 "
+        f"-m torchrl_post.train` (FSDP2 actor, in-process vLLM) with the {update}{packed}. TRL: GRPOTrainer with "
+        "use_vllm=False (its vLLM colocate mode does not run on vLLM's CPU build), per_device_train_batch_size "
+        f"{st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, loss_type dapo, scale_rewards group, "
+        f"torch AdamW, constant lr. `ratio` = TRL step / our step (target >= {TARGET:g}x); TRL's `gen` is its "
+        "`_prepare_inputs` (generate, reward, advantages), `update` the rest. `best`: the fastest measured step "
+        f"(other jobs slowed single steps by up to 3x).{extra}{reused}",
         "",
         "| model | params | run | step s | TRL / it | best s | TRL / it (best) | gen s | update s | sync s | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
