@@ -67,8 +67,7 @@ def _slug(text: str) -> str:
 
 
 def machine_tag(info: Record | None = None) -> str:
-    """A short file-name-safe name of the machine: `amd-epyc-2c`, `intel-xeon-platinum-8480-16c-1x-nvidia-h100`
-    (trademarks, clock, "CPU", "Processor", core counts in the name, GPU memory and form factor left out)."""
+    """A short file-name-safe name of the machine: `amd-epyc-2c`, `intel-xeon-platinum-8480-16c-1x-nvidia-h100`."""
     info = info or machine()
     cpu = re.sub(r"\((r|tm)\)|@.*|\b(\d+-core|processor|cpu)\b", " ", info["cpu"], flags=re.I)
     tag = f"{_slug(cpu)}-{info['cpu_count']}c"
@@ -153,7 +152,6 @@ def na(x: float | None, spec: str = "{:.2f}") -> str:
 
 
 def load_1m() -> float:
-    """The 1-minute load average: above the benchmark's own processes, something else shared the CPUs."""
     return os.getloadavg()[0]
 
 
@@ -233,7 +231,7 @@ def built(out: Path) -> bool:
 
 
 def model_dir(size: ModelSize, out: Path | None = None, **extra: Any) -> Path:
-    """The model's directory under MODELS, built once (build_tiny_model is seeded: a cached one is the same)."""
+    """The model's directory under MODELS, built once (seeded)."""
     out = out or MODELS / size.name
     if not built(out):
         from torchrl_post.demo.build import build_tiny_model
@@ -255,9 +253,8 @@ def demo_model() -> Path:
 def train_run(
     tag: str, overrides: list[str], nproc: int = 1, env: dict[str, str] | None = None
 ) -> tuple[list[Record], float]:
-    """The trainer itself: `torchrun --nproc-per-node nproc -m torchrl_post.train` with `overrides` (key=value,
-    `--config-name NAME` too), its run directory LOGS/runs/<tag> (emptied first), its log LOGS/<tag>.log and
-    `env` added to this process's environment. Returns the rows of its metrics.jsonl and the run's wall seconds."""
+    """`torchrun -m torchrl_post.train` on `nproc` ranks with `overrides`, run directory LOGS/runs/<tag>, log
+    LOGS/<tag>.log and `env` added: the rows of its metrics.jsonl and the run's wall seconds."""
     run_dir = LOGS / "runs" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
@@ -332,8 +329,8 @@ def write_json(path: Path, rec: Any) -> None:
 def take_turns(
     calls: dict[str, Callable[[], Any]], repeats: int, sync: Callable[[], Any] = lambda: None
 ) -> dict[str, list[tuple[float, float, Any]]]:
-    """(wall s, process CPU s, result) of each call per round: one warm-up call each, then `repeats` rounds in
-    which the calls take turns (outside load hits them alike), each between two `sync()`s."""
+    """(wall s, process CPU s, result) of each call per round: a warm-up call each, then `repeats` rounds of the
+    calls in turn (outside load hits them alike), each between two `sync()`s."""
     for call in calls.values():
         sync()
         call()
@@ -374,7 +371,7 @@ def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True, tok: A
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend (no display on benchmark machines)."""
+    """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")

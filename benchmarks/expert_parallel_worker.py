@@ -63,19 +63,12 @@ def main() -> None:
         profiled = time.perf_counter() - start
     a2a = sum(e.cpu_time_total for e in prof.key_averages() if "alltoall" in e.key.replace("_", "").lower()) / 1e6
     kept = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters())
-    state = sum(
-        local_tensor(t).numel() * t.element_size()
-        for s in optimizer.state.values()
-        for k, t in s.items()
-        if k != "step" and isinstance(t, torch.Tensor)
-    )
+    moments = [t for s in optimizer.state.values() for k, t in s.items() if k != "step" and isinstance(t, torch.Tensor)]
+    state = sum(local_tensor(t).numel() * t.element_size() for t in moments)
     record = {
-        "update_s": statistics.median(seconds),
-        "all_to_all_share": a2a / profiled,
-        "expert_bytes_gathered": max(gathered),
-        "expert_bytes_per_layer": total,
-        "params_and_optimizer_bytes": kept + state,
-    }
+        "update_s": statistics.median(seconds), "all_to_all_share": a2a / profiled,
+        "expert_bytes_gathered": max(gathered), "expert_bytes_per_layer": total, "params_and_optimizer_bytes": kept + state,
+    }  # fmt: skip
     reports: list = [None] * world
     dist.all_gather_object(reports, record)
     if dist.get_rank() == 0:

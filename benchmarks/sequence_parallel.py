@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     one = {f["checkpointing"]: f["slope_bytes_per_token"] for f in fits if f["sp"] == 1}
     for f in fits:
         f["slope_ratio"] = f["slope_bytes_per_token"] / one[f["checkpointing"]]
-    size = {
-        k: getattr(MODEL, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
-    }
+    size = {k: v for k, v in asdict(MODEL).items() if k != "name"}
     return {
         "mode": mode, "model": {**size, "vocab_size": 128, "max_position_embeddings": MAX_POSITIONS, "dtype": "float32"},
         "prompt_len": PROMPT, "timed": timed, "rows": rows, "fits": fits, "runs": runs,

@@ -151,17 +151,12 @@ def measure_mode(
     cells: dict[str, int] = {}
 
     def bare_call(packed: bool) -> Callable[[], None]:
-        def call() -> None:
-            cells["packed" if packed else "padded"] = bare_update(
-                model, opt, local, plan, tokens, packed, cfg.actor.grad_clip, device
-            )
+        key = "packed" if packed else "padded"
+        return lambda: cells.update(
+            {key: bare_update(model, opt, local, plan, tokens, packed, cfg.actor.grad_clip, device)}
+        )
 
-        return call
-
-    calls: dict[str, Callable[[], Any]] = {
-        "ours": lambda: metrics.update(actor.update(local)),
-        "bare": bare_call(False),
-    }
+    calls = {"ours": lambda: metrics.update(actor.update(local)), "bare": bare_call(False)}
     if cfg.model.use_remove_padding:
         calls["bare_packed"] = bare_call(True)
 
@@ -173,11 +168,9 @@ def measure_mode(
 
     turns = common.take_turns(calls, args.repeats, sync)
     row: dict[str, Any] = {
-        "mode": mode,
-        "micro_batches": len(steps),
-        "padding_frac": metrics["perf/padding_frac"],
+        "mode": mode, "micro_batches": len(steps), "padding_frac": metrics["perf/padding_frac"],
         "bare_padding_frac": 1.0 - float(local.attention_mask.sum()) / cells["padded"],
-    }
+    }  # fmt: skip
     for key, ts in turns.items():
         wall, cpu = [t[0] for t in ts], [t[1] for t in ts]
         s = statistics.median(wall)
