@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ideal_ratio"] = 1 / ranks
             rows.append(row)
             print(f"  {model} on {ranks} rank(s): ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f})", flush=True)
-    return {"mode": mode, "device": common.device_kind(), "rows": rows, "loadavg_1m": common.load_1m()}
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # what the trainer ran on
+    return {"mode": mode, "device": device, "rows": rows, "loadavg_1m": common.load_1m()}
 
 
 COLUMNS = [
