@@ -163,6 +163,9 @@ def test_expert_parallel_with_lora_on_the_experts(
     assert_ok(torchrun(2, _args(tiny_moe_model, task_data, two, 2, *lora, "actor.fsdp.expert_parallel_size=2")))
     _metrics_equal(_by_step(one), _by_step(two), [1, 2])
     assert all(r["rollout/logprob_diff"] < 1e-5 for r in _by_step(two).values())  # the engine got the adapted experts
+    # at ep = 2 the experts leave merged, one ep block at a time (sync/weights.py: ExpertBlocks): their adapters
+    # are not sent, so the sync moves fewer bytes than ep = 1's base experts plus adapters
+    assert all(_by_step(two)[s]["perf/sync_bytes"] < _by_step(one)[s]["perf/sync_bytes"] for s in (1, 2))
     wa = _role_weights(one / "checkpoints" / "global_step_2", tmp_path, "actor")
     wb = _role_weights(two / "checkpoints" / "global_step_2", tmp_path, "actor")
     adapters = [k for k in wa if ".experts." in k and "lora_B" in k]  # zero at the start: trained since

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from torchrl_post.distributed.env import RawGroup
 from torchrl_post.engines.base import RolloutEngine
+from torchrl_post.workers.expert_parallel import lora_wrappers, with_lora
 from torchrl_post.workers.loading import expert_pieces
 
 Entry = tuple[str, tuple[int, ...], int, int]  # name, full shape, rows per rank slot, elements per rank slot
@@ -103,9 +104,10 @@ def param_specs(
     """(HF name, full shape, dtype on the wire, shard ranks) of every parameter (`keep`: those it accepts); an
     expert-parallel parameter as its experts' checkpoint tensors (`ExpertBlocks`), each whole on one rank slot."""
     specs = []
-    pieces = ExpertBlocks(model).pieces
+    blocks = ExpertBlocks(model)
+    pieces = blocks.pieces
     for name, p in model.named_parameters():
-        if keep is not None and not keep(name):
+        if (keep is not None and not keep(name)) or name in blocks.replaced:
             continue
         dtype = wire_dtype if wire_dtype is not None and p.is_floating_point() else p.dtype
         if name in pieces:
@@ -125,7 +127,8 @@ class ExpertBlocks:
     experts) over efsdp, then each ep rank's block in turn is broadcast over the ep group. A rank holds at most its
     own block and one other, never the whole [E, ...] tensor. Every actor rank walks the pieces in the same order
     (the gathers and broadcasts are collectives). Parameters without a per-expert checkpoint layout (transposed
-    experts) are gathered whole."""
+    experts) are gathered whole. A LoRA model's adapted experts leave merged: each block gets its experts' share of
+    the adapters' update (`with_lora`, as the forward adds it), and the experts' adapters are not sent."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.params = dict(model.named_parameters())
@@ -137,6 +140,18 @@ class ExpertBlocks:
         for piece, (name, _, _, parts) in self.where.items():
             shape = self.params[name].shape
             self.pieces.setdefault(name, []).append((piece, (shape[1] // parts, *shape[2:])))
+        self.lora: dict[str, Any] = {}
+        """a LoRA model's expert-parallel parameter -> PEFT's wrapper of it (its pieces leave merged)"""
+        self.replaced: set[str] = set()
+        """those wrappers' adapter parameters: their update is in the pieces, so they are not sent"""
+        names = {id(p): n for n, p in self.params.items()}
+        for name in self.pieces:
+            owner, attr = name.rsplit(".", 1)
+            wrapper = lora_wrappers(model, model.get_submodule(owner))[0].get(attr)
+            if wrapper is not None:
+                self.lora[name] = wrapper
+                adapters = [*wrapper.lora_A.values(), *wrapper.lora_B.values()]
+                self.replaced |= {names[id(m.weight)] for m in adapters if id(m.weight) in names}
         self._own: tuple[str, torch.Tensor] | None = None
         self._block: tuple[str, int, torch.Tensor] | None = None
 
@@ -185,7 +200,15 @@ class ExpertBlocks:
         else:
             block = torch.empty_like(own)
         dist.broadcast(block, group=mesh.get_group("ep"), group_src=owner)
+        wrapper = self.lora.get(param)
+        if wrapper is not None:  # merged here, in float32, as the engine merges the other adapted layers
+            block = with_lora(block.float(), wrapper, owner * _experts_per_rank(p), _whole).to(block.dtype)
         return block
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A LoRA adapter's matrix whole: gathered over the dense mesh (a collective: every actor rank, in order)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _experts_per_rank(p: DTensor) -> int:

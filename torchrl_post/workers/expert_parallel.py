@@ -161,8 +161,8 @@ def shard_experts(model: torch.nn.Module, ep_mesh: DeviceMesh) -> int:
             w = cast(Any, module)  # the fused layout's attributes (`fused_experts`)
             gate_up, down = _local(w.gate_up_proj), _local(w.down_proj)
             if adapters:  # LoRA on the experts: each rank adds its own experts' share of the update
-                gate_up = _with_lora(gate_up, adapters.get("gate_up_proj"), rank * per)
-                down = _with_lora(down, adapters.get("down_proj"), rank * per)
+                gate_up = with_lora(gate_up, adapters.get("gate_up_proj"), rank * per)
+                down = with_lora(down, adapters.get("down_proj"), rank * per)
             local = local_experts(gate_up, down, w.act_fn)
             return expert_parallel_experts(hidden, top_k_index, top_k_weights, local, per, group)
 
@@ -190,20 +190,24 @@ def lora_wrappers(model: torch.nn.Module, experts: torch.nn.Module) -> tuple[dic
     return {cast(Any, m).parameter_name: m for m in mine}, outer
 
 
-def _with_lora(weight: torch.Tensor, wrapper: Any, first: int) -> torch.Tensor:
-    """`weight` (this rank's experts [first, first + E/ep) of a fused parameter) plus their LoRA update from PEFT's
-    `wrapper` (A [r E, in] viewed as [E, r, in], B [out, r E] as [out, r, E]: expert e's update is B[:, :, e] @ A[e],
-    as `ParamWrapper.get_delta_weight` has it), for the wrapper's active adapters; `weight` as it is when they are
-    off (`disable_adapter`: the reference as the base model) or merged."""
+def with_lora(
+    weight: torch.Tensor, wrapper: Any, first: int, whole: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """`weight` (experts [first, first + len) of a fused parameter) plus their LoRA update from PEFT's `wrapper`
+    (A [r E, in] viewed as [E, r, in], B [out, r E] as [out, r, E]: expert e's update is B[:, :, e] @ A[e], as
+    `ParamWrapper.get_delta_weight` has it), for the wrapper's active adapters; `weight` as it is when they are off
+    (`disable_adapter`: the reference as the base model) or merged. `whole`: how to read A and B whole (in the
+    forward FSDP has gathered them; the weight sync gathers them itself)."""
     if wrapper is None or wrapper.disable_adapters or wrapper.merged:
         return weight
-    last = first + weight.shape[0]
+    last, whole = first + weight.shape[0], whole or (lambda t: t)
     for name in wrapper.active_adapters:
         if name not in wrapper.lora_A:
             continue
         experts = wrapper.num_experts
-        a = wrapper.lora_A[name].weight.reshape(experts, -1, wrapper.lora_A[name].weight.shape[-1])[first:last]
-        b = wrapper.lora_B[name].weight.reshape(wrapper.lora_B[name].weight.shape[0], -1, experts)[:, :, first:last]
+        a, b = whole(wrapper.lora_A[name].weight), whole(wrapper.lora_B[name].weight)
+        a = a.reshape(experts, -1, a.shape[-1])[first:last]
+        b = b.reshape(b.shape[0], -1, experts)[:, :, first:last]
         layout = "ore,eri->eoi" if wrapper._did_swap_in_out_features else "ore,eri->eio"  # [E, out, in] or [E, in, out]
         weight = weight + torch.einsum(layout, b, a).to(weight.dtype) * wrapper.scaling[name]
     return weight

@@ -42,6 +42,7 @@ from transformers.core_model_loading import (
 )
 
 from torchrl_post.config.schema import FSDPConfig, ModelConfig
+from torchrl_post.sync.lora import hf_name
 from torchrl_post.workers.fsdp import apply_fsdp
 from torchrl_post.workers.models import empty_model
 
@@ -131,8 +132,8 @@ def _stacks_experts(converter: WeightConverter) -> bool:
 
 
 def expert_checkpoint_names(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
-    """Each fused experts parameter of `model` whose checkpoint stores its experts apart (`_stacks_experts`) ->
-    its per-expert checkpoint names as templates, in part order: `model.layers.0.mlp.experts.gate_up_proj` ->
+    """Each fused experts parameter of `model` (a LoRA model's too, under PEFT's name) whose checkpoint stores its
+    experts apart (`_stacks_experts`) -> its per-expert checkpoint names as templates, in part order: `model.layers.0.mlp.experts.gate_up_proj` ->
     (`model.layers.0.mlp.experts.{}.gate_proj.weight`, `...{}.up_proj.weight`). Expert e's slice of the parameter
     is its parts concatenated along the slice's first dim. These are the names every engine loads a checkpoint
     by (vLLM's FusedMoE takes them one expert at a time), so the weight sync sends expert-parallel parameters so
@@ -143,10 +144,11 @@ def expert_checkpoint_names(model: torch.nn.Module) -> dict[str, tuple[str, ...]
     for name, param in model.named_parameters():
         if param.ndim != 3:
             continue
+        plain = hf_name(name)  # a LoRA model's names as the checkpoint's (PEFT's wrappers and prefix off)
         for c in stackers:
-            target = next((t for t in c.target_patterns if name.endswith("." + t)), None)
+            target = next((t for t in c.target_patterns if plain.endswith("." + t)), None)
             if target is not None:
-                prefix = name[: len(name) - len(target)]
+                prefix = plain[: len(plain) - len(target)]
                 out[name] = tuple(prefix + source.replace("*", "{}") for source in c.source_patterns)
                 break
     return out
