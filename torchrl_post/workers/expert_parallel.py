@@ -133,7 +133,9 @@ def shard_experts(model: torch.nn.Module, ep_mesh: DeviceMesh) -> int:
 
     The forward is an instance attribute over the class's (as `workers/logprobs.py` swaps the LM head's): the HF
     modelling stays, so every architecture with this layout works. FSDP2 then shards each expert module's local
-    experts over the remaining axis (`workers/fsdp.py`)."""
+    experts over the remaining axis (`workers/fsdp.py`). With LoRA on the experts (PEFT's `ParamWrapper`s around the
+    module) the forward adds this rank's experts' share of the adapters' update (`with_lora`), and the outermost
+    wrapper calls the module straight (its parametrization would add all E experts' update)."""
     group = ep_mesh.get_group()
     ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
     modules = fused_experts(model)
