@@ -16,12 +16,15 @@ from dataclasses import replace
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 
-from torchrl_post.agent.loop import build_agent_loop
-from torchrl_post.config.schema import JudgeConfig, ModelConfig, ReferenceConfig, RolloutConfig
+from torchrl_post.agent.loop import AgentLoop, LoopLimits
+from torchrl_post.components import AgentParts
+from torchrl_post.config.schema import AgentConfig, JudgeConfig, ModelConfig, ReferenceConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.data.sft import SftDataset
 from torchrl_post.distributed.role_link import RoleLink
+from torchrl_post.distributed.transfer import RolloutTransfer
 from torchrl_post.engines.base import EngineSpec, RolloutEngine
 from torchrl_post.engines.build import Followed, build_engine
 from torchrl_post.engines.lockstep import Lockstep, agreed
@@ -33,7 +36,7 @@ from torchrl_post.reward.server import RewardServer
 from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
-from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer, RolloutTransfer
+from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.rollout.supervised import SupervisedSource
 from torchrl_post.run import Run
@@ -273,6 +276,38 @@ def source_settings(run: Run, judge: RemoteJudge | LocalJudge | None = None) -> 
         reward_max_length=cfg.reward_model.max_length,
         judge=judge,
         judge_on_error=cfg.reward.judge.on_error,
+    )
+
+
+def build_agent_loop(
+    a: AgentConfig,
+    parts: AgentParts,
+    max_prompt_length: int,
+    max_response_length: int,
+    engine: Any,
+    tokenizer: Any,
+    group: dist.ProcessGroup | None = None,
+    turn_batches: bool = False,
+) -> AgentLoop:
+    """The agent loop over `engine`: `parts`' environments, agent and tools, tool calls read with vLLM's
+    `agent.tool_parser`; `group`: a tensor-parallel engine's ranks; `turn_batches`: one batch per turn (the hf
+    engine's generate runs a batch to its end)."""
+    from torchrl_post.engines.vllm import tool_call_parser
+
+    max_len = max_prompt_length + max_response_length
+    limits = LoopLimits(a.max_turns, max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
+    parse = tool_call_parser(a.tool_parser, tokenizer) if parts.tools is not None else None
+    return AgentLoop(
+        engine,
+        tokenizer,
+        parts.make_env,
+        parts.make_agent(),
+        limits,
+        tools=parts.tools,
+        parse_calls=parse,
+        env_workers=a.env_workers,
+        group=group,
+        turn_batches=turn_batches,
     )
 
 

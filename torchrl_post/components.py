@@ -17,12 +17,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchrl_post.agent.base import Agent, Env
-from torchrl_post.agent.loop import AgentParts
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config
 from torchrl_post.data.dataset import check_rows_shape
 from torchrl_post.reward.scoring import RewardFn, load_function, verl_reward
 from torchrl_post.tools import Tool, ToolBox
+
+
+@dataclass(frozen=True)
+class AgentParts:
+    """What agent episodes are made of, as objects: the classes of `agent.env` / `agent.agent` and the tools of
+    `agent.tools` (imported by `components.resolve_components`), or what the Python API was given."""
+
+    make_env: Callable[[], Env]
+    """A new environment for each trajectory (the class, with any constructor arguments bound)."""
+    make_agent: Callable[[], Agent]
+    """The agent (one per loop: it only formats messages and parses actions)."""
+    tools: ToolBox | None = None
+
 
 Tools = Sequence[str | Tool] | Mapping[str, Tool]
 """Tools as built-in names, `package.module:function` strings or functions (named by __name__), or by name."""

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from torchrl_post.agent.loop import build_agent_loop
 from torchrl_post.agent.math_agent import MathEnv, ToolAgent
+from torchrl_post.build import build_agent_loop
 from torchrl_post.components import Components, Given, label, label_config, resolve_components
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import Config

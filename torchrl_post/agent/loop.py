@@ -42,7 +42,6 @@ import torch.distributed as dist
 
 from torchrl_post.agent.base import Agent, Env, Step, Trajectory
 from torchrl_post.agent.chat import observation_delta, prompt_ids
-from torchrl_post.config.schema import AgentConfig
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.engines.lockstep import Lockstep, agreed
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes, Live
@@ -252,47 +251,3 @@ class AgentLoop:
             return fn(*args)
         finally:
             self.env_seconds += time.perf_counter() - t
-
-
-@dataclass(frozen=True)
-class AgentParts:
-    """What agent episodes are made of, as objects: the classes of `agent.env` / `agent.agent` and the tools of
-    `agent.tools` (imported by `components.resolve_components`), or what the Python API was given."""
-
-    make_env: Callable[[], Env]
-    """A new environment for each trajectory (the class, with any constructor arguments bound)."""
-    make_agent: Callable[[], Agent]
-    """The agent (one per loop: it only formats messages and parses actions)."""
-    tools: ToolBox | None = None
-
-
-def build_agent_loop(
-    a: AgentConfig,
-    parts: AgentParts,
-    max_prompt_length: int,
-    max_response_length: int,
-    engine: Any,
-    tokenizer: Any,
-    group: dist.ProcessGroup | None = None,
-    turn_batches: bool = False,
-) -> AgentLoop:
-    """The agent loop over `engine`: `parts`' environments, agent and tools, tool calls read with vLLM's
-    `agent.tool_parser`; `group`: a tensor-parallel engine's ranks; `turn_batches`: one batch per turn (the hf
-    engine's generate runs a batch to its end)."""
-    from torchrl_post.engines.vllm import tool_call_parser
-
-    max_len = max_prompt_length + max_response_length
-    limits = LoopLimits(a.max_turns, max_response_length, max_len, a.timeout_s, a.max_tokens_per_turn)
-    parse = tool_call_parser(a.tool_parser, tokenizer) if parts.tools is not None else None
-    return AgentLoop(
-        engine,
-        tokenizer,
-        parts.make_env,
-        parts.make_agent(),
-        limits,
-        tools=parts.tools,
-        parse_calls=parse,
-        env_workers=a.env_workers,
-        group=group,
-        turn_batches=turn_batches,
-    )

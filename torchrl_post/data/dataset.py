@@ -21,6 +21,8 @@ from typing import Any
 
 from torchrl_post.config.errors import ConfigError, DataError
 from torchrl_post.config.schema import DataConfig
+from torchrl_post.multimodal.vision import image_inputs
+from torchrl_post.types import PromptBatch
 
 log = logging.getLogger(__name__)
 FORMATS = (".json", ".jsonl", ".csv", ".parquet")
@@ -192,6 +194,26 @@ class PromptDataset:
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    def batch(self, idx: list[int], uids: list[int], processor: Any = None) -> PromptBatch:
+        """Rows `idx` as a step's prompts, group ids `uids`; a vision model's images processed now by `processor`
+        where the rows do not hold their processor outputs (data.return_multi_modal_inputs=false)."""
+        images = [self.images[i] for i in idx] if self.images else []
+        if self.mm_inputs:
+            mm = [self.mm_inputs[i] for i in idx]
+        else:
+            mm = [image_inputs(processor, imgs) for imgs in images]
+        return PromptBatch(
+            [self.prompt_ids[i] for i in idx],
+            [self.answers[i] for i in idx],
+            [self.data_sources[i] for i in idx],
+            [self.extra_infos[i] for i in idx],
+            uids,
+            [self.questions[i] for i in idx] if self.questions else [],
+            images,
+            mm,
+            [self.messages[i] for i in idx] if self.messages else [],
+        )
 
 
 def _is_message(m: Any, items: bool) -> bool:

@@ -146,3 +146,26 @@ def plan_transfer(table: torch.Tensor, n_groups: int, dst_ranks: list[int]) -> t
     owner = {g: int(r) for g, r in enumerate(by_index[:, ROW_OWNER].tolist())}
     slots = balance_groups([int(t) for t in by_index[:, ROW_TOKENS].tolist()], len(dst_ranks))
     return owner, {g: dst_ranks[s] for g, s in enumerate(slots)}
+
+
+class RolloutTransfer:
+    """Every rank, once per step: the engines' group rows to all, then whole groups to the actor ranks, balanced by
+    tokens (`plan_transfer`, `route`)."""
+
+    def __init__(self, world: RawGroup, prompts_per_step: int, engines: int, actor_ranks: list[int]) -> None:
+        self.world, self.prompts_per_step, self.engines, self.actor_ranks = (
+            world,
+            prompts_per_step,
+            engines,
+            actor_ranks,
+        )
+
+    def __call__(self, items: dict[int, Any], rows: torch.Tensor) -> tuple[torch.Tensor, dict[int, Any]]:
+        """Returns (all rows, the groups this rank received)."""
+        table = all_gather_rows(self.world, rows, -(-self.prompts_per_step // self.engines))
+        owner, dest = plan_transfer(table, self.prompts_per_step, self.actor_ranks)
+        return table, route(self.world, items, owner, dest)
+
+    def take_part(self) -> None:
+        """A rank that neither sends nor receives groups (a critic or reference on ranks of its own)."""
+        self({}, group_rows([]))

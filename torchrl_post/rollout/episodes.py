@@ -8,12 +8,10 @@ answers that arrived, enforces the wall clock, and stops, suspends or updates wh
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import torch
 
 from torchrl_post.agent.base import Step, Trajectory
 from torchrl_post.engines.base import SamplingParams
@@ -79,7 +77,7 @@ class Episodes:
         while episodes.running:
             for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
                 ...
-            episodes.update(weights, version)                    # between two engine steps (streamed)
+            episodes.stream.update(weights, version)             # between two engine steps (streamed)
 
     Each turn is a request of an `InflightStream`: its tokens keep the policy version that generated them
     (`Step.versions`) and the engine's logprob of each (the behaviour policy).
@@ -159,14 +157,6 @@ class Episodes:
                     self.queued.append(rid)
                 else:
                     self._end(rid, end)
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """New weights at this engine-step boundary: the turns in flight go on under `version`."""
-        self.stream.update(weights, version)
-
-    def suspend(self) -> None:
-        """Take the turns in flight out of the engine; the next `advance` adds them again with their tokens."""
-        self.stream.suspend()
 
     def drop(self, episode_ids: list[str]) -> None:
         """Stop these episodes for good: their turns in flight are aborted, their answers abandoned."""

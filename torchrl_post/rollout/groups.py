@@ -31,9 +31,10 @@ rollout.update_on_arrival trades that for rollout ranks that never wait while th
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -47,7 +48,7 @@ from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.source import EngineSource, episode_tasks
 from torchrl_post.rollout.taken import DoneGroup, Fill, TakenGroups
-from torchrl_post.types import Batch, Generation
+from torchrl_post.types import Batch, Generation, PromptBatch
 
 M = TypeVar("M")
 """What a group's members are when they end: finished samples (InflightSample) or episodes (Trajectory)."""
@@ -66,59 +67,74 @@ class PendingGroup(Generic[M]):
     """Ended members by their index in the group."""
 
 
-class Members(Protocol[M]):
-    """What a member is and how it steps: single samples (`Samples`) or agent episodes (`EpisodeMembers`)."""
+class Members(ABC, Generic[M]):
+    """What a member is and how it steps: single samples (`Samples`) or agent episodes (`EpisodeMembers`), both
+    requests of one `InflightStream` (`stream`), whose version the next generated tokens come from."""
 
-    version: int
-    """The policy version the next generated tokens come from."""
+    stream: InflightStream
 
-    def live(self) -> int:
-        """Requests generating now."""
-        ...
+    @property
+    def version(self) -> int:
+        return self.stream.version
 
-    def env_seconds(self) -> float:
-        """Seconds the members' environments took so far (0 for single samples)."""
-        ...
+    @version.setter
+    def version(self, version: int) -> None:
+        self.stream.version = version
 
-    def busy(self) -> bool:
-        """Some member still generates (or waits for its environment)."""
-        ...
-
-    def advance(self) -> list[tuple[str, M]]:
-        """One engine step: (member id "{group key}.{j}", member) of the members that ended."""
-        ...
-
-    def start(self, key: str, group: PendingGroup[M], n: int) -> None:
-        """Start the group's `n` members from the beginning."""
-        ...
-
-    def batch(self, group: PendingGroup[M], members: list[M]) -> Batch:
-        """The complete group as a scored batch."""
-        ...
-
-    def versions(self, member: M) -> list[int]:
-        """The policy version of each of an ended member's tokens."""
-        ...
-
-    def oldest(self, member_id: str) -> int | None:
-        """The oldest version among a running member's tokens so far (None: none yet)."""
-        ...
-
-    def drop(self, member_ids: list[str]) -> None:
-        """Stop these running members for good."""
-        ...
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.stream.update(weights, version)
 
     def suspend(self) -> None:
         """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
-        ...
+        self.stream.suspend()
 
+    def env_seconds(self) -> float:
+        """Seconds the members' environments took so far (0 for single samples)."""
+        return 0.0
+
+    @abstractmethod
+    def live(self) -> int:
+        """Requests generating now."""
+
+    @abstractmethod
+    def busy(self) -> bool:
+        """Some member still generates (or waits for its environment)."""
+
+    @abstractmethod
+    def advance(self) -> list[tuple[str, M]]:
+        """One engine step: (member id "{group key}.{j}", member) of the members that ended."""
+
+    @abstractmethod
+    def start(self, key: str, group: PendingGroup[M], n: int) -> None:
+        """Start the group's `n` members from the beginning."""
+
+    @abstractmethod
+    def batch(self, group: PendingGroup[M], members: list[M]) -> Batch:
+        """The complete group as a scored batch."""
+
+    @abstractmethod
+    def versions(self, member: M) -> list[int]:
+        """The policy version of each of an ended member's tokens."""
+
+    @abstractmethod
+    def oldest(self, member_id: str) -> int | None:
+        """The oldest version among a running member's tokens so far (None: none yet)."""
+
+    @abstractmethod
+    def drop(self, member_ids: list[str]) -> None:
+        """Stop these running members for good."""
+
+    @abstractmethod
     def save(self, pending: dict[str, PendingGroup[M]], n: int) -> dict[str, Any]:
         """The groups generating as plain values; the run that saves continues as the run that resumes will."""
-        ...
 
+    @abstractmethod
     def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[M]], n: int) -> None: ...
+
+
+def _prompts(source: EngineSource, group: PendingGroup[Any]) -> PromptBatch:
+    """The group's prompt as a batch of one, its group id its position in the draw."""
+    return source.data.batch([group.index], [group.position], source.processor)
 
 
 class Groups(Generic[M]):
@@ -348,7 +364,7 @@ def _group_state(key: str, g: PendingGroup[Any]) -> dict[str, Any]:
     return {"key": key, "index": g.index, "position": g.position, "draw": g.draw}
 
 
-class Samples:
+class Samples(Members[InflightSample]):
     """Members that are single samples: one request each, seeded by the group's position and the sample's index,
     with the prompt's images; a group is scored by the reward function when its last sample finishes."""
 
@@ -356,19 +372,8 @@ class Samples:
         """`carry`: the requests report their tokens at each engine step (partial rollouts), else at their end."""
         self.source, self.stream, self.carry = source, stream, carry
 
-    @property
-    def version(self) -> int:
-        return self.stream.version
-
-    @version.setter
-    def version(self, version: int) -> None:
-        self.stream.version = version
-
     def live(self) -> int:
         return len(self.stream.live)
-
-    def env_seconds(self) -> float:
-        return 0.0
 
     def busy(self) -> bool:
         return bool(self.stream.live)
@@ -388,7 +393,7 @@ class Samples:
         return self.source.data.images[index] if self.source.data.images else []
 
     def batch(self, group: PendingGroup[InflightSample], members: list[InflightSample]) -> Batch:
-        prompts = self.source.prompt_batch([group.index], [group.position])
+        prompts = _prompts(self.source, group)
         routes = [s.routes for s in members if s.routes is not None]  # recorded for all or none
         gen = Generation(
             [s.tokens for s in members],
@@ -399,7 +404,7 @@ class Samples:
         n = len(members)
         batch = collate(prompts, gen, n, self.source.pad_id, self.source.vision)
         batch.behavior_versions = version_rows([s.versions for s in members], batch.response_width)
-        self.source.score(batch, prompts, n)
+        self.source.scoring.score(batch, prompts, n)
         return batch
 
     def versions(self, member: InflightSample) -> list[int]:
@@ -411,12 +416,6 @@ class Samples:
 
     def drop(self, member_ids: list[str]) -> None:
         self.stream.drop(member_ids)
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.stream.update(weights, version)
-
-    def suspend(self) -> None:
-        self.stream.suspend()
 
     def save(self, pending: dict[str, PendingGroup[InflightSample]], n: int) -> dict[str, Any]:
         """The groups generating with their finished samples, and the requests in flight; those are re-added here
@@ -438,7 +437,7 @@ class Samples:
             s.images = self._images(pending[rid.rsplit(".", 1)[0]].index)
 
 
-class EpisodeMembers:
+class EpisodeMembers(Members[Trajectory]):
     """Members that are agent episodes (rollout/episodes.py), run turn by turn; a group is made into a batch as
     agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'.
 
@@ -451,14 +450,7 @@ class EpisodeMembers:
     def __init__(self, source: EngineSource, episodes: Episodes, stepwise: bool) -> None:
         """`stepwise`: a row per turn (algorithm.stepwise_advantage), else one per trajectory."""
         self.source, self.episodes, self.stepwise = source, episodes, stepwise
-
-    @property
-    def version(self) -> int:
-        return self.episodes.stream.version
-
-    @version.setter
-    def version(self, version: int) -> None:
-        self.episodes.stream.version = version
+        self.stream = episodes.stream
 
     def live(self) -> int:
         return len(self.episodes.live)
@@ -474,7 +466,7 @@ class EpisodeMembers:
 
     def start(self, key: str, group: PendingGroup[Trajectory], n: int) -> None:
         """The group's episodes from their first turn, seeded by its position and episode index."""
-        prompts = self.source.prompt_batch([group.index], [group.position])
+        prompts = _prompts(self.source, group)
         ((uid, task),) = episode_tasks(prompts)
         starts = [(f"{key}.{j}", uid, task, j * EPISODE_SEED + uid) for j in range(n)]
         self.episodes.start(starts, self.source.sampling(group.draw, validation=False))
@@ -487,11 +479,11 @@ class EpisodeMembers:
         if self.stepwise:
             return steps_to_batch(members, pad_id)
         batch = trajectories_to_batch(members, pad_id)
-        if self.source.scores_models:
+        if self.source.scoring.models:
             tok = self.source.tokenizer
             texts = [tok.decode(t.response_tokens()[0], skip_special_tokens=True) for t in members]
-            prompts = self.source.prompt_batch([group.index], [group.position])
-            self.source.score_models(batch, prompts, texts, [0] * len(members))
+            prompts = _prompts(self.source, group)
+            self.source.scoring.models_inputs(batch, prompts, texts, [0] * len(members))
         return batch
 
     def versions(self, member: Trajectory) -> list[int]:
@@ -502,12 +494,6 @@ class EpisodeMembers:
 
     def drop(self, member_ids: list[str]) -> None:
         self.episodes.drop(member_ids)
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.episodes.update(weights, version)
-
-    def suspend(self) -> None:
-        self.episodes.suspend()
 
     def save(self, pending: dict[str, PendingGroup[Trajectory]], n: int) -> dict[str, Any]:
         """The groups still running, restarted here from their first turn (as the run that resumes restarts them)."""

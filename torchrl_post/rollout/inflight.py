@@ -72,25 +72,16 @@ class InflightSample:
 
 
 def sample_state(s: InflightSample) -> dict[str, Any]:
-    """A sample as plain values (what `torch.load(weights_only=True)` reads back)."""
-    state = {k: getattr(s, k) for k in ("request_id", "prompt_ids", "uid", "tokens", "logprobs", "versions")}
-    state |= {"routes": s.routes} if s.routes is not None else {}
-    return state | {"params": asdict(s.params), "finish_reason": s.finish_reason, "restarts": s.restarts}
+    """A sample as plain values (what `torch.load(weights_only=True)` reads back), without its images."""
+    state = asdict(s)
+    del state["images"]
+    if s.routes is None:
+        del state["routes"]
+    return state
 
 
 def sample_from_state(state: dict[str, Any]) -> InflightSample:
-    return InflightSample(
-        state["request_id"],
-        list(state["prompt_ids"]),
-        int(state["uid"]),
-        SamplingParams(**state["params"]),
-        list(state["tokens"]),
-        list(state["logprobs"]),
-        list(state["versions"]),
-        state["finish_reason"],
-        int(state["restarts"]),
-        routes=state.get("routes"),
-    )
+    return InflightSample(**(state | {"params": SamplingParams(**state["params"])}))
 
 
 def restart_seed_uid(uid: int, generated: int) -> int:

@@ -18,43 +18,13 @@ from torchrl_post.checkpoint.dcp import Trained
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import SamplerHeld, ShardedBatchSampler
 from torchrl_post.distributed import liveness
-from torchrl_post.distributed.env import RawGroup
-from torchrl_post.distributed.transfer import (
-    ROW_WAIT_MS,
-    all_gather_rows,
-    group_rows,
-    plan_transfer,
-    route,
-)
+from torchrl_post.distributed.transfer import ROW_WAIT_MS, RolloutTransfer, group_rows
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.taken import Producer, rollout_metrics
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
-
-
-class RolloutTransfer:
-    """Every rank, once per step: the engines' group rows to all, then whole groups to the actor ranks,
-    balanced by tokens (`distributed/transfer.py`: plan_transfer, route)."""
-
-    def __init__(self, world: RawGroup, prompts_per_step: int, engines: int, actor_ranks: list[int]) -> None:
-        self.world, self.prompts_per_step, self.engines, self.actor_ranks = (
-            world,
-            prompts_per_step,
-            engines,
-            actor_ranks,
-        )
-
-    def __call__(self, items: dict[int, Any], rows: torch.Tensor) -> tuple[torch.Tensor, dict[int, Any]]:
-        """Returns (all rows, the groups this rank received)."""
-        table = all_gather_rows(self.world, rows, -(-self.prompts_per_step // self.engines))
-        owner, dest = plan_transfer(table, self.prompts_per_step, self.actor_ranks)
-        return table, route(self.world, items, owner, dest)
-
-    def take_part(self) -> None:
-        """A rank that neither sends nor receives groups (a critic or reference on ranks of its own)."""
-        self({}, group_rows([]))
 
 
 class RemoteRollouts(SamplerHeld):

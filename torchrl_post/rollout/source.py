@@ -15,23 +15,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from torchrl_post.agent.base import Trajectory, trajectories_to_batch
+from torchrl_post.agent.base import trajectories_to_batch
 from torchrl_post.config.schema import RejectionSampleConfig, RewardConfig, RolloutConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
 from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
-from torchrl_post.multimodal.vision import VisionSpec, image_inputs
+from torchrl_post.multimodal.vision import VisionSpec
 from torchrl_post.program import VAL_TOTALS
-from torchrl_post.reward import score_batch
-from torchrl_post.reward.model_inputs import reward_model_ids
-from torchrl_post.reward.scoring import RewardFn, Scores
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.filters import compact_filter
 from torchrl_post.types import Batch, PromptBatch
 
 if TYPE_CHECKING:
-    from torchrl_post.rollout.episodes import Episodes
+    from torchrl_post.agent.loop import AgentLoop
 
 
 @dataclass(frozen=True)
@@ -68,21 +66,6 @@ class SourceSettings:
     judge_on_error: str = "zero"
     reward_server: Any = None
     """A reward server (reward.server.url; reward/server.py): the rule's scores come from it."""
-
-
-class EpisodeRunner(Protocol):
-    """The agent loop as the source drives it (agent/loop.py: AgentLoop)."""
-
-    env_seconds: float
-
-    def run(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
-        """`params.n` episodes per task, driven to their end (validation)."""
-        ...
-
-    def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
-        """Episodes stepped one engine step at a time (rollout/groups.py); `mirrored`: run alike on every rank of
-        a tensor-parallel engine."""
-        ...
 
 
 def episode_tasks(prompts: PromptBatch) -> list[tuple[int, dict[str, Any]]]:
@@ -145,7 +128,7 @@ class EngineSource:
         engine_group: dist.ProcessGroup | None = None,
         processor: Any = None,
         vision: VisionSpec | None = None,
-        episodes: EpisodeRunner | None = None,
+        episodes: AgentLoop | None = None,
         stepwise: bool = False,
     ) -> None:
         """`sampler` draws this engine's prompts (the ranks of a tensor-parallel engine, `engine_group`, draw
@@ -153,7 +136,7 @@ class EngineSource:
         `episodes`: the agent loop over this engine (agent.env set), trained per step with `stepwise`
         (algorithm.stepwise_advantage.enable)."""
         self.settings, self.engine, self.tokenizer, self.data = settings, engine, tokenizer, data
-        self.reward_fn_for: RewardFn = reward_fn_for
+        self.reward_fn_for = reward_fn_for
         self.sampler, self.timer = sampler, timer
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group = engine_group
@@ -163,6 +146,21 @@ class EngineSource:
         self.masked = list(settings.masked)
         self.rejection = settings.rejection
         self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
+
+    @property
+    def scoring(self) -> SampleScoring:
+        """How this engine's samples are scored (reward/samples.py), by the settings."""
+        s = self.settings
+        return SampleScoring(
+            self.reward_fn_for,
+            self.tokenizer,
+            s.reward_timeout_s,
+            s.reward_server,
+            s.reward_tokenizer,
+            s.reward_max_length,
+            s.judge,
+            s.judge_on_error,
+        )
 
     # ---- one step ---------------------------------------------------------------------------------
     @property
@@ -192,104 +190,10 @@ class EngineSource:
             seed=self.settings.seed * 7919 + step,
         )
 
-    def prompt_batch(self, idx: list[int], uids: list[int], data: PromptDataset | None = None) -> PromptBatch:
-        d = data or self.data
-        images = [d.images[i] for i in idx] if d.images else []
-        if d.mm_inputs:
-            mm = [d.mm_inputs[i] for i in idx]
-        else:  # data.return_multi_modal_inputs=false: this batch's images are processed now
-            mm = [image_inputs(self.processor, imgs) for imgs in images]
-        return PromptBatch(
-            [d.prompt_ids[i] for i in idx],
-            [d.answers[i] for i in idx],
-            [d.data_sources[i] for i in idx],
-            [d.extra_infos[i] for i in idx],
-            uids,
-            [d.questions[i] for i in idx] if d.questions else [],
-            images,
-            mm,
-            [d.messages[i] for i in idx] if d.messages else [],
-        )
-
     def generate(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
         """`params.n` samples of each prompt through this engine, as one batch (validation)."""
         gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
         return collate(prompts, gen, params.n, self.pad_id, self.vision)
-
-    def score(self, batch: Batch, prompts: PromptBatch, n: int, training: bool = True) -> None:
-        """The reward of every sample (`n` per prompt): `batch.scores`, `reward_errors`, per-key `reward_extra`;
-        in training with a reward model, its tokens of each conversation (`batch.reward_inputs`)."""
-        texts = self.tokenizer.batch_decode(batch.responses.tolist(), skip_special_tokens=True)
-        rep = [i // n for i in range(len(batch))]
-        if self.settings.reward_server is not None:
-            scores = self._served(batch, prompts, n)
-        else:
-            scores = score_batch(
-                self.reward_fn_for,
-                texts,
-                [prompts.answers[j] for j in rep],
-                [prompts.data_sources[j] for j in rep],
-                [prompts.extra_infos[j] for j in rep],
-                self.settings.reward_timeout_s,
-            )
-        batch.scores, batch.reward_errors, batch.reward_extra = scores.scores, scores.failed, scores.extra
-        if training:
-            self.score_models(batch, prompts, texts, rep)
-
-    @property
-    def scores_models(self) -> bool:
-        """A reward model or a judge scores the training samples."""
-        return self.settings.reward_tokenizer is not None or self.settings.judge is not None
-
-    def score_models(self, batch: Batch, prompts: PromptBatch, texts: list[str], rep: list[int]) -> None:
-        """What the models need of training samples whose responses read `texts` (sample i answers prompt
-        `rep[i]`): the reward model's tokens of each conversation (`batch.reward_inputs`), the judge's scores (with
-        its failures in `reward_errors`). An agent's trajectory comes here with its transcript as the response."""
-        if batch.reward_errors is None:
-            batch.reward_errors = torch.zeros(len(batch))
-        tok = self.settings.reward_tokenizer
-        if tok is not None:
-            rows = [
-                reward_model_ids(tok, prompts.messages[j], text, self.settings.reward_max_length)
-                for j, text in zip(rep, texts, strict=True)
-            ]
-            width = max(len(r.ids) for r in rows)
-            batch.reward_inputs = torch.tensor([r.ids + [-1] * (width - len(r.ids)) for r in rows], dtype=torch.long)
-            batch.reward_extra["reward_model/truncated"] = torch.tensor([float(r.truncated) for r in rows])
-        if self.settings.judge is not None:
-            self._judged(batch, prompts, texts, rep)
-
-    def _served(self, batch: Batch, prompts: PromptBatch, n: int) -> Scores:
-        """The rule's scores from the reward server (reward.server.url): one request per prompt's `n` samples, each
-        sent as OpenRLHF sends it, the prompt and the prompt + response decoded with their special tokens."""
-        parts = []
-        for j, ids in enumerate(prompts.prompt_ids):
-            prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
-            rows = range(j * n, (j + 1) * n)
-            responses = [batch.responses[i][batch.response_mask[i].bool()].tolist() for i in rows]
-            queries = [prompt + self.tokenizer.decode(r, skip_special_tokens=False) for r in responses]
-            parts.append(self.settings.reward_server.score(queries, [prompt] * n, [prompts.answers[j]] * n))
-        keys = {k for p in parts for k in p.extra}
-        nan = torch.full((n,), float("nan"))
-        return Scores(
-            torch.cat([p.scores for p in parts]),
-            torch.cat([p.failed for p in parts]),
-            {k: torch.cat([p.extra.get(k, nan) for p in parts]) for k in keys},
-        )
-
-    def _judged(self, batch: Batch, prompts: PromptBatch, texts: list[str], rep: list[int]) -> None:
-        """The judge's score of every sample; a sample it failed on scores 0 and counts in reward/errors, and with
-        reward.judge.on_error=skip_group its whole group leaves the update (weight 0)."""
-        questions = [prompts.questions[j] if prompts.questions else "" for j in rep]
-        judged = self.settings.judge.score(questions, texts, [prompts.answers[j] for j in rep])
-        batch.judge_scores = judged.scores.float()
-        failed = judged.failed.float()
-        assert batch.reward_errors is not None
-        batch.reward_errors = torch.maximum(batch.reward_errors, failed)
-        batch.reward_extra["judge/failed"] = failed
-        if self.settings.judge_on_error == "skip_group":
-            for j in {rep[i] for i in failed.nonzero().flatten().tolist()}:
-                batch.weights[torch.tensor(rep) == j] = 0.0
 
     # ---- validation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -306,12 +210,12 @@ class EngineSource:
         params = self.sampling(0, validation=True)
         for start in range(0, len(mine), chunk):
             idx = mine[start : start + chunk]
-            prompts = self.prompt_batch(idx, idx, data)
+            prompts = data.batch(idx, idx, self.processor)
             if self.loop is not None:
                 batch = self._episodes(prompts, params)
             else:
                 batch = self.generate(prompts, params)
-                self.score(batch, prompts, params.n, training=False)
+                self.scoring.score(batch, prompts, params.n, training=False)
             if not self.engine_leader:
                 continue
             assert batch.scores is not None
@@ -344,6 +248,5 @@ class EngineSource:
         return out
 
     def shutdown(self, process_ends: bool = False) -> None:
-        if self.settings.judge is not None:
-            self.settings.judge.close()
+        self.scoring.close()
         self.engine.shutdown(process_ends)
