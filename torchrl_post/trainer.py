@@ -32,8 +32,7 @@ from torchrl_post.distributed.placement import all_reduce_max, all_reduce_sum, d
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.logging.timing import Timer
 from torchrl_post.plan import RunPlan
-from torchrl_post.reward.mixing import combine_scores, source_metrics
-from torchrl_post.reward.shaping import shape_scores
+from torchrl_post.reward.mixing import mix_scores, source_metrics
 from torchrl_post.rollout.source import RolloutSource
 from torchrl_post.sync.lora import lora_scale, merged_weights
 from torchrl_post.sync.weights import iter_full_weights
@@ -157,14 +156,10 @@ class Trainer:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer
         left unshaped, the reward model's, the judge's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
         reward/<source>/mean for each source scored."""
-        assert batch.scores is not None
-        sources = {"rule": batch.scores}
-        if rm_scores is not None:
-            sources["reward_model"] = rm_scores()
-        if batch.judge_scores is not None:
-            sources["judge"] = batch.judge_scores
-        batch.scores = combine_scores(sources, self.plan.reward_weights, batch.group_ids, self.plan.reward_combine)
-        shape_scores(batch, self.cfg.reward, self.cfg.data.max_response_length)
+        p, rm = self.plan, rm_scores() if rm_scores is not None else None
+        sources = mix_scores(
+            batch, p.reward_weights, p.reward_combine, self.cfg.reward, self.cfg.data.max_response_length, rm
+        )
         return source_metrics(sources, self.group)
 
     def _even(self, batch: Batch) -> Batch:

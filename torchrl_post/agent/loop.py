@@ -1,32 +1,20 @@
-"""The agent loop on the in-process engine: many trajectories at once, each turn added as soon as the previous
-one finished and its environment (or tool) answered, while other trajectories are still decoding.
+"""The agent loop's turn logic: an episode's start, each turn's request, the
+environment's or the tools' answer to a response, and when the episode ends. `Episodes` (`loop.episodes()`) steps
+many at once on the in-process engine, each turn added as soon as the previous one was answered; `run` drives them
+to their end (validation); training rollouts are groups of episodes (rollout/groups.py).
 
     loop = AgentLoop(engine, tokenizer, make_env, agent, limits, tools=box, parse_calls=parser)
     trajectories = loop.run([(uid, task), ...], params)      # n trajectories per task when params.n > 1
 
-Drives the engine step by step (`add_request` / `step` / `abort`: engines/vllm.py; the hf engine
-answers every queued turn in one batch). Environments and tools run on `env_workers` threads, so a slow
-tool overlaps the decoding of the other trajectories (0: inline, which also makes the engine's batches
-reproducible). Token in, token out (agent/chat.py). A response that calls tools (in the chat format
-`parse_calls` reads, e.g. hermes `<tool_call>{json}</tool_call>`) gets the tools' results as its
-observation; any other response is the agent's action for `env.step`.
+Environments and tools run on `env_workers` threads (0: inline, which makes the engine's batches reproducible).
+Token in, token out (agent/chat.py). A response that calls tools (`parse_calls`, e.g. hermes `<tool_call>`) gets
+their results as its observation; any other is the agent's action for `env.step`. Limits end only their own
+trajectory: `max_turns`, `length`, `max_prompt_length`, `timeout` (an environment call that hangs is abandoned on its
+thread) and `error`. Seeds are per (uid, sample, turn).
 
-Limits end only their own trajectory: `max_turns`, the response token budget (`length`), the context
-(`max_prompt_length`), the wall clock (`timeout`: the request is aborted and what it generated is kept; an
-environment call that hangs is abandoned on its thread), and an environment or agent that raises (`error`).
-Seeds are per (uid, sample, turn), so a run is reproducible.
-
-This module is the turn logic (`rollout/episodes.py: Turns`): an episode's start, each turn's request, the
-answer to a response and when the episode ends. rollout/episodes.py's `Episodes` (`loop.episodes()`) steps them
-one engine step at a time; each turn is a request of `rollout/inflight.py`'s stream, so each token keeps the policy
-version that generated it (`Step.versions`). `run` drives them to the end (validation); training rollouts are groups
-of episodes (rollout/groups.py), carried across updates with rollout.partial_rollout.
-
-A tensor-parallel engine (`group`: its ranks) stays in lockstep through engines/lockstep.py: in `run` the group's
-first rank runs the loop and its adds and aborts go to the others before each engine step (they follow, then
-receive the trajectories); streamed episodes (`episodes(mirrored=True)`) run on every rank, which take the first
-rank's view of the answers that arrived and the turns that ran out of time, and the lockstep checks at each step
-that their requests are the first rank's.
+A tensor-parallel engine (`group`) stays in lockstep through engines/lockstep.py: in `run` the first rank leads
+and the others follow; streamed episodes (`episodes(mirrored=True)`) run on every rank, which take the first rank's
+view of the answers that arrived and the turns that ran out of time.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ import math
 
 import torch
 
+from torchrl_post.config.schema import RewardConfig
 from torchrl_post.logging.reduce import reduce_metrics
+from torchrl_post.reward.shaping import shape_scores
+from torchrl_post.types import Batch
 
 EPS = 1e-6
 
@@ -47,6 +50,28 @@ def combine_scores(
         r = sources[name].float()
         total += w * (group_standardized(r, group_ids_b) if mode == "normalize_then_sum" else r)
     return total
+
+
+def mix_scores(
+    batch: Batch,
+    weights: dict[str, float],
+    mode: str,
+    shaping: RewardConfig,
+    max_response_length: int,
+    reward_model: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The batch's training scores from its sources (the rule's `batch.scores`, the judge's, the `reward_model`'s
+    where given), combined by `weights` and `mode`, then shaped (reward/shaping.py: the overlong penalty, the clamp),
+    into `batch.scores`; returns the sources' raw scores."""
+    assert batch.scores is not None
+    sources = {"rule": batch.scores}
+    if reward_model is not None:
+        sources["reward_model"] = reward_model
+    if batch.judge_scores is not None:
+        sources["judge"] = batch.judge_scores
+    batch.scores = combine_scores(sources, weights, batch.group_ids, mode)
+    shape_scores(batch, shaping, max_response_length)
+    return sources
 
 
 def source_metrics(sources: dict[str, torch.Tensor], group: object = None) -> dict[str, float]:

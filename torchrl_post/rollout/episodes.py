@@ -1,7 +1,7 @@
 """Episodes in flight: multi-turn episodes advanced one engine step at a time, each turn a request of
 `rollout/inflight.py`'s stream, so that they can be carried across weight updates (rollout/groups.py) or run to
 their end (agent/loop.py: `AgentLoop.run`). What a turn is (its prompt, the environment's or the tools' answer, when
-an episode ends) is the turn logic's (`Turns`: agent/loop.py's AgentLoop); this module steps them, collects the
+an episode ends) is the turn logic's (agent/loop.py's AgentLoop); this module steps them, collects the
 answers that arrived, enforces the wall clock, and stops, suspends or updates what is in flight.
 """
 
@@ -11,11 +11,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from torchrl_post.agent.base import Step, Trajectory
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.rollout.inflight import InflightStream
+
+if TYPE_CHECKING:
+    from torchrl_post.agent.loop import AgentLoop
 
 EPISODE_SEED = 1_000_003
 """Episode k of a task with uid u starts from seed uid k * EPISODE_SEED + u (turn t adds 7919 t)."""
@@ -36,38 +39,6 @@ class Live:
     used: int = 0  # response tokens so far
 
 
-class Turns(Protocol):
-    """The turn logic of agent episodes (agent/loop.py: AgentLoop)."""
-
-    engine: Any
-    env_workers: int
-    env_seconds: float
-    """Seconds the environments and tools took so far."""
-    turn_batches: bool
-    """Wait for every episode's turn before starting the next ones (one engine batch per turn)."""
-
-    @property
-    def timeout_s(self) -> float:
-        """Wall clock per episode."""
-        ...
-
-    def begin(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> Live | Trajectory:
-        """A new episode (its environment reset), or its trajectory when it ends before its first turn."""
-        ...
-
-    def request(self, s: Live) -> tuple[list[int], SamplingParams, int]:
-        """The next turn's request: its prompt, its parameters and its seed uid."""
-        ...
-
-    def answer_async(self, pool: ThreadPoolExecutor | None, env: Any, ids: list[int]) -> Future[Any]:
-        """The environment's (or the tools') answer to a response, on a worker thread."""
-        ...
-
-    def answered(self, s: Live, step: Step, answer: Any) -> str | None:
-        """Record the answer to a turn; returns why the episode ends, or None when it goes on."""
-        ...
-
-
 class Episodes:
     """Agent episodes in flight, advanced one engine step at a time, so that they can be carried across weight
     updates (rollout/groups.py) or run to their end (agent/loop.py: `AgentLoop.run`).
@@ -83,7 +54,7 @@ class Episodes:
     (`Step.versions`) and the engine's logprob of each (the behaviour policy).
     """
 
-    def __init__(self, loop: Turns, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
+    def __init__(self, loop: AgentLoop, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
         self.loop, self.stream, self.agree = loop, stream, agree
         self.live: dict[str, Live] = {}
         self.queued: list[str] = []

@@ -8,23 +8,15 @@ update, is the run plan's fill policy (`rollout.taken.Fill`), which this class o
     groups.fill(ahead=1, next_step=...)   # rollout ranks: fill the next batch(es) while the actor trains
     groups.update(weights, version)       # at an engine-step boundary
 
-Whole batches (`fill.carry` false): a draw is generated to its end before the next is drawn, a step takes its groups
-in the order they were drawn, and nothing is in flight at an update: batch k is made at step k with the weights of
-update k - 1, or `fill.lag` steps ahead on rollout ranks. Partial rollouts (`fill.carry`, rollout.partial_rollout): the
-engine keeps `fill.in_flight` groups generating or complete-and-untaken, a step takes the first groups to complete,
-and the unfinished members carry on across updates.
+Whole batches (`fill.carry` false): each draw is generated to its end and taken in draw order; nothing is in flight
+at an update. Partial rollouts (`fill.carry`): `fill.per_engine` groups stay generating or complete-and-untaken, a
+step takes the first to complete, and unfinished members carry on across updates. Every member is a request of
+`rollout/inflight.py`'s stream, so every token keeps its policy version; a group's staleness at step k is (k - 1)
+minus its oldest token's version.
 
-Every member is a request of `rollout/inflight.py`'s stream (a turn of an episode is one), so every token keeps the
-policy version that sampled it and the engine's logprob of it (`Batch.rollout_log_probs`). A group's staleness at
-step k is (k - 1) minus the oldest version among its tokens; `fill.max_staleness` drops a group before a step would
-take it, and stops generating one that can no longer make it. Rejection sampling is admission: a complete group
-whose rewards are all equal is dropped and another share drawn, at most rejection_sample.max_extra_rounds x the
-share between two steps, after which such a group is kept at weight 0.
-
-Seeds follow the draw and the group's position in its batch (sample j of a group seeded as `LLM.generate` seeds an
-n-sample request's j-th), so whole batches are the very samples of one `generate` call, and a run resumes exactly:
-the engine steps between two updates are counted, not timed, and a checkpoint re-adds the requests in flight with
-their tokens so far in the run that saves as in the run that resumes (2 steps + resume + 2 equals 4 straight).
+Seeds follow the draw and the group's position in it (sample j seeded as `LLM.generate` seeds an n-sample request's
+j-th), the engine steps between two updates are counted, not timed, and a checkpoint re-adds the requests in flight
+in the run that saves as in the run that resumes: a run resumes exactly (2 steps + resume + 2 equals 4 straight).
 rollout.update_on_arrival trades that for rollout ranks that never wait while they have work (`generate_until`).
 """
 
@@ -41,7 +33,7 @@ import torch
 from torchrl_post.agent.base import Trajectory, steps_to_batch, trajectories_to_batch
 from torchrl_post.checkpoint.dcp import partial_rollout_changed
 from torchrl_post.engines.batch import collate, version_rows
-from torchrl_post.reward.mixing import combine_scores
+from torchrl_post.reward.mixing import mix_scores
 from torchrl_post.reward.shaping import shape_scores
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
@@ -274,18 +266,10 @@ class Groups(Generic[M]):
         settings = self.source.settings
         if not settings.mixes_rewards:
             return None
-        assert batch.scores is not None
-        sources = {"rule": batch.scores}
-        if batch.judge_scores is not None:
-            sources["judge"] = batch.judge_scores
         weights = {k: w for k, w in settings.reward_weights.items() if w}
-        mixed = replace(  # a copy of the fields shaping writes: the trainer shapes the batch itself
-            batch,
-            scores=combine_scores(sources, weights, batch.group_ids, settings.reward_combine),
-            step_rewards=None,
-            reward_extra=dict(batch.reward_extra),
-        )
-        shape_scores(mixed, settings.reward, settings.max_response_length)
+        # a copy of the fields mixing and shaping write: the trainer mixes the batch itself
+        mixed = replace(batch, step_rewards=None, reward_extra=dict(batch.reward_extra))
+        mix_scores(mixed, weights, settings.reward_combine, settings.reward, settings.max_response_length)
         return mixed.scores
 
     def _top_up(self, need: int) -> None:

@@ -1,34 +1,17 @@
-"""Generation that survives a weight update: requests stepped through the in-process engine, new weights loaded
-between two engine steps, the unfinished requests continued with them.
+"""Generation that survives a weight update: requests stepped through the in-process engine (`add_request`, `step`,
+`abort`), new weights loaded between two engine steps, the unfinished requests continued with them.
 
     stream = InflightStream(engine, recompute=False)
     stream.add("7-0", prompt_ids, params, uid=7)
     while stream.running:
         for sample in stream.step():            # the requests that finished in this engine step
             ...                                  # sample.versions[t]: the policy version of token t
-        if weights_ready():
-            stream.update(weights, version)      # at an engine-step boundary: nothing is lost
+        stream.update(weights, version)          # at an engine-step boundary: nothing is lost
 
-The engine (engines/vllm.py; the hf engine answers a whole queue per step) is driven with `add_request`,
-`step` and `abort`, as the agent loop drives it. Every generated token carries the policy version that produced
-it and the engine's logprob of it: the behaviour policy of that token, what the rollout correction weighs
-against (algos/rollout_correction.py).
-
-What an update does to the requests in flight (`recompute`):
-- keep (False): the weights change under the running requests; their KV cache of earlier tokens stays, computed
-  by the old weights, so the first tokens after the update attend to old-weight keys and values (the engine's
-  logprobs are still exactly what it sampled from). No work is repeated.
-- recompute (True): the running requests are aborted and added again with their tokens so far appended to the
-  prompt, so the new weights prefill the whole context (one prefill per request); every token after the update
-  is then exactly the new policy's. A re-added request draws from a seed of its own (uid and the tokens so far),
-  so it does not replay the random draws its first part used.
-
-A vision-language prompt's images go with each add and re-add. A mixture-of-experts engine that records routed
-experts (rollout.return_routed_experts) gives a finished request's experts for every position of its sequence
-(`InflightSample.routes`). A re-added request's prefill recomputes every position with the weights of that moment
-(the engine reads no cached prefix where it records), so the experts of its last add cover the whole sequence, as
-a request vLLM preempts and recomputes is recorded; under keep the request is never re-added at an update, and the
-experts of the positions computed before it stay the old weights' (those that the later tokens attended to).
+Every token keeps the policy version that sampled it and the engine's logprob of it (the behaviour policy). At an
+update the running requests keep their KV cache (`recompute` False) or are re-added with their tokens so far, so
+the new weights prefill them, drawing from a seed of their own. Images go with each add and re-add; routed experts
+(`InflightSample.routes`) are those of a request's last add. docs/async.md says what each choice means.
 """
 
 from __future__ import annotations

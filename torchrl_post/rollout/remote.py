@@ -60,15 +60,9 @@ class RemoteRollouts(SamplerHeld):
 
 
 class RolloutServer:
-    """Rank program of rollout-only ranks: hand over step k's groups, generate ahead while the actor trains, take
-    update k. What the engine makes is its producer's (rollout/taken.py: whole batches, rollout/batches.py, or
-    streamed groups, rollout/streaming.py); the run plan's fill policy sets how far ahead (`lag`) and when the
-    update is taken.
-
-    The update comes after a counted amount of generation, never on arrival, so a run is reproducible and resumes
-    exactly; with rollout.update_on_arrival the engine goes on generating after the fill until the weights are here
-    (`Producer.generate_until`): no wait while there is work, at the cost of that reproducibility.
-    """
+    """Rank program of rollout-only ranks: hand over step k's groups, generate ahead while the actor trains (the
+    producer, rollout/groups.py, by the plan's fill policy), take update k: after a counted amount of generation, so
+    that a run resumes exactly, or with rollout.update_on_arrival when the weights are here (`generate_until`)."""
 
     def __init__(
         self,
