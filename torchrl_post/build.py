@@ -23,6 +23,7 @@ from torchrl_post.components import AgentParts
 from torchrl_post.config.schema import AgentConfig, JudgeConfig, ModelConfig, ReferenceConfig, RolloutConfig
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.data.sft import SftDataset
+from torchrl_post.distributed.mailbox import Mailbox
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.distributed.transfer import RolloutTransfer
 from torchrl_post.engines.base import EngineSpec, RolloutEngine
@@ -37,6 +38,7 @@ from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
+from torchrl_post.rollout.scores import GroupScores, ScoreServer
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.rollout.supervised import SupervisedSource
 from torchrl_post.run import Run
@@ -72,8 +74,18 @@ def build_program(run: Run) -> RankProgram:
     part = transfer.take_part if transfer is not None else None
     if run.topo.has("critic"):
         return RoleServer(role_link(run, "critic"), part, critic=build_critic(run))
+    if run.plan.scores_as_groups_finish and run.topo.has("reward_model"):
+        rm = build_reward_model(run)
+        first = run.env.rank == run.plan.placement.ranks["reward_model"][0]
+        served = ScoreServer(score_mailbox(run), run.plan.engines, rm.score_ids, first, rm.group)
+        return RoleServer(role_link(run, "reward_model"), part, scores=served)
     role, frozen = frozen_role(run)
     return RoleServer(role_link(run, role), part, frozen=frozen)
+
+
+def score_mailbox(run: Run) -> Mailbox:
+    """Where a reward model on ranks of its own and the rollout ranks exchange groups and scores (rollout/scores.py)."""
+    return Mailbox(run.topo.store, "rm_scores", run.plan.deadlines.collective_s)
 
 
 def frozen_role(run: Run) -> tuple[str, Frozen]:
@@ -140,7 +152,7 @@ def build_trainer(run: Run) -> Trainer:
     reward_model: RewardModelRole | None = None
     if plan.reward_model == "colocated":
         reward_model = build_reward_model(run)
-    elif plan.reward_model == "own_ranks":
+    elif plan.reward_model == "own_ranks" and not plan.scores_as_groups_finish:  # else the batch comes scored
         reward_model = RemoteRewardModel(role_link(run, "reward_model"))
     keep: Keep | None = is_adapter if plan.lora_sync == "adapter" else None
     if plan.disaggregated:
@@ -210,7 +222,10 @@ def producer(run: Run, source: EngineSource) -> Groups[Any]:
     else:
         stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=fill.recompute)
         members = Samples(source, stream, fill.carry)
-    return Groups(source, members, fill, run.total_steps)
+    scores = None
+    if run.plan.scores_as_groups_finish:
+        scores = GroupScores(score_mailbox(run), source.engine_index, source.engine_leader, source.engine_group)
+    return Groups(source, members, fill, run.total_steps, scores)
 
 
 def rollout_transfer(run: Run) -> RolloutTransfer:

@@ -171,6 +171,12 @@ class RunPlan:
         return set(self.reward_weights) != {"rule"}
 
     @property
+    def scores_as_groups_finish(self) -> bool:
+        """A reward model on ranks of its own scores each group on the rollout ranks' side as it completes
+        (rollout/scores.py), overlapping generation, rather than the step's batch once the actor has it."""
+        return self.reward_model == "own_ranks" and self.disaggregated
+
+    @property
     def disaggregated(self) -> bool:
         """The rollout engines sit on ranks of their own."""
         return self.sync == "broadcast"
@@ -286,7 +292,9 @@ class RunPlan:
         )
         lines += [
             f"  group size: {self.group_size}; old logprobs: {'yes' if self.needs_old_log_probs else 'no'}",
-            f"  reference: {self.reference}; critic: {self.critic}; reward model: {self.reward_model}; "
+            f"  reference: {self.reference}; critic: {self.critic}; reward model: {self.reward_model}"
+            + (" (scores each group as it finishes)" if self.scores_as_groups_finish else "")
+            + "; "
             f"lora sync: {self.lora_sync}"
             + (f"; distillation teacher: {self.teacher}" if self.teacher != "none" else "")
             + (f" (its top-{self.teacher_top_k} tokens per position)" if self.teacher_top_k else ""),

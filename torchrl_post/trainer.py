@@ -156,7 +156,7 @@ class Trainer:
         """The training score of every sample from its sources (reward.weights: the rule's score the producer
         left unshaped, the reward model's, the judge's), then DAPO's overlong penalty and the clamp (reward/shaping.py);
         reward/<source>/mean for each source scored."""
-        p, rm = self.plan, rm_scores() if rm_scores is not None else None
+        p, rm = self.plan, rm_scores() if rm_scores is not None else batch.rm_scores  # scored as groups finished
         sources = mix_scores(
             batch, p.reward_weights, p.reward_combine, self.cfg.reward, self.cfg.data.max_response_length, rm
         )

@@ -105,3 +105,42 @@ def test_the_demo_judge_on_a_vllm_engine_of_its_own_grades_as_the_rule(
         assert row["reward/judge/failed"] == 0 and row["reward/errors"] == 0
         assert row["reward/judge/mean"] == pytest.approx(row["reward/rule/mean"], abs=0.06)
         assert row["critic/score/mean"] == pytest.approx(row["reward/judge/mean"], abs=1e-6)  # the judge alone trains
+
+
+def test_a_reward_model_on_its_own_rank_scores_each_group_as_it_finishes_and_resumes_exactly(
+    tiny_model: Path, tiny_reward_model: Path, task_data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Rollout ranks with partial rollouts and look-ahead, the reward model on a rank of its own scoring each group as
+    its last sample finishes (rollout/scores.py): the same metrics as the reward model on the actor's rank scoring the
+    step's batch; 2 steps + a resume + 2 equal 4 straight, though the checkpoint holds groups filled ahead whose
+    scores had not come (they are posted again)."""
+    own, resumed, coloc = tmp_path / "own", tmp_path / "resumed", tmp_path / "coloc"
+    args = lambda run, steps: [  # noqa: E731
+        *TRAIN,
+        *train_overrides(tiny_model, task_data, run, steps),
+        "reward_model.enable=true",
+        f"reward_model.model.path={tiny_reward_model}",
+        "reward.weights.rule=1",
+        "reward.weights.reward_model=0.5",
+        "placement.actor=[0]",
+        "placement.rollout=[1]",
+        "rollout.partial_rollout=true",
+        "trainer.max_off_policy_steps=1",
+    ]
+    proc = torchrun(3, args(own, 4) + ["placement.reward_model=[2]", "trainer.plots=false"])
+    assert_ok(proc)
+    assert "reward model: own_ranks (scores each group as it finishes)" in proc.stdout + proc.stderr
+    assert_ok(torchrun(3, args(resumed, 4) + ["placement.reward_model=[2]", *resumed_from(own, 2)]))
+    assert_ok(torchrun(2, args(coloc, 2)))
+    a, b, c = ({r["training/global_step"]: r for r in read_jsonl(run / "metrics.jsonl") if "actor/loss" in r}
+               for run in (own, resumed, coloc))  # fmt: skip
+    assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4] and sorted(c) == [1, 2]
+    for step, row in a.items():
+        assert row["reward/reward_model/max"] > row["reward/reward_model/min"], step  # it tells samples apart
+        mixed = row["reward/rule/mean"] + 0.5 * row["reward/reward_model/mean"]
+        assert row["critic/score/mean"] == pytest.approx(mixed, abs=1e-5), step
+    assert a[2]["rollout/staleness_mean"] > 0  # groups generated ahead: scored before the step that took them
+    for other in (b, c):
+        for step in other:
+            for key in ("actor/loss", "actor/grad_norm", "critic/score/mean", "reward/reward_model/mean"):
+                assert other[step][key] == pytest.approx(a[step][key], abs=1e-6), f"{key} differs at step {step}"

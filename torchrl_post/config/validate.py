@@ -119,11 +119,13 @@ def _reward_sources(cfg: Config) -> None:
             "algorithm.stepwise_advantage.enable=true each turn is a row of its own: turn one of them off"
         )
     trains_rm = rm.enable and (given.get("reward_model") if given else 1.0)
-    if trains_rm and cfg.algorithm.rejection_sample.enable:
+    apart = isinstance(cfg.placement.reward_model, list) and isinstance(cfg.placement.rollout, list)
+    if trains_rm and cfg.algorithm.rejection_sample.enable and not apart:
         raise ConfigError(
-            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model "
-            "scores them (on the actor's ranks, at the step): turn rejection sampling off or set "
-            "reward.weights.reward_model=0 (the rule and a judge score as groups finish: they work with it)"
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before a reward model on "
+            "the actor's ranks scores them (at the step): put the reward model and the rollout on ranks of their "
+            "own (placement.reward_model=[...] placement.rollout=[...]: it then scores each group as it finishes), "
+            "turn rejection sampling off, or set reward.weights.reward_model=0"
         )
     if rm.enable:
         _positive("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu)

@@ -38,6 +38,7 @@ from torchrl_post.reward.shaping import shape_scores
 from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes
 from torchrl_post.rollout.filters import compact_filter, uniform_groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
+from torchrl_post.rollout.scores import GroupScores
 from torchrl_post.rollout.source import EngineSource, episode_tasks
 from torchrl_post.rollout.taken import DoneGroup, Fill, TakenGroups
 from torchrl_post.types import Batch, Generation, PromptBatch
@@ -133,8 +134,17 @@ class Groups(Generic[M]):
     """One engine's groups as the rollout ranks' program (rollout/remote.py: RolloutServer) and a colocated actor
     (rollout/local.py: LocalRollouts) drive them; the `Producer` of rollout/taken.py."""
 
-    def __init__(self, source: EngineSource, members: Members[M], fill: Fill, total_steps: int = 1 << 62) -> None:
+    def __init__(
+        self,
+        source: EngineSource,
+        members: Members[M],
+        fill: Fill,
+        total_steps: int = 1 << 62,
+        scores: GroupScores | None = None,
+    ) -> None:
+        """`scores`: a reward model on ranks of its own scores each group as it completes (rollout/scores.py)."""
         self.source, self.members, self.policy, self.total_steps = source, members, fill, total_steps
+        self.scores = scores
         self.n = source.settings.group_size
         """Members per group (rollout.n)."""
         self.draws = 0
@@ -161,7 +171,10 @@ class Groups(Generic[M]):
             self.ready.sort(key=lambda d: (d.draw, d.position))
         taken, self.ready = self.ready[: self.share], self.ready[self.share :]
         for done, g in zip(taken, self.positions, strict=True):
+            self._scores_of(done)
             done.batch.group_ids = torch.full_like(done.batch.group_ids, g)
+        if self.scores is not None:
+            self.scores.ready(f"take{step}")
         rounds = -(-self.rejected // max(self.share, 1))
         env_now = self.members.env_seconds()
         env, self.env_mark = env_now - self.env_mark, env_now
@@ -211,6 +224,8 @@ class Groups(Generic[M]):
         """New weights at an engine-step boundary (rollout ranks); what is in flight goes on under `version`."""
         self.members.update(weights, version)
         self._drop_stale(version + 1)
+        if self.scores is not None:
+            self.scores.ready(f"update{version}")
 
     def at_version(self, version: int) -> None:
         """The engine's weights were replaced outside the producer (a colocated sync) while it was suspended."""
@@ -244,7 +259,22 @@ class Groups(Generic[M]):
             compact_filter(batch, self.source.masked)
         self.reward_seconds += time.perf_counter() - t
         oldest = min((v for vs in versions for v in vs), default=self.members.version)
-        return DoneGroup(batch, oldest, sum(len(set(vs)) > 1 for vs in versions), group.draw, group.position)
+        done = DoneGroup(batch, oldest, sum(len(set(vs)) > 1 for vs in versions), group.draw, group.position)
+        self._post(done)
+        return done
+
+    def _post(self, done: DoneGroup) -> None:
+        """A reward model on ranks of its own gets the group's inputs now; rejection sampling reads its scores at
+        once (whether the group is admitted), else the step that takes the group does."""
+        if self.scores is not None:
+            done.ticket = self.scores.post(done.batch.reward_inputs)
+            if self.rejection.enable:
+                self._scores_of(done)
+
+    def _scores_of(self, done: DoneGroup) -> None:
+        if done.ticket is not None and self.scores is not None:
+            done.batch.rm_scores = self.scores.get(done.ticket)
+            done.ticket = None
 
     def _admit(self, done: DoneGroup) -> None:
         """A complete group joins the ready ones, except that rejection sampling drops a group whose rewards are
@@ -269,7 +299,9 @@ class Groups(Generic[M]):
         weights = {k: w for k, w in settings.reward_weights.items() if w}
         # a copy of the fields mixing and shaping write: the trainer mixes the batch itself
         mixed = replace(batch, step_rewards=None, reward_extra=dict(batch.reward_extra))
-        mix_scores(mixed, weights, settings.reward_combine, settings.reward, settings.max_response_length)
+        mix_scores(
+            mixed, weights, settings.reward_combine, settings.reward, settings.max_response_length, batch.rm_scores
+        )
         return mixed.scores
 
     def _top_up(self, need: int) -> None:
@@ -324,7 +356,9 @@ class Groups(Generic[M]):
             "positions": list(self.positions),
             "counts": [self.rejected, self.short],
             "ready": [
-                {"batch": d.batch.to_wire(), "at": [d.oldest, d.partial, d.draw, d.position]} for d in self.ready
+                {"batch": d.batch.to_wire(), "at": [d.oldest, d.partial, d.draw, d.position]}
+                | ({"unscored": True} if d.ticket is not None else {})
+                for d in self.ready
             ],
             "members": self.members.save(self.pending, self.n),
         }
@@ -340,6 +374,9 @@ class Groups(Generic[M]):
         self.positions = [int(p) for p in state["positions"]]
         self.rejected, self.short = (int(c) for c in state["counts"])
         self.ready = [DoneGroup(Batch.from_wire(d["batch"]), *(int(v) for v in d["at"])) for d in state["ready"]]
+        for done, d in zip(self.ready, state["ready"], strict=True):
+            if d.get("unscored") and self.scores is not None:  # its scores had not come: posted again
+                done.ticket = self.scores.post(done.batch.reward_inputs)
         self.pending = {}
         self.members.load(state["members"], self.pending, self.n)
 

@@ -53,6 +53,8 @@ class DoneGroup:
     draw: int = 0
     position: int = 0
     """The draw it came from and its position in that draw's batch (whole batches are taken in this order)."""
+    ticket: int | None = None
+    """Its reward-model scores still to come from the reward model's ranks (rollout/scores.py)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.distributed import liveness
 from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.program import no_validation
+from torchrl_post.rollout.scores import ScoreServer
 from torchrl_post.types import Batch
 from torchrl_post.workers.critic import Critic
 
@@ -137,15 +138,26 @@ class RoleServer:
         rollout_transfer: Callable[[], None] | None,
         critic: Critic | None = None,
         frozen: Frozen | None = None,
+        scores: ScoreServer | None = None,
     ) -> None:
-        """`rollout_transfer`: this rank's part in the rollout ranks' transfer (None when colocated)."""
-        assert (critic is None) != (frozen is None), "a role server holds one role"
+        """`rollout_transfer`: this rank's part in the rollout ranks' transfer (None when colocated); `scores`: a
+        reward model that scores each group as it finishes on the rollout ranks' side (rollout/scores.py), not the
+        step's batch over the link."""
+        assert [critic, frozen, scores].count(None) == 2, "a role server holds one role"
         self.link, self.critic, self.frozen, self.rollout_transfer = link, critic, frozen, rollout_transfer
+        self.scores = scores
 
     def step(self, step: int) -> dict[str, float]:
+        if self.scores is not None:  # scoring the groups as they finish until the rollout ranks hand them over ...
+            liveness.enter("reward_model", step)
+            self.scores.serve(f"take{step}")
         liveness.enter("transfer", step)
         if self.rollout_transfer is not None:
             self.rollout_transfer()
+        if self.scores is not None:  # ... and while they fill ahead, until they load the step's update
+            liveness.enter("reward_model")
+            self.scores.serve(f"update{step}")
+            return {}
         batch = self.link.send_batch(None)
         assert batch is not None  # the role side receives
         if (f := self.frozen) is not None:  # the actor asks each frozen role over its own link (trainer.py)

@@ -90,11 +90,15 @@ class RewardModel:
         return lambda: out
 
     def scores(self, batch: Batch) -> torch.Tensor:
-        """[B] the reward model's score of every row's `reward_inputs`, float32 on CPU. Every rank of the mesh
+        """[B] the reward model's score of every row's `reward_inputs` (`score_ids`)."""
+        assert batch.reward_inputs is not None  # the rollout source sets them when a reward model scores
+        return self.score_ids(batch.reward_inputs)
+
+    @torch.no_grad()
+    def score_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B] the score of each row of [B, L] ids right-padded with -1, float32 on CPU. Every rank of the mesh
         runs the same number of forwards (FSDP2 gathers each layer over the mesh): a rank with fewer rows runs
         empty micro-batches of one padding row."""
-        assert batch.reward_inputs is not None  # the rollout source sets them when a reward model scores
-        ids = batch.reward_inputs
         micro = self.cfg.micro_batch_size_per_gpu
         out = torch.zeros(len(ids), dtype=torch.float32)
         forwards = int(all_reduce_max(float(-(-len(ids) // micro)), self.group))

@@ -223,7 +223,7 @@ def test_entropy_control_keys_load_with_verls_names_and_defaults() -> None:
         (["reward.combine=mean"], "reward.combine"),
         (
             ["reward_model.enable=true", "reward_model.model.path=/rm", "algorithm.rejection_sample.enable=true"],
-            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model",
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before a reward model on",
         ),
         (
             [
@@ -261,3 +261,6 @@ def test_rejection_sampling_takes_the_sources_scored_as_groups_finish() -> None:
     load_config([*judge, "reward.weights.rule=1", "reward.weights.judge=1", "algorithm.rejection_sample.enable=true"])
     rm = ["reward_model.enable=true", "reward_model.model.path=/rm", "reward.weights.reward_model=0"]
     load_config([*rm, "reward.weights.rule=1", "algorithm.rejection_sample.enable=true"])  # scored, logged, not trained
+    apart = ["placement.actor=[0]", "placement.rollout=[1]", "placement.reward_model=[2]"]
+    trained = ["reward_model.enable=true", "reward_model.model.path=/rm", "algorithm.rejection_sample.enable=true"]
+    load_config([*trained, *apart])  # the reward model scores each group as it finishes, on the rollout ranks' side
