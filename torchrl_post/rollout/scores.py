@@ -98,13 +98,26 @@ class ScoreServer:
             if not work:
                 time.sleep(IDLE_S)
                 continue
-            scores = self.score(_pad_rows([inputs for _, _, inputs in work]))
+            scores = self._scores(_pad_rows([inputs for _, _, inputs in work]))
             self.scored += len(work)
             if self.first:
                 at = 0
                 for engine, ticket, inputs in work:
                     self.box.post(f"out/{engine}/{ticket}", scores[at : at + len(inputs)].clone())
                     at += len(inputs)
+
+    def _scores(self, rows: torch.Tensor) -> torch.Tensor:
+        """Every row's score: each rank of the reward model scores every n-th row, and the first gathers them."""
+        if self.group is None or (n := dist.get_world_size(self.group)) == 1:
+            return self.score(rows)
+        mine = self.score(rows[dist.get_rank(self.group) :: n])
+        parts: list[torch.Tensor | None] = [None] * n
+        dist.gather_object(mine, parts if self.first else None, group=self.group, group_dst=0)
+        out = torch.zeros(len(rows))
+        for r, part in enumerate(parts if self.first else []):
+            assert part is not None
+            out[r::n] = part
+        return out
 
     def _look(self, point: str) -> list[tuple[int, int, torch.Tensor]] | None:
         """What arrived (engine, ticket, inputs); None once every engine is ready and nothing is owed."""
