@@ -273,11 +273,9 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.axhline(goal, color="k", ls="--", lw=0.8, label=goal_label)
         ax.set_xticks(xs, names, fontsize=7)
         ax.legend(fontsize=7)
-    for i, r in enumerate(rows):
-        steps = list(r["val"])
-        axes[2].plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
-    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)", title="validation")
-    axes[2].legend(fontsize=7)
+    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)")
+    curves = [(r["label"], [int(s) for s in r["val"]], list(r["val"].values()), f"C{i}o-") for i, r in enumerate(rows)]
+    common.lines(axes[2], curves, "validation")
     bottoms = [0.0] * len(rows)
     for b in STALENESS_BINS:
         shares = [r["staleness_hist"][b] / max(1.0, sum(r["staleness_hist"].values())) for r in rows]

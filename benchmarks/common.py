@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -407,6 +407,25 @@ def bars(
             ax.bar_label(drawn, [fmt.format(y) for _, y in pts], fontsize=8)
     ax.set_xticks(range(len(ticks)), ticks)
     ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+
+
+Curve = tuple[str, Sequence[Any], Sequence[Any], str]  # (label, xs, ys, matplotlib format such as "C1o-" or "k--")
+
+
+def lines(
+    ax: Any, curves: Iterable[Curve], title: str = "", ticks: Sequence[Any] = (), tick_labels: Sequence[str] = (),
+    **axes: Any,
+) -> None:  # fmt: skip
+    """A line per curve (a dashed one without markers, a reference or a fit, faint); `axes`: Axes.set's keywords
+    (scales, labels); `ticks`: exactly these x ticks (labelled `tick_labels`, else the values); title, legend."""
+    for label, xs, ys, fmt in curves:
+        ax.plot(xs, ys, fmt, label=label, alpha=0.6 if fmt.lstrip("kC0123456789") == "--" else None)
+    ax.set(**axes)
+    if ticks:
+        ax.set_xticks(ticks, tick_labels or [str(t) for t in ticks])
+        ax.minorticks_off()
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
 
 

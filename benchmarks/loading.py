@@ -74,17 +74,15 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, ax = common.subplots(figsize=(7, 4.5))
-    first = rec["rows"][0]
+    first, xs = rec["rows"][0], sorted({r["ranks"] for r in rec["rows"]})
     model_mb = first["model_bytes"] / 1e6
+    curves: list[common.Curve] = [("model / ranks", xs, [model_mb / k for k in xs], "k--")]
     for i, fmt in enumerate(("sharded", "full")):
         rows = sorted((r for r in rec["rows"] if r["format"] == fmt), key=lambda r: r["ranks"])
         if rows:
-            ax.plot([r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], "o-", color=f"C{i}", label=fmt)
-    xs = sorted({r["ranks"] for r in rec["rows"]})
-    ax.plot(xs, [model_mb / k for k in xs], "k--", alpha=0.6, label="model / ranks")
-    ax.set(xlabel="ranks", ylabel="peak host MB per rank", xticks=xs)
-    ax.set_title(f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
-    ax.legend()
+            curves.append((fmt, [r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], f"C{i}o-"))
+    title = f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)"
+    common.lines(ax, curves, title, xs, xlabel="ranks", ylabel="peak host MB per rank")
     common.save_figure(fig, path)
 
 

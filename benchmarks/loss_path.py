@@ -139,20 +139,20 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, ax = common.subplots(figsize=(7, 4.5))
+    curves: list[common.Curve] = []
     for p, color in zip(rec["paths"], ("C3", "C0"), strict=True):
         ran = [r for r in p["results"] if not r.get("skipped")]
         xs = [r["tokens"] for r in ran]
-        ax.plot(xs, [r["peak_bytes"] / 2**20 for r in ran], "o-", color=color, label=f"{p['label']}")
+        curves.append((p["label"], xs, [r["peak_bytes"] / 2**20 for r in ran], f"{color}o-"))
         if f := p.get("fit"):
             line = [x for x in xs if x >= (p["fit_from_tokens"] or min(xs))]
             ys = [(f["intercept_bytes"] + f["slope_bytes_per_token"] * x) / 2**20 for x in line]
-            fit_label = f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token"
-            ax.plot(line, ys, "--", color=color, alpha=0.6, label=fit_label)
+            curves.append(
+                (f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token", line, ys, f"{color}--")
+            )
     ax.set(xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
-    ax.set_title(
-        f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}", fontsize=10
-    )
-    ax.legend(fontsize=8)
+    title = f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}"
+    common.lines(ax, curves, title)
     common.save_figure(fig, path)
 
 

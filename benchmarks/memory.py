@@ -112,15 +112,14 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rows = sorted((r for r in rec["rows"] if r["model"] == model), key=lambda r: r["ranks"])
         xs = [r["ranks"] for r in rows]
-        for i, kind in enumerate(labels):
-            style = "x--" if kind == "grads" else "o-"  # gradients are as large as the parameters: drawn over them
-            ax.plot(xs, [r[f"{kind}_rank"] / 1e6 for r in rows], style, color=f"C{i}", label=labels[kind])
-        ax.plot(xs, [rows[0]["total_full"] / 1e6 / k for k in xs], "k--", alpha=0.6, label="ideal total (1/ranks)")
+        # gradients are as large as the parameters: drawn dashed over them
+        curves: list[common.Curve] = [
+            (label, xs, [r[f"{kind}_rank"] / 1e6 for r in rows], f"C{i}x--" if kind == "grads" else f"C{i}o-")
+            for i, (kind, label) in enumerate(labels.items())
+        ]
+        curves.append(("ideal total (1/ranks)", xs, [rows[0]["total_full"] / 1e6 / k for k in xs], "k--"))
         ax.set(xscale="log", yscale="log", xlabel="ranks", ylabel="MB per rank (largest rank)")
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.minorticks_off()
-        ax.set_title(f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)")
-        ax.legend(fontsize=8)
+        common.lines(ax, curves, f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)", xs)
     common.save_figure(fig, path, "FSDP2 per-rank memory: local shards after one backward and one AdamW step")
 
 

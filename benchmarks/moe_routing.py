@@ -128,16 +128,16 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
+    diff, mismatch = [], []
     for r in rec["runs"]:
         steps = list(range(1, len(r["per_step"]["logprob_diff"]) + 1))
-        left.plot(steps, r["per_step"]["logprob_diff"], marker="o", label=r["label"])
+        diff.append((r["label"], steps, r["per_step"]["logprob_diff"], "o-"))
         if r["router_mismatch"] is not None:
-            right.plot(steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], marker="o", label=r["label"])
-    left.set(title="engine/trainer logprob difference", xlabel="step", ylabel="mean |diff|")
-    right.set(title="routing decisions the trainer's router picks differently", xlabel="step", ylabel="fraction")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+            mismatch.append((r["label"], steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], "o-"))
+    left.set(xlabel="step", ylabel="mean |diff|")
+    common.lines(left, diff, "engine/trainer logprob difference")
+    right.set(xlabel="step", ylabel="fraction")
+    common.lines(right, mismatch, "routing decisions the trainer's router picks differently")
     common.save_figure(fig, path)
 
 

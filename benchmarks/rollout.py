@@ -146,22 +146,18 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib.ticker
-
     runs = rec["runs"]
     fig, axes = common.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
+        curves: list[common.Curve] = []
         for i, length in enumerate(sorted({row["length"] for row in r["rows"]})):
             rows = sorted((row for row in r["rows"] if row["length"] == length), key=lambda row: row["batch"])
             xs = [row["batch"] for row in rows]
-            ax.plot(xs, [row["vllm_tokens_per_s"] for row in rows], "o-", color=f"C{i}", label=f"vLLM, {length} tok")
-            ax.plot(xs, [row["hf_tokens_per_s"] for row in rows], "s--", color=f"C{i}", label=f"hf, {length} tok")
+            curves.append((f"vLLM, {length} tok", xs, [row["vllm_tokens_per_s"] for row in rows], f"C{i}o-"))
+            curves.append((f"hf, {length} tok", xs, [row["hf_tokens_per_s"] for row in rows], f"C{i}s--"))
         ax.set(xscale="log", yscale="log", xlabel="samples per call (prompts x n)", ylabel="generated tokens / s")
-        batches = sorted({row["batch"] for row in r["rows"]})
-        ax.set_xticks(batches, [str(b) for b in batches], minor=False)
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_title(f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})")
-        ax.legend(fontsize=8)
+        title = f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})"
+        common.lines(ax, curves, title, sorted({row["batch"] for row in r["rows"]}))
     common.save_figure(fig, path, "rollout: vLLM (solid) vs transformers generate (dashed)")
 
 

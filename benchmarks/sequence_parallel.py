@@ -173,20 +173,19 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for ax, ckpt in zip(axes[0], settings, strict=True):
         rows = [r for r in rec["rows"] if r["checkpointing"] == ckpt]
         one = {r["response_len"]: r["activation_mib"] for r in rows if r["sp"] == 1}
+        curves: list[common.Curve] = []
         for i, sp in enumerate(sorted({r["sp"] for r in rows})):
             mine = sorted((r for r in rows if r["sp"] == sp), key=lambda r: r["response_len"])
             xs = [r["response_len"] for r in mine]
-            ax.plot(xs, [r["activation_mib"] for r in mine], "o-", color=f"C{i}", label=f"sp={sp}")
+            curves.append((f"sp={sp}", xs, [r["activation_mib"] for r in mine], f"C{i}o-"))
             if sp > 1:
-                ax.plot(xs, [one[x] / sp for x in xs], "--", color=f"C{i}", alpha=0.6, label=f"sp=1 / {sp}")
+                curves.append((f"sp=1 / {sp}", xs, [one[x] / sp for x in xs], f"C{i}--"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xticks(sorted(one), [f"{x // 1024}k" if x >= 1024 else str(x) for x in sorted(one)])
-        ax.minorticks_off()
         ax.set(xlabel="response tokens (one row)", ylabel="peak activation MiB per rank")
-        ax.set_title(f"gradient checkpointing {_on(ckpt)}", fontsize=10)
-        ax.legend(fontsize=8)
+        ticks = [f"{x // 1024}k" if x >= 1024 else str(x) for x in sorted(one)]
+        common.lines(ax, curves, f"gradient checkpointing {_on(ckpt)}", sorted(one), ticks)
     common.save_figure(fig, path, "Ulysses sequence parallelism: activations per rank of one actor update")
 
 

@@ -238,15 +238,18 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.bar_label(bars, [f"{r['tokens_per_s']:.0f}" for r in rec["rows"]], fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
-    for i, r in enumerate(rec["rows"]):
-        bx.plot(
-            range(1, len(r["loss"]) + 1), r["loss"], marker="osx"[i % 3], linestyle=("-", "--", ":")[i % 3],
-            markersize=9 - 2 * i, color=f"C{i}", label=labels[i].replace("\n", " "),
-        )  # fmt: skip
-    bx.set(
-        xlabel="step", ylabel="train loss", title="loss per step (same rows, same initial weights; the lines overlap)"
-    )
-    bx.legend(fontsize=8)
+    # the lines overlap: a marker and dash style per row
+    curves = [
+        (
+            label.replace("\n", " "),
+            range(1, len(r["loss"]) + 1),
+            r["loss"],
+            f"C{i}{'osx'[i % 3]}{('-', '--', ':')[i % 3]}",
+        )
+        for i, (label, r) in enumerate(zip(labels, rec["rows"], strict=True))
+    ]
+    bx.set(xlabel="step", ylabel="train loss")
+    common.lines(bx, curves, "loss per step (same rows, same initial weights; the lines overlap)")
     s = rec["setting"]
     title = (
         f"sft: {s['model']['name']}, {s['batch']} x ({s['prompt_len']} + {s['response_len']}) tokens, lr {s['lr']:g}"

@@ -20,6 +20,11 @@ NAME = "sync"
 WORKER = Path(__file__).resolve().parent / "sync_worker.py"
 TARGET_RATIO = 0.7
 MODELS = ("qwen2-1m", "qwen2-10m", "qwen2-40m", "qwen2-100m")
+BROADCAST_CURVES = (
+    ("sync", "sync", "o-"),
+    ("transfer", "transfer (no engine load)", "^-"),
+    ("raw", "raw broadcast", "s--"),
+)
 
 
 OPTIONS: common.Options = {
@@ -92,28 +97,22 @@ def markdown(rec: dict[str, Any]) -> str:
 def plot(path: Path, rec: dict[str, Any]) -> None:
     records = rec["records"]
     fig, (left, right) = common.subplots(1, 2, figsize=(12, 4.5))
-    series = {"colocated": ("C0", "colocated (2 actor ranks)"), "broadcast": ("C1", "broadcast (1 actor -> 1 rollout)")}
-    for mode, (color, label) in series.items():
+    curves: list[common.Curve] = []
+    for mode, label in (("colocated", "colocated (2 actor ranks)"), ("broadcast", "broadcast (1 actor -> 1 rollout)")):
         rs = [r for r in records if r["mode"] == mode and (mode == "colocated" or r["rollout"] == r["actor"] == 1)]
         rs.sort(key=lambda r: r["bytes"])
-        xs = [r["bytes"] / 1e6 for r in rs]
-        left.plot(xs, [r["sync_GBps"] for r in rs], "o-", color=color, label=f"{label}: sync")
-        left.plot(xs, [r["raw_GBps"] for r in rs], "s--", color=color, alpha=0.6, label=f"{label}: raw")
+        xs, color = [r["bytes"] / 1e6 for r in rs], "C0" if mode == "colocated" else "C1"
+        curves.append((f"{label}: sync", xs, [r["sync_GBps"] for r in rs], f"{color}o-"))
+        curves.append((f"{label}: raw", xs, [r["raw_GBps"] for r in rs], f"{color}s--"))
     left.set(xscale="log", yscale="log", xlabel="model size (MB, float32)", ylabel="GB/s")
-    left.set_title("sync vs raw collective bandwidth")
-    left.legend(fontsize=8)
-    bcast = [r for r in records if r["mode"] == "broadcast"]
-    if bcast:
+    common.lines(left, curves, "sync vs raw collective bandwidth")
+    if bcast := [r for r in records if r["mode"] == "broadcast"]:
         biggest = max(r["bytes"] for r in bcast)
         rs = sorted((r for r in bcast if r["bytes"] == biggest and r["actor"] == 1), key=lambda r: r["rollout"])
         xs = [r["rollout"] for r in rs]
-        for key, style, label in (
-            ("sync_s", "o-", "sync"), ("transfer_s", "^-", "transfer (no engine load)"), ("raw_s", "s--", "raw broadcast"),
-        ):  # fmt: skip
-            right.plot(xs, [r[key] for r in rs], style, label=label)
-        right.set(xlabel="rollout ranks", ylabel="seconds", xticks=xs)
-        right.set_title(f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)")
-        right.legend(fontsize=8)
+        curves = [(label, xs, [r[f"{key}_s"] for r in rs], style) for key, label, style in BROADCAST_CURVES]
+        right.set(xlabel="rollout ranks", ylabel="seconds")
+        common.lines(right, curves, f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)", xs)
     common.save_figure(fig, path)
 
 
