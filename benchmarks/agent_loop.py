@@ -1,14 +1,9 @@
 """Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
 
-1. benchmarks/agent_loop_worker.py under torchrun (in-process vLLM on the demo model): the guess-number environment
-   with a step sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `turn_batches=True`,
-   the same tasks and seed; median of the repeats after a warm-up.
-2. The built-in tools timed in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
-   `subprocess.run` of the same code, and `calculator`.
-
-    default   32 tasks x n=2, 3 repeats, 20 calls per tool
-    --quick   8 tasks, 10 calls
-    --tiny    2 tasks, 1 repeat, 2 calls (tests)
+benchmarks/agent_loop_worker.py (in-process vLLM on the demo model) runs the guess-number environment, its step
+sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `True`; then the built-in tools are
+timed here: `python("print(1)")` (bubblewrap sandbox) against a plain `subprocess.run`, and `calculator`.
+Tasks, repeats and calls per mode: SETTINGS.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts (CONFIGS) on a long-tailed task.
 
-    python -m benchmarks.async_rollout [--steps S] [--repeats R] [--configs on_policy,lookahead1,...]
-
 Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines on
-[2,3], on benchmarks/longtail_task.py; runs are interleaved (A B C, A B C), repeat r with trainer.seed 1 + r. From
-each metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
-
-    default   20 steps, 2 repeats, validation at steps 0, 10 and 20
-    --quick   12 steps, 1 repeat
-    --tiny    2 steps, 1 repeat, on_policy and partial_s2 only, 4 prompts x 2 (tests)
+[2,3], on benchmarks/longtail_task.py; runs are interleaved, repeat r with trainer.seed 1 + r. From each
+metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
+Default 20 steps, 2 repeats; `--quick` 12 steps, 1 repeat; `--tiny` 2 steps, on_policy and partial_s2, 4 x 2.
 """
 
 from __future__ import annotations

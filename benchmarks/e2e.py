@@ -1,16 +1,11 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-Both sides train on real GSM8K prompts (benchmarks/artefacts.py), `prompts` x `n` = 8 x 8 samples per step, at most
-`--response-length` new tokens (32), temperature 1, beta 0, float32, one process each, the same reward (`--reward`:
-gsm8k, or gsm8k_closeness from benchmarks/rewards.py, not constant within a group). Ours is `torchrl_post.train`
-(per-step `timing_s/*` from metrics.jsonl); TRL is benchmarks/trl_worker.py in TRL's own venv
-(outputs/bench_venvs/trl, built here once; `--no-trl` skips it), generating with transformers (its vLLM mode does not
-run on vLLM's CPU build). Headline per model: `ratio` = TRL step / our step (target >= 3), medians after WARMUP.
-
-    default   a synthetic 24M Qwen2 over Qwen2.5's tokenizer and SmolLM2-135M-Instruct, 5 steps each side; how our
-              step grows on the synthetic model: prompts 4/16, lengths 16/64, 2 ranks, rollout on its own rank
-    --quick   the synthetic model; scaling: prompts 16, 2 ranks
-    --tiny    a tiny Qwen2 (hidden 64), 2 prompts x 4 samples, 8 tokens, 2 steps; TRL only when its venv exists
+Both sides train on real GSM8K prompts (benchmarks/artefacts.py), 8 prompts x 8 samples per step, at most
+`--response-length` new tokens, temperature 1, beta 0, float32, one process each, the same `--reward`. Ours is
+`torchrl_post.train` (per-step `timing_s/*`); TRL is benchmarks/trl_worker.py in TRL's own venv (outputs/bench_venvs/
+trl, built once; `--no-trl` skips it), generating with transformers. Headline per model: `ratio` = TRL step / our
+step (target >= 3), medians after WARMUP. Default: the synthetic 24M Qwen2 and SmolLM2-135M-Instruct, 5 steps, and
+how our step grows on the synthetic model (`plan`); `--quick` the synthetic model; `--tiny` a tiny Qwen2, 2 steps.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full,
-on 1, 2 and 4 ranks (benchmarks/loading_worker.py under torchrun per format and ranks). The full load on 4 ranks
-runs only where MemAvailable holds 4 copies of the model.
-
-    default   qwen2-1b (float32, 4 GB, built once under outputs/bench_models): sharded on 1, 2, 4 ranks; full on 1, 2
-    --quick   qwen2-100m on 1, 2, 4 ranks, both formats
-    --tiny    qwen2-1m on 2 ranks, both formats
+per SETTINGS' model and rank counts (benchmarks/loading_worker.py under torchrun; default a 4 GB qwen2-1b, built
+once). The full load runs only where MemAvailable holds a copy of the model per rank.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """LoRA benchmark: LoRA against full fine-tuning on the same model, through the real training entrypoint.
 
-Per model (the demo model, ~0.4M parameters, and a random ~25M Qwen2 with the demo's tokenizer) three
-`torchrun --nproc-per-node 2 -m torchrl_post.train` runs: full fine-tuning (configs/config.yaml), LoRA
-(`--config-name lora`, rank 16, alpha 32) with merged sync and with adapter sync. Medians over steps 3..N of the
-step, update and sync times and the sync bytes; AdamW state = 2 float32 moments per trainable parameter.
-`--quick`: the demo model only, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
+Per model (the demo model and a random ~25M Qwen2) three `torchrun --nproc-per-node 2 -m torchrl_post.train` runs:
+full fine-tuning, LoRA (rank 16, alpha 32) with merged sync and with adapter sync; medians over steps 3..N.
+`--quick`: the demo model, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
 """
 
 from __future__ import annotations

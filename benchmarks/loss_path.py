@@ -1,11 +1,8 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
-before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head),
-measured by benchmarks/update_memory_worker.py (MemTracker) on a random Qwen2 of tiny depth (hidden 64, 2 layers,
-tied). The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
+before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head), by
+benchmarks/update_memory_worker.py (MemTracker) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: TINY).
+The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
 Lengths whose full-logits update would take more than half of the free memory are not run on that path.
-
-    default, --quick   response lengths 256, 512, 1024, 2048, 4096
-    --tiny             a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (tests)
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks.
+"""Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks (SETTINGS).
 
 One GRPO step of the trainer per model and rank count, read back from its metrics.jsonl (`perf/param_bytes`,
 `perf/grad_bytes`, `perf/optimizer_bytes`: the largest rank's local shards). `ratio` = that / the 1-rank run's; the
 ideal is 1 / ranks. Tensor counts, deterministic: shared CPUs do not matter. On CUDA the ranks stop at the GPU count.
-
-    default   qwen2-10m, qwen2-40m and qwen2-100m on 1, 2, 4 ranks
-    --quick   qwen2-10m on 1, 2, 4 ranks
-    --tiny    qwen2-1m on 1, 2 ranks
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Mixture-of-experts benchmark: one forward and backward of a random Qwen3-MoE with each
-`model.experts_implementation` (`eager`'s per-expert loop, `grouped_mm`, `batched_mm`'s per-token gathered weights),
-in this process, the same weights for each (switched by the trainer's own `workers.models.with_experts`), on
-`--threads` torch threads. `--warmup` rounds, then `--repeats` timed rounds of one pass of every implementation in
-turn (CPU and wall time); the first round's loss and gradients are compared with eager's. `batched_mm` runs only where
-its gathered weights fit in a quarter of the free memory.
-
-    default, --quick   the tiny test model and a larger one (hidden 512, 8 experts, 4 layers), 8 x 256 tokens,
-                       float32 and bfloat16, 2 warm-up rounds, 9 timed
-    --tiny             the tiny model, 2 x 32 tokens, float32, 1 warm-up, 2 repeats (tests)
+`model.experts_implementation` (`eager`, `grouped_mm`, `batched_mm`), in this process, the same weights for each
+(switched by `workers.models.with_experts`). `--warmup` rounds, then `--repeats` timed rounds of every implementation
+in turn; the first round's loss and gradients are compared with eager's. `batched_mm` runs only where its gathered
+weights fit in a quarter of the free memory. Default and `--quick`: SIZES, float32 and bfloat16; `--tiny`: the tiny
+model, 2 x 32 tokens, float32.
 """
 
 from __future__ import annotations

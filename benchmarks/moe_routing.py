@@ -1,12 +1,9 @@
 """MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
-replay does to the engine/trainer logprob difference, through the real training entrypoint.
+replay does to the engine/trainer logprob difference, through the real training entrypoint (2 CPU ranks).
 
-`torchrun --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated vLLM, GRPO on the demo
-data) per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine
-against the float32 trainer (as GPU runs have), without and with `actor.router_replay`, in float32 on both sides,
-and a near-tie variant (routers scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). Per step from
-metrics.jsonl: `rollout/router_mismatch` and `rollout/logprob_diff`, both before the update.
-`--quick`: 6 steps; `--tiny`: 2 steps (tests).
+Per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine against
+the float32 trainer, without and with `actor.router_replay`, float32 on both sides, and a near-tie variant (routers
+scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). `--quick`: 6 steps; `--tiny`: 2.
 """
 
 from __future__ import annotations

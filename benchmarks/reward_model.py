@@ -1,12 +1,9 @@
 """Reward-model benchmark: scoring colocated with the actor against on a rank of its own, through the real trainer.
 
-Per reward model (a random Qwen2ForSequenceClassification with the demo's tokenizer: `rm-demo`, the demo model's
-config, and `rm-qwen2-25m`) the demo GRPO config with `reward_model.enable=true` and a KL loss against the reference
-(`actor.use_kl_loss=true`: a reference forward per step on the actor's ranks), twice: colocated on the 2 actor ranks
-(`placement.reward_model=actor`) and on rank 2 of its own (3 processes). RM s = `timing_s/reward_model` +
-`timing_s/wait_reward_model` (the scoring on the actor's critical path), medians over steps 3..N. Headline: the step
-time on its own rank over colocated's. Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with
-transformers: vLLM's start costs ~10 s a launch, and the scoring does not depend on the engine).
+Per reward model (RM_SIZES: random Qwen2ForSequenceClassification with the demo's tokenizer) the demo GRPO config
+with `reward_model.enable=true` and a KL loss (a reference forward per step on the actor's ranks), colocated on the
+2 actor ranks and on rank 2 of its own. RM s = `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over
+steps 3..N. Steps: 12 (`--quick` 6, `--tiny` 3, rm-demo only, generating with transformers).
 """
 
 from __future__ import annotations

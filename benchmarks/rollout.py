@@ -1,12 +1,6 @@
 """Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
-generation time goes (benchmarks/rollout_worker.py under torchrun, 1 process, random Qwen2 models).
-
+generation time goes (benchmarks/rollout_worker.py, 1 process, random Qwen2 models; each mode's sizes: SETTINGS).
 Headline: `ratio` = vLLM tokens/s / hf tokens/s per (batch, length) row, every sample forced to the asked length.
-
-    default   qwen2-10m and qwen2-40m, batches 1x1 4x4 16x4 32x8, lengths 32 128 224, 3 repeats
-    --quick   qwen2-10m, batches 1x1 4x2 8x4, lengths 16 64, 2 repeats
-    --tiny    qwen2-1m, batches 1x1 2x2, lengths 4 8, 1 repeat
-
 On CPU both engines run `--threads` unbound OpenMP threads (default 1: on shared cores, spinning or pinned threads
 stall 10x whenever another process takes one of their cores).
 """

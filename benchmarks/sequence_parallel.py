@@ -1,13 +1,8 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
-with Ulysses sequence parallelism over sp = 1, 2 and 4 gloo ranks (dp 1), and the all-to-all's share of the step,
-measured by benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions. Why the activations sit
-about 1.1 x 1/sp (k and v repeated to the query heads, the exchanged output's copy): the report's last paragraph;
-counted with saved-tensor hooks at 2k tokens (2026-11-26), 43.3 hidden sizes per local token against sp=1's 38.2.
-(Before its fix, found here, the global mask built an [S, S] square: 516 MiB per rank at 16k, above sp=1's 327.)
-
-    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on
-    --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
-    --tiny    response lengths 256, 512; sp 1, 2; checkpointing off (tests)
+with Ulysses sequence parallelism over sp gloo ranks (dp 1), and the all-to-all's share of the step, measured by
+benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions (lengths, sp, checkpointing per
+mode: SETTINGS). Why the activations sit about 1.1 x 1/sp: the report's last paragraph (counted with saved-tensor
+hooks at 2k tokens, 2026-11-26: 43.3 hidden sizes per local token against sp=1's 38.2).
 """
 
 from __future__ import annotations

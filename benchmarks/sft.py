@@ -1,14 +1,7 @@
-"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`, the real entrypoint) on 1 and 2 ranks against
-TRL's SFTTrainer on 1 process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py), same model,
-same rows in the same order (a seeded copy task; TRL gets the tokens our SFT loader produced), same batch, learning
-rate and steps; and the losses of both. Packing off on both (fixed-length rows: nothing to unpad). tokens/s = loss
-tokens of the steps after the first / their summed wall time; `--threads` torch threads per process (default 1).
-
-    python -m benchmarks --only sft          (or python -m benchmarks.sft [--quick | --tiny])
-
-    default   qwen2-10m, 16 rows of 64 prompt + 192 response tokens, 8 steps
-    --quick   qwen2-10m, 8 rows of 64 + 128 tokens, 5 steps (about 2 minutes on 2 cores)
-    --tiny    a 2-layer model of hidden size 64, 4 rows of 16 + 16 tokens, 3 steps (45-70 s: three launches)
+"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`) on 1 and 2 ranks against TRL's SFTTrainer on 1
+process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py): same model, rows in the same order
+(a seeded copy task; TRL gets the tokens our loader produced), batch, learning rate and steps; the losses of both.
+Packing off on both; `--threads` torch threads per process (default 1); each mode's setting: SETTINGS.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Weight-sync benchmark: how close the trainer -> vLLM weight sync gets to the raw collective of the same bytes.
 
-benchmarks/sync_worker.py under torchrun per random Qwen2 (1M to 100M parameters): colocated on 2 actor ranks
-(sync_weights against the bare all_gathers) and broadcast from 1 actor to 1 rollout rank (BroadcastSync against one
-broadcast); for the largest model also 2 and 3 rollout ranks and 2 actor ranks. `ratio` = raw_s / sync_s (target 0.7).
-`--quick`: the smallest model, colocated and 1 + 1 broadcast only; `--tiny`: the same with one repeat.
+benchmarks/sync_worker.py per random Qwen2 (MODELS): colocated on 2 actor ranks and broadcast from 1 actor to 1
+rollout rank; for the largest also 2 and 3 rollout ranks and 2 actor ranks. `ratio` = raw_s / sync_s (target 0.7).
+`--quick`: the smallest model, colocated and 1 + 1 broadcast; `--tiny`: the same, one repeat.
 """
 
 from __future__ import annotations

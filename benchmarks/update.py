@@ -2,13 +2,8 @@
 HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode (benchmarks/update_worker.py).
 
 A seeded GRPO-shaped batch (groups of 8 sharing a 40-120 token prompt, responses of 1-64 tokens); modes fixed,
-dynamic, packed, packed_dynamic. Headline: `ratio` = ours / bare real tokens/s (target >= 0.9).
-
-    default   qwen2-10m, 64 samples, micro 8, budget 1536, 3 repeats: 1 and 2 ranks, 1 rank with skewed lengths
-    --quick   qwen2-10m, 16 samples, micro 4, budget 768, 2 repeats, 1 rank
-    --tiny    a 2-layer model of hidden size 64, 8 samples, 1 repeat, 1 rank (tests)
-
-On CPU each rank runs `--threads` torch threads (default 1: more stall whenever another process takes a core).
+dynamic, packed, packed_dynamic; each mode's shapes and runs: SETTINGS. Headline: `ratio` = ours / bare real
+tokens/s (target >= 0.9). On CPU each rank runs `--threads` torch threads (default 1).
 """
 
 from __future__ import annotations
