@@ -29,10 +29,10 @@ N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per ta
 
 
 def run_loop(tasks: int, repeats: int) -> dict[str, Any]:
-    args = [
-        *("--model", str(demo_model()), "--data", str(DEMO_DATA / "train.jsonl"), "--tasks", str(tasks)),
-        *("--samples", str(N), "--repeats", str(repeats), "--delays-ms", DELAYS_MS, "--env-workers", str(ENV_WORKERS)),
-    ]
+    args = {
+        "model": demo_model(), "data": DEMO_DATA / "train.jsonl", "tasks": tasks, "samples": N, "repeats": repeats,
+        "delays_ms": DELAYS_MS, "env_workers": ENV_WORKERS,
+    }  # fmt: skip
     # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
     env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)

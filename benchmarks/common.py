@@ -290,16 +290,18 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
 
 
 def run_worker(
-    tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None, python: Any = None
+    tag: str, worker: Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
 ) -> Any:
     """`worker` under torchrun on `nproc` processes (or by `python` alone: TRL's venv, this repository not on its
-    path) with `--out LOGS/<tag>.json`, its log beside it, `env` added; what it wrote, with the load average."""
+    path) with `--<name> <value>` per option (`_` as `-`) and `--out LOGS/<tag>.json`, its log beside it, `env`
+    added; what it wrote, with the load average."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()
     launch = [str(python)] if python else [*torchrun(), "--standalone", "--nproc-per-node", str(nproc)]
     full_env = dict(os.environ, **(env or {})) if python else child_env(env)
-    run_logged([*launch, str(worker), *worker_args, "--out", str(out)], LOGS / f"{tag}.log", env=full_env)
+    flags = [x for k, v in (options | {"out": out}).items() for x in ("--" + k.replace("_", "-"), str(v))]
+    run_logged([*launch, str(worker), *flags], LOGS / f"{tag}.log", env=full_env)
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
     return rec

@@ -164,11 +164,10 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
         return saved
     if python is None:
         return None
-    args = [
-        "--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--prompts", str(s.prompts),
-        "--n", str(s.n), "--response-length", str(s.response_length), "--lr", str(LR), "--steps", str(s.steps),
-        "--reward", s.reward,
-    ]  # fmt: skip
+    args = {
+        "model": model_path(s.model), "train": data / "train.jsonl", "prompts": s.prompts, "n": s.n,
+        "response_length": s.response_length, "lr": LR, "steps": s.steps, "reward": s.reward,
+    }  # fmt: skip
     print(f"    TRL: {s.model}, {label(asdict(s))} ...", flush=True)
     t0 = time.perf_counter()
     raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python)

@@ -24,10 +24,10 @@ EPS = (1, 2, 4)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    shape = ["--experts", "8", "--layers", "2", "--repeats", "1"] if args.quick or args.tiny else []
+    shape = {"experts": 8, "layers": 2, "repeats": 1} if args.quick or args.tiny else {}
     rows = []
     for ep in EPS:
-        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, ["--ep", str(ep), *shape])
+        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, {"ep": ep, **shape})
         ranks = rec["ranks"]
         gathered = max(r["expert_bytes_gathered"] for r in ranks)
         rows.append({

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
                 continue
             tag = f"loading_{path.name}_{fmt}_r{ranks}"
-            rec = common.run_worker(tag, WORKER, ranks, ["--model", str(path), "--format", fmt])
+            rec = common.run_worker(tag, WORKER, ranks, {"model": path, "format": fmt})
             per, peak = rec["per_rank"], max(r["peak_growth_bytes"] for r in rec["per_rank"])
             rows.append({
                 "model": size.name, **{k: rec[k] for k in ("format", "ranks", "num_params", "model_bytes")},

@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for label, head_chunk in (("before", 0), ("after", chunk)):
         skip = limit if head_chunk == 0 else 0
         print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}" + (f", full logits up to {skip} tokens" if skip else ""))
-        worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
-        rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
+        worker_args = {"model": model, "chunk": head_chunk, "lengths": ",".join(map(str, lengths)), "skip_above": skip}
+        rec = common.run_worker(f"loss_path_{label}", WORKER, 1, worker_args, env)
         rec["results"] = [{**r, "tokens": r["response_len"]} for r in rec.pop("per_rank")[0]]  # 1 row: its response
         # the chunked path's steady state starts at one chunk (below it the chunk grows with the tokens); 0: all
         fitted = [

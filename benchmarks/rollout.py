@@ -49,10 +49,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_len = prompt_len + max(int(x) for x in lengths.split(","))
         head_dim = size.hidden_size // size.num_heads
         kv_gb = max(1, -(-2 * size.num_layers * size.num_kv_heads * head_dim * 4 * max_seqs * max_len * 2 // 2**30))
-        worker_args = [
-            *("--model", str(model_dir(size)), "--prompt-len", str(prompt_len), "--batches", batches),
-            *("--lengths", lengths, "--repeats", str(repeats), "--kv-cache-gb", str(kv_gb)),
-        ]
+        worker_args = {
+            "model": model_dir(size), "prompt_len": prompt_len, "batches": batches, "lengths": lengths,
+            "repeats": repeats, "kv_cache_gb": kv_gb,
+        }  # fmt: skip
         rec = common.run_worker(f"rollout_{model}", WORKER, 1, worker_args, env)
         rec["decode_fit"] = {e: decode_fit(rec, e) for e in ENGINES}
         runs.append(rec)

@@ -59,8 +59,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for sp in sps:
         t0 = time.perf_counter()
-        worker_args = ["--model", str(model), "--lengths", ",".join(map(str, lengths))]
-        worker_args += ["--checkpointing", ",".join(checkpointing), "--prompt-len", str(PROMPT), "--timed", str(timed)]
+        worker_args = {
+            "model": model, "lengths": ",".join(map(str, lengths)), "checkpointing": ",".join(checkpointing),
+            "prompt_len": PROMPT, "timed": timed,
+        }  # fmt: skip
         rec = common.run_worker(f"sequence_parallel_sp{sp}", WORKER, sp, worker_args, env)
         rec["seconds"] = time.perf_counter() - t0
         runs.append(rec)

@@ -113,10 +113,7 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
     if python is None:
         print("    TRL: skipped (no environment at outputs/bench_venvs/trl; a full run builds it)", flush=True)
         return None
-    args = [
-        "--model", str(model_dir(s.model)), "--train", str(tokens), "--batch", str(s.batch), "--lr", str(s.lr),
-        "--steps", str(s.steps), "--seed", str(SEED),
-    ]  # fmt: skip
+    args = {"model": model_dir(s.model), "train": tokens, "batch": s.batch, "lr": s.lr, "steps": s.steps, "seed": SEED}
     print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
     t0 = time.perf_counter()
     env = {"OMP_NUM_THREADS": str(threads), **TRL_ENV}

@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tag = f"{model}_{mode}_a{actor}_r{rollout}"
         nproc = actor if mode == "colocated" else actor + rollout
         print(f"  [{i}/{len(runs)}] {tag} on {nproc} ranks ...", flush=True)
-        worker_args = [
-            *("--model", str(model_dir(SIZES[model])), "--mode", mode, "--actor", str(actor)),
-            *("--rollout", str(rollout), "--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)),
-        ]
+        worker_args = {
+            "model": model_dir(SIZES[model]), "mode": mode, "actor": actor, "rollout": rollout,
+            "bucket_mb": args.bucket_mb, "repeats": args.repeats,
+        }  # fmt: skip
         rec = common.run_worker(f"sync_{tag}", WORKER, nproc, worker_args)
         rec["transfer_ratio"] = rec["raw_s"] / rec["transfer_s"]
         records.append(rec)

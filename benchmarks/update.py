@@ -56,11 +56,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for ranks, lengths in s.runs:
         print(f"  {s.model.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
-        worker_args = [
-            *("--model", str(model_dir(s.model)), "--samples", str(s.samples), "--group", str(s.group)),
-            *("--prompt-len", PROMPT_LEN, "--response-len", RESPONSE_LEN, "--lengths", lengths),
-            *("--micro", str(s.micro), "--budget", str(s.budget), "--repeats", str(repeats)),
-        ]
+        worker_args = {
+            "model": model_dir(s.model), "samples": s.samples, "group": s.group, "prompt_len": PROMPT_LEN,
+            "response_len": RESPONSE_LEN, "lengths": lengths, "micro": s.micro, "budget": s.budget, "repeats": repeats,
+        }  # fmt: skip
         env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
         runs.append(common.run_worker(f"update_{s.model.name}_{ranks}r_{lengths}", WORKER, ranks, worker_args, env))
     return {"mode": mode, "repeats": repeats, "threads": args.threads, "runs": runs, "loadavg_1m": common.load_1m()}
