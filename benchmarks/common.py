@@ -146,6 +146,11 @@ def table(rows: list[Record], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join([head, rule, *body]) + "\n"
 
 
+def blocks(*parts: str) -> str:
+    """Markdown blocks (headings, paragraphs, tables) one blank line apart, empty ones left out."""
+    return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
+
+
 def na(x: float | None, spec: str = "{:.2f}") -> str:
     """`spec` of x; n/a where it was not measured."""
     return "n/a" if x is None else spec.format(x)

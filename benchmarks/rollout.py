@@ -112,31 +112,26 @@ def conclusion(run: dict[str, Any]) -> str:
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    lines = [
+    parts = [
         "# Rollout benchmark: vLLM against transformers generate",
-        "",
         f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
         f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
         f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token "
         "s`: a call of one new token (fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1); "
         "`decode share`: the call's time after the first token.",
-        "",
     ]
     for r in rec["runs"]:
         start, fixed = r["engine_start_s"], r["fixed_call_s"]
-        lines += [
+        parts += [
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}, prompts of "
             f"{r['prompt_len']} tokens)",
-            "",
             common.table([{**row, "shape": f"{row['prompts']} x {row['n']}"} for row in r["rows"]], COLUMNS),
             f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s. Fixed cost of one call (1 prompt, "
             f"1 token): vLLM {fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average "
             f"{r['loadavg_1m']:.1f} after this model.",
-            "",
             conclusion(r),
-            "",
         ]
-    return "\n".join(lines)
+    return common.blocks(*parts)
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

@@ -98,9 +98,8 @@ def conclusion(run: dict[str, Any]) -> str:
 
 def markdown(rec: dict[str, Any]) -> str:
     m = rec["machine"]
-    lines = [
+    parts = [
         "# Update benchmark: the actor's update against a bare PyTorch loop",
-        "",
         f"{m['cpu_count']} CPUs, torch {m['torch']}; {rec.get('threads', 1)} torch thread(s) per rank; 1-minute "
         f"load average {rec['loadavg_1m']:.1f} at the end. Ours: `Actor.update` (FSDP2, PPO clip loss, metrics, "
         "clipping, AdamW). Bare: the plain HF model and torch.optim.AdamW over the same micro-batches (padded, or "
@@ -109,22 +108,18 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{rec['repeats']} repeats after a warm-up, taking turns. `ratio` = ours / bare padded tok/s (for the packing "
         "modes it includes what packing buys); `ratio (CPU s)`: the same from rank 0's process CPU seconds (not "
         "stretched by other jobs). `padding frac` is ours (`perf/padding_frac`, rank 0's).",
-        "",
     ]
     for r in rec["runs"]:
-        lines += [
+        parts += [
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}), {r['ranks']} "
             f"rank(s), {r['samples']} samples, {r['lengths']} response lengths",
-            "",
             f"Prompts {r['prompt_len'].replace(',', '-')} tokens in groups of {r['group']}, responses "
             f"{r['response_len'].replace(',', '-')} tokens; {r['real_tokens']:.0f} real tokens in {r['cells']} "
             f"cells; micro-batches of {r['micro']} rows (fixed) or {r['budget']} tokens (dynamic).",
-            "",
             common.table(r["rows"], COLUMNS),
             conclusion(r) + f" Load average {r['loadavg_1m']:.1f} after this run.",
-            "",
         ]
-    return "\n".join(lines)
+    return common.blocks(*parts)
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
