@@ -85,29 +85,23 @@ COLUMNS = [
 def conclusion(run: dict[str, Any]) -> str:
     ratios = [r["ratio"] for r in run["rows"]]
     big = max(run["rows"], key=lambda r: (r["batch"], r["length"]))
-    fixed = run["fixed_call_s"]
     text = (
-        f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x (largest batch and length, "
-        f"{big['prompts']} x {big['n']} x {big['length']} tokens: {big['ratio']:.2f}x). Where vLLM's time goes "
-        f"there: {big['vllm_first_token_s']:.3f} s for the first token (fixed cost and prefill), then "
-        f"{big['vllm_decode_step_ms']:.2f} ms per decode step for {big['batch']} samples "
-        f"({big['vllm_decode_share']:.0%} of the call); a call of one prompt and one token costs "
-        f"{fixed['vllm'] * 1e3:.1f} ms in vLLM and {fixed['hf'] * 1e3:.1f} ms in transformers (its logprob pass "
-        "included)."
+        f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x ({big['prompts']} x {big['n']} x "
+        f"{big['length']} tokens: {big['ratio']:.2f}x, where vLLM takes {big['vllm_first_token_s']:.3f} s to the first "
+        f"token, then {big['vllm_decode_step_ms']:.2f} ms per decode step of {big['batch']} samples, "
+        f"{big['vllm_decode_share']:.0%} of the call)."
     )
     v, h = decode_fit(run, "vllm"), decode_fit(run, "hf")
     if v is None or h is None:
         return text
     text += (
-        f" A decode step costs about {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per sample in vLLM and "
-        f"{h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms per sample in transformers (a line through the "
-        f"{v['length']}-token rows)"
+        f" A decode step (fit on the {v['length']}-token rows): {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per "
+        f"sample in vLLM, {h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms in transformers"
     )
-    if v["sample_ms"] <= 0:
-        return text + "."
     return text + (
-        f"; in vLLM the samples' part outweighs the step's fixed part from about {v['step_ms'] / v['sample_ms']:.0f} "
-        "samples per call on."
+        f"; in vLLM the samples outweigh the step from {v['step_ms'] / v['sample_ms']:.0f} per call."
+        if v["sample_ms"] > 0
+        else "."
     )
 
 
@@ -116,9 +110,8 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Rollout benchmark: vLLM against transformers generate",
         f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
         f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
-        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token "
-        "s`: a call of one new token (fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1); "
-        "`decode share`: the call's time after the first token.",
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `first token s`: a call of one new token; `decode "
+        "ms/step` = (t(length) - t(1)) / (length - 1); `decode share`: the call's time after the first token.",
     ]
     for r in rec["runs"]:
         start, fixed = r["engine_start_s"], r["fixed_call_s"]
@@ -126,10 +119,9 @@ def markdown(rec: dict[str, Any]) -> str:
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}, prompts of "
             f"{r['prompt_len']} tokens)",
             common.table([{**row, "shape": f"{row['prompts']} x {row['n']}"} for row in r["rows"]], COLUMNS),
-            f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s. Fixed cost of one call (1 prompt, "
-            f"1 token): vLLM {fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average "
-            f"{r['loadavg_1m']:.1f} after this model.",
-            conclusion(r),
+            f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s; a call of 1 prompt and 1 token: vLLM "
+            f"{fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average {r['loadavg_1m']:.1f}. "
+            + conclusion(r),
         ]
     return common.blocks(*parts)
 

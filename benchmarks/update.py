@@ -77,21 +77,17 @@ COLUMNS = [
 
 def conclusion(run: dict[str, Any]) -> str:
     rows = {r["mode"]: r for r in run["rows"]}
-    ratios = [r["ratio"] for r in rows.values()]
-    low = [m for m, r in rows.items() if r["ratio"] < 0.9]
-    text = f"Ours / bare over the same real tokens: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
+    ratios, low = [r["ratio"] for r in rows.values()], [m for m, r in rows.items() if r["ratio"] < 0.9]
+    text = f"Ours / bare: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
         f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target)."
     )
-    cpu = [r["ratio_cpu"] for r in rows.values() if r.get("ratio_cpu")]
-    if cpu:
-        text += f" By CPU seconds (not stretched by other jobs): {min(cpu):.2f}x to {max(cpu):.2f}x."
-    for m in ("packed", "packed_dynamic"):
-        if m in rows and rows[m].get("bare_packed_tokens_per_s"):
-            r = rows[m]
+    if cpu := [r["ratio_cpu"] for r in rows.values() if r.get("ratio_cpu")]:
+        text += f" By CPU seconds: {min(cpu):.2f}x to {max(cpu):.2f}x."
+    for m, r in rows.items():
+        if r.get("bare_packed_tokens_per_s"):
             text += (
-                f" {m}: packing removes {r['bare_padding_frac']:.0%} padding; the bare packed loop runs at "
-                f"{r['bare_packed_tokens_per_s'] / r['bare_tokens_per_s']:.2f}x the bare padded one, ours at "
-                f"{r['ratio_vs_bare_packed']:.2f}x the bare packed one."
+                f" {m}: packing removes {r['bare_padding_frac']:.0%} padding, the bare packed loop runs at "
+                f"{r['bare_packed_tokens_per_s'] / r['bare_tokens_per_s']:.2f}x the bare padded one."
             )
     return text
 
@@ -101,13 +97,11 @@ def markdown(rec: dict[str, Any]) -> str:
     parts = [
         "# Update benchmark: the actor's update against a bare PyTorch loop",
         f"{m['cpu_count']} CPUs, torch {m['torch']}; {rec.get('threads', 1)} torch thread(s) per rank; 1-minute "
-        f"load average {rec['loadavg_1m']:.1f} at the end. Ours: `Actor.update` (FSDP2, PPO clip loss, metrics, "
-        "clipping, AdamW). Bare: the plain HF model and torch.optim.AdamW over the same micro-batches (padded, or "
-        "packed: one row of real tokens), the on-policy PPO surrogate, clipping, an all_reduce of the gradients on 2 "
-        "ranks. tokens/s = real tokens of the whole batch / seconds of one update, median of "
-        f"{rec['repeats']} repeats after a warm-up, taking turns. `ratio` = ours / bare padded tok/s (for the packing "
-        "modes it includes what packing buys); `ratio (CPU s)`: the same from rank 0's process CPU seconds (not "
-        "stretched by other jobs). `padding frac` is ours (`perf/padding_frac`, rank 0's).",
+        f"load average {rec['loadavg_1m']:.1f} at the end. Ours: `Actor.update` (FSDP2, PPO clip loss, clipping, "
+        "AdamW); bare: the HF model and torch.optim.AdamW over the same micro-batches (padded, or packed), the "
+        "on-policy PPO surrogate, clipping, a gradient all_reduce on 2 ranks. tokens/s: real tokens of the batch / "
+        f"seconds of one update, median of {rec['repeats']} repeats taking turns. `ratio` = ours / bare padded "
+        "tok/s; `ratio (CPU s)`: from rank 0's process CPU seconds; `padding frac`: ours.",
     ]
     for r in rec["runs"]:
         parts += [
