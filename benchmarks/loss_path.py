@@ -79,18 +79,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+ROW_COLUMNS = [
+    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"), ("after MiB", "after_mib", "{:.0f}"),
+    ("before / after", "ratio", "{:.1f}x"),
+]  # fmt: skip
+SLOPE_COLUMNS = [
+    ("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"), ("x hidden x 4 B", "per_hidden", "{:.1f}"),
+    ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
+]  # fmt: skip
+
+
 def markdown(rec: dict[str, Any]) -> str:
-    h, v = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"]
-    fits = {p["label"]: p for p in rec["paths"]}
-    before, after = (
-        fits[k]["fit"]["slope_bytes_per_token"] if fits[k].get("fit") else None for k in ("before", "after")
-    )
+    h, v, chunk = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"], rec["chunk"]
+    fits = {p["label"]: p.get("fit") for p in rec["paths"]}
+    before, after = (f and f["slope_bytes_per_token"] for f in (fits["before"], fits["after"]))
+    start = next(p["fit_from_tokens"] for p in rec["paths"] if p["label"] == "after")
     slopes = [
         {"what": "before: full logits (HEAD_CHUNK_TOKENS=0)", "bytes": before},
-        {
-            "what": f"after: chunked head (HEAD_CHUNK_TOKENS={rec['chunk']}), from {fits['after']['fit_from_tokens']} tokens",
-            "bytes": after,
-        },
+        {"what": f"after: chunked head (HEAD_CHUNK_TOKENS={chunk}), from {start} tokens", "bytes": after},
         {"what": f"hidden x 4 bytes (hidden {rec['hidden_size']})", "bytes": h},
         {"what": f"vocabulary x 4 bytes (vocabulary {rec['vocab_size']})", "bytes": v},
     ]
@@ -98,40 +104,28 @@ def markdown(rec: dict[str, Any]) -> str:
         if s["bytes"] is not None:
             s |= {"per_hidden": s["bytes"] / h, "per_vocab": s["bytes"] / v}
     skipped = rec.get("full_logits_skipped_above") or 0
-    lines = [
-        "# Loss path: peak memory of one actor update against the response length",
-        "",
+    intro = (
         f"A random Qwen2 with Qwen2.5's vocabulary ({rec['vocab_size']} rows, tied), hidden {rec['hidden_size']}, "
         f"{rec['num_layers']} layer(s); one `Actor.update` (FSDP2 on 1 rank, float32, AdamW) of 1 row, a 32-token "
-        "prompt, per response length; peak tensor bytes over forward, backward and optimizer step from torch's "
-        "MemTracker (exact on CPU; the parameters and AdamW state held between updates included). `before`: "
-        "`HEAD_CHUNK_TOKENS=0`, the full [tokens x vocabulary] float32 logits; `after`: the chunked LM head "
-        f"({rec['chunk']} positions per pass)."
-        + (
-            f" The full-logits path was not run above {skipped} tokens (more than half of this machine's free "
-            "memory); its slope is fitted on the lengths run."
-            if skipped
-            else ""
-        ),
-        "",
-        common.table(rec["rows"], [("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
-                                   ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x")]),
-        "Per-token slope (least squares; after: from one chunk on, below which the chunk itself grows with the "
-        "tokens):",
-        "",
-        common.table(slopes, [("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"),
-                              ("x hidden x 4 B", "per_hidden", "{:.1f}"), ("x vocabulary x 4 B", "per_vocab", "{:.3f}")]),
-    ]  # fmt: skip
-    if before and after and fits["after"].get("fit"):
-        intercept = fits["after"]["fit"]["intercept_bytes"] / 2**20
-        lines.append(
-            f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, "
-            f"{after / h:.0f} x hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the "
-            f"hidden size, not the vocabulary. The chunk is a constant ({intercept:.0f} MiB intercept, parameters "
-            f"and AdamW state included). Load average {rec['loadavg_1m']:.1f} (memory counts are not timing: "
-            "load does not change them)."
+        "prompt, per response length; peak tensor bytes from torch's MemTracker (parameters and AdamW state "
+        "included). `before`: `HEAD_CHUNK_TOKENS=0`, the full [tokens x vocabulary] float32 logits; `after`: the "
+        f"chunked LM head ({chunk} positions per pass)."
+    )
+    if skipped:
+        intro += f" Full logits not run above {skipped} tokens (over half the free memory); fitted on the lengths run."
+    end = ""
+    if before and after:
+        end = (
+            f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, {after / h:.0f} x "
+            f"hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the hidden size, not the "
+            f"vocabulary; the chunk is a constant ({fits['after']['intercept_bytes'] / 2**20:.0f} MiB intercept, "
+            f"parameters and AdamW state included). Load average {rec['loadavg_1m']:.1f}."
         )
-    return "\n".join(lines) + "\n"
+    return common.blocks(
+        "# Loss path: peak memory of one actor update against the response length", intro,
+        common.table(rec["rows"], ROW_COLUMNS), "Per-token slope (least squares; after: from one chunk on):",
+        common.table(slopes, SLOPE_COLUMNS), end,
+    )  # fmt: skip
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
