@@ -122,22 +122,16 @@ def markdown(rec: dict[str, Any]) -> str:
     longest = max(r["response_len"] for r in rows)
     at_longest = [r for r in rows if r["response_len"] == longest and r["sp"] > 1]
     shares = [r["exchange_share"] for r in rows if r["sp"] > 1]
-    lines = [
+    parts = [
         "# Sequence parallelism (Ulysses): activation memory per rank against the response length",
-        "",
         f"A random Qwen2 (hidden {m['hidden_size']}, {m['num_layers']} layers, {m['num_heads']} heads, "
         f"{m['num_kv_heads']} kv heads, vocabulary {m['vocab_size']}, {m['dtype']}); one `Actor.update` (FSDP2, "
         f"AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, sp = the gloo ranks (dp 1). "
         "`activations`: MemTracker's peak less the parameters, gradients and AdamW state, the largest rank's; "
-        "`ratio` = that / sp=1's (ideal 1/sp); `peak`: everything. "
-        f"`step`: the fastest of {rec['timed']} untracked updates, the slowest rank; `all-to-all`: the time inside "
-        "the Ulysses exchanges, mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes "
-        "each rank hands to them per update.",
-        "",
+        f"`peak`: everything. `step`: the fastest of {rec['timed']} untracked updates, the slowest rank; "
+        "`all-to-all`: the time inside the Ulysses exchanges, mean over the ranks, and the bytes each rank sends.",
         common.table(rows, COLUMNS),
-        "Activations per rank = constant + slope x tokens (least squares over the lengths; tokens = prompt + "
-        "response):",
-        "",
+        "Activations per rank = constant + slope x tokens (least squares; tokens = prompt + response):",
         common.table(fits, FIT_COLUMNS),
     ]
     if at_longest:
@@ -146,7 +140,7 @@ def markdown(rec: dict[str, Any]) -> str:
         above = [r["ratio"] * r["sp"] for r in at_longest]
         slopes = [f["slope_ratio"] * f["sp"] for f in rec["fits"] if f["sp"] > 1]
         constant = max(abs(f["intercept_bytes"]) for f in rec["fits"]) / 2**20
-        lines.append(
+        parts.append(
             f"At {longest} response tokens a rank holds this fraction of sp=1's activations: {held}"
             + (f"; with checkpointing {held_ckpt}" if held_ckpt else "")
             + f": {min(above):.2f}-{max(above):.2f} x the ideal 1/sp. The per-token slope carries the excess "
@@ -159,7 +153,7 @@ def markdown(rec: dict[str, Any]) -> str:
             f"cores, so `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
             f"{rec['seconds']:.0f} s in all."
         )
-    return "\n".join(lines) + "\n"
+    return common.blocks(*parts)
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
