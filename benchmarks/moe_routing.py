@@ -88,14 +88,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(rec: dict[str, Any]) -> str:
     by = {r["mode"]: r for r in rec["runs"]}
     lines = [
-        "# MoE routing: engine/trainer disagreement and routing replay",
-        "",
+        "# MoE routing: engine/trainer disagreement and routing replay\n",
         f"{common.versions(rec)}. Each row is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run of "
-        f"{rec['steps']} GRPO steps on the demo task (FSDP2 actor in float32 over 2 CPU ranks, colocated vLLM). "
-        "Means over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the "
-        "trainer's own router picks other experts than the engine recorded) and `rollout/logprob_diff` (mean "
-        "|engine - trainer| logprob of the sampled tokens), both before the update.",
-        "",
+        f"{rec['steps']} GRPO steps on the demo task (float32 FSDP2 actor on 2 CPU ranks, colocated vLLM). Means "
+        "over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the trainer's "
+        "router picks other experts than the engine) and `rollout/logprob_diff` (mean |engine - trainer| logprob "
+        "of the sampled tokens), both before the update.\n",
         "| setting | router mismatch | logprob diff | vs dense |",
         "|---|---|---|---|",
     ]
