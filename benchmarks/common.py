@@ -108,10 +108,14 @@ def render(json_path: Path, markdown: Markdown, plot: Plot) -> None:
     plot(json_path.with_suffix(".png"), rec)
 
 
-def versions(rec: Record) -> str:
-    """`2 CPUs, torch X, vllm Y`: the line most reports open with."""
+def versions(rec: Record, loads: list[float] | None = None) -> str:
+    """`2 CPUs, torch X, vllm Y`: the line most reports open with; with the 1-minute load averages of the runs."""
     m = rec["machine"]
-    return f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}"
+    text = f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}"
+    if not loads:
+        return text
+    span = f"{min(loads):.1f}" + (f" to {max(loads):.1f}" if max(loads) > min(loads) else "")
+    return f"{text}; 1-minute load average {span} (the CPUs were shared: timings are noisy)"
 
 
 def torchrun() -> list[str]:

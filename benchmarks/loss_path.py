@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 ROW_COLUMNS = [
-    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"), ("after MiB", "after_mib", "{:.0f}"),
-    ("before / after", "ratio", "{:.1f}x"),
+    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
+    ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x"),
 ]  # fmt: skip
 SLOPE_COLUMNS = [
     ("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"), ("x hidden x 4 B", "per_hidden", "{:.1f}"),

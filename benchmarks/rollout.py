@@ -110,8 +110,9 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Rollout benchmark: vLLM against transformers generate",
         f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
         f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
-        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `first token s`: a call of one new token; `decode "
-        "ms/step` = (t(length) - t(1)) / (length - 1); `decode share`: the call's time after the first token.",
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `first token s`: a "
+        "call of one new token; `decode ms/step` = (t(length) - t(1)) / (length - 1); `decode share`: the call's "
+        "time after the first token.",
     ]
     for r in rec["runs"]:
         start, fixed = r["engine_start_s"], r["fixed_call_s"]
