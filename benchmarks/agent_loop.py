@@ -95,50 +95,41 @@ TOOL_COLUMNS = [("tool call", "name", "{}"), *((f"{k} ms", k, "{:.3f}") for k in
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    loop, tools, m = rec["agent_loop"], rec["tools"], rec["machine"]
+    loop, tools = rec["agent_loop"], rec["tools"]
     same = {c["delay_ms"]: c["identical_fraction"] for c in loop["mode_comparison"]}
     rows = [row(loop, d, mo) | {"label": LABELS[mo], "same": same[d]} for d in delays_of(loop) for mo in MODES]
     timed = [{"name": name, **{k: t[f"{k}_s"] * 1e3 for k in ("median", "min", "max")}}
              for key, name in TOOLS.items() if (t := tools.get(key))]  # fmt: skip
-    lines = [
+    unavailable = "" if tools["sandbox_available"] else f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |"
+    return common.blocks(
         "# Agent-loop benchmark",
-        "",
-        f"{m['cpu_count']} CPUs (shared with other jobs; load average {loop['loadavg_1m']:.1f} at the end), "
-        f"torch {m['torch']}, vllm {m['vllm']}; in-process vLLM on `{loop['model']}`, engine OpenMP threads: "
-        f"{loop['omp_threads']}. Guess-number environment on the demo questions (each env step sleeps between 0 "
-        "and twice the listed mean, seeded per task and turn, as tool latencies vary), "
-        f"{loop['tasks']} tasks x n={loop['n']} = {loop['tasks'] * loop['n']} trajectories, max_turns "
-        f"{loop['max_turns']}, {loop['max_tokens_per_turn']} tokens per turn, temperature {loop['temperature']}, "
-        f"seed {loop['seed']}, env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a "
-        "warm-up; the prefix cache is emptied before each run.",
-        "",
-        common.table(rows, COLUMNS) + "\n`env floor`: the run's environment calls alone, spread over the env_workers "
-        "threads (turns x step / threads); no schedule of the turns finishes sooner. `same responses`: the share of "
-        "trajectories whose response tokens are equal in both modes (same seeds; the engine's batches differ).",
-        "",
-        common.table(timed, TOOL_COLUMNS).rstrip("\n"),
-    ]
-    if not tools["sandbox_available"]:
-        lines.append(f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |")
-    return "\n".join([*lines, "", *conclusion(rec), ""])
+        f"{common.versions(rec, [loop['loadavg_1m']])}; in-process vLLM on `{loop['model']}`, {loop['omp_threads']} "
+        "engine OpenMP thread(s). Guess-number environment on the demo questions (each env step sleeps between 0 "
+        f"and twice the listed mean, seeded per task and turn), {loop['tasks']} tasks x n={loop['n']} = "
+        f"{loop['tasks'] * loop['n']} trajectories, max_turns {loop['max_turns']}, {loop['max_tokens_per_turn']} "
+        f"tokens per turn, temperature {loop['temperature']}, seed {loop['seed']}, env_workers {loop['env_workers']}. "
+        f"Median of {rec['repeats']} repeats after a warm-up, the prefix cache emptied before each run.",
+        common.table(rows, COLUMNS),
+        "`env floor`: the environment calls alone spread over the env_workers threads (turns x step / threads). "
+        "`same responses`: the share of trajectories with equal response tokens in both modes (same seeds).",
+        common.table(timed, TOOL_COLUMNS) + unavailable,
+        "\n".join(conclusion(rec)),
+    )
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
     loop, tools = rec["agent_loop"], rec["tools"]
-    parts = []
-    for d in delays_of(loop):
-        a, b = row(loop, d, "step"), row(loop, d, "turn_batches")
-        parts.append(
-            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x the trajectories/s of one batch per turn "
-            f"with a {d:g} ms environment step ({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
-        )
+    parts = [
+        f"{row(loop, d, 'step')['trajectories_per_s'] / row(loop, d, 'turn_batches')['trajectories_per_s']:.2f}x "
+        f"with a {d:g} ms environment step ({row(loop, d, 'step')['engine_steps']:g} vs "
+        f"{row(loop, d, 'turn_batches')['engine_steps']:g} engine steps)"
+        for d in delays_of(loop)
+    ]
+    out = ["The step loop's trajectories/s against one batch per turn: " + "; ".join(parts) + "."]
     if not tools["sandbox_available"]:
-        return [
-            "The step loop runs " + "; ".join(parts) + ".",
-            f"The sandbox could not be timed: {tools['sandbox_unavailable']}.",
-        ]
+        return [*out, f"The sandbox could not be timed: {tools['sandbox_unavailable']}."]
     return [
-        "The step loop runs " + "; ".join(parts) + ".",
+        *out,
         f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
         f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
         f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us.",
