@@ -78,18 +78,16 @@ def markdown(rec: dict[str, Any]) -> str:
         {**r, **{f"{k}_ms": r[f"{k}_s"] * 1e3 for k in ("sync", "raw", "transfer", "load")}, "MB": r["bytes"] / 1e6}
         for r in rec["records"]
     ]
-    return (
-        f"# Weight-sync benchmark\n\n{common.versions(rec)}. Median of {rec['repeats']} repeats; `transfer` is the "
-        "sync path without the engine load, `load ms` the engine's reload alone; `loadavg` is the 1-minute load "
-        "average at the end of the run (above the run's own ranks: the CPUs were shared).\n\n"
-        + common.table(rows, COLUMNS)
-        + "\n"
-        + f"Target: ratio = raw_s / sync_s of at least {rec['target_ratio']}. `ratio` is end to end (vLLM's reload "
-        "included); `transfer ratio` = raw_s / transfer_s is the sync path up to the engine's loader.\n\n"
-        "raw is the bare collective for the same bytes, in buffers allocated once: the same bucketed all_gathers "
-        "(colocated), one broadcast of all the bytes (disaggregated; with 2 actor ranks the sync also gathers the "
-        "FSDP shards first). On 2 CPU cores every process competes for the same cores, so the engine's reload "
-        "cannot overlap the next bucket's broadcast as on a GPU.\n"
+    return common.blocks(
+        "# Weight-sync benchmark",
+        f"{common.versions(rec)}. Median of {rec['repeats']} repeats; `transfer` is the sync path without the engine "
+        "load, `load ms` the engine's reload alone; `loadavg`: the 1-minute load average at the end of the run.",
+        common.table(rows, COLUMNS),
+        f"Target: ratio = raw_s / sync_s of at least {rec['target_ratio']}, end to end (vLLM's reload included); "
+        "`transfer ratio` = raw_s / transfer_s, up to the engine's loader. raw is the bare collective for the same "
+        "bytes into buffers allocated once: the same bucketed all_gathers (colocated), one broadcast of all the bytes "
+        "(disaggregated; with 2 actor ranks the sync also gathers the FSDP shards first). On 2 CPU cores the engine's "
+        "reload cannot overlap the next bucket's broadcast as on a GPU.",
     )
 
 
