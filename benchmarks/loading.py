@@ -59,12 +59,13 @@ def markdown(rec: dict[str, Any]) -> str:
     mb = {"model_mb": "model_bytes", "peak_mb": "peak_rank", "after_mb": "after_rank"}
     rows = [{**r, **{k: r[v] / 1e6 for k, v in mb.items()}} for r in rec["rows"]]
     skipped = "".join(f"Not run: {s}.\n" for s in rec.get("skipped", []))
-    return (
-        "# Loading: peak host memory per rank\n\nThe actor built by `model.load_format`: `sharded` (parameters on "
-        "the meta device, `fully_shard`, each rank reads only its rows of each tensor from the safetensors files) or "
-        "`full` (every rank loads the whole model, then shards it). `peak MB/rank`: the largest rank's high-water "
-        "RSS growth during the load (tensors, the file pages it read, transient copies); `ratio` = peak / model "
-        f"bytes, ideal 1 / ranks.\n\n{common.table(rows, COLUMNS)}\n{skipped}"
+    return common.blocks(
+        "# Loading: peak host memory per rank",
+        "The actor built by `model.load_format`: `sharded` (on the meta device, `fully_shard`, each rank reads only "
+        "its rows of each tensor) or `full` (every rank loads the whole model, then shards it). `peak MB/rank`: the "
+        "largest rank's high-water RSS growth during the load; `ratio` = peak / model bytes, ideal 1 / ranks.",
+        common.table(rows, COLUMNS),
+        skipped,
     )
 
 

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps({"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1),
                                         "data_source": "arithmetic"}) + "\n" for i in range(8)))  # fmt: skip
-    rows = []
+    rows, device = [], "cuda" if torch.cuda.is_available() else "cpu"  # what the trainer runs on
     for model in models:
         full: dict[str, int] = {}
         for ranks in sorted(wanted):
@@ -57,9 +57,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ideal_ratio"] = 1 / ranks
             rows.append(row)
             print(f"  {model} on {ranks} rank(s): ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f})", flush=True)
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # what the trainer ran on
     return {"mode": mode, "device": device, "rows": rows, "loadavg_1m": common.load_1m()}
 
 
@@ -89,15 +86,15 @@ def markdown(rec: dict[str, Any]) -> str:
     )
     worst = max(rows, key=lambda r: r["total_rank"] - r["total_full"] / r["ranks"])
     excess = worst["total_rank"] - worst["total_full"] / worst["ranks"]
-    return (
-        "# FSDP2 memory per rank\n\nParameters, gradients and AdamW state (after one step) held by each rank: the "
-        f"bytes of its local shards, {how}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the "
-        "unsharded total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of "
-        "the ranks; older records). Activations and the parameters gathered during forward/backward come on top.\n\n"
-        + common.table(table, COLUMNS)
-        + f"\nEvery rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
+    return common.blocks(
+        "# FSDP2 memory per rank",
+        "Parameters, gradients and AdamW state (after one step) held by each rank: the bytes of its local shards, "
+        f"{how}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the unsharded total (ideal 1 / "
+        "ranks); `padding`: storage beyond the shards (older records). Activations and gathered parameters add to it.",
+        common.table(table, COLUMNS),
+        f"Every rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
         f"{worst['ranks']} ranks, ratio {worst['total_ratio']:.5f}): AdamW's `step` scalars (one per parameter "
-        "tensor, kept whole on every rank) and any dim 0 that does not split evenly over the ranks.\n"
+        "tensor, whole on every rank) and any dim 0 that does not split evenly over the ranks.",
     )
 
 
