@@ -73,11 +73,12 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, ax = common.subplots(figsize=(7, 4.5))
     first, xs = rec["rows"][0], sorted({r["ranks"] for r in rec["rows"]})
     model_mb = first["model_bytes"] / 1e6
-    curves: list[common.Curve] = [("model / ranks", xs, [model_mb / k for k in xs], "k--")]
+    curves: list[common.Curve] = []
     for i, fmt in enumerate(("sharded", "full")):
         rows = sorted((r for r in rec["rows"] if r["format"] == fmt), key=lambda r: r["ranks"])
         if rows:
             curves.append((fmt, [r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], f"C{i}o-"))
+    curves.append(("model / ranks", xs, [model_mb / k for k in xs], "k--"))
     title = f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)"
     common.lines(ax, curves, title, xs, xlabel="ranks", ylabel="peak host MB per rank")
     common.save_figure(fig, path)
