@@ -309,8 +309,7 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, loss_type dapo, scale_rewards group, "
         f"torch AdamW, constant lr. `ratio` = TRL step / our step (target >= {TARGET:g}x); TRL's `gen` is its "
         "`_prepare_inputs` (generate, reward, advantages), `update` the rest. `best`: the fastest measured step "
-        f"(other jobs slowed single steps by up to 3x).{extra}{reused}",
-        "",
+        f"(other jobs slowed single steps by up to 3x).{extra}{reused}\n",
         "| model | params | run | step s | TRL / it | best s | TRL / it (best) | gen s | update s | sync s | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -331,7 +330,7 @@ def markdown(rec: dict[str, Any]) -> str:
                 f"(generate {na(t['generate_s'])}) | {na(t['update_s'])} (forward {na(t['loss_forward_s'])}) "
                 f"| | {t['loadavg_1m']:.1f} |"
             )
-    lines += ["", "Our step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):", ""]
+    lines += ["\nOur step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):\n"]
     for mod in rec["models"]:
         for name, o, _ in _ours_runs(mod):
             parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
@@ -345,12 +344,10 @@ def markdown(rec: dict[str, Any]) -> str:
             {**r, "label": label(r), **{k: r["stages"].get(s) for k, s in STAGE_KEYS.items()}} for r in rec["scaling"]
         ]
         lines += [
-            "## How our step grows (synthetic model)",
-            "",
+            "## How our step grows (synthetic model)\n",
             "One run each, medians over the steps after the warm-up; tokens/s = `perf/throughput` (prompt and "
             f"response tokens per second per rank). 1-minute load average {min(scaling_loads):.1f} to "
-            f"{max(scaling_loads):.1f} after these runs: differences below about 2x are within the noise.",
-            "",
+            f"{max(scaling_loads):.1f} after these runs: differences below about 2x are within the noise.\n",
             common.table(rows, SCALING_COLUMNS),
         ]
     return "\n".join(lines)
