@@ -1,6 +1,6 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
 before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head), by
-benchmarks/update_memory_worker.py (MemTracker) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: TINY).
+benchmarks/update_memory_worker.py (MemTracker) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: SHAPES).
 The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
 Lengths whose full-logits update would take more than half of the free memory are not run on that path.
 """
@@ -21,7 +21,10 @@ QWEN_VOCAB = 151936
 LENGTHS = (256, 512, 1024, 2048, 4096)
 CHUNK = 1024  # torchrl_post.workers.logprobs.HEAD_CHUNK_TOKENS's default, the "after" path
 FULL_LOGITS_COPIES = 6  # float32 [tokens x vocab] tensors alive at the full-logits path's peak (measured: ~5-6)
-TINY = {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64}
+SHAPES: dict[str, dict[str, Any]] = {  # the model and lengths: --tiny's, and every other mode's
+    "tiny": {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64},
+    "other": {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK},
+}
 
 
 def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
@@ -49,7 +52,7 @@ def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    t = TINY if args.tiny else {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK}
+    t = SHAPES["tiny" if args.tiny else "other"]
     vocab, hidden, layers, lengths, chunk = (t[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
     model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
     limit = full_logits_limit(vocab, lengths, common.mem_available())
