@@ -119,12 +119,13 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
     loop, tools = rec["agent_loop"], rec["tools"]
-    parts = [
-        f"{row(loop, d, 'step')['trajectories_per_s'] / row(loop, d, 'turn_batches')['trajectories_per_s']:.2f}x "
-        f"with a {d:g} ms environment step ({row(loop, d, 'step')['engine_steps']:g} vs "
-        f"{row(loop, d, 'turn_batches')['engine_steps']:g} engine steps)"
-        for d in delays_of(loop)
-    ]
+    parts = []
+    for d in delays_of(loop):
+        a, b = row(loop, d, "step"), row(loop, d, "turn_batches")
+        parts.append(
+            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x with a {d:g} ms environment step "
+            f"({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
+        )
     out = ["The step loop's trajectories/s against one batch per turn: " + "; ".join(parts) + "."]
     if not tools["sandbox_available"]:
         return [*out, f"The sandbox could not be timed: {tools['sandbox_unavailable']}."]
