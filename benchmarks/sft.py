@@ -216,15 +216,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.bar_label(bars, [f"{r['tokens_per_s']:.0f}" for r in rec["rows"]], fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
-    # the lines overlap: a marker and dash style per row
+    styles = [f"C{i}{'osx'[i % 3]}{('-', '--', ':')[i % 3]}" for i in range(len(labels))]  # the lines overlap
     curves = [
-        (
-            label.replace("\n", " "),
-            range(1, len(r["loss"]) + 1),
-            r["loss"],
-            f"C{i}{'osx'[i % 3]}{('-', '--', ':')[i % 3]}",
-        )
-        for i, (label, r) in enumerate(zip(labels, rec["rows"], strict=True))
+        (label.replace("\n", " "), range(1, len(r["loss"]) + 1), r["loss"], style)
+        for label, r, style in zip(labels, rec["rows"], styles, strict=True)
     ]
     bx.set(xlabel="step", ylabel="train loss")
     common.lines(bx, curves, "loss per step (same rows, same initial weights; the lines overlap)")

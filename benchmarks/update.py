@@ -77,7 +77,8 @@ COLUMNS = [
 
 def conclusion(run: dict[str, Any]) -> str:
     rows = {r["mode"]: r for r in run["rows"]}
-    ratios, low = [r["ratio"] for r in rows.values()], [m for m, r in rows.items() if r["ratio"] < 0.9]
+    ratios = [r["ratio"] for r in rows.values()]
+    low = [m for m, r in rows.items() if r["ratio"] < 0.9]
     text = f"Ours / bare: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
         f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target)."
     )
