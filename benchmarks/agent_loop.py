@@ -1,14 +1,9 @@
 """Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
 
-1. benchmarks/agent_loop_worker.py under torchrun (in-process vLLM on the demo model): the guess-number environment
-   with a step sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `turn_batches=True`,
-   the same tasks and seed; median of the repeats after a warm-up.
-2. The built-in tools timed in this process: `python("print(1)")` (bubblewrap sandbox) against a plain
-   `subprocess.run` of the same code, and `calculator`.
-
-    default   32 tasks x n=2, 3 repeats, 20 calls per tool
-    --quick   8 tasks, 10 calls
-    --tiny    2 tasks, 1 repeat, 2 calls (tests)
+benchmarks/agent_loop_worker.py (in-process vLLM on the demo model) runs the guess-number environment, its step
+sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `True`; then the built-in tools are
+timed here: `python("print(1)")` (bubblewrap sandbox) against a plain `subprocess.run`, and `calculator`.
+Tasks, repeats and calls per mode: SETTINGS.
 """
 
 from __future__ import annotations
@@ -34,10 +29,10 @@ N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per ta
 
 
 def run_loop(tasks: int, repeats: int) -> dict[str, Any]:
-    args = [
-        *("--model", str(demo_model()), "--data", str(DEMO_DATA / "train.jsonl"), "--tasks", str(tasks)),
-        *("--samples", str(N), "--repeats", str(repeats), "--delays-ms", DELAYS_MS, "--env-workers", str(ENV_WORKERS)),
-    ]
+    args = {
+        "model": demo_model(), "data": DEMO_DATA / "train.jsonl", "tasks": tasks, "samples": N, "repeats": repeats,
+        "delays_ms": DELAYS_MS, "env_workers": ENV_WORKERS,
+    }  # fmt: skip
     # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
     env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
@@ -100,32 +95,26 @@ TOOL_COLUMNS = [("tool call", "name", "{}"), *((f"{k} ms", k, "{:.3f}") for k in
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    loop, tools, m = rec["agent_loop"], rec["tools"], rec["machine"]
+    loop, tools = rec["agent_loop"], rec["tools"]
     same = {c["delay_ms"]: c["identical_fraction"] for c in loop["mode_comparison"]}
     rows = [row(loop, d, mo) | {"label": LABELS[mo], "same": same[d]} for d in delays_of(loop) for mo in MODES]
     timed = [{"name": name, **{k: t[f"{k}_s"] * 1e3 for k in ("median", "min", "max")}}
              for key, name in TOOLS.items() if (t := tools.get(key))]  # fmt: skip
-    lines = [
+    unavailable = "" if tools["sandbox_available"] else f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |"
+    return common.blocks(
         "# Agent-loop benchmark",
-        "",
-        f"{m['cpu_count']} CPUs (shared with other jobs; load average {loop['loadavg_1m']:.1f} at the end), "
-        f"torch {m['torch']}, vllm {m['vllm']}; in-process vLLM on `{loop['model']}`, engine OpenMP threads: "
-        f"{loop['omp_threads']}. Guess-number environment on the demo questions (each env step sleeps between 0 "
-        "and twice the listed mean, seeded per task and turn, as tool latencies vary), "
-        f"{loop['tasks']} tasks x n={loop['n']} = {loop['tasks'] * loop['n']} trajectories, max_turns "
-        f"{loop['max_turns']}, {loop['max_tokens_per_turn']} tokens per turn, temperature {loop['temperature']}, "
-        f"seed {loop['seed']}, env_workers {loop['env_workers']}. Median of {rec['repeats']} repeats after a "
-        "warm-up; the prefix cache is emptied before each run.",
-        "",
-        common.table(rows, COLUMNS) + "\n`env floor`: the run's environment calls alone, spread over the env_workers "
-        "threads (turns x step / threads); no schedule of the turns finishes sooner. `same responses`: the share of "
-        "trajectories whose response tokens are equal in both modes (same seeds; the engine's batches differ).",
-        "",
-        common.table(timed, TOOL_COLUMNS).rstrip("\n"),
-    ]
-    if not tools["sandbox_available"]:
-        lines.append(f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |")
-    return "\n".join([*lines, "", *conclusion(rec), ""])
+        f"{common.versions(rec, [loop['loadavg_1m']])}; in-process vLLM on `{loop['model']}`, {loop['omp_threads']} "
+        "engine OpenMP thread(s). Guess-number environment on the demo questions (each env step sleeps between 0 "
+        f"and twice the listed mean, seeded per task and turn), {loop['tasks']} tasks x n={loop['n']} = "
+        f"{loop['tasks'] * loop['n']} trajectories, max_turns {loop['max_turns']}, {loop['max_tokens_per_turn']} "
+        f"tokens per turn, temperature {loop['temperature']}, seed {loop['seed']}, env_workers {loop['env_workers']}. "
+        f"Median of {rec['repeats']} repeats after a warm-up, the prefix cache emptied before each run.",
+        common.table(rows, COLUMNS),
+        "`env floor`: the environment calls alone spread over the env_workers threads (turns x step / threads). "
+        "`same responses`: the share of trajectories with equal response tokens in both modes (same seeds).",
+        common.table(timed, TOOL_COLUMNS) + unavailable,
+        "\n".join(conclusion(rec)),
+    )
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -134,16 +123,14 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
     for d in delays_of(loop):
         a, b = row(loop, d, "step"), row(loop, d, "turn_batches")
         parts.append(
-            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x the trajectories/s of one batch per turn "
-            f"with a {d:g} ms environment step ({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
+            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x with a {d:g} ms environment step "
+            f"({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
         )
+    out = ["The step loop's trajectories/s against one batch per turn: " + "; ".join(parts) + "."]
     if not tools["sandbox_available"]:
-        return [
-            "The step loop runs " + "; ".join(parts) + ".",
-            f"The sandbox could not be timed: {tools['sandbox_unavailable']}.",
-        ]
+        return [*out, f"The sandbox could not be timed: {tools['sandbox_unavailable']}."]
     return [
-        "The step loop runs " + "; ".join(parts) + ".",
+        *out,
         f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
         f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
         f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us.",

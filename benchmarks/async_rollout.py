@@ -1,14 +1,9 @@
 """Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts (CONFIGS) on a long-tailed task.
 
-    python -m benchmarks.async_rollout [--steps S] [--repeats R] [--configs on_policy,lookahead1,...]
-
 Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines on
-[2,3], on benchmarks/longtail_task.py; runs are interleaved (A B C, A B C), repeat r with trainer.seed 1 + r. From
-each metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
-
-    default   20 steps, 2 repeats, validation at steps 0, 10 and 20
-    --quick   12 steps, 1 repeat
-    --tiny    2 steps, 1 repeat, on_policy and partial_s2 only, 4 prompts x 2 (tests)
+[2,3], on benchmarks/longtail_task.py; runs are interleaved, repeat r with trainer.seed 1 + r. From each
+metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
+Default 20 steps, 2 repeats; `--quick` 12 steps, 1 repeat; `--tiny` 2 steps, on_policy and partial_s2, 4 x 2.
 """
 
 from __future__ import annotations
@@ -213,37 +208,31 @@ def markdown(rec: dict[str, Any]) -> str:
         for r in rec["rows"]
     ]  # fmt: skip
     loads = [r["loadavg_1m"] for r in rec["runs"]]
-    per_run = []
-    for row in rec["rows"]:
-        runs = [r for r in rec["runs"] if r["config"] == row["config"]]
-        per_run.append(
-            f"- {row['label']}: " + ", ".join(f"{r['tokens_per_s']:.0f} (load {r['loadavg_1m']:.1f})" for r in runs)
+    per_run = [
+        f"- {row['label']}: "
+        + ", ".join(
+            f"{r['tokens_per_s']:.0f} (load {r['loadavg_1m']:.1f})" for r in rec["runs"] if r["config"] == row["config"]
         )
-    lines = [
+        for row in rec["rows"]
+    ]
+    return common.blocks(
         "# Asynchronous rollout on a long-tailed task",
-        "",
         f"4 processes on {m['cpu_count']} CPU cores shared with other jobs (1-minute load {min(loads):.1f} to "
-        f"{max(loads):.1f} after the runs): the actor on ranks [0,1], two vLLM engines on [2,3]; "
-        f"{st['prompts']} prompts x {st['n']} samples per step, responses up to {st['max_response_length']} tokens, "
-        f"{st['steps']} steps, {st['repeats']} interleaved repeat(s) per configuration (medians; the first "
-        f"{st['warmup_steps']} steps left out of rates and idle shares). Tokens are prompt plus response tokens "
-        "trained; idle = `timing_s/rollout_wait` (the rollout rank that waited longest, reported a step late) or "
-        "`timing_s/gen` (the actor's wait for its batch) over `timing_s/step`. "
-        f"Staleness: groups trained at staleness 0 / 1 / 2 / 3 / 4+ over all runs; validation: mean score of "
-        f"{VAL_N} samples (temperature 1) of each of the 128 held-out prompts at each validation step (mean over "
-        "repeats; repeat r runs with trainer.seed 1 + r).",
-        "",
+        f"{max(loads):.1f} after the runs): the actor on ranks [0,1], two vLLM engines on [2,3]; {st['prompts']} "
+        f"prompts x {st['n']} samples per step, responses up to {st['max_response_length']} tokens, {st['steps']} "
+        f"steps, {st['repeats']} interleaved repeat(s) per configuration (medians; the first {st['warmup_steps']} "
+        "steps left out of rates and idle shares). Tokens: prompt plus response tokens trained; idle: "
+        "`timing_s/rollout_wait` (the longest-waiting rollout rank, reported a step late) or `timing_s/gen` (the "
+        "actor's wait) over `timing_s/step`. Staleness: groups trained per staleness over all runs; validation: mean "
+        f"score of {VAL_N} samples (temperature 1) of each of the 128 held-out prompts (mean over repeats, repeat r "
+        "with trainer.seed 1 + r).",
         common.table(rows, COLUMNS),
         f"Validation at steps {', '.join(str(s) for s in rec['rows'][0]['val'])}; between the seeds of one "
         f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below). "
-        "Tokens/s of each repeat with the 1-minute load after it (the spread is the other jobs'):",
-        "",
-        *per_run,
-        "",
-        *conclusion(rec),
-        "",
-    ]
-    return "\n".join(lines)
+        "Tokens/s of each repeat with the 1-minute load after it:",
+        "\n".join(per_run),
+        "\n".join(conclusion(rec)),
+    )
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -252,8 +241,7 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
         missed = [k for k, ok in r["goal"].items() if not ok]
         out.append(
             f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
-            f"samples/s (mean response {r['response_length']:.1f} tokens vs {ref['response_length']:.1f}), "
-            f"rollout idle {na(r['rollout_idle'], '{:.0%}')}, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
+            f"samples/s, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
             f"{'misses' if missed else 'meets'} the goal" + (f" ({', '.join(missed)})." if missed else ".")
         )
     return out
@@ -273,11 +261,9 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.axhline(goal, color="k", ls="--", lw=0.8, label=goal_label)
         ax.set_xticks(xs, names, fontsize=7)
         ax.legend(fontsize=7)
-    for i, r in enumerate(rows):
-        steps = list(r["val"])
-        axes[2].plot([int(s) for s in steps], [r["val"][s] for s in steps], marker="o", color=f"C{i}", label=r["label"])
-    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)", title="validation")
-    axes[2].legend(fontsize=7)
+    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)")
+    curves = [(r["label"], [int(s) for s in r["val"]], list(r["val"].values()), f"C{i}o-") for i, r in enumerate(rows)]
+    common.lines(axes[2], curves, "validation")
     bottoms = [0.0] * len(rows)
     for b in STALENESS_BINS:
         shares = [r["staleness_hist"][b] / max(1.0, sum(r["staleness_hist"].values())) for r in rows]

@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,10 +108,14 @@ def render(json_path: Path, markdown: Markdown, plot: Plot) -> None:
     plot(json_path.with_suffix(".png"), rec)
 
 
-def versions(rec: Record) -> str:
-    """`2 CPUs, torch X, vllm Y`: the line most reports open with."""
+def versions(rec: Record, loads: list[float] | None = None) -> str:
+    """`2 CPUs, torch X, vllm Y`: the line most reports open with; with the 1-minute load averages of the runs."""
     m = rec["machine"]
-    return f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}"
+    text = f"{m['cpu_count']} CPUs, torch {m['torch']}, vllm {m['vllm']}"
+    if not loads:
+        return text
+    span = f"{min(loads):.1f}" + (f" to {max(loads):.1f}" if max(loads) > min(loads) else "")
+    return f"{text}; 1-minute load average {span} (the CPUs were shared: timings are noisy)"
 
 
 def torchrun() -> list[str]:
@@ -144,6 +148,11 @@ def table(rows: list[Record], columns: list[tuple[str, str, str]]) -> str:
         for r in rows
     ]
     return "\n".join([head, rule, *body]) + "\n"
+
+
+def blocks(*parts: str) -> str:
+    """Markdown blocks (headings, paragraphs, tables) one blank line apart, empty ones left out."""
+    return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
 
 
 def na(x: float | None, spec: str = "{:.2f}") -> str:
@@ -290,16 +299,18 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
 
 
 def run_worker(
-    tag: str, worker: Path, nproc: int, worker_args: list[str], env: dict[str, str] | None = None, python: Any = None
+    tag: str, worker: Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
 ) -> Any:
     """`worker` under torchrun on `nproc` processes (or by `python` alone: TRL's venv, this repository not on its
-    path) with `--out LOGS/<tag>.json`, its log beside it, `env` added; what it wrote, with the load average."""
+    path) with `--<name> <value>` per option (`_` as `-`) and `--out LOGS/<tag>.json`, its log beside it, `env`
+    added; what it wrote, with the load average."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()
     launch = [str(python)] if python else [*torchrun(), "--standalone", "--nproc-per-node", str(nproc)]
     full_env = dict(os.environ, **(env or {})) if python else child_env(env)
-    run_logged([*launch, str(worker), *worker_args, "--out", str(out)], LOGS / f"{tag}.log", env=full_env)
+    flags = [x for k, v in (options | {"out": out}).items() for x in ("--" + k.replace("_", "-"), str(v))]
+    run_logged([*launch, str(worker), *flags], LOGS / f"{tag}.log", env=full_env)
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
     return rec
@@ -407,6 +418,25 @@ def bars(
             ax.bar_label(drawn, [fmt.format(y) for _, y in pts], fontsize=8)
     ax.set_xticks(range(len(ticks)), ticks)
     ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+
+
+Curve = tuple[str, Sequence[Any], Sequence[Any], str]  # (label, xs, ys, matplotlib format such as "C1o-" or "k--")
+
+
+def lines(
+    ax: Any, curves: Iterable[Curve], title: str = "", ticks: Sequence[Any] = (), tick_labels: Sequence[str] = (),
+    **axes: Any,
+) -> None:  # fmt: skip
+    """A line per curve (a dashed one without markers, a reference or a fit, faint); `axes`: Axes.set's keywords
+    (scales, labels); `ticks`: exactly these x ticks (labelled `tick_labels`, else the values); title, legend."""
+    for label, xs, ys, fmt in curves:
+        ax.plot(xs, ys, fmt, label=label, alpha=0.6 if fmt.lstrip("kC0123456789") == "--" else None)
+    ax.set(**axes)
+    if ticks:
+        ax.set_xticks(ticks, tick_labels or [str(t) for t in ticks])
+        ax.minorticks_off()
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
 
 

@@ -1,16 +1,11 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-Both sides train on real GSM8K prompts (benchmarks/artefacts.py), `prompts` x `n` = 8 x 8 samples per step, at most
-`--response-length` new tokens (32), temperature 1, beta 0, float32, one process each, the same reward (`--reward`:
-gsm8k, or gsm8k_closeness from benchmarks/rewards.py, not constant within a group). Ours is `torchrl_post.train`
-(per-step `timing_s/*` from metrics.jsonl); TRL is benchmarks/trl_worker.py in TRL's own venv
-(outputs/bench_venvs/trl, built here once; `--no-trl` skips it), generating with transformers (its vLLM mode does not
-run on vLLM's CPU build). Headline per model: `ratio` = TRL step / our step (target >= 3), medians after WARMUP.
-
-    default   a synthetic 24M Qwen2 over Qwen2.5's tokenizer and SmolLM2-135M-Instruct, 5 steps each side; how our
-              step grows on the synthetic model: prompts 4/16, lengths 16/64, 2 ranks, rollout on its own rank
-    --quick   the synthetic model; scaling: prompts 16, 2 ranks
-    --tiny    a tiny Qwen2 (hidden 64), 2 prompts x 4 samples, 8 tokens, 2 steps; TRL only when its venv exists
+Both sides train on real GSM8K prompts (benchmarks/artefacts.py), 8 prompts x 8 samples per step, at most
+`--response-length` new tokens, temperature 1, beta 0, float32, one process each, the same `--reward`. Ours is
+`torchrl_post.train` (per-step `timing_s/*`); TRL is benchmarks/trl_worker.py in TRL's own venv (outputs/bench_venvs/
+trl, built once; `--no-trl` skips it), generating with transformers. Headline per model: `ratio` = TRL step / our
+step (target >= 3), medians after WARMUP. Default: the synthetic 24M Qwen2 and SmolLM2-135M-Instruct, 5 steps, and
+how our step grows on the synthetic model (`plan`); `--quick` the synthetic model; `--tiny` a tiny Qwen2, 2 steps.
 """
 
 from __future__ import annotations
@@ -169,11 +164,10 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
         return saved
     if python is None:
         return None
-    args = [
-        "--model", str(model_path(s.model)), "--train", str(data / "train.jsonl"), "--prompts", str(s.prompts),
-        "--n", str(s.n), "--response-length", str(s.response_length), "--lr", str(LR), "--steps", str(s.steps),
-        "--reward", s.reward,
-    ]  # fmt: skip
+    args = {
+        "model": model_path(s.model), "train": data / "train.jsonl", "prompts": s.prompts, "n": s.n,
+        "response_length": s.response_length, "lr": LR, "steps": s.steps, "reward": s.reward,
+    }  # fmt: skip
     print(f"    TRL: {s.model}, {label(asdict(s))} ...", flush=True)
     t0 = time.perf_counter()
     raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python)
@@ -315,8 +309,7 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{st['prompts'] * st['n']}, num_generations {st['n']}, num_iterations 1, loss_type dapo, scale_rewards group, "
         f"torch AdamW, constant lr. `ratio` = TRL step / our step (target >= {TARGET:g}x); TRL's `gen` is its "
         "`_prepare_inputs` (generate, reward, advantages), `update` the rest. `best`: the fastest measured step "
-        f"(other jobs slowed single steps by up to 3x).{extra}{reused}",
-        "",
+        f"(other jobs slowed single steps by up to 3x).{extra}{reused}\n",
         "| model | params | run | step s | TRL / it | best s | TRL / it (best) | gen s | update s | sync s | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -337,7 +330,7 @@ def markdown(rec: dict[str, Any]) -> str:
                 f"(generate {na(t['generate_s'])}) | {na(t['update_s'])} (forward {na(t['loss_forward_s'])}) "
                 f"| | {t['loadavg_1m']:.1f} |"
             )
-    lines += ["", "Our step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):", ""]
+    lines += ["\nOur step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):\n"]
     for mod in rec["models"]:
         for name, o, _ in _ours_runs(mod):
             parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
@@ -351,12 +344,10 @@ def markdown(rec: dict[str, Any]) -> str:
             {**r, "label": label(r), **{k: r["stages"].get(s) for k, s in STAGE_KEYS.items()}} for r in rec["scaling"]
         ]
         lines += [
-            "## How our step grows (synthetic model)",
-            "",
+            "## How our step grows (synthetic model)\n",
             "One run each, medians over the steps after the warm-up; tokens/s = `perf/throughput` (prompt and "
             f"response tokens per second per rank). 1-minute load average {min(scaling_loads):.1f} to "
-            f"{max(scaling_loads):.1f} after these runs: differences below about 2x are within the noise.",
-            "",
+            f"{max(scaling_loads):.1f} after these runs: differences below about 2x are within the noise.\n",
             common.table(rows, SCALING_COLUMNS),
         ]
     return "\n".join(lines)

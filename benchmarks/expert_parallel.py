@@ -24,10 +24,10 @@ EPS = (1, 2, 4)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    shape = ["--experts", "8", "--layers", "2", "--repeats", "1"] if args.quick or args.tiny else []
+    shape = {"experts": 8, "layers": 2, "repeats": 1} if args.quick or args.tiny else {}
     rows = []
     for ep in EPS:
-        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, ["--ep", str(ep), *shape])
+        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, {"ep": ep, **shape})
         ranks = rec["ranks"]
         gathered = max(r["expert_bytes_gathered"] for r in ranks)
         rows.append({
@@ -51,13 +51,15 @@ COLUMNS = [
 def markdown(rec: dict[str, Any]) -> str:
     rows = {r["ep"]: r for r in rec["rows"]}
     top = rows[max(rows)]
-    return (
-        f"## Expert parallelism\n\n{rec['ranks']} ranks, float32, gloo.\n\n{common.table(rec['rows'], COLUMNS)}\n"
+    return common.blocks(
+        "## Expert parallelism",
+        f"{rec['ranks']} ranks, float32, gloo.",
+        common.table(rec["rows"], COLUMNS),
         f"At ep = {top['ep']} a rank gathers {top['gathered_mib']:.2f} MiB of a layer's experts against "
         f"{rows[1]['gathered_mib']:.2f} MiB at ep = 1 (gathered x ep / all = {top['ratio']:.3f}); the parameters and "
         "AdamW state it keeps do not change (the experts are sharded over every rank either way). The all-to-alls "
         f"take {top['all_to_all_share']:.0%} of its update: {rec['ranks']} ranks on shared CPUs over gloo, the share "
-        "counts the wait for the slowest rank.\n"
+        "counts the wait for the slowest rank.",
     )
 
 

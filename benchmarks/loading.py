@@ -1,10 +1,6 @@
 """Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full,
-on 1, 2 and 4 ranks (benchmarks/loading_worker.py under torchrun per format and ranks). The full load on 4 ranks
-runs only where MemAvailable holds 4 copies of the model.
-
-    default   qwen2-1b (float32, 4 GB, built once under outputs/bench_models): sharded on 1, 2, 4 ranks; full on 1, 2
-    --quick   qwen2-100m on 1, 2, 4 ranks, both formats
-    --tiny    qwen2-1m on 2 ranks, both formats
+per SETTINGS' model and rank counts (benchmarks/loading_worker.py under torchrun; default a 4 GB qwen2-1b, built
+once). The full load runs only where MemAvailable holds a copy of the model per rank.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
                 continue
             tag = f"loading_{path.name}_{fmt}_r{ranks}"
-            rec = common.run_worker(tag, WORKER, ranks, ["--model", str(path), "--format", fmt])
+            rec = common.run_worker(tag, WORKER, ranks, {"model": path, "format": fmt})
             per, peak = rec["per_rank"], max(r["peak_growth_bytes"] for r in rec["per_rank"])
             rows.append({
                 "model": size.name, **{k: rec[k] for k in ("format", "ranks", "num_params", "model_bytes")},
@@ -63,28 +59,28 @@ def markdown(rec: dict[str, Any]) -> str:
     mb = {"model_mb": "model_bytes", "peak_mb": "peak_rank", "after_mb": "after_rank"}
     rows = [{**r, **{k: r[v] / 1e6 for k, v in mb.items()}} for r in rec["rows"]]
     skipped = "".join(f"Not run: {s}.\n" for s in rec.get("skipped", []))
-    return (
-        "# Loading: peak host memory per rank\n\nThe actor built by `model.load_format`: `sharded` (parameters on "
-        "the meta device, `fully_shard`, each rank reads only its rows of each tensor from the safetensors files) or "
-        "`full` (every rank loads the whole model, then shards it). `peak MB/rank`: the largest rank's high-water "
-        "RSS growth during the load (tensors, the file pages it read, transient copies); `ratio` = peak / model "
-        f"bytes, ideal 1 / ranks.\n\n{common.table(rows, COLUMNS)}\n{skipped}"
+    return common.blocks(
+        "# Loading: peak host memory per rank",
+        "The actor built by `model.load_format`: `sharded` (on the meta device, `fully_shard`, each rank reads only "
+        "its rows of each tensor) or `full` (every rank loads the whole model, then shards it). `peak MB/rank`: the "
+        "largest rank's high-water RSS growth during the load; `ratio` = peak / model bytes, ideal 1 / ranks.",
+        common.table(rows, COLUMNS),
+        skipped,
     )
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, ax = common.subplots(figsize=(7, 4.5))
-    first = rec["rows"][0]
+    first, xs = rec["rows"][0], sorted({r["ranks"] for r in rec["rows"]})
     model_mb = first["model_bytes"] / 1e6
+    curves: list[common.Curve] = []
     for i, fmt in enumerate(("sharded", "full")):
         rows = sorted((r for r in rec["rows"] if r["format"] == fmt), key=lambda r: r["ranks"])
         if rows:
-            ax.plot([r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], "o-", color=f"C{i}", label=fmt)
-    xs = sorted({r["ranks"] for r in rec["rows"]})
-    ax.plot(xs, [model_mb / k for k in xs], "k--", alpha=0.6, label="model / ranks")
-    ax.set(xlabel="ranks", ylabel="peak host MB per rank", xticks=xs)
-    ax.set_title(f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)")
-    ax.legend()
+            curves.append((fmt, [r["ranks"] for r in rows], [r["peak_rank"] / 1e6 for r in rows], f"C{i}o-"))
+    curves.append(("model / ranks", xs, [model_mb / k for k in xs], "k--"))
+    title = f"{first['model']} ({first['num_params'] / 1e6:.0f}M params, {model_mb:.0f} MB)"
+    common.lines(ax, curves, title, xs, xlabel="ranks", ylabel="peak host MB per rank")
     common.save_figure(fig, path)
 
 

@@ -1,10 +1,8 @@
 """LoRA benchmark: LoRA against full fine-tuning on the same model, through the real training entrypoint.
 
-Per model (the demo model, ~0.4M parameters, and a random ~25M Qwen2 with the demo's tokenizer) three
-`torchrun --nproc-per-node 2 -m torchrl_post.train` runs: full fine-tuning (configs/config.yaml), LoRA
-(`--config-name lora`, rank 16, alpha 32) with merged sync and with adapter sync. Medians over steps 3..N of the
-step, update and sync times and the sync bytes; AdamW state = 2 float32 moments per trainable parameter.
-`--quick`: the demo model only, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
+Per model (the demo model and a random ~25M Qwen2) three `torchrun --nproc-per-node 2 -m torchrl_post.train` runs:
+full fine-tuning, LoRA (rank 16, alpha 32) with merged sync and with adapter sync; medians over steps 3..N.
+`--quick`: the demo model, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
 """
 
 from __future__ import annotations
@@ -75,38 +73,29 @@ def _mb(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 1e6:.2f}"
 
 
+COLUMNS = [
+    ("mode", "mode", "{}"), ("trainable params", "trainable_params", "{:,}"), ("optimizer state MB", "state_mb", "{}"),
+    ("step s", "step_s", "{:.3f}"), ("update s", "update_s", "{:.3f}"), ("sync s", "sync_s", "{:.4f}"),
+    ("sync MB", "sync_mb", "{}"), ("gen s", "gen_s", "{:.3f}"),
+]  # fmt: skip
+
+
 def markdown(rec: dict[str, Any]) -> str:
-    m = rec["machine"]
     loads = [r["loadavg_1m"] for model in rec["models"] for r in model["runs"].values()]
-    lines = [
+    parts = [
         "# LoRA benchmark",
-        "",
-        f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {min(loads):.1f} to "
-        f"{max(loads):.1f} during the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row "
-        "is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run (FSDP over 2 CPU ranks, in-process vLLM, "
-        "GRPO on the demo data, validation and checkpoints off); full fine-tuning uses configs/config.yaml (lr "
-        f"5e-4), LoRA configs/lora.yaml (rank {LORA_RANK}, alpha {LORA_ALPHA}, all-linear, lr 2e-3). Times and sync "
-        f"bytes: medians over steps {FIRST_STEP}..N. Optimizer state: AdamW's two float32 moments per trainable "
-        "parameter, both ranks together (FSDP shards it, so each rank holds half).",
-        "",
+        f"{common.versions(rec, loads)}. Each row is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run (FSDP "
+        "on 2 CPU ranks, in-process vLLM, GRPO on the demo data); full fine-tuning: configs/config.yaml (lr 5e-4), "
+        f"LoRA: configs/lora.yaml (rank {LORA_RANK}, alpha {LORA_ALPHA}, all-linear, lr 2e-3). Times and sync bytes: "
+        f"medians over steps {FIRST_STEP}..N. Optimizer state: AdamW's two float32 moments per trainable parameter, "
+        "both ranks together.",
     ]
     for model in rec["models"]:
-        lines += [
-            f"## {model['name']} ({model['params']['full']['total_params'] / 1e6:.2f}M parameters, "
-            f"{model['steps']} steps)",
-            "",
-            "| mode | trainable params | optimizer state MB | step s | update s | sync s | sync MB | gen s |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for mode in (m for m in MODES if m in model["runs"]):
-            p, r = model["params"][mode], model["runs"][mode]
-            lines.append(
-                f"| {LABELS[mode]} | {p['trainable_params']:,} | {_mb(p['optimizer_state_bytes'])} | "
-                f"{r['step_s']:.3f} | {r['update_s']:.3f} | {r['sync_s']:.4f} | {_mb(r['sync_bytes'])} | "
-                f"{r['gen_s']:.3f} |"
-            )
-        lines.append("")
-    return "\n".join([*lines, *conclusion(rec), ""])
+        rows = [{"mode": LABELS[m], **model["params"][m], **model["runs"][m]} for m in MODES if m in model["runs"]]
+        rows = [r | {"state_mb": _mb(r["optimizer_state_bytes"]), "sync_mb": _mb(r["sync_bytes"])} for r in rows]
+        total = model["params"]["full"]["total_params"] / 1e6
+        parts += [f"## {model['name']} ({total:.2f}M parameters, {model['steps']} steps)", common.table(rows, COLUMNS)]
+    return common.blocks(*parts, "\n".join(conclusion(rec)))
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -114,23 +103,21 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
     for model in rec["models"]:
         p, r, name = model["params"], model["runs"], model["name"]
         lora, full = r["lora"], r["full"]
-        share = p["lora"]["trainable_params"] / p["full"]["trainable_params"]
-        parts.append(f"{share:.1%} of the parameters and optimizer state on {name}")
+        parts.append(f"{p['lora']['trainable_params'] / p['full']['trainable_params']:.1%} on {name}")
         speed.append(
-            f"{lora['step_s']:.3f} s vs {full['step_s']:.3f} s per step "
-            f"(update {lora['update_s']:.3f} vs {full['update_s']:.3f} s) on {name}"
+            f"{lora['step_s']:.3f} s vs {full['step_s']:.3f} s per step (update {lora['update_s']:.3f} vs "
+            f"{full['update_s']:.3f} s) on {name}"
         )
         sync.append(
-            f"{_mb(lora['sync_bytes'])} vs {_mb(full['sync_bytes'])} MB and {lora['sync_s']:.3f} vs "
+            f"{_mb(lora['sync_bytes'])} vs {_mb(full['sync_bytes'])} MB, {lora['sync_s']:.3f} vs "
             f"{full['sync_s']:.3f} s on {name}"
         )
         if (a := r.get("lora_adapter")) is not None:
             adapter.append(f"{_mb(a['sync_bytes'])} MB in {a['sync_s']:.3f} s, step {a['step_s']:.3f} s on {name}")
     out = [
-        "LoRA trains " + " and ".join(parts) + "; " + "; ".join(speed) + " (LoRA vs full).",
-        "The merged sync still moves every weight (the engine reloads W + alpha/r * B @ A): the bytes gathered are "
-        f"the base weights plus the adapter tensors, so LoRA does not shrink the sync ({'; '.join(sync)}, LoRA vs "
-        "full; times within noise); LoRA saves optimizer state and weight gradients, not sync traffic.",
+        f"LoRA trains {' and '.join(parts)} of the parameters and optimizer state; {'; '.join(speed)} (LoRA vs full).",
+        "The merged sync still moves every weight (the engine reloads W + alpha/r * B @ A), base weights plus adapter "
+        f"tensors ({'; '.join(sync)}, LoRA vs full): LoRA saves optimizer state and gradients, not sync traffic.",
     ]
     if adapter:
         out.append(

@@ -1,11 +1,8 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
-before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head),
-measured by benchmarks/update_memory_worker.py (MemTracker) on a random Qwen2 of tiny depth (hidden 64, 2 layers,
-tied). The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
+before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head), by
+benchmarks/update_memory_worker.py (MemTracker) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: SHAPES).
+The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
 Lengths whose full-logits update would take more than half of the free memory are not run on that path.
-
-    default, --quick   response lengths 256, 512, 1024, 2048, 4096
-    --tiny             a 1-layer model of vocabulary 4,096, lengths 64, 128, 256, chunk 64 (tests)
 """
 
 from __future__ import annotations
@@ -24,7 +21,10 @@ QWEN_VOCAB = 151936
 LENGTHS = (256, 512, 1024, 2048, 4096)
 CHUNK = 1024  # torchrl_post.workers.logprobs.HEAD_CHUNK_TOKENS's default, the "after" path
 FULL_LOGITS_COPIES = 6  # float32 [tokens x vocab] tensors alive at the full-logits path's peak (measured: ~5-6)
-TINY = {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64}
+SHAPES: dict[str, dict[str, Any]] = {  # the model and lengths: --tiny's, and every other mode's
+    "tiny": {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64},
+    "other": {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK},
+}
 
 
 def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
@@ -52,7 +52,7 @@ def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    t = TINY if args.tiny else {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK}
+    t = SHAPES["tiny" if args.tiny else "other"]
     vocab, hidden, layers, lengths, chunk = (t[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
     model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
     limit = full_logits_limit(vocab, lengths, common.mem_available())
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for label, head_chunk in (("before", 0), ("after", chunk)):
         skip = limit if head_chunk == 0 else 0
         print(f"  {label}: HEAD_CHUNK_TOKENS={head_chunk}" + (f", full logits up to {skip} tokens" if skip else ""))
-        worker_args = ["--model", str(model), "--chunk", str(head_chunk), "--lengths", ",".join(map(str, lengths))]
-        rec = common.run_worker(f"loss_path_{label}", WORKER, 1, [*worker_args, "--skip-above", str(skip)], env)
+        worker_args = {"model": model, "chunk": head_chunk, "lengths": ",".join(map(str, lengths)), "skip_above": skip}
+        rec = common.run_worker(f"loss_path_{label}", WORKER, 1, worker_args, env)
         rec["results"] = [{**r, "tokens": r["response_len"]} for r in rec.pop("per_rank")[0]]  # 1 row: its response
         # the chunked path's steady state starts at one chunk (below it the chunk grows with the tokens); 0: all
         fitted = [
@@ -82,18 +82,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
+ROW_COLUMNS = [
+    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
+    ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x"),
+]  # fmt: skip
+SLOPE_COLUMNS = [
+    ("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"), ("x hidden x 4 B", "per_hidden", "{:.1f}"),
+    ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
+]  # fmt: skip
+
+
 def markdown(rec: dict[str, Any]) -> str:
-    h, v = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"]
-    fits = {p["label"]: p for p in rec["paths"]}
-    before, after = (
-        fits[k]["fit"]["slope_bytes_per_token"] if fits[k].get("fit") else None for k in ("before", "after")
-    )
+    h, v, chunk = rec["hidden_bytes_per_token"], rec["vocab_bytes_per_token"], rec["chunk"]
+    fits = {p["label"]: p.get("fit") for p in rec["paths"]}
+    before, after = (f and f["slope_bytes_per_token"] for f in (fits["before"], fits["after"]))
+    start = next(p["fit_from_tokens"] for p in rec["paths"] if p["label"] == "after")
     slopes = [
         {"what": "before: full logits (HEAD_CHUNK_TOKENS=0)", "bytes": before},
-        {
-            "what": f"after: chunked head (HEAD_CHUNK_TOKENS={rec['chunk']}), from {fits['after']['fit_from_tokens']} tokens",
-            "bytes": after,
-        },
+        {"what": f"after: chunked head (HEAD_CHUNK_TOKENS={chunk}), from {start} tokens", "bytes": after},
         {"what": f"hidden x 4 bytes (hidden {rec['hidden_size']})", "bytes": h},
         {"what": f"vocabulary x 4 bytes (vocabulary {rec['vocab_size']})", "bytes": v},
     ]
@@ -101,58 +107,46 @@ def markdown(rec: dict[str, Any]) -> str:
         if s["bytes"] is not None:
             s |= {"per_hidden": s["bytes"] / h, "per_vocab": s["bytes"] / v}
     skipped = rec.get("full_logits_skipped_above") or 0
-    lines = [
-        "# Loss path: peak memory of one actor update against the response length",
-        "",
+    intro = (
         f"A random Qwen2 with Qwen2.5's vocabulary ({rec['vocab_size']} rows, tied), hidden {rec['hidden_size']}, "
         f"{rec['num_layers']} layer(s); one `Actor.update` (FSDP2 on 1 rank, float32, AdamW) of 1 row, a 32-token "
-        "prompt, per response length; peak tensor bytes over forward, backward and optimizer step from torch's "
-        "MemTracker (exact on CPU; the parameters and AdamW state held between updates included). `before`: "
-        "`HEAD_CHUNK_TOKENS=0`, the full [tokens x vocabulary] float32 logits; `after`: the chunked LM head "
-        f"({rec['chunk']} positions per pass)."
-        + (
-            f" The full-logits path was not run above {skipped} tokens (more than half of this machine's free "
-            "memory); its slope is fitted on the lengths run."
-            if skipped
-            else ""
-        ),
-        "",
-        common.table(rec["rows"], [("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
-                                   ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x")]),
-        "Per-token slope (least squares; after: from one chunk on, below which the chunk itself grows with the "
-        "tokens):",
-        "",
-        common.table(slopes, [("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"),
-                              ("x hidden x 4 B", "per_hidden", "{:.1f}"), ("x vocabulary x 4 B", "per_vocab", "{:.3f}")]),
-    ]  # fmt: skip
-    if before and after and fits["after"].get("fit"):
-        intercept = fits["after"]["fit"]["intercept_bytes"] / 2**20
-        lines.append(
-            f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, "
-            f"{after / h:.0f} x hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the "
-            f"hidden size, not the vocabulary. The chunk is a constant ({intercept:.0f} MiB intercept, parameters "
-            f"and AdamW state included). Load average {rec['loadavg_1m']:.1f} (memory counts are not timing: "
-            "load does not change them)."
+        "prompt, per response length; peak tensor bytes from torch's MemTracker (parameters and AdamW state "
+        "included). `before`: `HEAD_CHUNK_TOKENS=0`, the full [tokens x vocabulary] float32 logits; `after`: the "
+        f"chunked LM head ({chunk} positions per pass)."
+    )
+    if skipped:
+        intro += f" Full logits not run above {skipped} tokens (over half the free memory); fitted on the lengths run."
+    end = ""
+    if before and after:
+        end = (
+            f"Before, each response token costs {before / v:.1f} vocabulary rows of float32; after, {after / h:.0f} x "
+            f"hidden x 4 bytes ({after / v:.3f} of one vocabulary row): the slope follows the hidden size, not the "
+            f"vocabulary; the chunk is a constant ({fits['after']['intercept_bytes'] / 2**20:.0f} MiB intercept, "
+            f"parameters and AdamW state included). Load average {rec['loadavg_1m']:.1f}."
         )
-    return "\n".join(lines) + "\n"
+    return common.blocks(
+        "# Loss path: peak memory of one actor update against the response length", intro,
+        common.table(rec["rows"], ROW_COLUMNS), "Per-token slope (least squares; after: from one chunk on):",
+        common.table(slopes, SLOPE_COLUMNS), end,
+    )  # fmt: skip
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, ax = common.subplots(figsize=(7, 4.5))
+    curves: list[common.Curve] = []
     for p, color in zip(rec["paths"], ("C3", "C0"), strict=True):
         ran = [r for r in p["results"] if not r.get("skipped")]
         xs = [r["tokens"] for r in ran]
-        ax.plot(xs, [r["peak_bytes"] / 2**20 for r in ran], "o-", color=color, label=f"{p['label']}")
+        curves.append((p["label"], xs, [r["peak_bytes"] / 2**20 for r in ran], f"{color}o-"))
         if f := p.get("fit"):
             line = [x for x in xs if x >= (p["fit_from_tokens"] or min(xs))]
             ys = [(f["intercept_bytes"] + f["slope_bytes_per_token"] * x) / 2**20 for x in line]
-            fit_label = f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token"
-            ax.plot(line, ys, "--", color=color, alpha=0.6, label=fit_label)
+            curves.append(
+                (f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token", line, ys, f"{color}--")
+            )
     ax.set(xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
-    ax.set_title(
-        f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}", fontsize=10
-    )
-    ax.legend(fontsize=8)
+    title = f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}"
+    common.lines(ax, curves, title)
     common.save_figure(fig, path)
 
 

@@ -1,12 +1,8 @@
-"""Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks.
+"""Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks (SETTINGS).
 
 One GRPO step of the trainer per model and rank count, read back from its metrics.jsonl (`perf/param_bytes`,
 `perf/grad_bytes`, `perf/optimizer_bytes`: the largest rank's local shards). `ratio` = that / the 1-rank run's; the
 ideal is 1 / ranks. Tensor counts, deterministic: shared CPUs do not matter. On CUDA the ranks stop at the GPU count.
-
-    default   qwen2-10m, qwen2-40m and qwen2-100m on 1, 2, 4 ranks
-    --quick   qwen2-10m on 1, 2, 4 ranks
-    --tiny    qwen2-1m on 1, 2 ranks
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps({"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1),
                                         "data_source": "arithmetic"}) + "\n" for i in range(8)))  # fmt: skip
-    rows = []
+    rows, device = [], "cuda" if torch.cuda.is_available() else "cpu"  # what the trainer runs on
     for model in models:
         full: dict[str, int] = {}
         for ranks in sorted(wanted):
@@ -61,9 +57,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ideal_ratio"] = 1 / ranks
             rows.append(row)
             print(f"  {model} on {ranks} rank(s): ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f})", flush=True)
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # what the trainer ran on
     return {"mode": mode, "device": device, "rows": rows, "loadavg_1m": common.load_1m()}
 
 
@@ -93,15 +86,15 @@ def markdown(rec: dict[str, Any]) -> str:
     )
     worst = max(rows, key=lambda r: r["total_rank"] - r["total_full"] / r["ranks"])
     excess = worst["total_rank"] - worst["total_full"] / worst["ranks"]
-    return (
-        "# FSDP2 memory per rank\n\nParameters, gradients and AdamW state (after one step) held by each rank: the "
-        f"bytes of its local shards, {how}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the "
-        "unsharded total (ideal 1 / ranks); `padding`: storage beyond the shards (FSDP2 pads dim 0 to a multiple of "
-        "the ranks; older records). Activations and the parameters gathered during forward/backward come on top.\n\n"
-        + common.table(table, COLUMNS)
-        + f"\nEvery rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
+    return common.blocks(
+        "# FSDP2 memory per rank",
+        "Parameters, gradients and AdamW state (after one step) held by each rank: the bytes of its local shards, "
+        f"{how}, on {rec['device']}. `MB/rank`: the largest rank; `ratio` = that / the unsharded total (ideal 1 / "
+        "ranks); `padding`: storage beyond the shards (older records). Activations and gathered parameters add to it.",
+        common.table(table, COLUMNS),
+        f"Every rank holds at most {excess:,.0f} bytes above the ideal total / ranks (worst: {worst['model']} on "
         f"{worst['ranks']} ranks, ratio {worst['total_ratio']:.5f}): AdamW's `step` scalars (one per parameter "
-        "tensor, kept whole on every rank) and any dim 0 that does not split evenly over the ranks.\n"
+        "tensor, whole on every rank) and any dim 0 that does not split evenly over the ranks.",
     )
 
 
@@ -112,15 +105,14 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rows = sorted((r for r in rec["rows"] if r["model"] == model), key=lambda r: r["ranks"])
         xs = [r["ranks"] for r in rows]
-        for i, kind in enumerate(labels):
-            style = "x--" if kind == "grads" else "o-"  # gradients are as large as the parameters: drawn over them
-            ax.plot(xs, [r[f"{kind}_rank"] / 1e6 for r in rows], style, color=f"C{i}", label=labels[kind])
-        ax.plot(xs, [rows[0]["total_full"] / 1e6 / k for k in xs], "k--", alpha=0.6, label="ideal total (1/ranks)")
+        # gradients are as large as the parameters: drawn dashed over them
+        curves: list[common.Curve] = [
+            (label, xs, [r[f"{kind}_rank"] / 1e6 for r in rows], f"C{i}x--" if kind == "grads" else f"C{i}o-")
+            for i, (kind, label) in enumerate(labels.items())
+        ]
+        curves.append(("ideal total (1/ranks)", xs, [rows[0]["total_full"] / 1e6 / k for k in xs], "k--"))
         ax.set(xscale="log", yscale="log", xlabel="ranks", ylabel="MB per rank (largest rank)")
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.minorticks_off()
-        ax.set_title(f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)")
-        ax.legend(fontsize=8)
+        common.lines(ax, curves, f"{model} ({rows[0]['num_params'] / 1e6:.1f}M params)", xs)
     common.save_figure(fig, path, "FSDP2 per-rank memory: local shards after one backward and one AdamW step")
 
 

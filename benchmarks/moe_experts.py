@@ -1,13 +1,9 @@
 """Mixture-of-experts benchmark: one forward and backward of a random Qwen3-MoE with each
-`model.experts_implementation` (`eager`'s per-expert loop, `grouped_mm`, `batched_mm`'s per-token gathered weights),
-in this process, the same weights for each (switched by the trainer's own `workers.models.with_experts`), on
-`--threads` torch threads. `--warmup` rounds, then `--repeats` timed rounds of one pass of every implementation in
-turn (CPU and wall time); the first round's loss and gradients are compared with eager's. `batched_mm` runs only where
-its gathered weights fit in a quarter of the free memory.
-
-    default, --quick   the tiny test model and a larger one (hidden 512, 8 experts, 4 layers), 8 x 256 tokens,
-                       float32 and bfloat16, 2 warm-up rounds, 9 timed
-    --tiny             the tiny model, 2 x 32 tokens, float32, 1 warm-up, 2 repeats (tests)
+`model.experts_implementation` (`eager`, `grouped_mm`, `batched_mm`), in this process, the same weights for each
+(switched by `workers.models.with_experts`). `--warmup` rounds, then `--repeats` timed rounds of every implementation
+in turn; the first round's loss and gradients are compared with eager's. `batched_mm` runs only where its gathered
+weights fit in a quarter of the free memory. Default and `--quick`: SIZES, float32 and bfloat16; `--tiny`: the tiny
+model, 2 x 32 tokens, float32.
 """
 
 from __future__ import annotations
@@ -171,17 +167,13 @@ def markdown(rec: dict[str, Any]) -> str:
     f32 = [r for r in rows if r["dtype"] == "float32" and "grad_diff" in r]
     worst = max((max(r["loss_diff"], r["grad_diff"]) for r in f32), default=None)
     lines = [
-        "# Mixture-of-experts: the experts' implementation in one forward and backward",
-        "",
+        "# Mixture-of-experts: the experts' implementation in one forward and backward\n",
         f"A random Qwen3-MoE ({sizes}; vocabulary {VOCAB}), {rec['batch']} x {rec['seq']} tokens, the causal-LM "
         f"loss, forward and backward on the CPU ({rec['threads']} thread{'s' * (rec['threads'] > 1)}), the same "
         f"weights for each `model.experts_implementation`: {rec['repeats']} timed rounds after {rec['warmup']} "
-        "warm-up, each round one pass of every implementation in turn. ms: the median pass in CPU time of the "
-        "process (on one thread the time the pass computed, what other processes take of the cores left out), "
-        "wall: in wall time; speed-up: the median over rounds of eager's time over the implementation's in the same "
-        "round. Diffs: the largest absolute difference from eager's loss and from any of its gradient elements "
-        "(first round).",
-        "",
+        "warm-up, each one pass of every implementation in turn. ms: the median pass in the process's CPU time "
+        "(other processes' share of the cores left out), wall: in wall time; speed-up: the median over rounds of "
+        "eager's time over the implementation's. Diffs: the largest from eager's loss and gradients (first round).\n",
         common.table(rows, COLUMNS),
     ]
     for impl in IMPLEMENTATIONS[1:]:
@@ -194,9 +186,9 @@ def markdown(rec: dict[str, Any]) -> str:
             )
     if worst is not None:
         lines.append(
-            f"In float32 every implementation gives eager's loss and gradients to {worst:.1e} (at most). "
-            f"Load average {rec['loadavg_1m']:.1f} at the end on {rec['machine']['cpu_count']} cores (above 1: "
-            "other processes shared them: wall times are theirs too, CPU times much less)."
+            f"In float32 every implementation gives eager's loss and gradients to {worst:.1e} (at most). Load "
+            f"average {rec['loadavg_1m']:.1f} at the end on {rec['machine']['cpu_count']} cores (above 1: other "
+            "processes shared them, in wall times more than CPU times)."
         )
     return "\n".join(lines) + "\n"
 

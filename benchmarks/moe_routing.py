@@ -1,12 +1,9 @@
 """MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
-replay does to the engine/trainer logprob difference, through the real training entrypoint.
+replay does to the engine/trainer logprob difference, through the real training entrypoint (2 CPU ranks).
 
-`torchrun --nproc-per-node 2 -m torchrl_post.train` (FSDP2 actor on 2 CPU ranks, colocated vLLM, GRPO on the demo
-data) per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine
-against the float32 trainer (as GPU runs have), without and with `actor.router_replay`, in float32 on both sides,
-and a near-tie variant (routers scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). Per step from
-metrics.jsonl: `rollout/router_mismatch` and `rollout/logprob_diff`, both before the update.
-`--quick`: 6 steps; `--tiny`: 2 steps (tests).
+Per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine against
+the float32 trainer, without and with `actor.router_replay`, float32 on both sides, and a near-tie variant (routers
+scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). `--quick`: 6 steps; `--tiny`: 2.
 """
 
 from __future__ import annotations
@@ -91,14 +88,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(rec: dict[str, Any]) -> str:
     by = {r["mode"]: r for r in rec["runs"]}
     lines = [
-        "# MoE routing: engine/trainer disagreement and routing replay",
-        "",
+        "# MoE routing: engine/trainer disagreement and routing replay\n",
         f"{common.versions(rec)}. Each row is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run of "
-        f"{rec['steps']} GRPO steps on the demo task (FSDP2 actor in float32 over 2 CPU ranks, colocated vLLM). "
-        "Means over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the "
-        "trainer's own router picks other experts than the engine recorded) and `rollout/logprob_diff` (mean "
-        "|engine - trainer| logprob of the sampled tokens), both before the update.",
-        "",
+        f"{rec['steps']} GRPO steps on the demo task (float32 FSDP2 actor on 2 CPU ranks, colocated vLLM). Means "
+        "over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the trainer's "
+        "router picks other experts than the engine) and `rollout/logprob_diff` (mean |engine - trainer| logprob "
+        "of the sampled tokens), both before the update.\n",
         "| setting | router mismatch | logprob diff | vs dense |",
         "|---|---|---|---|",
     ]
@@ -128,16 +123,16 @@ def markdown(rec: dict[str, Any]) -> str:
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     fig, (left, right) = common.subplots(1, 2, figsize=(11, 4.2))
+    diff, mismatch = [], []
     for r in rec["runs"]:
         steps = list(range(1, len(r["per_step"]["logprob_diff"]) + 1))
-        left.plot(steps, r["per_step"]["logprob_diff"], marker="o", label=r["label"])
+        diff.append((r["label"], steps, r["per_step"]["logprob_diff"], "o-"))
         if r["router_mismatch"] is not None:
-            right.plot(steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], marker="o", label=r["label"])
-    left.set(title="engine/trainer logprob difference", xlabel="step", ylabel="mean |diff|")
-    right.set(title="routing decisions the trainer's router picks differently", xlabel="step", ylabel="fraction")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+            mismatch.append((r["label"], steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], "o-"))
+    left.set(xlabel="step", ylabel="mean |diff|")
+    common.lines(left, diff, "engine/trainer logprob difference")
+    right.set(xlabel="step", ylabel="fraction")
+    common.lines(right, mismatch, "routing decisions the trainer's router picks differently")
     common.save_figure(fig, path)
 
 

@@ -1,12 +1,9 @@
 """Reward-model benchmark: scoring colocated with the actor against on a rank of its own, through the real trainer.
 
-Per reward model (a random Qwen2ForSequenceClassification with the demo's tokenizer: `rm-demo`, the demo model's
-config, and `rm-qwen2-25m`) the demo GRPO config with `reward_model.enable=true` and a KL loss against the reference
-(`actor.use_kl_loss=true`: a reference forward per step on the actor's ranks), twice: colocated on the 2 actor ranks
-(`placement.reward_model=actor`) and on rank 2 of its own (3 processes). RM s = `timing_s/reward_model` +
-`timing_s/wait_reward_model` (the scoring on the actor's critical path), medians over steps 3..N. Headline: the step
-time on its own rank over colocated's. Steps: 12 (`--quick` 6, `--tiny` 3 and rm-demo only, generating with
-transformers: vLLM's start costs ~10 s a launch, and the scoring does not depend on the engine).
+Per reward model (RM_SIZES: random Qwen2ForSequenceClassification with the demo's tokenizer) the demo GRPO config
+with `reward_model.enable=true` and a KL loss (a reference forward per step on the actor's ranks), colocated on the
+2 actor ranks and on rank 2 of its own. RM s = `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over
+steps 3..N. Steps: 12 (`--quick` 6, `--tiny` 3, rm-demo only, generating with transformers).
 """
 
 from __future__ import annotations
@@ -58,11 +55,8 @@ def reward_model_dir(name: str) -> Path:
     spec.pop("layer_types")  # one per layer: derived again for the new depth
     config = Qwen2Config(**spec | RM_SIZES[name])
     tok = AutoTokenizer.from_pretrained(demo)
-    config.num_labels, config.architectures, config.pad_token_id = (
-        1,
-        ["Qwen2ForSequenceClassification"],
-        tok.pad_token_id,
-    )
+    config.num_labels, config.pad_token_id = 1, tok.pad_token_id
+    config.architectures = ["Qwen2ForSequenceClassification"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Qwen2ForSequenceClassification(config)
@@ -114,28 +108,19 @@ COLUMNS = [
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    m = rec["machine"]
-    loads = [r["loadavg_1m"] for r in rec["rows"]]
     rows = [r | {"label": LABELS[r["placement"]], "rm_params_m": r["rm_params"] / 1e6} for r in rec["rows"]]
-    lines = [
+    return common.blocks(
         "# Reward-model benchmark",
-        "",
-        f"{m['cpu_count']} CPUs (shared with other jobs; 1-minute load average {min(loads):.1f} to "
-        f"{max(loads):.1f} after the runs, so timings are noisy), torch {m['torch']}, vllm {m['vllm']}. Each row is "
-        f"one `torchrun -m torchrl_post.train` run of the demo GRPO config ({rec['steps']} steps, "
-        f"{ENGINE_NAMES[rec['engine']]}, {BATCH} prompts x {N} samples, validation and checkpoints off) with a "
-        "random Qwen2ForSequenceClassification as the only reward (`reward_model.micro_batch_size_per_gpu` "
-        f"{rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on rank 2 of its own (3 processes). "
-        f"RM s is `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over steps {FIRST_STEP}..N: "
-        "colocated, each actor rank's forward over its half of the samples; on its own rank, the part of the "
-        "scoring its reference forward did not hide (the actor sends the batch, computes, then waits).",
-        "",
-        common.table(rows, COLUMNS).rstrip(),
-        "",
-        *conclusion(rec),
-        "",
-    ]
-    return "\n".join(lines)
+        f"{common.versions(rec, [r['loadavg_1m'] for r in rec['rows']])}. Each row is one `torchrun -m "
+        f"torchrl_post.train` run of the demo GRPO config ({rec['steps']} steps, {ENGINE_NAMES[rec['engine']]}, "
+        f"{BATCH} prompts x {N} samples) with a random Qwen2ForSequenceClassification as the only reward "
+        f"(`reward_model.micro_batch_size_per_gpu` {rec['rm_micro_batch']}): colocated on the 2 actor ranks, or on "
+        f"rank 2 of its own. RM s = `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over steps "
+        f"{FIRST_STEP}..N: colocated, each actor rank's forward over its half of the samples; on its own rank, the "
+        "part of the scoring the actor's reference forward did not hide.",
+        common.table(rows, COLUMNS),
+        "\n".join(conclusion(rec)),
+    )
 
 
 def conclusion(rec: dict[str, Any]) -> list[str]:
@@ -148,12 +133,9 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
     )
     return [
         f"On its own rank: {ratios}.",
-        "On its own rank the scoring overlaps the actor's reference forward (recorded as `overlapped: true`): "
-        "rank 2 receives the batch after generation and scores every sample on one process while the actor ranks "
-        "compute their reference logprobs; the actor waits only for what is left of it. Generation does not overlap "
-        "it here (whole batches from the actor's own engine); with rollout ranks of their own and look-ahead the "
-        "next batch generates meanwhile. On these shared CPUs the third process also competes with the actor ranks "
-        "for the 2 cores.",
+        "There the scoring overlaps the actor's reference forward (`overlapped: true`): rank 2 scores the batch "
+        "while the actor ranks compute their reference logprobs, not generation (whole batches from the actor's own "
+        "engine). On these shared CPUs the third process also competes with the actor ranks for the 2 cores.",
     ]
 
 

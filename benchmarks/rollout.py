@@ -1,12 +1,6 @@
 """Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
-generation time goes (benchmarks/rollout_worker.py under torchrun, 1 process, random Qwen2 models).
-
+generation time goes (benchmarks/rollout_worker.py, 1 process, random Qwen2 models; each mode's sizes: SETTINGS).
 Headline: `ratio` = vLLM tokens/s / hf tokens/s per (batch, length) row, every sample forced to the asked length.
-
-    default   qwen2-10m and qwen2-40m, batches 1x1 4x4 16x4 32x8, lengths 32 128 224, 3 repeats
-    --quick   qwen2-10m, batches 1x1 4x2 8x4, lengths 16 64, 2 repeats
-    --tiny    qwen2-1m, batches 1x1 2x2, lengths 4 8, 1 repeat
-
 On CPU both engines run `--threads` unbound OpenMP threads (default 1: on shared cores, spinning or pinned threads
 stall 10x whenever another process takes one of their cores).
 """
@@ -55,10 +49,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_len = prompt_len + max(int(x) for x in lengths.split(","))
         head_dim = size.hidden_size // size.num_heads
         kv_gb = max(1, -(-2 * size.num_layers * size.num_kv_heads * head_dim * 4 * max_seqs * max_len * 2 // 2**30))
-        worker_args = [
-            *("--model", str(model_dir(size)), "--prompt-len", str(prompt_len), "--batches", batches),
-            *("--lengths", lengths, "--repeats", str(repeats), "--kv-cache-gb", str(kv_gb)),
-        ]
+        worker_args = {
+            "model": model_dir(size), "prompt_len": prompt_len, "batches": batches, "lengths": lengths,
+            "repeats": repeats, "kv_cache_gb": kv_gb,
+        }  # fmt: skip
         rec = common.run_worker(f"rollout_{model}", WORKER, 1, worker_args, env)
         rec["decode_fit"] = {e: decode_fit(rec, e) for e in ENGINES}
         runs.append(rec)
@@ -91,77 +85,61 @@ COLUMNS = [
 def conclusion(run: dict[str, Any]) -> str:
     ratios = [r["ratio"] for r in run["rows"]]
     big = max(run["rows"], key=lambda r: (r["batch"], r["length"]))
-    fixed = run["fixed_call_s"]
     text = (
-        f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x (largest batch and length, "
-        f"{big['prompts']} x {big['n']} x {big['length']} tokens: {big['ratio']:.2f}x). Where vLLM's time goes "
-        f"there: {big['vllm_first_token_s']:.3f} s for the first token (fixed cost and prefill), then "
-        f"{big['vllm_decode_step_ms']:.2f} ms per decode step for {big['batch']} samples "
-        f"({big['vllm_decode_share']:.0%} of the call); a call of one prompt and one token costs "
-        f"{fixed['vllm'] * 1e3:.1f} ms in vLLM and {fixed['hf'] * 1e3:.1f} ms in transformers (its logprob pass "
-        "included)."
+        f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x ({big['prompts']} x {big['n']} x "
+        f"{big['length']} tokens: {big['ratio']:.2f}x, where vLLM takes {big['vllm_first_token_s']:.3f} s to the first "
+        f"token, then {big['vllm_decode_step_ms']:.2f} ms per decode step of {big['batch']} samples, "
+        f"{big['vllm_decode_share']:.0%} of the call)."
     )
     v, h = decode_fit(run, "vllm"), decode_fit(run, "hf")
     if v is None or h is None:
         return text
     text += (
-        f" A decode step costs about {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per sample in vLLM and "
-        f"{h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms per sample in transformers (a line through the "
-        f"{v['length']}-token rows)"
+        f" A decode step (fit on the {v['length']}-token rows): {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per "
+        f"sample in vLLM, {h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms in transformers"
     )
-    if v["sample_ms"] <= 0:
-        return text + "."
     return text + (
-        f"; in vLLM the samples' part outweighs the step's fixed part from about {v['step_ms'] / v['sample_ms']:.0f} "
-        "samples per call on."
+        f"; in vLLM the samples outweigh the step from {v['step_ms'] / v['sample_ms']:.0f} per call."
+        if v["sample_ms"] > 0
+        else "."
     )
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    lines = [
+    parts = [
         "# Rollout benchmark: vLLM against transformers generate",
-        "",
         f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
         f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
-        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM tokens/s / hf tokens/s. `first token "
-        "s`: a call of one new token (fixed cost + prefill); `decode ms/step` = (t(length) - t(1)) / (length - 1); "
-        "`decode share`: the call's time after the first token.",
-        "",
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `first token s`: a "
+        "call of one new token; `decode ms/step` = (t(length) - t(1)) / (length - 1); `decode share`: the call's "
+        "time after the first token.",
     ]
     for r in rec["runs"]:
         start, fixed = r["engine_start_s"], r["fixed_call_s"]
-        lines += [
+        parts += [
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}, prompts of "
             f"{r['prompt_len']} tokens)",
-            "",
             common.table([{**row, "shape": f"{row['prompts']} x {row['n']}"} for row in r["rows"]], COLUMNS),
-            f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s. Fixed cost of one call (1 prompt, "
-            f"1 token): vLLM {fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average "
-            f"{r['loadavg_1m']:.1f} after this model.",
-            "",
-            conclusion(r),
-            "",
+            f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s; a call of 1 prompt and 1 token: vLLM "
+            f"{fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average {r['loadavg_1m']:.1f}. "
+            + conclusion(r),
         ]
-    return "\n".join(lines)
+    return common.blocks(*parts)
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
-    import matplotlib.ticker
-
     runs = rec["runs"]
     fig, axes = common.subplots(1, len(runs), figsize=(max(7.0, 6 * len(runs)), 4.5), squeeze=False)
     for ax, r in zip(axes[0], runs, strict=True):
+        curves: list[common.Curve] = []
         for i, length in enumerate(sorted({row["length"] for row in r["rows"]})):
             rows = sorted((row for row in r["rows"] if row["length"] == length), key=lambda row: row["batch"])
             xs = [row["batch"] for row in rows]
-            ax.plot(xs, [row["vllm_tokens_per_s"] for row in rows], "o-", color=f"C{i}", label=f"vLLM, {length} tok")
-            ax.plot(xs, [row["hf_tokens_per_s"] for row in rows], "s--", color=f"C{i}", label=f"hf, {length} tok")
+            curves.append((f"vLLM, {length} tok", xs, [row["vllm_tokens_per_s"] for row in rows], f"C{i}o-"))
+            curves.append((f"hf, {length} tok", xs, [row["hf_tokens_per_s"] for row in rows], f"C{i}s--"))
         ax.set(xscale="log", yscale="log", xlabel="samples per call (prompts x n)", ylabel="generated tokens / s")
-        batches = sorted({row["batch"] for row in r["rows"]})
-        ax.set_xticks(batches, [str(b) for b in batches], minor=False)
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.set_title(f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})")
-        ax.legend(fontsize=8)
+        title = f"{r['model']} ({r['params'] / 1e6:.1f}M params, {r['device']})"
+        common.lines(ax, curves, title, sorted({row["batch"] for row in r["rows"]}))
     common.save_figure(fig, path, "rollout: vLLM (solid) vs transformers generate (dashed)")
 
 

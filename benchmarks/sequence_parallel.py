@@ -1,13 +1,8 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
-with Ulysses sequence parallelism over sp = 1, 2 and 4 gloo ranks (dp 1), and the all-to-all's share of the step,
-measured by benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions. Why the activations sit
-about 1.1 x 1/sp (k and v repeated to the query heads, the exchanged output's copy): the report's last paragraph;
-counted with saved-tensor hooks at 2k tokens (2026-11-26), 43.3 hidden sizes per local token against sp=1's 38.2.
-(Before its fix, found here, the global mask built an [S, S] square: 516 MiB per rank at 16k, above sp=1's 327.)
-
-    default   response lengths 1k, 2k, 4k, 8k, 16k; sp 1, 2, 4; gradient checkpointing off and on
-    --quick   response lengths 1k, 2k, 4k; sp 1, 2, 4; checkpointing off and on
-    --tiny    response lengths 256, 512; sp 1, 2; checkpointing off (tests)
+with Ulysses sequence parallelism over sp gloo ranks (dp 1), and the all-to-all's share of the step, measured by
+benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions (lengths, sp, checkpointing per
+mode: SETTINGS). Why the activations sit about 1.1 x 1/sp: the report's last paragraph (counted with saved-tensor
+hooks at 2k tokens, 2026-11-26: 43.3 hidden sizes per local token against sp=1's 38.2).
 """
 
 from __future__ import annotations
@@ -64,8 +59,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for sp in sps:
         t0 = time.perf_counter()
-        worker_args = ["--model", str(model), "--lengths", ",".join(map(str, lengths))]
-        worker_args += ["--checkpointing", ",".join(checkpointing), "--prompt-len", str(PROMPT), "--timed", str(timed)]
+        worker_args = {
+            "model": model, "lengths": ",".join(map(str, lengths)), "checkpointing": ",".join(checkpointing),
+            "prompt_len": PROMPT, "timed": timed,
+        }  # fmt: skip
         rec = common.run_worker(f"sequence_parallel_sp{sp}", WORKER, sp, worker_args, env)
         rec["seconds"] = time.perf_counter() - t0
         runs.append(rec)
@@ -125,22 +122,16 @@ def markdown(rec: dict[str, Any]) -> str:
     longest = max(r["response_len"] for r in rows)
     at_longest = [r for r in rows if r["response_len"] == longest and r["sp"] > 1]
     shares = [r["exchange_share"] for r in rows if r["sp"] > 1]
-    lines = [
+    parts = [
         "# Sequence parallelism (Ulysses): activation memory per rank against the response length",
-        "",
         f"A random Qwen2 (hidden {m['hidden_size']}, {m['num_layers']} layers, {m['num_heads']} heads, "
         f"{m['num_kv_heads']} kv heads, vocabulary {m['vocab_size']}, {m['dtype']}); one `Actor.update` (FSDP2, "
         f"AdamW) of one row, a {rec['prompt_len']}-token prompt and the response, sp = the gloo ranks (dp 1). "
         "`activations`: MemTracker's peak less the parameters, gradients and AdamW state, the largest rank's; "
-        "`ratio` = that / sp=1's (ideal 1/sp); `peak`: everything. "
-        f"`step`: the fastest of {rec['timed']} untracked updates, the slowest rank; `all-to-all`: the time inside "
-        "the Ulysses exchanges, mean over the ranks; `share` = that / the step; `MiB into all-to-alls`: the bytes "
-        "each rank hands to them per update.",
-        "",
+        f"`peak`: everything. `step`: the fastest of {rec['timed']} untracked updates, the slowest rank; "
+        "`all-to-all`: the time inside the Ulysses exchanges, mean over the ranks, and the bytes each rank sends.",
         common.table(rows, COLUMNS),
-        "Activations per rank = constant + slope x tokens (least squares over the lengths; tokens = prompt + "
-        "response):",
-        "",
+        "Activations per rank = constant + slope x tokens (least squares; tokens = prompt + response):",
         common.table(fits, FIT_COLUMNS),
     ]
     if at_longest:
@@ -149,7 +140,7 @@ def markdown(rec: dict[str, Any]) -> str:
         above = [r["ratio"] * r["sp"] for r in at_longest]
         slopes = [f["slope_ratio"] * f["sp"] for f in rec["fits"] if f["sp"] > 1]
         constant = max(abs(f["intercept_bytes"]) for f in rec["fits"]) / 2**20
-        lines.append(
+        parts.append(
             f"At {longest} response tokens a rank holds this fraction of sp=1's activations: {held}"
             + (f"; with checkpointing {held_ckpt}" if held_ckpt else "")
             + f": {min(above):.2f}-{max(above):.2f} x the ideal 1/sp. The per-token slope carries the excess "
@@ -162,7 +153,7 @@ def markdown(rec: dict[str, Any]) -> str:
             f"cores, so `step s` is no speed-up measure. Load average {rec['loadavg_1m']:.1f}; "
             f"{rec['seconds']:.0f} s in all."
         )
-    return "\n".join(lines) + "\n"
+    return common.blocks(*parts)
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
@@ -173,20 +164,19 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     for ax, ckpt in zip(axes[0], settings, strict=True):
         rows = [r for r in rec["rows"] if r["checkpointing"] == ckpt]
         one = {r["response_len"]: r["activation_mib"] for r in rows if r["sp"] == 1}
+        curves: list[common.Curve] = []
         for i, sp in enumerate(sorted({r["sp"] for r in rows})):
             mine = sorted((r for r in rows if r["sp"] == sp), key=lambda r: r["response_len"])
             xs = [r["response_len"] for r in mine]
-            ax.plot(xs, [r["activation_mib"] for r in mine], "o-", color=f"C{i}", label=f"sp={sp}")
+            curves.append((f"sp={sp}", xs, [r["activation_mib"] for r in mine], f"C{i}o-"))
             if sp > 1:
-                ax.plot(xs, [one[x] / sp for x in xs], "--", color=f"C{i}", alpha=0.6, label=f"sp=1 / {sp}")
+                curves.append((f"sp=1 / {sp}", xs, [one[x] / sp for x in xs], f"C{i}--"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xticks(sorted(one), [f"{x // 1024}k" if x >= 1024 else str(x) for x in sorted(one)])
-        ax.minorticks_off()
         ax.set(xlabel="response tokens (one row)", ylabel="peak activation MiB per rank")
-        ax.set_title(f"gradient checkpointing {_on(ckpt)}", fontsize=10)
-        ax.legend(fontsize=8)
+        ticks = [f"{x // 1024}k" if x >= 1024 else str(x) for x in sorted(one)]
+        common.lines(ax, curves, f"gradient checkpointing {_on(ckpt)}", sorted(one), ticks)
     common.save_figure(fig, path, "Ulysses sequence parallelism: activations per rank of one actor update")
 
 

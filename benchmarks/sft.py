@@ -1,14 +1,7 @@
-"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`, the real entrypoint) on 1 and 2 ranks against
-TRL's SFTTrainer on 1 process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py), same model,
-same rows in the same order (a seeded copy task; TRL gets the tokens our SFT loader produced), same batch, learning
-rate and steps; and the losses of both. Packing off on both (fixed-length rows: nothing to unpad). tokens/s = loss
-tokens of the steps after the first / their summed wall time; `--threads` torch threads per process (default 1).
-
-    python -m benchmarks --only sft          (or python -m benchmarks.sft [--quick | --tiny])
-
-    default   qwen2-10m, 16 rows of 64 prompt + 192 response tokens, 8 steps
-    --quick   qwen2-10m, 8 rows of 64 + 128 tokens, 5 steps (about 2 minutes on 2 cores)
-    --tiny    a 2-layer model of hidden size 64, 4 rows of 16 + 16 tokens, 3 steps (45-70 s: three launches)
+"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`) on 1 and 2 ranks against TRL's SFTTrainer on 1
+process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py): same model, rows in the same order
+(a seeded copy task; TRL gets the tokens our loader produced), batch, learning rate and steps; the losses of both.
+Packing off on both; `--threads` torch threads per process (default 1); each mode's setting: SETTINGS.
 """
 
 from __future__ import annotations
@@ -120,10 +113,7 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
     if python is None:
         print("    TRL: skipped (no environment at outputs/bench_venvs/trl; a full run builds it)", flush=True)
         return None
-    args = [
-        "--model", str(model_dir(s.model)), "--train", str(tokens), "--batch", str(s.batch), "--lr", str(s.lr),
-        "--steps", str(s.steps), "--seed", str(SEED),
-    ]  # fmt: skip
+    args = {"model": model_dir(s.model), "train": tokens, "batch": s.batch, "lr": s.lr, "steps": s.steps, "seed": SEED}
     print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
     t0 = time.perf_counter()
     env = {"OMP_NUM_THREADS": str(threads), **TRL_ENV}
@@ -186,23 +176,16 @@ def with_best(rec: dict[str, Any]) -> list[dict[str, Any]]:
 def conclusion(rec: dict[str, Any]) -> str:
     rows = {(r["system"], r["ranks"]): r for r in with_best(rec)}
     ours, trl, two = rows.get(("torchrl_post", 1)), rows.get(("TRL SFTTrainer", 1)), rows.get(("torchrl_post", 2))
-    if ours is None:
-        return ""
-    if trl is None:
-        return f"Ours on 1 rank: {ours['tokens_per_s']:.0f} trained tokens/s (TRL not measured)."
+    if ours is None or trl is None:
+        return f"Ours on 1 rank: {ours['tokens_per_s']:.0f} trained tokens/s (TRL not measured)." if ours else ""
     text = (
-        f"Ours on 1 rank trains {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x TRL's tokens/s "
-        f"({ours['tokens_per_s']:.0f} vs {trl['tokens_per_s']:.0f}; fastest steps "
-        f"{ours['best_tokens_per_s'] / trl['best_tokens_per_s']:.2f}x). Step-1 losses (same weights, same rows): "
-        f"{ours['first_loss']:.5f} vs {trl['first_loss']:.5f} (difference {abs(trl['first_loss_diff']):.1e}); "
-        f"final losses {ours['final_loss']:.4f} vs {trl['final_loss']:.4f}."
+        f"Ours on 1 rank trains {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x TRL's tokens/s (fastest steps "
+        f"{ours['best_tokens_per_s'] / trl['best_tokens_per_s']:.2f}x); step-1 losses (same weights, same rows) differ "
+        f"by {abs(trl['first_loss_diff']):.1e}."
     )
     if two is not None:
-        text += (
-            f" Ours on 2 ranks: {two['tokens_per_s']:.0f} tok/s ({two['vs_ours_1r']:.2f}x 1 rank, with twice its "
-            f"threads; fastest steps {two['best_tokens_per_s'] / ours['best_tokens_per_s']:.2f}x), final loss "
-            f"{two['final_loss']:.4f}."
-        )
+        best = two["best_tokens_per_s"] / ours["best_tokens_per_s"]
+        text += f" On 2 ranks (twice the threads) the fastest steps run {best:.2f}x 1 rank's."
     return text
 
 
@@ -210,25 +193,20 @@ def markdown(rec: dict[str, Any]) -> str:
     s, m = rec["setting"], rec["machine"]
     versions = (rec.get("trl") or {}).get("versions", {})
     trl = f", TRL {versions.get('trl')} (transformers {versions.get('transformers')})" if versions else ""
-    return "\n".join([
+    return common.blocks(
         "# SFT benchmark: torchrl_post's SFT against TRL's SFTTrainer",
-        "",
         f"{s['model']['name']} ({rec['params'] / 1e6:.1f}M parameters, float32, {m['gpu'] or 'cpu'}), {s['batch']} "
         f"rows per step of {s['prompt_len']} prompt + {s['response_len']} response tokens (loss on the "
         f"{s['response_len']}), {s['steps']} steps at lr {s['lr']:g}; {m['cpu_count']} CPUs, torch {m['torch']}{trl}; "
         f"1-minute load average {rec['loadavg_1m']:.1f} at the end. Ours: `--config-name sft` through `torchrun -m "
-        "torchrl_post.train` (FSDP2, `nll_loss`), rows in file order, packing off. TRL: SFTTrainer on the same tokens, "
-        "`completion_only_loss`, sequential sampler, packing off, float32, no gradient checkpointing, adamw_torch, "
-        "constant lr. Both: token-mean loss, gradient clipping at 1, weight decay 0. trained tok/s = loss tokens of "
-        "the steps after the first / their summed wall time; `best tok/s` the same from the fastest of those steps. "
-        f"{rec['rows'][0]['threads']} torch thread(s) per process: 2 ranks have twice the cores of 1 rank and of "
-        "TRL's process. `step-1 diff`: this row's step-1 loss minus ours on 1 rank; `load`: the 1-minute load "
-        "average after the row's run.",
-        "",
+        "torchrl_post.train` (FSDP2, `nll_loss`), rows in file order. TRL: SFTTrainer on the same tokens, "
+        "`completion_only_loss`, sequential sampler, float32, adamw_torch, constant lr. Both: packing off, token-mean "
+        "loss, clipping at 1, weight decay 0. trained tok/s = loss tokens of the steps after the first / their wall "
+        f"time; `best tok/s` from the fastest of those steps. {rec['rows'][0]['threads']} torch thread(s) per "
+        "process. `step-1 diff`: the row's step-1 loss minus ours on 1 rank; `load`: after the row's run.",
         common.table(with_best(rec), COLUMNS),
         conclusion(rec),
-        "",
-    ])  # fmt: skip
+    )
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
@@ -238,15 +216,13 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
     ax.bar_label(bars, [f"{r['tokens_per_s']:.0f}" for r in rec["rows"]], fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.set(ylabel="trained tokens / s", title="throughput (steps after the first)")
-    for i, r in enumerate(rec["rows"]):
-        bx.plot(
-            range(1, len(r["loss"]) + 1), r["loss"], marker="osx"[i % 3], linestyle=("-", "--", ":")[i % 3],
-            markersize=9 - 2 * i, color=f"C{i}", label=labels[i].replace("\n", " "),
-        )  # fmt: skip
-    bx.set(
-        xlabel="step", ylabel="train loss", title="loss per step (same rows, same initial weights; the lines overlap)"
-    )
-    bx.legend(fontsize=8)
+    styles = [f"C{i}{'osx'[i % 3]}{('-', '--', ':')[i % 3]}" for i in range(len(labels))]  # the lines overlap
+    curves = [
+        (label.replace("\n", " "), range(1, len(r["loss"]) + 1), r["loss"], style)
+        for label, r, style in zip(labels, rec["rows"], styles, strict=True)
+    ]
+    bx.set(xlabel="step", ylabel="train loss")
+    common.lines(bx, curves, "loss per step (same rows, same initial weights; the lines overlap)")
     s = rec["setting"]
     title = (
         f"sft: {s['model']['name']}, {s['batch']} x ({s['prompt_len']} + {s['response_len']}) tokens, lr {s['lr']:g}"

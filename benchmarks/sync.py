@@ -1,9 +1,8 @@
 """Weight-sync benchmark: how close the trainer -> vLLM weight sync gets to the raw collective of the same bytes.
 
-benchmarks/sync_worker.py under torchrun per random Qwen2 (1M to 100M parameters): colocated on 2 actor ranks
-(sync_weights against the bare all_gathers) and broadcast from 1 actor to 1 rollout rank (BroadcastSync against one
-broadcast); for the largest model also 2 and 3 rollout ranks and 2 actor ranks. `ratio` = raw_s / sync_s (target 0.7).
-`--quick`: the smallest model, colocated and 1 + 1 broadcast only; `--tiny`: the same with one repeat.
+benchmarks/sync_worker.py per random Qwen2 (MODELS): colocated on 2 actor ranks and broadcast from 1 actor to 1
+rollout rank; for the largest also 2 and 3 rollout ranks and 2 actor ranks. `ratio` = raw_s / sync_s (target 0.7).
+`--quick`: the smallest model, colocated and 1 + 1 broadcast; `--tiny`: the same, one repeat.
 """
 
 from __future__ import annotations
@@ -20,6 +19,11 @@ NAME = "sync"
 WORKER = Path(__file__).resolve().parent / "sync_worker.py"
 TARGET_RATIO = 0.7
 MODELS = ("qwen2-1m", "qwen2-10m", "qwen2-40m", "qwen2-100m")
+BROADCAST_CURVES = (
+    ("sync", "sync", "o-"),
+    ("transfer", "transfer (no engine load)", "^-"),
+    ("raw", "raw broadcast", "s--"),
+)
 
 
 OPTIONS: common.Options = {
@@ -46,10 +50,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tag = f"{model}_{mode}_a{actor}_r{rollout}"
         nproc = actor if mode == "colocated" else actor + rollout
         print(f"  [{i}/{len(runs)}] {tag} on {nproc} ranks ...", flush=True)
-        worker_args = [
-            *("--model", str(model_dir(SIZES[model])), "--mode", mode, "--actor", str(actor)),
-            *("--rollout", str(rollout), "--bucket-mb", str(args.bucket_mb), "--repeats", str(args.repeats)),
-        ]
+        worker_args = {
+            "model": model_dir(SIZES[model]), "mode": mode, "actor": actor, "rollout": rollout,
+            "bucket_mb": args.bucket_mb, "repeats": args.repeats,
+        }  # fmt: skip
         rec = common.run_worker(f"sync_{tag}", WORKER, nproc, worker_args)
         rec["transfer_ratio"] = rec["raw_s"] / rec["transfer_s"]
         records.append(rec)
@@ -74,46 +78,38 @@ def markdown(rec: dict[str, Any]) -> str:
         {**r, **{f"{k}_ms": r[f"{k}_s"] * 1e3 for k in ("sync", "raw", "transfer", "load")}, "MB": r["bytes"] / 1e6}
         for r in rec["records"]
     ]
-    return (
-        f"# Weight-sync benchmark\n\n{common.versions(rec)}. Median of {rec['repeats']} repeats; `transfer` is the "
-        "sync path without the engine load, `load ms` the engine's reload alone; `loadavg` is the 1-minute load "
-        "average at the end of the run (above the run's own ranks: the CPUs were shared).\n\n"
-        + common.table(rows, COLUMNS)
-        + "\n"
-        + f"Target: ratio = raw_s / sync_s of at least {rec['target_ratio']}. `ratio` is end to end (vLLM's reload "
-        "included); `transfer ratio` = raw_s / transfer_s is the sync path up to the engine's loader.\n\n"
-        "raw is the bare collective for the same bytes, in buffers allocated once: the same bucketed all_gathers "
-        "(colocated), one broadcast of all the bytes (disaggregated; with 2 actor ranks the sync also gathers the "
-        "FSDP shards first). On 2 CPU cores every process competes for the same cores, so the engine's reload "
-        "cannot overlap the next bucket's broadcast as on a GPU.\n"
+    return common.blocks(
+        "# Weight-sync benchmark",
+        f"{common.versions(rec)}. Median of {rec['repeats']} repeats; `transfer` is the sync path without the engine "
+        "load, `load ms` the engine's reload alone; `loadavg`: the 1-minute load average at the end of the run.",
+        common.table(rows, COLUMNS),
+        f"Target: ratio = raw_s / sync_s of at least {rec['target_ratio']}, end to end (vLLM's reload included); "
+        "`transfer ratio` = raw_s / transfer_s, up to the engine's loader. raw is the bare collective for the same "
+        "bytes into buffers allocated once: the same bucketed all_gathers (colocated), one broadcast of all the bytes "
+        "(disaggregated; with 2 actor ranks the sync also gathers the FSDP shards first). On 2 CPU cores the engine's "
+        "reload cannot overlap the next bucket's broadcast as on a GPU.",
     )
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
     records = rec["records"]
     fig, (left, right) = common.subplots(1, 2, figsize=(12, 4.5))
-    series = {"colocated": ("C0", "colocated (2 actor ranks)"), "broadcast": ("C1", "broadcast (1 actor -> 1 rollout)")}
-    for mode, (color, label) in series.items():
+    curves: list[common.Curve] = []
+    for mode, label in (("colocated", "colocated (2 actor ranks)"), ("broadcast", "broadcast (1 actor -> 1 rollout)")):
         rs = [r for r in records if r["mode"] == mode and (mode == "colocated" or r["rollout"] == r["actor"] == 1)]
         rs.sort(key=lambda r: r["bytes"])
-        xs = [r["bytes"] / 1e6 for r in rs]
-        left.plot(xs, [r["sync_GBps"] for r in rs], "o-", color=color, label=f"{label}: sync")
-        left.plot(xs, [r["raw_GBps"] for r in rs], "s--", color=color, alpha=0.6, label=f"{label}: raw")
+        xs, color = [r["bytes"] / 1e6 for r in rs], "C0" if mode == "colocated" else "C1"
+        curves.append((f"{label}: sync", xs, [r["sync_GBps"] for r in rs], f"{color}o-"))
+        curves.append((f"{label}: raw", xs, [r["raw_GBps"] for r in rs], f"{color}s--"))
     left.set(xscale="log", yscale="log", xlabel="model size (MB, float32)", ylabel="GB/s")
-    left.set_title("sync vs raw collective bandwidth")
-    left.legend(fontsize=8)
-    bcast = [r for r in records if r["mode"] == "broadcast"]
-    if bcast:
+    common.lines(left, curves, "sync vs raw collective bandwidth")
+    if bcast := [r for r in records if r["mode"] == "broadcast"]:
         biggest = max(r["bytes"] for r in bcast)
         rs = sorted((r for r in bcast if r["bytes"] == biggest and r["actor"] == 1), key=lambda r: r["rollout"])
         xs = [r["rollout"] for r in rs]
-        for key, style, label in (
-            ("sync_s", "o-", "sync"), ("transfer_s", "^-", "transfer (no engine load)"), ("raw_s", "s--", "raw broadcast"),
-        ):  # fmt: skip
-            right.plot(xs, [r[key] for r in rs], style, label=label)
-        right.set(xlabel="rollout ranks", ylabel="seconds", xticks=xs)
-        right.set_title(f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)")
-        right.legend(fontsize=8)
+        curves = [(label, xs, [r[f"{key}_s"] for r in rs], style) for key, label, style in BROADCAST_CURVES]
+        right.set(xlabel="rollout ranks", ylabel="seconds")
+        common.lines(right, curves, f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)", xs)
     common.save_figure(fig, path)
 
 

@@ -1,7 +1,4 @@
-"""TRL's SFTTrainer for a few steps, timed: the reference side of benchmarks/sft.py.
-
-    outputs/bench_venvs/trl/bin/python benchmarks/trl_sft_worker.py --model DIR --train FILE.jsonl --out OUT.json \
-        [--batch 16] [--lr 1e-3] [--steps 8] [--seed 1]
+"""TRL's SFTTrainer for a few steps, timed: the reference side of benchmarks/sft.py (its flags: `main`).
 
 Runs inside TRL's own virtual environment, one process, no torchrl_post import (shared parts from
 benchmarks/trl_worker.py beside it). The rows come tokenised (`input_ids`, `completion_mask`, from torchrl_post's SFT

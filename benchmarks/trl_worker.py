@@ -1,15 +1,11 @@
-"""TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py (and tests/gpu's speed check).
+"""TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py and tests/gpu's speed check.
 
-    outputs/bench_venvs/trl/bin/python benchmarks/trl_worker.py --model DIR --train FILE.jsonl --out OUT.json \
-        [--prompts 8] [--n 8] [--response-length 32] [--lr 1e-6] [--steps 6] [--seed 1] [--bf16] [--reward NAME]
-
-Runs inside TRL's own virtual environment, one process, no torchrl_post import (the reward is loaded by file:
-`gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py, so both sides score alike).
-GRPOTrainer as the project's run: prompts x n samples per step (one optimizer step per generation), at most
-`response_length` new tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), torch AdamW at
-a constant learning rate, clipping at 1.0, transformers' `generate` (use_vllm=False). Per step: the wall time between
-on_step_begin and on_step_end and TRL's own profiling timers (`_prepare_inputs`, `transformers.generate`,
-`_calculate_rewards`, `compute_loss`). Also the shared parts of benchmarks/trl_sft_worker.py. Writes one JSON record.
+Runs inside TRL's own virtual environment, one process, no torchrl_post import (its flags: `main`; the reward is
+loaded by file: `gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py). As the
+project's run: prompts x n samples per step (one optimizer step per generation), at most `response_length` new
+tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), torch AdamW at a constant learning
+rate, clipping at 1.0, transformers' `generate`. Per step: the wall time between on_step_begin and on_step_end and
+TRL's own profiling timers (PROFILED). Also the shared parts of benchmarks/trl_sft_worker.py.
 """
 
 from __future__ import annotations
