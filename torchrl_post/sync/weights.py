@@ -18,6 +18,7 @@ sent, so a stream without `lm_head.weight` would leave its LM head on the old we
 from __future__ import annotations
 
 import pickle
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,7 +105,7 @@ def param_specs(
     """(HF name, full shape, dtype on the wire, shard ranks) of every parameter (`keep`: those it accepts); an
     expert-parallel parameter as its experts' checkpoint tensors (`ExpertBlocks`), each whole on one rank slot."""
     specs = []
-    blocks = ExpertBlocks(model)
+    blocks = expert_blocks(model)
     pieces = blocks.pieces
     for name, p in model.named_parameters():
         if (keep is not None and not keep(name)) or name in blocks.replaced:
@@ -279,6 +280,17 @@ def split_bucket(flat: torch.Tensor, bucket: WireBucket) -> Iterator[tuple[str, 
         offset += n
 
 
+_BLOCKS: weakref.WeakKeyDictionary[torch.nn.Module, ExpertBlocks] = weakref.WeakKeyDictionary()
+
+
+def expert_blocks(model: torch.nn.Module) -> ExpertBlocks:
+    """The model's `ExpertBlocks`, built once: it walks every module (and with LoRA, each adapted expert's
+    wrappers), while its parameters stay the same objects from one sync to the next."""
+    if model not in _BLOCKS:
+        _BLOCKS[model] = ExpertBlocks(model)
+    return _BLOCKS[model]
+
+
 def iter_full_weights(
     model: torch.nn.Module,
     bucket_bytes: int,
@@ -293,7 +305,7 @@ def iter_full_weights(
     the gather runs on the accelerator's backend, not on the CPU's."""
     params = dict(model.named_parameters())
     device = device or next(iter(params.values())).device
-    experts = ExpertBlocks(model)
+    experts = expert_blocks(model)
     for bucket in plan_wire(param_specs(model, wire_dtype, keep), bucket_bytes):
         yield from split_bucket(gather_bucket(bucket, params, device, experts), bucket)
 
@@ -428,7 +440,7 @@ class BroadcastSync:
 
     def send(self, model: torch.nn.Module) -> int:
         """Actor ranks: gather every bucket; the sender broadcasts each. Returns the bytes sent (0 elsewhere)."""
-        params, experts = dict(model.named_parameters()), ExpertBlocks(model)
+        params, experts = dict(model.named_parameters()), expert_blocks(model)
         if self.is_sender and self.store is not None:
             self.store.set(self._announcement(), "1")  # before the first bucket is even gathered
         self.updates += 1
