@@ -122,9 +122,9 @@ def _reward_sources(cfg: Config) -> None:
     apart = isinstance(cfg.placement.reward_model, list) and isinstance(cfg.placement.rollout, list)
     if trains_rm and cfg.algorithm.rejection_sample.enable and not apart:
         raise ConfigError(
-            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before a reward model on "
-            "the actor's ranks scores them (at the step): put the reward model and the rollout on ranks of their "
-            "own (placement.reward_model=[...] placement.rollout=[...]: it then scores each group as it finishes), "
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model "
+            "scores them (at the step): put the reward model and the rollout on ranks of their own "
+            "(placement.reward_model=[...] placement.rollout=[...]: it then scores each group as it finishes), "
             "turn rejection sampling off, or set reward.weights.reward_model=0"
         )
     if rm.enable:

@@ -69,7 +69,12 @@ class Placement:
             else "  weight sync: in-process reload on every actor rank (colocated)"
         )
         for role in SERVED:
-            if self.has(role) and not self.colocated[role]:
+            if role == "reward_model" and sync and self.has(role) and not self.colocated[role]:
+                lines.append(
+                    f"  reward_model: groups as they finish, from rollout ranks {self.ranks['rollout']} to "
+                    f"reward_model ranks {self.ranks[role]} and their scores back, through the store"
+                )
+            elif self.has(role) and not self.colocated[role]:
                 lines.append(
                     f"  {role} link: actor ranks {self.ranks['actor']} <-> {role} ranks {self.ranks[role]} "
                     "(prompt groups out, per-token results back)"

@@ -223,7 +223,7 @@ def test_entropy_control_keys_load_with_verls_names_and_defaults() -> None:
         (["reward.combine=mean"], "reward.combine"),
         (
             ["reward_model.enable=true", "reward_model.model.path=/rm", "algorithm.rejection_sample.enable=true"],
-            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before a reward model on",
+            "algorithm.rejection_sample.enable=true drops uniform groups as they finish, before the reward model",
         ),
         (
             [
