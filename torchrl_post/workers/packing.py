@@ -70,13 +70,12 @@ class Pack:
         lengths = tuple(int(n) for n in real.sum(1).tolist())
         out_col = flat[self.out_row, self.out_col]
         keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
-        cut = (
-            {"segment": self.segment[real][None], "branch": self.branch[real][None]} if self.segment is not None else {}
-        )
+        segment = None if self.segment is None else self.segment[real][None]
+        branch = None if self.branch is None else self.branch[real][None]
         return replace(
             self, ids=self.ids[real][None], pos=self.pos[real][None], keep=keep,
             out_row=torch.zeros_like(self.out_row), out_col=out_col, out_kept=out_kept, source=self.source[real][None],
-            rows=lengths, **cut,
+            segment=segment, branch=branch, rows=lengths,
         )  # fmt: skip
 
     def row_attention(self, device: torch.device) -> RowAttention:
@@ -253,8 +252,10 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
         target = out_col
     labels = ids[out_row, target]
     keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
-    extra = {"segment": segment, "branch": branch} if masked else {}
-    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), source, **extra)
+    return Pack(
+        ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), source,
+        segment if masked else None, branch if masked else None,
+    )  # fmt: skip
 
 
 def packed_inputs(
