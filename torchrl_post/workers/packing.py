@@ -192,7 +192,7 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     and themselves only (`Pack.attention`). Rows are right-aligned, the segment with the longest response last:
     most responses then end in the same last columns, and the LM head (one set of columns for every row,
     `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of its own, which no
-    real token attends to."""
+    real token attends to; `Pack.trimmed` drops it (`packed_inputs` runs the rows flat wherever it can)."""
     mask = batch.attention_mask[rows].bool()
     ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
