@@ -81,13 +81,14 @@ class Pack:
     def row_attention(self, device: torch.device) -> RowAttention:
         """A flat pack's plan for `row_attention`: each row's columns and mask."""
         bounds, masks, start = [], [], 0
-        pos = self.pos[0]
+        pos = self.pos[0].to(device)
+        segment = self.segment[0].to(device) if self.segment is not None else None
+        branch = self.branch[0].to(device) if self.branch is not None else None
         for n in self.rows:
-            seg = self.segment[0, start : start + n] if self.segment is not None else None
-            br = self.branch[0, start : start + n] if self.branch is not None else None
-            mask = row_masks(pos[start : start + n], seg, br)
+            cut = slice(start, start + n)
+            seg, br = (None, None) if segment is None or branch is None else (segment[cut], branch[cut])
+            masks.append(row_masks(pos[cut], seg, br))
             bounds.append((start, start + n))
-            masks.append(None if mask is None else mask.to(device))
             start += n
         return RowAttention(tuple(bounds), tuple(masks))
 
