@@ -60,10 +60,10 @@ def test_gather_and_update_equivalences(odd_model: Path, tmp_path: Path) -> None
             assert rank[f"pg_loss_{name}"] == pytest.approx(rank["pg_loss_padded"], rel=1e-5, abs=1e-7), name
             assert rank[f"entropy_{name}"] == pytest.approx(rank["entropy_padded"], rel=1e-5), name
         assert rank["pack_moved"] > 1e-3
-        # rows as long as their longest segment (token-budget plans add stand-ins, all padding, on the rank
-        # with fewer micro-batches)
+        # packed rows run without their slack (one flat row, attention row by row): no cell computed without a
+        # token (token-budget plans add stand-ins, all padding, on the rank with fewer micro-batches)
         for name in ("packed", "packed_apart"):
-            assert rank[f"padding_frac_{name}"] <= rank["padding_frac_padded"], name
+            assert rank[f"padding_frac_{name}"] == pytest.approx(0.0, abs=1e-9), name
         # model.use_shared_prefix: each pair's prompt computed once (not in token-budget micro-batches that
         # split the pair); never without packing or with it off
         assert rank["shared_prompt_frac_packed"] > 0.1

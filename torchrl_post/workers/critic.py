@@ -155,7 +155,7 @@ class Critic:
     def _values(self, b: Batch, sl: slice) -> torch.Tensor:
         """V(s_t) of `sl`'s response tokens [b, R]: the value head at the position before each token."""
         if self.packed and can_pack(b):  # model.use_remove_padding: rows without padding (`pack`)
-            p, inputs = packed_inputs(self.model, b, sl, self.device, self.shared)
+            p, inputs = packed_inputs(self.model, b, sl, self.device, self.shared, self.shard)
             return p.unpack(p.full(sequence_outputs(self.model, inputs, self.shard))[:, 0].float())
         out = sequence_outputs(self.model, model_inputs(b, sl, 0, b.input_ids.shape[1], self.device), self.shard)
         return out[:, -b.response_width - 1 : -1, 0].float()

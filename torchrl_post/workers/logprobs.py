@@ -439,7 +439,7 @@ def packed_forward_log_probs(
     """response_log_probs of `rows` packed without padding (`pack`), [b, R]; also the token cells computed and
     the real tokens among them. Only the columns that predict response tokens go through the LM head
     (`logits_to_keep`)."""
-    p, inputs = packed_inputs(model, batch, rows, device, shared)
+    p, inputs = packed_inputs(model, batch, rows, device, shared, shard)
     routes = cell_routes(batch, rows, p.source, moe)
     labels = p.labels
     if score is not None and score.labels is not None:  # the N response tokens run row-major over valid_bt

@@ -3,13 +3,14 @@ position ids, or by a tree mask where the samples of one prompt share one copy o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from torchrl_post.types import Batch
-from torchrl_post.workers.ulysses import own_attention
+from torchrl_post.workers.row_attention import KEY, RowAttention, install, row_masks
+from torchrl_post.workers.ulysses import SequenceShard, own_attention
 
 
 def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> list[tuple[int, ...]]:
@@ -35,7 +36,9 @@ class Pack:
     [K]: the columns whose outputs predict (or value) a response token in some row; `out_row`, `out_col`,
     `out_kept` [N]: for each of the N response tokens, its predicting position's row, column, and index in
     `keep`; `labels` [N]; `valid_bt` [b, R]: where those N outputs go back; `source` [k, T]: each column's cell in
-    the rows' [b, P + R] grid, flattened (-1: slack), which places per-token records (`Batch.routed_experts`)."""
+    the rows' [b, P + R] grid, flattened (-1: slack), which places per-token records (`Batch.routed_experts`);
+    `rows`: empty for k rows of T columns, or the row lengths of one flat row, the rows' real columns end to end
+    (`trimmed`: no slack)."""
 
     ids: torch.Tensor
     pos: torch.Tensor
@@ -50,10 +53,44 @@ class Pack:
     source: torch.Tensor
     segment: torch.Tensor | None = None
     branch: torch.Tensor | None = None
+    rows: tuple[int, ...] = ()
 
     @property
     def cells(self) -> int:
+        """The token cells a forward computes (a flat pack's are all real tokens)."""
         return self.ids.numel()
+
+    def trimmed(self) -> Pack:
+        """The same rows as one flat [1, S] row, each row's real columns (its leading slack dropped) after the
+        previous row's; the N outputs keep their order, so `kept`, `full` and `unpack` read them as before. Its
+        forward attends row by row (`row_attention`, or the varlen boundaries), never across rows."""
+        assert not self.rows, "already flat"
+        real = self.source >= 0
+        flat = torch.cumsum(real.reshape(-1), 0).view(real.shape) - 1  # each real cell's flat column
+        lengths = tuple(int(n) for n in real.sum(1).tolist())
+        out_col = flat[self.out_row, self.out_col]
+        keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
+        segment = None if self.segment is None else self.segment[real][None]
+        branch = None if self.branch is None else self.branch[real][None]
+        return replace(
+            self, ids=self.ids[real][None], pos=self.pos[real][None], keep=keep,
+            out_row=torch.zeros_like(self.out_row), out_col=out_col, out_kept=out_kept, source=self.source[real][None],
+            segment=segment, branch=branch, rows=lengths,
+        )  # fmt: skip
+
+    def row_attention(self, device: torch.device) -> RowAttention:
+        """A flat pack's plan for `row_attention`: each row's columns and mask."""
+        bounds, masks, start = [], [], 0
+        pos = self.pos[0].to(device)
+        segment = self.segment[0].to(device) if self.segment is not None else None
+        branch = self.branch[0].to(device) if self.branch is not None else None
+        for n in self.rows:
+            cut = slice(start, start + n)
+            seg, br = (None, None) if segment is None or branch is None else (segment[cut], branch[cut])
+            masks.append(row_masks(pos[cut], seg, br))
+            bounds.append((start, start + n))
+            start += n
+        return RowAttention(tuple(bounds), tuple(masks))
 
     def attention(self, device: torch.device, additive: torch.dtype | None = None) -> torch.Tensor:
         """[k, 1, T, T] mask of a row with shared prompts: a column sees the earlier columns of its segment's
@@ -75,9 +112,14 @@ class Pack:
         restarts of the position ids as sample boundaries (a block-diagonal causal mask per row); an attention
         that takes no mask (flash-attn, and any other implementation) gets the boundaries as varlen arguments
         (`varlen`): transformers infers them from position ids only for a single row, so with k > 1 rows the
-        samples of a row would attend to each other. Not with a KV cache: `use_cache=False`."""
+        samples of a row would attend to each other. Not with a KV cache: `use_cache=False`. A flat pack
+        (`trimmed`) under sdpa carries its `row_attention` plan and an empty mask in place of transformers' own."""
         out: dict[str, Any] = {"input_ids": self.ids.to(device), "position_ids": self.pos.to(device)}
-        if self.segment is not None:
+        if self.rows and attn_implementation == "sdpa":
+            install()
+            out["attention_mask"] = torch.zeros(1, 1, 0, 0, dtype=torch.bool, device=device)
+            out[KEY] = self.row_attention(device)
+        elif self.segment is not None:
             additive = None if attn_implementation == "sdpa" else torch.get_default_dtype()
             out["attention_mask"] = self.attention(device, additive)
         elif attn_implementation not in MASKABLE:
@@ -88,9 +130,11 @@ class Pack:
         """The packed rows' sequences for a mask-less varlen attention (flash-attn's `cu_seqlens`, as
         transformers passes them down: `cu_seq_lens_q/k`, `max_length_q/k`), over the k x T tokens flattened row
         by row: a sequence starts at every row's first column and wherever the position ids do not go on by one
-        (a sample's first token, the end of a row's leading slack)."""
+        (a sample's first token, the end of a row's leading slack), and in a flat pack at each row's start."""
         starts = torch.ones(self.pos.shape, dtype=torch.bool)
         starts[:, 1:] = self.pos[:, 1:] != self.pos[:, :-1] + 1
+        if self.rows:
+            starts[0, torch.tensor(self.rows[:-1], dtype=torch.long).cumsum(0)] = True
         first = starts.reshape(-1).nonzero().squeeze(-1)
         cu = torch.cat([first, torch.tensor([self.pos.numel()])]).to(torch.int32)
         longest = int(cu.diff().max())
@@ -149,7 +193,7 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     and themselves only (`Pack.attention`). Rows are right-aligned, the segment with the longest response last:
     most responses then end in the same last columns, and the LM head (one set of columns for every row,
     `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of its own, which no
-    real token attends to."""
+    real token attends to; `Pack.trimmed` drops it (`packed_inputs` runs the rows flat wherever it can)."""
     mask = batch.attention_mask[rows].bool()
     ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
@@ -209,17 +253,29 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
         target = out_col
     labels = ids[out_row, target]
     keep, out_kept = torch.unique(out_col, sorted=True, return_inverse=True)
-    extra = {"segment": segment, "branch": branch} if masked else {}
-    return Pack(ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), source, **extra)
+    return Pack(
+        ids, pos, keep, out_row, out_col, out_kept, labels, valid_bt, sum(seg_len), source,
+        segment if masked else None, branch if masked else None,
+    )  # fmt: skip
 
 
 def packed_inputs(
-    model: torch.nn.Module, batch: Batch, rows: slice | torch.Tensor, device: torch.device, shared: bool
+    model: torch.nn.Module,
+    batch: Batch,
+    rows: slice | torch.Tensor,
+    device: torch.device,
+    shared: bool,
+    shard: SequenceShard | None = None,
 ) -> tuple[Pack, dict[str, Any]]:
-    """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs."""
+    """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs: one
+    flat row without slack (`Pack.trimmed`) where the attention can run it row by row (sdpa, by `row_attention`;
+    flash-attn, by its varlen boundaries); the k batched rows under eager and under Ulysses (`shard`), whose
+    sequence split and global mask take the rows as they are."""
     config = getattr(model, "config", None)
     impl = own_attention(model) if config is not None else "sdpa"  # under Ulysses: the one it runs inside
     p = pack(batch, rows, shared and impl in MASKABLE)
+    if config is not None and impl != "eager" and (shard is None or shard.size == 1):
+        p = p.trimmed()
     return p, p.inputs(device, impl)
 
 
