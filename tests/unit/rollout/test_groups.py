@@ -6,23 +6,28 @@ streamed training runs are tests/e2e/test_streaming.py."""
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.unit.rollout.test_source import TOK, TRAIN, N, _settings, reward
 from torchrl_post.config.errors import ConfigError
 from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
+from torchrl_post.distributed.mailbox import Mailbox
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
+from torchrl_post.rollout.scores import GroupScores, ScoreServer
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.rollout.taken import Fill
 
@@ -403,3 +408,35 @@ def test_a_state_of_the_other_rollout_mode_is_refused_in_one_line(saved_partial:
     assert "trainer.resume_mode=disable" in msg
     state.pop("partial_rollout")  # a checkpoint from before the mode was saved: taken as it is
     resumed.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("scorer", "dropped"),
+    [(lambda ids: torch.arange(len(ids), dtype=torch.float32), 0), (lambda ids: torch.zeros(len(ids)), 2)],
+    ids=["telling_samples_apart", "uniform"],
+)
+def test_rejection_sampling_reads_a_reward_model_that_scores_groups_as_they_finish(
+    scorer: Callable[[torch.Tensor], torch.Tensor], dropped: int
+) -> None:
+    """A reward model on ranks of its own (rollout/scores.py, over a real store; its ranks stand in as a thread)
+    scores each group as it completes, so admission reads its scores: a group it tells apart is kept, a group it
+    scores alike is dropped as the rule's uniform groups are."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    client = dist.TCPStore("127.0.0.1", store.port, 1, False, timeout=timedelta(seconds=30))
+    server = ScoreServer(Mailbox(client, "rm_scores", 30), 1, scorer, first=True)
+    thread = threading.Thread(target=server.serve, args=("take1",))
+    thread.start()
+    data = replace(TRAIN, messages=[[{"role": "user", "content": TOK.decode(p)}] for p in TRAIN.prompt_ids])
+    groups, _ = _groups(in_flight=4, rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1), data=data)
+    groups.source.settings = replace(
+        groups.source.settings, reward_tokenizer=TOK, reward_max_length=64, mixes_rewards=True,
+        reward_weights={"reward_model": 1.0},
+    )  # fmt: skip
+    groups.scores = GroupScores(Mailbox(store, "rm_scores", 30), 0, leader=True)
+    taken = groups.take(1)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the reward model's ranks leave once the engine took its groups"
+    assert taken.rejected == dropped and server.scored == 2 + dropped
+    assert all(d.batch.rm_scores is not None and len(d.batch.rm_scores) == N for d in taken.groups)
+    if not dropped:
+        assert all(float(d.batch.rm_scores.std()) > 0 for d in taken.groups)
