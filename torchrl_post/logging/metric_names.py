@@ -144,7 +144,10 @@ METRICS: dict[str, str] = {
     "val/test_score/<data_source>/pass@<n>": "With rollout.val_kwargs.n > 1: a prompt with any sample right.",
     "perf/throughput": "Trained tokens per second per rank.",
     "perf/sync_bytes": "Bytes the weight sync moved this step.",
-    "perf/padding_frac": "Share of the computed token cells that held no token (padding, a packed row's slack).",
+    "perf/padding_frac": (
+        "Share of the computed token cells that held no token (padding; a packed row's slack where the batched rows "
+        "run: eager attention, Ulysses)."
+    ),
     "perf/shared_prompt_frac": "Share of tokens a shared prompt saved (packing with shared prompts).",
     "perf/param_bytes": "The actor's parameter bytes on the rank holding the most (its FSDP shards).",
     "perf/grad_bytes": "The actor's gradient bytes during a step on the rank holding the most (one per trainable "
