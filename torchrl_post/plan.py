@@ -437,7 +437,7 @@ def engine_spec(cfg: Config, first_sync: bool = False, device: str = "cpu", colo
     return EngineSpec(
         max_model_len=d.max_prompt_length + d.max_response_length,
         lora_sync=lora_sync(cfg),
-        prefix_caching=cfg.agent.env is not None,
+        prefix_caching=cfg.agent.env is not None or r.n > 1,
         load_format=r.load_format if first_sync else "auto",
         dtype=resolve_dtype(cfg.rollout.dtype, device),
         enforce_eager=r.enforce_eager if r.enforce_eager is not None else device != "cuda",

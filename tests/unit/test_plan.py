@@ -112,6 +112,13 @@ TABLE: list[tuple[str, int, list[str], dict[str, Any]]] = [
         ["model.lora_rank=8", "rollout.sync_bucket_mb=4"],
         {"lora_sync": "merged", "reference": "none", "sync_bucket_bytes": 4 << 20},
     ),
+    ("a group's n samples of one prompt: prefix caching in the engine", 1, [], {"engine_prefix_caching": True}),
+    (
+        "one sample per prompt, no agent: no prefix caching",
+        1,
+        ["rollout.n=1", "algorithm.adv_estimator=gae"],
+        {"engine_prefix_caching": False},
+    ),
     (
         "agents: prefix caching in the engine",
         2,

@@ -45,7 +45,9 @@ class EngineSpec:
     lora_sync: str
     """none / merged (the engine gets merged weights) / adapter (the engine serves the adapter)."""
     prefix_caching: bool
-    """Agent episodes: each turn's prompt grows the last one, so cached prefixes pay."""
+    """Prompts that repeat: an agent's turns (each grows the last one) and a group's n samples of one prompt
+    (computed once, not n times). vLLM caches on GPU by default; on CPU its 128-token blocks would never fill on
+    short prompts, so this also sets the smallest block its CPU attention takes (`engines/vllm.py`)."""
     load_format: str
     """dummy (random until the first sync: only when the caller pushes weights first) or auto."""
     dtype: str = "float32"
