@@ -165,8 +165,8 @@ def worker(argv: list[str]) -> None:
     are recorded as skipped.
     """
     args = common.worker_args(
-        worker.__doc__, argv, model=Path, lengths="1024,2048", checkpointing="off", chunk=logprobs.HEAD_CHUNK_TOKENS, skip_above=0,
-        prompt_len=32, timed=0,
+        worker.__doc__, argv, model=Path, lengths="1024,2048", checkpointing="off", chunk=logprobs.HEAD_CHUNK_TOKENS,
+        skip_above=0, prompt_len=32, timed=0,
     )  # fmt: skip
     logprobs.HEAD_CHUNK_TOKENS = args.chunk
     env = read_env("cpu")

@@ -113,7 +113,7 @@ def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
     )  # fmt: skip
 
 
-# ---- the worker: the bare loop -----------------------------------------------------------------------------------------
+# ---- the worker: the bare loop ---------------------------------------------------------------------------------
 
 
 def bare_loss(
@@ -246,8 +246,8 @@ def worker(argv: list[str]) -> None:
     calls take turns for `repeats` rounds: medians of wall and rank 0's process CPU seconds.
     """
     args = common.worker_args(
-        worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64", lengths="uniform",
-        micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
+        worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64",
+        lengths="uniform", micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
     )  # fmt: skip
     env = read_env("auto")
     init_world(env)
