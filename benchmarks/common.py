@@ -299,18 +299,21 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
 
 
 def run_worker(
-    tag: str, worker: Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
+    tag: str, worker: str | Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
 ) -> Any:
-    """`worker` under torchrun on `nproc` processes (or by `python` alone: TRL's venv, this repository not on its
-    path) with `--<name> <value>` per option (`_` as `-`) and `--out LOGS/<tag>.json`, its log beside it, `env`
-    added; what it wrote, with the load average."""
+    """The module `worker`'s worker (`-m <worker> --worker`) under torchrun on `nproc` processes, or the script
+    `worker` by `python` alone (TRL's venv, this repository not on its path), with `--<name> <value>` per option (`_`
+    as `-`) and `--out LOGS/<tag>.json`, its log beside it, `env` added; what it wrote, with the load average."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()
-    launch = [str(python)] if python else [*torchrun(), "--standalone", "--nproc-per-node", str(nproc)]
+    if python:
+        launch = [str(python), str(worker)]
+    else:
+        launch = [*torchrun(), "--standalone", "--nproc-per-node", str(nproc), "-m", str(worker), "--worker"]
     full_env = dict(os.environ, **(env or {})) if python else child_env(env)
     flags = [x for k, v in (options | {"out": out}).items() for x in ("--" + k.replace("_", "-"), str(v))]
-    run_logged([*launch, str(worker), *flags], LOGS / f"{tag}.log", env=full_env)
+    run_logged([*launch, *flags], LOGS / f"{tag}.log", env=full_env)
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
     return rec
@@ -441,7 +444,12 @@ def lines(
 
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.<name>`: the module's options (`OPTIONS`), its run, its report."""
+    """`python -m benchmarks.<name>`: the module's options (`OPTIONS`), its run, its report; with `--worker` first
+    (how `run_worker` launches it under torchrun), the module's `worker(argv)` on this rank instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        module.worker(argv[1:])
+        return
     args = parser(module.__doc__, getattr(module, "OPTIONS", None)).parse_args(argv)
     start = time.perf_counter()
     path = write_report(args.results, module.NAME, module.run(args), module.markdown, module.plot)

@@ -1,6 +1,6 @@
 """Expert-parallel benchmark: what actor.fsdp.expert_parallel_size changes per rank, on 4 ranks.
 
-benchmarks/expert_parallel_worker.py under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden 256,
+`worker` under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden 256,
 4 layers; 8 experts and 2 layers with --quick/--tiny) wrapped by the trainer's own `apply_fsdp`, float32 on gloo, one
 1024-token row per rank per update. Per rank: the expert bytes one layer's forward gathers (and gathered x ep / a
 layer's expert bytes, goal 1.0), the parameters and AdamW state kept, the update time and the all-to-alls' share of a
@@ -12,13 +12,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
 from benchmarks import common
+from torchrl_post.config.schema import FSDPConfig
+from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
+from torchrl_post.workers.expert_parallel import fused_experts
+from torchrl_post.workers.fsdp import apply_fsdp
+from torchrl_post.workers.optim import clip_grad_norm, local_tensor
 
 NAME = "expert_parallel"
-WORKER = Path(__file__).resolve().parent / "expert_parallel_worker.py"
 RANKS = 4
 EPS = (1, 2, 4)
 
@@ -27,7 +38,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = {"experts": 8, "layers": 2, "repeats": 1} if args.quick or args.tiny else {}
     rows = []
     for ep in EPS:
-        rec = common.run_worker(f"{NAME}_ep{ep}", WORKER, RANKS, {"ep": ep, **shape})
+        rec = common.run_worker(f"{NAME}_ep{ep}", "benchmarks.expert_parallel", RANKS, {"ep": ep, **shape})
         ranks = rec["ranks"]
         gathered = max(r["expert_bytes_gathered"] for r in ranks)
         rows.append({
@@ -39,6 +50,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         })  # fmt: skip
         print(f"ep {ep}: {rows[-1]}", flush=True)
     return {"ranks": RANKS, "rows": rows}
+
+
+def worker(argv: list[str]) -> None:
+    """Updates of a Qwen3-MoE wrapped by `apply_fsdp` at expert_parallel_size `--ep` (float32, gloo), timed; the
+    all-to-alls' seconds from the profiler; the expert bytes each rank gathers per layer; the parameters and AdamW
+    state each rank keeps."""
+    a = common.worker_args(worker.__doc__, argv, ep=1, experts=16, hidden=256, layers=4, tokens=1024, repeats=3)
+    env = read_env("cpu")
+    init_world(env)
+    world = dist.get_world_size()
+    config = Qwen3MoeConfig(
+        vocab_size=1024, hidden_size=a.hidden, intermediate_size=2 * a.hidden, moe_intermediate_size=a.hidden,
+        num_hidden_layers=a.layers, num_attention_heads=a.hidden // 64, num_key_value_heads=2, head_dim=64,
+        num_experts=a.experts, num_experts_per_tok=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config)
+    total = sum(p.numel() * p.element_size() for p in fused_experts(model)[0].parameters())
+    experts = expert_mesh("cpu", world, a.ep) if a.ep > 1 else None
+    apply_fsdp(model, fsdp_mesh("cpu", world, -1), FSDPConfig(param_dtype="float32"), experts=experts)
+    gathered: list[int] = []  # each experts module's bytes as its forward runs (FSDP has gathered its unit)
+    for module in fused_experts(model):
+        module.register_forward_pre_hook(
+            lambda m, _: gathered.append(sum(local_tensor(p).numel() * p.element_size() for p in m.parameters()))
+        )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 1024, (1, a.tokens), generator=torch.Generator().manual_seed(dist.get_rank()))
+
+    def update() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        clip_grad_norm(model, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    update()  # warm-up: AdamW's state exists from here
+    seconds = []
+    for _ in range(a.repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        update()
+        seconds.append(time.perf_counter() - start)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        update()
+        profiled = time.perf_counter() - start
+    a2a = sum(e.cpu_time_total for e in prof.key_averages() if "alltoall" in e.key.replace("_", "").lower()) / 1e6
+    kept = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters())
+    moments = [t for s in optimizer.state.values() for k, t in s.items() if k != "step" and isinstance(t, torch.Tensor)]
+    state = sum(local_tensor(t).numel() * t.element_size() for t in moments)
+    record = {
+        "update_s": statistics.median(seconds), "all_to_all_share": a2a / profiled,
+        "expert_bytes_gathered": max(gathered), "expert_bytes_per_layer": total, "params_and_optimizer_bytes": kept + state,
+    }  # fmt: skip
+    reports: list = [None] * world
+    dist.all_gather_object(reports, record)
+    if dist.get_rank() == 0:
+        common.write_json(a.out, {"ep": a.ep, "world": world, "experts": a.experts, "ranks": reports})
+    end_process(0)
 
 
 COLUMNS = [

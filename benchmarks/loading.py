@@ -1,20 +1,27 @@
 """Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full,
-per SETTINGS' model and rank counts (benchmarks/loading_worker.py under torchrun; default a 4 GB qwen2-1b, built
-once). The full load runs only where MemAvailable holds a copy of the model per rank.
+per SETTINGS' model and rank counts (`worker` under torchrun; default a 4 GB qwen2-1b, built once). The full load
+runs only where MemAvailable holds a copy of the model per rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from benchmarks import common
 from benchmarks.common import SIZES, ModelSize, model_dir
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.placement import fsdp_mesh
 
 NAME = "loading"
-WORKER = Path(__file__).resolve().parent / "loading_worker.py"
 BIG = ModelSize("qwen2-1b", 2048, 22, 32, 8, 5632)  # 22 x 45.1M + embeddings: 0.99B parameters
 SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
     "full": (BIG, (1, 2, 4)),
@@ -35,7 +42,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 skipped.append(f"full on {ranks} ranks ({ranks} x {model_bytes / 1e9:.1f} GB > MemAvailable)")
                 continue
             tag = f"loading_{path.name}_{fmt}_r{ranks}"
-            rec = common.run_worker(tag, WORKER, ranks, {"model": path, "format": fmt})
+            rec = common.run_worker(tag, "benchmarks.loading", ranks, {"model": path, "format": fmt})
             per, peak = rec["per_rank"], max(r["peak_growth_bytes"] for r in rec["per_rank"])
             rows.append({
                 "model": size.name, **{k: rec[k] for k in ("format", "ranks", "num_params", "model_bytes")},
@@ -45,6 +52,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             })  # fmt: skip
             print(f"  {size.name} {fmt} on {ranks} rank(s): ratio {rows[-1]['ratio']:.3f} (ideal {1 / ranks:.3f})")
     return {"mode": mode, "rows": rows, "skipped": skipped, "loadavg_1m": common.load_1m()}
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def worker(argv: list[str]) -> None:
+    """One actor loaded by `model.load_format` (under torchrun), the peak host memory it took on this rank: the
+    high-water RSS (`ru_maxrss`) after the load minus the RSS just before (tensors, the safetensors pages the rank
+    touched, transient copies). Rank 0 writes every rank's numbers."""
+    torch.set_num_threads(1)
+    args = common.worker_args(worker.__doc__, argv, model=str, format=str)
+    env = read_env("auto")
+    init_world(env)
+    cfg = Config()
+    cfg.model.path, cfg.model.load_format = args.model, args.format
+    mesh = fsdp_mesh(env.device.type, env.world_size, -1)
+    dist.barrier()
+    before = rss_kb()
+    t0 = time.perf_counter()
+    actor = common.build_actor(cfg, mesh, env.device)
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    params = list(actor.model.parameters())
+    mine = {
+        "rank": env.rank, "peak_growth_bytes": (peak - before) * 1024, "after_bytes": (rss_kb() - before) * 1024,
+        "shard_bytes": sum(p.to_local().numel() * p.element_size() for p in params), "seconds": seconds,
+    }  # fmt: skip
+    gathered: list[object] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    if env.rank == 0:
+        n = sum(p.numel() for p in params)
+        common.write_json(args.out, {
+            "format": args.format, "ranks": env.world_size, "num_params": n,
+            "model_bytes": n * params[0].element_size(), "per_rank": gathered, "device": str(env.device),
+        })  # fmt: skip
+    del actor, params
+    dist.barrier()  # every rank done with the group before teardown (a rank leaving early aborted the other)
+    end_process()
 
 
 COLUMNS = [

@@ -1,6 +1,6 @@
 """Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
 with Ulysses sequence parallelism over sp gloo ranks (dp 1), and the all-to-all's share of the step, measured by
-benchmarks/update_memory_worker.py on a random Qwen2 with room for 32k positions (lengths, sp, checkpointing per
+the worker of benchmarks/loss_path.py on a random Qwen2 with room for 32k positions (lengths, sp, checkpointing per
 mode: SETTINGS). Why the activations sit about 1.1 x 1/sp: the report's last paragraph (counted with saved-tensor
 hooks at 2k tokens, 2026-11-26: 43.3 hidden sizes per local token against sp=1's 38.2).
 """
@@ -17,7 +17,6 @@ from typing import Any
 from benchmarks import common
 
 NAME = "sequence_parallel"
-WORKER = Path(__file__).resolve().parent / "update_memory_worker.py"
 MODEL = common.ModelSize("qwen2-sp-h128-l2", 128, 2, 4, 2, 256)
 MAX_POSITIONS = 32768  # above the longest row (16k response + prompt)
 PROMPT = 32
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": model, "lengths": ",".join(map(str, lengths)), "checkpointing": ",".join(checkpointing),
             "prompt_len": PROMPT, "timed": timed,
         }  # fmt: skip
-        rec = common.run_worker(f"sequence_parallel_sp{sp}", WORKER, sp, worker_args, env)
+        rec = common.run_worker(f"sequence_parallel_sp{sp}", "benchmarks.loss_path", sp, worker_args, env)
         rec["seconds"] = time.perf_counter() - t0
         runs.append(rec)
         rows += summarize(rec)

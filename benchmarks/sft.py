@@ -1,7 +1,7 @@
 """SFT benchmark: trained tokens/s of our SFT (`--config-name sft`) on 1 and 2 ranks against TRL's SFTTrainer on 1
-process (benchmarks/trl_sft_worker.py in TRL's venv, built by benchmarks/e2e.py): same model, rows in the same order
-(a seeded copy task; TRL gets the tokens our loader produced), batch, learning rate and steps; the losses of both.
-Packing off on both; `--threads` torch threads per process (default 1); each mode's setting: SETTINGS.
+process (benchmarks/trl_worker.py `--trainer sft` in TRL's venv, built by benchmarks/e2e.py): same model, rows in the
+same order (a seeded copy task; TRL gets the tokens our loader produced), batch, learning rate and steps; the losses
+of both. Packing off on both; `--threads` torch threads per process (default 1); each mode's setting: SETTINGS.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Any
 from benchmarks import common
 from benchmarks.artefacts import num_params
 from benchmarks.common import SIZES, TINY, ModelSize, model_dir
-from benchmarks.e2e import TRL_ENV, trl_python
+from benchmarks.e2e import TRL_ENV, WORKER, trl_python
 
 NAME = "sft"
-WORKER = Path(__file__).resolve().parent / "trl_sft_worker.py"
 RUNS = common.LOGS / "sft"
 WARMUP = 1  # steps left out of the throughput (the first step holds allocator warm-up)
 SEED = 1
@@ -113,7 +112,8 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
     if python is None:
         print("    TRL: skipped (no environment at outputs/bench_venvs/trl; a full run builds it)", flush=True)
         return None
-    args = {"model": model_dir(s.model), "train": tokens, "batch": s.batch, "lr": s.lr, "steps": s.steps, "seed": SEED}
+    args = {"trainer": "sft", "model": model_dir(s.model), "train": tokens, "batch": s.batch, "lr": s.lr}
+    args |= {"steps": s.steps, "seed": SEED}
     print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
     t0 = time.perf_counter()
     env = {"OMP_NUM_THREADS": str(threads), **TRL_ENV}

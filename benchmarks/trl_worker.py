@@ -1,11 +1,10 @@
-"""TRL's GRPOTrainer for a few steps, timed: the reference side of benchmarks/e2e.py and tests/gpu's speed check.
+"""TRL's trainers for a few steps, timed: the reference side of benchmarks/e2e.py and tests/gpu's speed check
+(GRPOTrainer: `grpo`), and of benchmarks/sft.py (`--trainer sft`: SFTTrainer, `sft`).
 
-Runs inside TRL's own virtual environment, one process, no torchrl_post import (its flags: `main`; the reward is
-loaded by file: `gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py). As the
-project's run: prompts x n samples per step (one optimizer step per generation), at most `response_length` new
-tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), torch AdamW at a constant learning
-rate, clipping at 1.0, transformers' `generate`. Per step: the wall time between on_step_begin and on_step_end and
-TRL's own profiling timers (PROFILED). Also the shared parts of benchmarks/trl_sft_worker.py.
+Runs inside TRL's own virtual environment, one process, no torchrl_post import (the flags: `grpo`, `sft`; the reward
+is loaded by file: `gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py). Both
+as the project's runs: float32, torch AdamW at a constant learning rate, clipping at 1.0; per step the wall time
+between on_step_begin and on_step_end; one JSON record.
 """
 
 from __future__ import annotations
@@ -123,9 +122,12 @@ def train(trainer: Any, out: Path, record: Callable[[], dict[str, Any]], t_start
     print(f"{len(rec['steps'])} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in rec["steps"]) + " s", flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def grpo(argv: list[str]) -> None:
+    """GRPOTrainer: prompts x n samples per step (one optimizer step per generation), at most `response_length` new
+    tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), transformers' `generate`; per
+    step also TRL's own profiling timers (PROFILED)."""
     args, t_start, dataset, tok, model, load_s = setup(
-        __doc__, argv, prompts=8, n=8, response_length=32, lr=1e-6, steps=6, seed=1, reward=tuple(REWARD_FILES),
+        grpo.__doc__, argv, prompts=8, n=8, response_length=32, lr=1e-6, steps=6, seed=1, reward=tuple(REWARD_FILES),
         bf16=False,
     )  # fmt: skip
     import torch
@@ -171,6 +173,44 @@ def main(argv: list[str] | None = None) -> None:
             "reward_mean": [float(e["reward"]) for e in logged if "reward" in e],
             "completion_length_mean": [float(e["completions/mean_length"]) for e in logged if "completions/mean_length" in e],
         }, t_start, load_s)  # fmt: skip
+
+
+def sft(argv: list[str]) -> None:
+    """SFTTrainer on rows that come tokenised (`input_ids`, `completion_mask`, from torchrl_post's SFT loader):
+    `completion_only_loss` puts the loss on the completion tokens, as ours; `batch` rows per optimizer step, in file
+    order, no gradient checkpointing, no packing, weight decay 0; per step also the logged `loss`."""
+    args, t_start, dataset, tok, model, load_s = setup(sft.__doc__, argv, batch=16, lr=1e-3, steps=8, seed=1)
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    steps: list[dict[str, float]] = []
+    logged: list[dict[str, Any]] = []
+    settings = {
+        "per_device_train_batch_size": args.batch, "gradient_accumulation_steps": 1,
+        "train_sampling_strategy": "sequential", "completion_only_loss": True, "packing": False,
+        "gradient_checkpointing": False, "learning_rate": args.lr,
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="trl_sft_bench_") as tmp:
+        config = SFTConfig(
+            output_dir=tmp, padding_free=False, max_length=None, weight_decay=0.0, max_steps=args.steps, bf16=False,
+            use_cpu=not torch.cuda.is_available(), seed=args.seed, **settings, **TRAINING,
+        )  # fmt: skip
+        callbacks = [step_timer(steps, logged, None)]
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tok, callbacks=callbacks)
+        settings |= {"lr_scheduler_type": "constant", "optim": "adamw_torch", "max_grad_norm": 1.0, "bf16": False}
+        train(trainer, args.out, lambda: {
+            "attn_implementation": model.config._attn_implementation, "settings": settings, "steps": steps,
+            "loss": [float(e["loss"]) for e in logged if "loss" in e],
+        }, t_start, load_s)  # fmt: skip
+    print("losses: " + ", ".join(f"{float(e['loss']):.4f}" for e in logged if "loss" in e), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`--trainer grpo` (the default) or `sft`, then that trainer's flags."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--trainer", choices=("grpo", "sft"), default="grpo")
+    known, rest = ap.parse_known_args(argv)
+    (sft if known.trainer == "sft" else grpo)(rest)
 
 
 if __name__ == "__main__":

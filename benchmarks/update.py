@@ -1,5 +1,5 @@
 """Update benchmark: tokens/s of the actor's update (`Actor.update`, FSDP2) against a bare PyTorch loop (the plain
-HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode (benchmarks/update_worker.py).
+HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode (`worker`).
 
 A seeded GRPO-shaped batch (groups of 8 sharing a 40-120 token prompt, responses of 1-64 tokens); modes fixed,
 dynamic, packed, packed_dynamic; each mode's shapes and runs: SETTINGS. Headline: `ratio` = ours / bare real
@@ -9,16 +9,29 @@ tokens/s (target >= 0.9). On CPU each rank runs `--threads` torch threads (defau
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
 from benchmarks import common
 from benchmarks.common import SIZES, TINY, ModelSize, model_dir
+from torchrl_post.config.schema import Config
+from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.placement import dp_group, fsdp_mesh
+from torchrl_post.types import Batch
+from torchrl_post.workers.actor import Actor
+from torchrl_post.workers.micro_batches import plan_micro_batches
 
 NAME = "update"
-WORKER = Path(__file__).resolve().parent / "update_worker.py"
 
 
 @dataclass(frozen=True)
@@ -61,8 +74,213 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "response_len": RESPONSE_LEN, "lengths": lengths, "micro": s.micro, "budget": s.budget, "repeats": repeats,
         }  # fmt: skip
         env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
-        runs.append(common.run_worker(f"update_{s.model.name}_{ranks}r_{lengths}", WORKER, ranks, worker_args, env))
+        runs.append(
+            common.run_worker(f"update_{s.model.name}_{ranks}r_{lengths}", "benchmarks.update", ranks, worker_args, env)
+        )
     return {"mode": mode, "repeats": repeats, "threads": args.threads, "runs": runs, "loadavg_1m": common.load_1m()}
+
+
+MODES = ("fixed", "dynamic", "packed", "packed_dynamic")
+_KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not race the other ranks
+
+
+def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
+    """The global GRPO-shaped batch; skewed response lengths are lo + (hi - lo) * u^3 (most short, a long tail)."""
+    rng = random.Random(args.seed)
+    (p_lo, p_hi), (r_lo, r_hi) = (tuple(int(x) for x in s.split(",")) for s in (args.prompt_len, args.response_len))
+    prompts, responses = [], []
+    for _ in range(-(-args.samples // args.group)):
+        prompt = [rng.randrange(5, vocab) for _ in range(rng.randint(p_lo, p_hi))]
+        for _ in range(args.group):
+            u = rng.random() ** (3 if args.lengths == "skewed" else 1)
+            prompts.append(prompt)
+            responses.append([rng.randrange(5, vocab) for _ in range(r_lo + round(u * (r_hi - r_lo)))])
+    prompts, responses = prompts[: args.samples], responses[: args.samples]
+    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
+    ids = torch.full((args.samples, p_width + r_width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[i, p_width - len(p) : p_width + len(r)] = torch.tensor(p + r)
+        attn[i, p_width - len(p) : p_width + len(r)] = 1
+    loss_mask = attn[:, p_width:].float()
+    scores = torch.randn(args.samples, generator=torch.Generator().manual_seed(args.seed)).view(-1, args.group)
+    adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).view(-1, 1)
+    return Batch(
+        input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0), loss_mask=loss_mask,
+        rollout_log_probs=torch.zeros_like(loss_mask), group_ids=torch.arange(args.samples) // args.group,
+        termination=torch.zeros(args.samples, dtype=torch.long), weights=torch.ones(args.samples),
+        advantages=adv * loss_mask,
+    )  # fmt: skip
+
+
+# ---- the worker: the bare loop ---------------------------------------------------------------------------------
+
+
+def bare_loss(
+    model: torch.nn.Module, b: Batch, rows: slice | torch.Tensor, tokens: float, device: torch.device, packed: bool
+) -> tuple[torch.Tensor, int]:
+    """The PPO surrogate of `rows` and the cells computed: padded (the columns some row uses) or packed."""
+    p = b.prompt_width
+    if packed:
+        mask = b.attention_mask[rows].bool()
+        lengths, resp = mask.sum(1), mask[:, p:].sum(1)
+        ids = b.input_ids[rows][mask]
+        pos = torch.cat([torch.arange(n) for n in lengths.tolist()])
+        ends = lengths.cumsum(0)
+        targets = torch.cat([torch.arange(e - r, e) for e, r in zip(ends.tolist(), resp.tolist(), strict=True)])
+        out = model(input_ids=ids[None].to(device), position_ids=pos[None].to(device), use_cache=False)
+        logits = out.logits[0, (targets - 1).to(device)].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[targets].to(device).unsqueeze(-1)).squeeze(-1)
+        valid = torch.arange(b.response_width) < resp.unsqueeze(1)
+        lm, adv, cells = b.loss_mask[rows][valid], b.advantages[rows][valid], len(ids)  # type: ignore[index]
+    else:
+        mask = b.attention_mask[rows]
+        used = mask.any(0).nonzero().flatten()
+        first, end = min(int(used[0]), p - 1), max(int(used[-1]) + 1, p + 1)
+        ids = b.input_ids[rows][:, first:end].to(device)
+        out = model(
+            input_ids=ids, attention_mask=mask[:, first:end].to(device),
+            position_ids=b.position_ids[rows][:, first:end].to(device), use_cache=False,
+        )  # fmt: skip
+        logits = out.logits[:, p - first - 1 : end - first - 1].float()  # column c predicts the token at c + 1
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, p - first :].unsqueeze(-1)).squeeze(-1)
+        keep = end - p
+        lm, adv, cells = b.loss_mask[rows][:, :keep], b.advantages[rows][:, :keep], ids.numel()  # type: ignore[index]
+    ratio = torch.exp(logp - logp.detach())
+    return -(ratio * adv.to(device) * lm.to(device)).sum() / tokens, cells
+
+
+def bare_update(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, b: Batch, plan: list[slice | torch.Tensor], tokens: float,
+    packed: bool, grad_clip: float, device: torch.device,
+) -> int:  # fmt: skip
+    """One optimizer step over the micro-batches `plan`; the cells computed."""
+    opt.zero_grad(set_to_none=True)
+    cells = 0
+    for rows in plan:
+        loss, n = bare_loss(model, b, rows, tokens, device, packed)
+        loss.backward()
+        cells += n
+    params = [p for p in model.parameters() if p.grad is not None]
+    if dist.get_world_size() > 1:
+        flat = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))  # type: ignore[union-attr]
+            offset += p.numel()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    return cells
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+
+
+def measure_mode(
+    mode: str, args: Any, cfg: Config, mesh: Any, local: Batch, bare: tuple[torch.nn.Module, torch.optim.Optimizer],
+    global_tokens: float, device: torch.device,
+) -> dict[str, Any]:  # fmt: skip
+    cfg.model.use_remove_padding = mode.startswith("packed")
+    cfg.actor.use_dynamic_bsz = mode.endswith("dynamic")
+    cfg.actor.ppo_micro_batch_size_per_gpu = args.micro
+    cfg.actor.ppo_max_token_len_per_gpu = args.budget
+    torch.manual_seed(0)
+    actor = common.build_actor(cfg, mesh, device, samples=len(local), response=local.response_width)
+    _KEEP.append(actor)
+    steps = plan_micro_batches(
+        local.attention_mask, local.response_width, args.micro, actor.token_budget, cfg.model.use_remove_padding,
+        dp_group(mesh),
+    )  # fmt: skip
+    plan = [s.rows for s in steps if s.live]
+    loss_tokens = torch.tensor([float(local.train_mask.sum())], dtype=torch.float64, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(loss_tokens)
+    tokens = float(loss_tokens.item())
+    model, opt = bare
+    metrics: dict[str, float] = {}
+    cells: dict[str, int] = {}
+
+    def bare_call(packed: bool) -> Callable[[], None]:
+        key = "packed" if packed else "padded"
+        return lambda: cells.update(
+            {key: bare_update(model, opt, local, plan, tokens, packed, cfg.actor.grad_clip, device)}
+        )
+
+    calls = {"ours": lambda: metrics.update(actor.update(local)), "bare": bare_call(False)}
+    if cfg.model.use_remove_padding:
+        calls["bare_packed"] = bare_call(True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if dist.get_world_size() > 1:
+            dist.barrier()
+
+    turns = common.take_turns(calls, args.repeats, sync)
+    row: dict[str, Any] = {
+        "mode": mode, "micro_batches": len(steps), "padding_frac": metrics["perf/padding_frac"],
+        "bare_padding_frac": 1.0 - float(local.attention_mask.sum()) / cells["padded"],
+    }  # fmt: skip
+    for key, ts in turns.items():
+        wall, cpu = [t[0] for t in ts], [t[1] for t in ts]
+        s = statistics.median(wall)
+        row |= {f"{key}_s": s, f"{key}_times": wall, f"{key}_tokens_per_s": global_tokens / s}
+        row |= {f"{key}_cpu_s": statistics.median(cpu), f"{key}_cpu_times": cpu}
+    row["ratio"] = row["ours_tokens_per_s"] / row["bare_tokens_per_s"]
+    if device.type == "cpu":  # on an accelerator the host's CPU seconds say little about the update's cost
+        row["ratio_cpu"] = row["bare_cpu_s"] / row["ours_cpu_s"]
+    if "bare_packed_s" in row:
+        row["ratio_vs_bare_packed"] = row["ours_tokens_per_s"] / row["bare_packed_tokens_per_s"]
+    return row
+
+
+def worker(argv: list[str]) -> None:
+    """Tokens/s of the project's actor update against a bare PyTorch loop over the same micro-batches, under torchrun.
+
+    One seeded GRPO-shaped batch (groups sharing a left-padded prompt, right-padded responses, group-normalized
+    advantages); rank r takes the r-th contiguous share. "ours" is `Actor.update(batch)` with the mode's keys
+    (model.use_remove_padding, actor.use_dynamic_bsz); "bare" is the plain HF model with torch.optim.AdamW over the same
+    micro-batches (the project's planner, outside the timing): padded or packed forward, the on-policy PPO surrogate,
+    backward, an all_reduce of the flattened gradients on K > 1 ranks, clipping, the AdamW step. Warm-up once, then the
+    calls take turns for `repeats` rounds: medians of wall and rank 0's process CPU seconds.
+    """
+    args = common.worker_args(
+        worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64",
+        lengths="uniform", micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
+    )  # fmt: skip
+    env = read_env("auto")
+    init_world(env)
+    cfg = Config()
+    cfg.model.path = str(args.model.resolve())
+    mesh = fsdp_mesh(env.device.type, env.world_size, -1)
+    model: Any = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    model.to(env.device)
+    model.config.use_cache = False
+    model.train()
+    a = cfg.actor
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(a.betas[0], a.betas[1]), weight_decay=a.weight_decay)
+    full = make_batch(args, model.config.vocab_size, int(model.config.pad_token_id or 0))
+    per = len(full) // env.world_size
+    local = full.select(slice(env.rank * per, (env.rank + 1) * per))
+    global_tokens = float(full.attention_mask[: per * env.world_size].sum())
+    rows = []
+    for mode in args.modes.split(","):
+        t0 = time.perf_counter()
+        rows.append(measure_mode(mode, args, cfg, mesh, local, (model, opt), global_tokens, env.device))
+        if env.rank == 0:
+            print(f"  {mode}: ratio {rows[-1]['ratio']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if env.rank == 0:
+        common.write_json(args.out, {
+            "model": args.model.name, "params": sum(p.numel() for p in model.parameters()),
+            "hidden_size": model.config.hidden_size, "num_layers": model.config.num_hidden_layers,
+            "ranks": env.world_size, "device": env.device.type, "dtype": "float32",
+            "torch_threads": torch.get_num_threads(), "samples": len(full),
+            **{k: vars(args)[k] for k in ("group", "prompt_len", "response_len", "lengths", "micro", "budget", "repeats")},
+            "real_tokens": global_tokens, "response_tokens": float(full.loss_mask.sum()),
+            "cells": full.attention_mask.numel(), "rows": rows,
+        })  # fmt: skip
+    end_process()
 
 
 COLUMNS = [

@@ -109,7 +109,7 @@ def test_tiny_suite_writes_every_result(demo: tuple[Path, Path], tmp_path: Path)
     for row in loading["rows"]:
         assert row["peak_rank"] > 0 and row["shard_rank"] * 2 == pytest.approx(row["model_bytes"], rel=0.01)
 
-    # Both LM-head paths (benchmarks/update_memory_worker.py on 1 rank): the chunked one's slope far below.
+    # Both LM-head paths (benchmarks/loss_path.py's worker on 1 rank): the chunked one's slope far below.
     loss_path = record(results, "loss_path")
     before, after = (p["fit"]["slope_bytes_per_token"] for p in loss_path["paths"])
     vocab_row = loss_path["vocab_bytes_per_token"]
