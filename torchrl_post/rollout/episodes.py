@@ -10,9 +10,6 @@ answers that arrived, enforces the wall clock, and stops, suspends or updates wh
         for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
             ...
         episodes.stream.update(weights, version)             # between two engine steps (streamed)
-
-Each turn's tokens keep the policy version that generated them (`Step.versions`) and the engine's logprob of each
-(the behaviour policy).
 """
 
 from __future__ import annotations

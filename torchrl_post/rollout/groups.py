@@ -8,16 +8,10 @@ update, is the run plan's fill policy (`rollout.taken.Fill`), which this class o
     groups.fill(ahead=1, next_step=...)   # rollout ranks: fill the next batch(es) while the actor trains
     groups.update(weights, version)       # at an engine-step boundary
 
-Whole batches (`fill.carry` false): each draw is generated to its end and taken in draw order; nothing is in flight
-at an update. Partial rollouts (`fill.carry`): `fill.per_engine` groups stay generating or complete-and-untaken, a
-step takes the first to complete, and unfinished members carry on across updates. Every member is a request of
-`rollout/inflight.py`'s stream, so every token keeps its policy version; a group's staleness at step k is (k - 1)
-minus its oldest token's version.
-
-Seeds follow the draw and the group's position in it (sample j seeded as `LLM.generate` seeds an n-sample request's
-j-th), the engine steps between two updates are counted, not timed, and a checkpoint re-adds the requests in flight
-in the run that saves as in the run that resumes: a run resumes exactly (2 steps + resume + 2 equals 4 straight).
-rollout.update_on_arrival trades that for rollout ranks that never wait while they have work (`generate_until`).
+Whole batches (`fill.carry` false): each draw is generated to its end and taken in draw order. Partial rollouts
+(`fill.carry`): a step takes the first groups to complete and unfinished members carry on across updates. Every
+token keeps its policy version (rollout/inflight.py). docs/async.md says what each choice means, how seeds follow the
+draw and how a checkpoint makes a run resume exactly.
 """
 
 from __future__ import annotations
@@ -443,13 +437,9 @@ class Samples(Members[InflightSample]):
 
 class EpisodeMembers(Members[Trajectory]):
     """Members that are agent episodes (rollout/episodes.py), run turn by turn; a group is made into a batch as
-    agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'.
-
-    A checkpoint restarts the groups still generating from their first turn (their environments reset, their seeds
-    as before), in the run that saves as in the run that resumes, so the two continue alike; the saving run's engine
-    also forgets its prefix cache (agent runs enable it), whose blocks may come from earlier weights. That is exact
-    when the environments answer in a fixed order: agent.env_workers=0 (a thread pool's answers arrive when they
-    are ready)."""
+    agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'. A
+    checkpoint restarts the groups still generating from their first turn, in the run that saves as in the run that
+    resumes (docs/async.md: exact with agent.env_workers=0)."""
 
     def __init__(self, source: EngineSource, episodes: Episodes, stepwise: bool) -> None:
         """`stepwise`: a row per turn (algorithm.stepwise_advantage), else one per trajectory."""

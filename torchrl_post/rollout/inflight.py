@@ -9,9 +9,9 @@
         stream.update(weights, version)          # at an engine-step boundary: nothing is lost
 
 Every token keeps the policy version that sampled it and the engine's logprob of it (the behaviour policy). At an
-update the running requests keep their KV cache (`recompute` False) or are re-added with their tokens so far, so
-the new weights prefill them, drawing from a seed of their own. Images go with each add and re-add; routed experts
-(`InflightSample.routes`) are those of a request's last add. docs/async.md says what each choice means.
+update the running requests keep their KV cache (`recompute` False) or are re-added with their tokens so far (a seed
+of their own); docs/async.md says what each choice means. Routed experts (`InflightSample.routes`) are those of a
+request's last add.
 """
 
 from __future__ import annotations
