@@ -33,6 +33,7 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.reward.judge_client import RemoteJudge
 from torchrl_post.reward.judge_local import LocalJudge, judge_engine_args
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.reward.server import RewardServer
 from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
@@ -269,7 +270,7 @@ def local_judge(
     return LocalJudge.from_config(cfg, engine, tokenizer, spec.max_model_len, seed)
 
 
-def source_settings(run: Run, judge: RemoteJudge | LocalJudge | None = None) -> SourceSettings:
+def source_settings(run: Run) -> SourceSettings:
     cfg, plan = run.cfg, run.plan
     return SourceSettings(
         rollout=cfg.rollout,
@@ -279,18 +280,27 @@ def source_settings(run: Run, judge: RemoteJudge | LocalJudge | None = None) -> 
         seed=cfg.trainer.seed,
         rejection=cfg.algorithm.rejection_sample,
         masked=plan.masked_reasons,
-        reward_timeout_s=cfg.reward.timeout_s,
         val_batch_size=cfg.data.val_batch_size,
         log_val_generations=cfg.trainer.log_val_generations,
         reward=cfg.reward,
         mixes_rewards=plan.mixes_rewards,
-        reward_server=RewardServer.from_config(cfg.reward.server),
         reward_weights=plan.reward_weights,
         reward_combine=plan.reward_combine,
-        reward_tokenizer=run.reward_tokenizer,
-        reward_max_length=cfg.reward_model.max_length,
-        judge=judge,
-        judge_on_error=cfg.reward.judge.on_error,
+    )
+
+
+def sample_scoring(run: Run, judge: RemoteJudge | LocalJudge | None) -> SampleScoring:
+    """How an engine's samples are scored: the rule (or a reward server), the reward model's inputs, the judge."""
+    cfg = run.cfg
+    return SampleScoring(
+        run.reward_fn_for,
+        run.tokenizer,
+        cfg.reward.timeout_s,
+        RewardServer.from_config(cfg.reward.server),
+        run.reward_tokenizer,
+        cfg.reward_model.max_length,
+        judge,
+        cfg.reward.judge.on_error,
     )
 
 
@@ -355,11 +365,11 @@ def engine_source(run: Run, sampler: ShardedBatchSampler, timer: Timer, reserve_
             turn_batches=cfg.rollout.engine == "hf",  # hf generate runs a batch to its end: one batch per turn
         )
     return EngineSource(
-        source_settings(run, judge),
+        source_settings(run),
         engine,
         run.tokenizer,
         run.train_data,
-        run.reward_fn_for,
+        sample_scoring(run, judge),
         sampler,
         timer,
         engine_index=index // tp,

@@ -78,6 +78,7 @@ class Trajectory:
     reward: float = 0.0
     """The trajectory's reward (the sum of step rewards unless a reward function rescored it)."""
 
+    @property
     def versions(self) -> list[int]:
         """The policy version of every response token, turn after turn."""
         return [v for s in self.steps for v in s.versions]

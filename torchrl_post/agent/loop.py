@@ -97,10 +97,6 @@ class AgentLoop:
         self._lead_lock = Lockstep(engine, group, mirrored=False)
         self._mirror_lock = Lockstep(engine, group, mirrored=True)
 
-    @property
-    def timeout_s(self) -> float:
-        return self.limits.timeout_s
-
     # ---- entry ----------------------------------------------------------------------------------------
     @property
     def engine_steps(self) -> int:
@@ -110,27 +106,23 @@ class AgentLoop:
     def run(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         """`params.n` trajectories per task, in task-major order. On a tensor-parallel engine every rank
         calls it; the first rank's `tasks` are the ones run, and every rank returns the same trajectories."""
-        if not self._lead_lock.leader:
-            self._lead_lock.follow()  # apply the first rank's adds and aborts, step with it
-            done: list[Trajectory] = agreed([], self.group)
-            return done
-        trajectories = self._lead(tasks, params)
-        if self.group is not None:
+        trajectories: list[Trajectory] = []
+        if self._lead_lock.leader:
+            trajectories = self._lead(tasks, params)
             self._lead_lock.finish()
-            agreed(trajectories, self.group)
-        return trajectories
+        else:
+            self._lead_lock.follow()  # apply the first rank's adds and aborts, step with it
+        return agreed(trajectories, self.group)
 
     # ---- the first (or only) rank ---------------------------------------------------------------------
-    def episodes(self, recompute: bool = False, version: int = 0, mirrored: bool = False) -> Episodes:
-        """Episodes driven engine step by engine step over this loop's engine, with policy `version`; an
-        update between two engine steps keeps their KV cache or (`recompute`) re-prefills them. `mirrored`: every
-        rank of a tensor-parallel engine runs them (streamed groups), taking the first rank's view of what arrived
-        and what ran out of time (engines/lockstep.py: agreed), so their requests stay alike."""
+    def episodes(self, recompute: bool = False, mirrored: bool = False) -> Episodes:
+        """Episodes driven engine step by engine step over this loop's engine; an update between two engine steps
+        keeps their KV cache or (`recompute`) re-prefills them. `mirrored`: every rank of a tensor-parallel engine
+        runs them (streamed groups), taking the first rank's view of what arrived and what ran out of time
+        (engines/lockstep.py: agreed), so their requests stay alike."""
         if mirrored:
-            return Episodes(
-                self, InflightStream(self._mirror_lock, recompute, version), lambda v: agreed(v, self.group)
-            )
-        return Episodes(self, InflightStream(self._lead_lock, recompute, version))
+            return Episodes(self, InflightStream(self._mirror_lock, recompute), lambda v: agreed(v, self.group))
+        return Episodes(self, InflightStream(self._lead_lock, recompute))
 
     def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         episodes = self.episodes()

@@ -3,6 +3,13 @@
 their end (agent/loop.py: `AgentLoop.run`). What a turn is (its prompt, the environment's or the tools' answer, when
 an episode ends) is the turn logic's (agent/loop.py's AgentLoop); this module steps them, collects the
 answers that arrived, enforces the wall clock, and stops, suspends or updates what is in flight.
+
+    episodes = loop.episodes()
+    episodes.start([(episode_id, uid, task, seed_uid), ...], params)
+    while episodes.running:
+        for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
+            ...
+        episodes.stream.update(weights, version)             # between two engine steps (streamed)
 """
 
 from __future__ import annotations
@@ -40,19 +47,7 @@ class Live:
 
 
 class Episodes:
-    """Agent episodes in flight, advanced one engine step at a time, so that they can be carried across weight
-    updates (rollout/groups.py) or run to their end (agent/loop.py: `AgentLoop.run`).
-
-        episodes = loop.episodes()
-        episodes.start([(episode_id, uid, task, seed_uid), ...], params)
-        while episodes.running:
-            for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
-                ...
-            episodes.stream.update(weights, version)             # between two engine steps (streamed)
-
-    Each turn is a request of an `InflightStream`: its tokens keep the policy version that generated them
-    (`Step.versions`) and the engine's logprob of each (the behaviour policy).
-    """
+    """Agent episodes in flight over an `InflightStream` (the module docstring says how to drive them)."""
 
     def __init__(self, loop: AgentLoop, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
         self.loop, self.stream, self.agree = loop, stream, agree
@@ -73,11 +68,6 @@ class Episodes:
     def running(self) -> bool:
         """Episodes are live, or ended and not yet returned by `advance`."""
         return bool(self.live or self.ended)
-
-    @property
-    def version(self) -> int:
-        """The policy version the next generated tokens come from."""
-        return self.stream.version
 
     def start(self, episodes: list[tuple[str, int, dict[str, Any], int]], params: SamplingParams) -> None:
         """New episodes (id, uid, task, seed uid), reset now; their first turns go to the engine at the next
@@ -153,8 +143,10 @@ class Episodes:
         self.loop.engine.reset_prefix_cache()  # what it cannot free, the weights' salt keeps unread (engines/vllm.py)
 
     def oldest(self, episode_id: str) -> int | None:
-        """The oldest policy version among a live episode's tokens so far (None: none generated yet)."""
-        versions = self.live[episode_id].traj.versions()
+        """The oldest policy version among a live episode's tokens so far (None: not live, or none generated yet)."""
+        if episode_id not in self.live:
+            return None
+        versions = self.live[episode_id].traj.versions
         if episode_id in self.stream.live:
             versions += self.stream.live[episode_id].versions
         return min(versions, default=None)
@@ -167,7 +159,7 @@ class Episodes:
         """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
         environment call; the trajectory ends with `timeout`."""
         now = self.clock + time.perf_counter() - self._since
-        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.timeout_s])
+        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s])
         if not late:
             return
         for rid in late:

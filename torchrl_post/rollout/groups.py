@@ -8,25 +8,19 @@ update, is the run plan's fill policy (`rollout.taken.Fill`), which this class o
     groups.fill(ahead=1, next_step=...)   # rollout ranks: fill the next batch(es) while the actor trains
     groups.update(weights, version)       # at an engine-step boundary
 
-Whole batches (`fill.carry` false): each draw is generated to its end and taken in draw order; nothing is in flight
-at an update. Partial rollouts (`fill.carry`): `fill.per_engine` groups stay generating or complete-and-untaken, a
-step takes the first to complete, and unfinished members carry on across updates. Every member is a request of
-`rollout/inflight.py`'s stream, so every token keeps its policy version; a group's staleness at step k is (k - 1)
-minus its oldest token's version.
-
-Seeds follow the draw and the group's position in it (sample j seeded as `LLM.generate` seeds an n-sample request's
-j-th), the engine steps between two updates are counted, not timed, and a checkpoint re-adds the requests in flight
-in the run that saves as in the run that resumes: a run resumes exactly (2 steps + resume + 2 equals 4 straight).
-rollout.update_on_arrival trades that for rollout ranks that never wait while they have work (`generate_until`).
+Whole batches (`fill.carry` false): each draw is generated to its end and taken in draw order. Partial rollouts
+(`fill.carry`): a step takes the first groups to complete and unfinished members carry on across updates. Every
+token keeps its policy version (rollout/inflight.py). docs/async.md says what each choice means, how seeds follow the
+draw and how a checkpoint makes a run resume exactly.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -43,8 +37,17 @@ from torchrl_post.rollout.source import EngineSource, episode_tasks
 from torchrl_post.rollout.taken import DoneGroup, Fill, TakenGroups
 from torchrl_post.types import Batch, Generation, PromptBatch
 
-M = TypeVar("M")
-"""What a group's members are when they end: finished samples (InflightSample) or episodes (Trajectory)."""
+
+class Versioned(Protocol):
+    """An ended member: a finished sample (InflightSample) or an episode (Trajectory)."""
+
+    @property
+    def versions(self) -> list[int]:
+        """The policy version of each generated token."""
+        ...
+
+
+M = TypeVar("M", bound=Versioned)
 
 
 @dataclass
@@ -60,42 +63,44 @@ class PendingGroup(Generic[M]):
     """Ended members by their index in the group."""
 
 
-class Members(ABC, Generic[M]):
-    """What a member is and how it steps: single samples (`Samples`) or agent episodes (`EpisodeMembers`), both
-    requests of one `InflightStream` (`stream`), whose version the next generated tokens come from."""
-
-    stream: InflightStream
+class Runner(Protocol[M]):
+    """What steps a group's members, by member id "{group key}.{j}": the `InflightStream` of single samples, or
+    agent episodes (rollout/episodes.py: `Episodes`)."""
 
     @property
-    def version(self) -> int:
-        return self.stream.version
+    def live(self) -> Mapping[str, Any]:
+        """The members generating (or waiting for their environment)."""
+        ...
 
-    @version.setter
-    def version(self, version: int) -> None:
-        self.stream.version = version
+    @property
+    def running(self) -> bool:
+        """Some member is live, or ended and not yet returned by `advance`."""
+        ...
 
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.stream.update(weights, version)
+    def advance(self) -> list[tuple[str, M]]:
+        """One engine step: (member id, member) of the members that ended."""
+        ...
 
-    def suspend(self) -> None:
-        """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
-        self.stream.suspend()
+    def oldest(self, member_id: str) -> int | None:
+        """The oldest version among a live member's tokens so far (None: none yet, or not live)."""
+        ...
+
+    def drop(self, member_ids: list[str]) -> None:
+        """Stop these members for good."""
+        ...
+
+
+class Members(ABC, Generic[M]):
+    """What a member is, single samples (`Samples`) or agent episodes (`EpisodeMembers`): how a group's members start,
+    become a batch and go through a checkpoint. `runner` steps them; `stream` is the `InflightStream` under it, whose
+    version the next generated tokens come from."""
+
+    runner: Runner[M]
+    stream: InflightStream
 
     def env_seconds(self) -> float:
         """Seconds the members' environments took so far (0 for single samples)."""
         return 0.0
-
-    @abstractmethod
-    def live(self) -> int:
-        """Requests generating now."""
-
-    @abstractmethod
-    def busy(self) -> bool:
-        """Some member still generates (or waits for its environment)."""
-
-    @abstractmethod
-    def advance(self) -> list[tuple[str, M]]:
-        """One engine step: (member id "{group key}.{j}", member) of the members that ended."""
 
     @abstractmethod
     def start(self, key: str, group: PendingGroup[M], n: int) -> None:
@@ -106,23 +111,13 @@ class Members(ABC, Generic[M]):
         """The complete group as a scored batch."""
 
     @abstractmethod
-    def versions(self, member: M) -> list[int]:
-        """The policy version of each of an ended member's tokens."""
-
-    @abstractmethod
-    def oldest(self, member_id: str) -> int | None:
-        """The oldest version among a running member's tokens so far (None: none yet)."""
-
-    @abstractmethod
-    def drop(self, member_ids: list[str]) -> None:
-        """Stop these running members for good."""
-
-    @abstractmethod
     def save(self, pending: dict[str, PendingGroup[M]], n: int) -> dict[str, Any]:
-        """The groups generating as plain values; the run that saves continues as the run that resumes will."""
+        """What the groups generating need beyond their prompts, as plain values; the run that saves continues as
+        the run that resumes will."""
 
     @abstractmethod
-    def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[M]], n: int) -> None: ...
+    def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[M]], n: int) -> None:
+        """`save`'s values for the groups generating, `pending` (their ended members still to come)."""
 
 
 def _prompts(source: EngineSource, group: PendingGroup[Any]) -> PromptBatch:
@@ -144,6 +139,7 @@ class Groups(Generic[M]):
     ) -> None:
         """`scores`: a reward model on ranks of its own scores each group as it completes (rollout/scores.py)."""
         self.source, self.members, self.policy, self.total_steps = source, members, fill, total_steps
+        self.runner = members.runner
         self.scores = scores
         self.n = source.settings.group_size
         """Members per group (rollout.n)."""
@@ -179,7 +175,7 @@ class Groups(Generic[M]):
         env_now = self.members.env_seconds()
         env, self.env_mark = env_now - self.env_mark, env_now
         out = TakenGroups(
-            taken, self.engine_seconds, self.stale_dropped, self.members.live(), self.rejected, rounds, self.short,
+            taken, self.engine_seconds, self.stale_dropped, len(self.runner.live), self.rejected, rounds, self.short,
             self.reward_seconds, env,
         )  # fmt: skip
         self.stale_dropped, self.rejected, self.short = 0, 0, 0
@@ -202,7 +198,7 @@ class Groups(Generic[M]):
             if self.share and len(self.ready) >= need and (carry or not self.pending):
                 return
             self._top_up(need)
-            if not self.members.busy():  # everything in flight was dropped as stale: more prompts, whatever fits
+            if not self.runner.running:  # everything in flight was dropped as stale: more prompts, whatever fits
                 self._draw()
             self._step()
 
@@ -214,7 +210,7 @@ class Groups(Generic[M]):
         while not arrived():
             self._drop_stale(next_step)
             self._top_up(0)
-            if not self.members.busy():
+            if not self.runner.running:
                 break
             self._step()
             steps += 1
@@ -222,23 +218,23 @@ class Groups(Generic[M]):
 
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """New weights at an engine-step boundary (rollout ranks); what is in flight goes on under `version`."""
-        self.members.update(weights, version)
+        self.members.stream.update(weights, version)
         self._drop_stale(version + 1)
         if self.scores is not None:
             self.scores.ready(f"update{version}")
 
     def at_version(self, version: int) -> None:
         """The engine's weights were replaced outside the producer (a colocated sync) while it was suspended."""
-        self.members.version = version
+        self.members.stream.version = version
 
     def suspend(self) -> None:
         """Take the requests out of the engine (it sleeps, or validates); the next engine step re-adds them."""
-        self.members.suspend()
+        self.members.stream.suspend()
 
     # ---- drawing and completing -------------------------------------------------------------------------
     def _step(self) -> None:
         t = time.perf_counter()
-        ended = self.members.advance()
+        ended = self.runner.advance()
         self.engine_seconds += time.perf_counter() - t
         for rid, member in ended:
             key, j = rid.rsplit(".", 1)
@@ -254,11 +250,11 @@ class Groups(Generic[M]):
         batch = self.members.batch(group, members)
         if not self.source.settings.mixes_rewards:  # else the actor's ranks shape the mixed score (trainer.py)
             shape_scores(batch, self.source.settings.reward, self.source.settings.max_response_length)
-        versions = [self.members.versions(m) for m in members]
+        versions = [m.versions for m in members]
         if self.source.masked:
             compact_filter(batch, self.source.masked)
         self.reward_seconds += time.perf_counter() - t
-        oldest = min((v for vs in versions for v in vs), default=self.members.version)
+        oldest = min((v for vs in versions for v in vs), default=self.members.stream.version)
         done = DoneGroup(batch, oldest, sum(len(set(vs)) > 1 for vs in versions), group.draw, group.position)
         self._post(done)
         return done
@@ -337,17 +333,18 @@ class Groups(Generic[M]):
         self.ready = kept
         for key, group in list(self.pending.items()):
             running = [f"{key}.{j}" for j in range(self.n) if j not in group.done]
-            versions = [v for m in group.done.values() for v in self.members.versions(m)]
-            versions += [v for rid in running if (v := self.members.oldest(rid)) is not None]
+            versions = [v for m in group.done.values() for v in m.versions]
+            versions += [v for rid in running if (v := self.runner.oldest(rid)) is not None]
             if versions and min(versions) < oldest_allowed:
-                self.members.drop(running)
+                self.runner.drop(running)
                 del self.pending[key]
                 self.stale_dropped += 1
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Plain values: the sampler's position, the draws, the groups generating (the members' own format) and
-        the complete ones."""
+        """Plain values: the sampler's position, the draws, the groups generating (what their members need: the
+        members' own format) and the complete ones."""
+        members = self.members.save(self.pending, self.n)
         return {
             "partial_rollout": self.policy.carry,
             "sampler": self.source.sampler.state_dict(),
@@ -360,7 +357,11 @@ class Groups(Generic[M]):
                 | ({"unscored": True} if d.ticket is not None else {})
                 for d in self.ready
             ],
-            "members": self.members.save(self.pending, self.n),
+            "version": self.members.stream.version,
+            "pending": [
+                {"key": k, "index": g.index, "position": g.position, "draw": g.draw} for k, g in self.pending.items()
+            ],
+            "members": members,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -377,12 +378,11 @@ class Groups(Generic[M]):
         for done, d in zip(self.ready, state["ready"], strict=True):
             if d.get("unscored") and self.scores is not None:  # its scores had not come: posted again
                 done.ticket = self.scores.post(done.batch.reward_inputs)
-        self.pending = {}
+        self.pending = {
+            g["key"]: PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"])) for g in state["pending"]
+        }
+        self.members.stream.version = int(state["version"])
         self.members.load(state["members"], self.pending, self.n)
-
-
-def _group_state(key: str, g: PendingGroup[Any]) -> dict[str, Any]:
-    return {"key": key, "index": g.index, "position": g.position, "draw": g.draw}
 
 
 class Samples(Members[InflightSample]):
@@ -392,15 +392,7 @@ class Samples(Members[InflightSample]):
     def __init__(self, source: EngineSource, stream: InflightStream, carry: bool) -> None:
         """`carry`: the requests report their tokens at each engine step (partial rollouts), else at their end."""
         self.source, self.stream, self.carry = source, stream, carry
-
-    def live(self) -> int:
-        return len(self.stream.live)
-
-    def busy(self) -> bool:
-        return bool(self.stream.live)
-
-    def advance(self) -> list[tuple[str, InflightSample]]:
-        return [(s.request_id, s) for s in self.stream.step()]
+        self.runner = stream
 
     def start(self, key: str, group: PendingGroup[InflightSample], n: int) -> None:
         prompt = self.source.data.prompt_ids[group.index]
@@ -428,62 +420,34 @@ class Samples(Members[InflightSample]):
         self.source.scoring.score(batch, prompts, n)
         return batch
 
-    def versions(self, member: InflightSample) -> list[int]:
-        return member.versions
-
-    def oldest(self, member_id: str) -> int | None:
-        s = self.stream.live.get(member_id)
-        return s.versions[0] if s is not None and s.versions else None
-
-    def drop(self, member_ids: list[str]) -> None:
-        self.stream.drop(member_ids)
-
     def save(self, pending: dict[str, PendingGroup[InflightSample]], n: int) -> dict[str, Any]:
         """The groups generating with their finished samples, and the requests in flight; those are re-added here
         (as after a resume), so the run that saves continues exactly as the run that resumes from it."""
         self.stream.suspend()
-        groups = [
-            _group_state(key, g) | {"done": {str(j): sample_state(s) for j, s in g.done.items()}}
-            for key, g in pending.items()
-        ]
-        return {"version": self.stream.version, "pending": groups, "live": self.stream.export()}
+        done = {key: {str(j): sample_state(s) for j, s in g.done.items()} for key, g in pending.items()}
+        return {"done": done, "live": self.stream.export()}
 
     def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[InflightSample]], n: int) -> None:
-        for g in state["pending"]:
-            group: PendingGroup[InflightSample] = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
-            group.done = {int(j): sample_from_state(s) for j, s in g["done"].items()}
-            pending[g["key"]] = group
-        self.stream.adopt(state["live"], int(state["version"]))
+        for key, done in state["done"].items():
+            pending[key].done = {int(j): sample_from_state(s) for j, s in done.items()}
+        self.stream.adopt(state["live"])
         for rid, s in self.stream.live.items():  # the images are the data set's, not the state's
             s.images = self._images(pending[rid.rsplit(".", 1)[0]].index)
 
 
 class EpisodeMembers(Members[Trajectory]):
     """Members that are agent episodes (rollout/episodes.py), run turn by turn; a group is made into a batch as
-    agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'.
-
-    A checkpoint restarts the groups still generating from their first turn (their environments reset, their seeds
-    as before), in the run that saves as in the run that resumes, so the two continue alike; the saving run's engine
-    also forgets its prefix cache (agent runs enable it), whose blocks may come from earlier weights. That is exact
-    when the environments answer in a fixed order: agent.env_workers=0 (a thread pool's answers arrive when they
-    are ready)."""
+    agent batches are (one row per trajectory, or per turn with `stepwise`), its rewards the environments'. A
+    checkpoint restarts the groups still generating from their first turn, in the run that saves as in the run that
+    resumes (docs/async.md: exact with agent.env_workers=0)."""
 
     def __init__(self, source: EngineSource, episodes: Episodes, stepwise: bool) -> None:
         """`stepwise`: a row per turn (algorithm.stepwise_advantage), else one per trajectory."""
         self.source, self.episodes, self.stepwise = source, episodes, stepwise
-        self.stream = episodes.stream
-
-    def live(self) -> int:
-        return len(self.episodes.live)
+        self.runner, self.stream = episodes, episodes.stream
 
     def env_seconds(self) -> float:
         return self.episodes.loop.env_seconds
-
-    def busy(self) -> bool:
-        return self.episodes.running
-
-    def advance(self) -> list[tuple[str, Trajectory]]:
-        return self.episodes.advance()
 
     def start(self, key: str, group: PendingGroup[Trajectory], n: int) -> None:
         """The group's episodes from their first turn, seeded by its position and episode index."""
@@ -507,15 +471,6 @@ class EpisodeMembers(Members[Trajectory]):
             self.source.scoring.models_inputs(batch, prompts, texts, [0] * len(members))
         return batch
 
-    def versions(self, member: Trajectory) -> list[int]:
-        return member.versions()
-
-    def oldest(self, member_id: str) -> int | None:
-        return self.episodes.oldest(member_id) if member_id in self.episodes.live else None
-
-    def drop(self, member_ids: list[str]) -> None:
-        self.episodes.drop(member_ids)
-
     def save(self, pending: dict[str, PendingGroup[Trajectory]], n: int) -> dict[str, Any]:
         """The groups still running, restarted here from their first turn (as the run that resumes restarts them)."""
         if pending:
@@ -524,10 +479,8 @@ class EpisodeMembers(Members[Trajectory]):
             for key, group in pending.items():
                 group.done = {}
                 self.start(key, group, n)
-        return {"version": self.version, "pending": [_group_state(key, g) for key, g in pending.items()]}
+        return {}
 
     def load(self, state: dict[str, Any], pending: dict[str, PendingGroup[Trajectory]], n: int) -> None:
-        self.version = int(state["version"])
-        for g in state["pending"]:
-            pending[g["key"]] = PendingGroup(int(g["index"]), int(g["position"]), int(g["draw"]))
-            self.start(g["key"], pending[g["key"]], n)
+        for key, group in pending.items():
+            self.start(key, group, n)

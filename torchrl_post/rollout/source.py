@@ -25,7 +25,6 @@ from torchrl_post.logging.timing import Timer
 from torchrl_post.multimodal.vision import VisionSpec
 from torchrl_post.program import VAL_TOTALS
 from torchrl_post.reward.samples import SampleScoring
-from torchrl_post.rollout.filters import compact_filter
 from torchrl_post.types import Batch, PromptBatch
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ class SourceSettings:
     rejection: RejectionSampleConfig
     masked: tuple[str, ...]
     """Termination reasons whose samples compact filtering masks (rollout.filters.masked_reasons)."""
-    reward_timeout_s: float
     val_batch_size: int
     log_val_generations: int
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -56,16 +54,6 @@ class SourceSettings:
     """The plan's reward_weights and reward_combine: with rejection sampling, a group is uniform by the mix of the
     sources scored as it finishes (the rule, the judge), as the actor's ranks will mix them."""
     reward_combine: str = "sum_then_normalize"
-    reward_tokenizer: Any = None
-    """The reward model's tokenizer (reward_model.enable): each training sample's conversation is re-tokenised
-    with it into `batch.reward_inputs` as its group is scored."""
-    reward_max_length: int = 0
-    judge: Any = None
-    """The LLM judge (reward.judge.enable; build.py `build_judge`): each training sample is scored by it too, into
-    `batch.judge_scores`, as its group is scored."""
-    judge_on_error: str = "zero"
-    reward_server: Any = None
-    """A reward server (reward.server.url; reward/server.py): the rule's scores come from it."""
 
 
 def episode_tasks(prompts: PromptBatch) -> list[tuple[int, dict[str, Any]]]:
@@ -118,7 +106,7 @@ class EngineSource:
         engine: RolloutEngine,
         tokenizer: Any,
         data: PromptDataset,
-        reward_fn_for: Any,
+        scoring: SampleScoring,
         sampler: ShardedBatchSampler,
         timer: Timer,
         *,
@@ -131,12 +119,13 @@ class EngineSource:
         episodes: AgentLoop | None = None,
         stepwise: bool = False,
     ) -> None:
-        """`sampler` draws this engine's prompts (the ranks of a tensor-parallel engine, `engine_group`, draw
+        """`scoring`: how this engine's samples are scored (reward/samples.py: the rule or a reward server, what a
+        reward model and a judge need); `sampler` draws this engine's prompts (the ranks of a tensor-parallel engine, `engine_group`, draw
         alike); `engine_leader`: the first rank of its engine, which counts the engine's validation samples.
         `episodes`: the agent loop over this engine (agent.env set), trained per step with `stepwise`
         (algorithm.stepwise_advantage.enable)."""
         self.settings, self.engine, self.tokenizer, self.data = settings, engine, tokenizer, data
-        self.reward_fn_for = reward_fn_for
+        self.scoring = scoring
         self.sampler, self.timer = sampler, timer
         self.engine_index, self.n_engines, self.engine_leader = engine_index, n_engines, engine_leader
         self.engine_group = engine_group
@@ -147,36 +136,10 @@ class EngineSource:
         self.rejection = settings.rejection
         self.val_samples: list[dict[str, Any]] = []  # the last validation's first samples (log_val_generations)
 
-    @property
-    def scoring(self) -> SampleScoring:
-        """How this engine's samples are scored (reward/samples.py), by the settings."""
-        s = self.settings
-        return SampleScoring(
-            self.reward_fn_for,
-            self.tokenizer,
-            s.reward_timeout_s,
-            s.reward_server,
-            s.reward_tokenizer,
-            s.reward_max_length,
-            s.judge,
-            s.judge_on_error,
-        )
-
     # ---- one step ---------------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
         return self.sampler.epoch
-
-    def _episodes(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
-        """`params.n` agent trajectories per prompt, one row each, turns of all of them decoding together."""
-        assert self.loop is not None
-        env_before = self.loop.env_seconds
-        trajectories = self.loop.run(episode_tasks(prompts), params)
-        self.timer.seconds["env"] = self.loop.env_seconds - env_before
-        batch = trajectories_to_batch(trajectories, self.pad_id)
-        if self.masked:
-            compact_filter(batch, self.masked)
-        return batch
 
     def sampling(self, step: int, validation: bool) -> SamplingParams:
         r, v = self.settings.rollout, self.settings.rollout.val_kwargs
@@ -189,11 +152,6 @@ class EngineSource:
             max_tokens=self.settings.max_response_length,
             seed=self.settings.seed * 7919 + step,
         )
-
-    def generate(self, prompts: PromptBatch, params: SamplingParams) -> Batch:
-        """`params.n` samples of each prompt through this engine, as one batch (validation)."""
-        gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
-        return collate(prompts, gen, params.n, self.pad_id, self.vision)
 
     # ---- validation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -211,10 +169,11 @@ class EngineSource:
         for start in range(0, len(mine), chunk):
             idx = mine[start : start + chunk]
             prompts = data.batch(idx, idx, self.processor)
-            if self.loop is not None:
-                batch = self._episodes(prompts, params)
+            if self.loop is not None:  # params.n agent trajectories per prompt, one row each
+                batch = trajectories_to_batch(self.loop.run(episode_tasks(prompts), params), self.pad_id)
             else:
-                batch = self.generate(prompts, params)
+                gen = generate(self.engine, prompts.prompt_ids, prompts.uids, params, prompts.images or None)
+                batch = collate(prompts, gen, params.n, self.pad_id, self.vision)
                 self.scoring.score(batch, prompts, params.n, training=False)
             if not self.engine_leader:
                 continue

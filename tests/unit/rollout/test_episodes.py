@@ -21,6 +21,7 @@ from torchrl_post.agent.loop import AgentLoop, LoopLimits
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.logging.timing import Timer
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.episodes import Episodes
 from torchrl_post.rollout.groups import EpisodeMembers, Groups
 from torchrl_post.rollout.source import EngineSource
@@ -92,8 +93,8 @@ def _groups(
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
     loop = _loop(engine)
     source = EngineSource(
-        settings, engine, TOK, TRAIN, None, sampler, Timer(), engine_index=0, n_engines=1, engine_leader=True,
-        episodes=loop,
+        settings, engine, TOK, TRAIN, SampleScoring(None, TOK), sampler, Timer(), engine_index=0, n_engines=1,
+        engine_leader=True, episodes=loop,
     )  # type: ignore[arg-type]  # fmt: skip
     episodes = loop.episodes(recompute)
     members = EpisodeMembers(source, episodes, stepwise=False)

@@ -25,6 +25,7 @@ from torchrl_post.distributed.mailbox import Mailbox
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.scores import GroupScores, ScoreServer
@@ -117,7 +118,7 @@ def _groups(
         engine,
         TOK,
         data,
-        lambda _: reward,
+        SampleScoring(lambda _: reward, TOK),
         sampler,
         Timer(),
         engine_index=0,
@@ -276,9 +277,8 @@ def test_rejection_sampling_reads_the_mix_of_the_sources_scored_as_groups_finish
     """With a judge, a group is uniform by the mix the actor's ranks will train on: the judge's grades tell the
     samples apart (kept), at weight 0 only the rule's count (dropped, as without a judge)."""
     groups, _ = _groups(in_flight=4, rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1))
-    groups.source.settings = replace(
-        groups.source.settings, judge=AlternatingJudge(), mixes_rewards=True, reward_weights=weights
-    )
+    groups.source.scoring = replace(groups.source.scoring, judge=AlternatingJudge())
+    groups.source.settings = replace(groups.source.settings, mixes_rewards=True, reward_weights=weights)
     taken = groups.take(1)
     assert taken.rejected == dropped
     if not dropped:
@@ -428,10 +428,8 @@ def test_rejection_sampling_reads_a_reward_model_that_scores_groups_as_they_fini
     thread.start()
     data = replace(TRAIN, messages=[[{"role": "user", "content": TOK.decode(p)}] for p in TRAIN.prompt_ids])
     groups, _ = _groups(in_flight=4, rejection=RejectionSampleConfig(enable=True, max_extra_rounds=1), data=data)
-    groups.source.settings = replace(
-        groups.source.settings, reward_tokenizer=TOK, reward_max_length=64, mixes_rewards=True,
-        reward_weights={"reward_model": 1.0},
-    )  # fmt: skip
+    groups.source.scoring = replace(groups.source.scoring, reward_tokenizer=TOK, max_length=64)
+    groups.source.settings = replace(groups.source.settings, mixes_rewards=True, reward_weights={"reward_model": 1.0})
     groups.scores = GroupScores(Mailbox(store, "rm_scores", 30), 0, leader=True)
     taken = groups.take(1)
     thread.join(timeout=30)

@@ -25,6 +25,7 @@ from torchrl_post.distributed.transfer import (
 )
 from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
@@ -96,7 +97,7 @@ def _server(
     engine, transfer = _Engine(log), _Transfer(log)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
     source = EngineSource(
-        _settings(), engine, TOK, TRAIN, lambda _: reward, sampler, Timer(), engine_index=0, n_engines=1,
+        _settings(), engine, TOK, TRAIN, SampleScoring(lambda _: reward, TOK), sampler, Timer(), engine_index=0, n_engines=1,
         engine_leader=leader,
     )  # type: ignore[arg-type]  # fmt: skip
     groups = Groups(source, Samples(source, InflightStream(engine), carry=False), whole_batches(lag), total)

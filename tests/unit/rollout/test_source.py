@@ -23,6 +23,7 @@ from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
+from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.groups import Groups, Samples
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.rollout.local import LocalRollouts
@@ -127,7 +128,6 @@ def _settings(
         seed=SEED,
         rejection=rejection or RejectionSampleConfig(),
         masked=(),
-        reward_timeout_s=0.0,
         val_batch_size=0,
         log_val_generations=keep,
     )
@@ -154,7 +154,7 @@ def _source(
         engine,
         TOK,
         TRAIN,
-        lambda data_source: reward,
+        SampleScoring(lambda data_source: reward, TOK),
         sampler,
         Timer(),
         engine_index=engine_index,
