@@ -367,6 +367,7 @@ class Groups(Generic[M]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A state saved with the same rollout.partial_rollout (a checkpoint from before the key was saved is
         taken as it is): the other mode's groups in flight and batches ready are not this one's."""
+        state = _current_layout(state)
         saved = state.get("partial_rollout")
         if isinstance(saved, bool) and saved != self.policy.carry:
             raise partial_rollout_changed(saved, self.policy.carry)
@@ -383,6 +384,17 @@ class Groups(Generic[M]):
         }
         self.members.stream.version = int(state["version"])
         self.members.load(state["members"], self.pending, self.n)
+
+
+def _current_layout(state: dict[str, Any]) -> dict[str, Any]:
+    """A producer state as `Groups.state_dict` writes it. Checkpoints before 2026-11-30 kept the stream's version
+    and the groups generating in the members' part, with each group's finished samples beside it."""
+    if "pending" in state:
+        return state
+    old = state["members"]
+    done = {g["key"]: g["done"] for g in old["pending"] if "done" in g}
+    members = {"done": done, "live": old["live"]} if "live" in old else {}
+    return state | {"version": old["version"], "pending": old["pending"], "members": members}
 
 
 class Samples(Members[InflightSample]):

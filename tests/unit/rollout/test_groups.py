@@ -205,14 +205,25 @@ def test_max_staleness_drops_groups_too_old_and_stops_generating_them() -> None:
     assert len(kept) == len(plain) == 8 * 2  # every step still takes its share
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_a_checkpoint_mid_stream_resumes_exactly(recompute: bool) -> None:
+def _earlier_layout(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as checkpoints before 2026-11-30 wrote it: version and groups generating (each with its finished
+    samples) in the members' part."""
+    members = state["members"]
+    pending = [g | {"done": members["done"].get(g["key"], {})} for g in state["pending"]]
+    rest = {k: v for k, v in state.items() if k not in ("version", "pending", "members")}
+    return rest | {"members": {"version": state["version"], "pending": pending, "live": members["live"]}}
+
+
+@pytest.mark.parametrize(("recompute", "earlier"), [(False, False), (True, False), (False, True)])
+def test_a_checkpoint_mid_stream_resumes_exactly(recompute: bool, earlier: bool) -> None:
     """4 steps straight against 2 steps, a checkpoint (through torch.save and weights_only load) into a fresh
     stream, 2 more: the same groups, tokens, versions and logprobs. The saving run re-adds its requests in flight
-    too, as the resumed one does."""
+    too, as the resumed one does. `earlier`: the checkpoint in the layout of before 2026-11-30 loads the same."""
     straight, _ = _groups(in_flight=6, recompute=recompute)
     first_half = _run(straight, range(1, 3))
     state = straight.state_dict()
+    assert straight.pending and state["members"]["done"], "groups generating, some samples of them finished"
+    state = _earlier_layout(state) if earlier else state
     second_half = _run(straight, range(3, 5))
     buf = io.BytesIO()
     torch.save(state, buf)
