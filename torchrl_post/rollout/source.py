@@ -120,10 +120,10 @@ class EngineSource:
         stepwise: bool = False,
     ) -> None:
         """`scoring`: how this engine's samples are scored (reward/samples.py: the rule or a reward server, what a
-        reward model and a judge need); `sampler` draws this engine's prompts (the ranks of a tensor-parallel engine, `engine_group`, draw
-        alike); `engine_leader`: the first rank of its engine, which counts the engine's validation samples.
-        `episodes`: the agent loop over this engine (agent.env set), trained per step with `stepwise`
-        (algorithm.stepwise_advantage.enable)."""
+        reward model and a judge need); `sampler` draws this engine's prompts (the ranks of a tensor-parallel
+        engine, `engine_group`, draw alike); `engine_leader`: the first rank of its engine, which counts the
+        engine's validation samples. `episodes`: the agent loop over this engine (agent.env set), trained per step
+        with `stepwise` (algorithm.stepwise_advantage.enable)."""
         self.settings, self.engine, self.tokenizer, self.data = settings, engine, tokenizer, data
         self.scoring = scoring
         self.sampler, self.timer = sampler, timer
