@@ -207,7 +207,7 @@ def sft(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`--trainer grpo` (the default) or `sft`, then that trainer's flags."""
-    ap = argparse.ArgumentParser(add_help=False)
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # abbreviated, --train would be --trainer
     ap.add_argument("--trainer", choices=("grpo", "sft"), default="grpo")
     known, rest = ap.parse_known_args(argv)
     (sft if known.trainer == "sft" else grpo)(rest)
