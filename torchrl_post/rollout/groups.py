@@ -434,8 +434,10 @@ class Samples(Members[InflightSample]):
 
     def save(self, pending: dict[str, PendingGroup[InflightSample]], n: int) -> dict[str, Any]:
         """The groups generating with their finished samples, and the requests in flight; those are re-added here
-        (as after a resume), so the run that saves continues exactly as the run that resumes from it."""
+        (as after a resume), so the run that saves continues exactly as the run that resumes from it: with an
+        empty prefix cache, as a new engine's (the plan caches a group's prompt once for its n samples)."""
         self.stream.suspend()
+        self.source.engine.reset_prefix_cache()  # nothing runs now; the weights' salt keeps what it cannot free
         done = {key: {str(j): sample_state(s) for j, s in g.done.items()} for key, g in pending.items()}
         return {"done": done, "live": self.stream.export()}
 

@@ -55,6 +55,7 @@ class SteppedEngine:
         self.added: list[tuple[str, int]] = []  # (request id, seed uid)
         self.images: dict[str, list[tuple[str, list[Any]]]] = {}  # request id -> (prompt, images) of each add
         self.aborted: list[str] = []
+        self.resets = 0  # prefix cache resets
         self._prompt: dict[str, int] = {}  # request id -> its prompt's length
         self._rows: dict[str, list[int]] = {}  # request id -> the weights that computed each position
 
@@ -97,6 +98,11 @@ class SteppedEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         list(weights)
         self.weights += 1
+
+    def reset_prefix_cache(self) -> bool:
+        assert not self.running, "nothing in flight"
+        self.resets += 1
+        return True
 
     def sleep(self) -> None:
         pass
@@ -219,10 +225,11 @@ def test_a_checkpoint_mid_stream_resumes_exactly(recompute: bool, earlier: bool)
     """4 steps straight against 2 steps, a checkpoint (through torch.save and weights_only load) into a fresh
     stream, 2 more: the same groups, tokens, versions and logprobs. The saving run re-adds its requests in flight
     too, as the resumed one does. `earlier`: the checkpoint in the layout of before 2026-11-30 loads the same."""
-    straight, _ = _groups(in_flight=6, recompute=recompute)
+    straight, straight_engine = _groups(in_flight=6, recompute=recompute)
     first_half = _run(straight, range(1, 3))
     state = straight.state_dict()
     assert straight.pending and state["members"]["done"], "groups generating, some samples of them finished"
+    assert straight_engine.resets == 1  # its prefix cache goes, as a new engine's is empty
     state = _earlier_layout(state) if earlier else state
     second_half = _run(straight, range(3, 5))
     buf = io.BytesIO()

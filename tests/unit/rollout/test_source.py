@@ -94,6 +94,9 @@ class ScriptedEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         pass
 
+    def reset_prefix_cache(self) -> bool:
+        return True
+
     def sleep(self) -> None:
         self.sleeps += 1
 
