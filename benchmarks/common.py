@@ -128,9 +128,14 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None, tim
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False, env=env, timeout=timeout)
-    if proc.returncode != 0:
+    check_logged(cmd, proc.returncode, log)
+
+
+def check_logged(cmd: list[str], returncode: int, log: Path) -> None:
+    """A command's failure as one error with its log's tail."""
+    if returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
-        raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {proc.returncode}); log {log}:\n{tail}")
+        raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {returncode}); log {log}:\n{tail}")
 
 
 def warn_if_busy() -> None:

@@ -128,6 +128,26 @@ def torchrun(
         _launches.append(time.perf_counter() - start)
 
 
+def benchmark_launches_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark drivers' torchrun launches (`benchmarks.common.run_logged` of `torchrun --standalone
+    --nproc-per-node N -m ...`) forked from the suite's launcher, as every other launch of the suite, with the log
+    and the failure the driver expects: a test runs a driver in its own process (`main(argv)`) and saves each
+    launch's imports (about 9 s of a tiny benchmark's 15-20 s launch on 2 cores). Other commands run as before."""
+    from benchmarks import common
+
+    prefix, run_logged = [*common.torchrun(), "--standalone", "--nproc-per-node"], common.run_logged
+
+    def launch(cmd: list[str], log: Path, env: dict[str, str] | None = None, timeout: float | None = None) -> None:
+        if cmd[: len(prefix)] != prefix:
+            return run_logged(cmd, log, env, timeout)
+        proc = torchrun(int(cmd[len(prefix)]), cmd[len(prefix) + 1 :], int(timeout or 600), env)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stdout + proc.stderr)
+        common.check_logged(cmd, proc.returncode, log)
+
+    monkeypatch.setattr(common, "run_logged", launch)
+
+
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-8000:]}"

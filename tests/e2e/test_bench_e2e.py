@@ -8,19 +8,20 @@ environment (outputs/bench_venvs/trl) already exists, never installed here.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, run_cmd
+from benchmarks import common, e2e
+from tests.conftest import benchmark_launches_forked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-def test_tiny_e2e_benchmark_writes_its_report(tmp_path: Path) -> None:
+def test_tiny_e2e_benchmark_writes_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     results = tmp_path / "results"
-    assert_ok(run_cmd([sys.executable, "-m", "benchmarks.e2e", "--tiny", "--results", str(results)]))
+    benchmark_launches_forked(monkeypatch)
+    common.standalone(e2e, ["--tiny", "--results", str(results)])
 
     (path,) = results.glob("e2e_*_*.json")
     assert path.with_suffix(".md").stat().st_size > 0 and path.with_suffix(".png").stat().st_size > 0

@@ -10,19 +10,19 @@ under outputs/bench_logs, as in a real run).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, run_cmd
+from benchmarks import common, update
+from tests.conftest import benchmark_launches_forked
 
 pytestmark = pytest.mark.e2e
 
 
-def test_tiny_update_benchmark_writes_its_report(tmp_path: Path) -> None:
-    proc = run_cmd([sys.executable, "-m", "benchmarks.update", "--tiny", "--results", str(tmp_path)], timeout=300)
-    assert_ok(proc)
+def test_tiny_update_benchmark_writes_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    benchmark_launches_forked(monkeypatch)
+    common.standalone(update, ["--tiny", "--results", str(tmp_path)])
     (path,) = tmp_path.glob("update_*_*.json")
     assert path.with_suffix(".md").stat().st_size > 0 and path.with_suffix(".png").stat().st_size > 0
     rec = json.loads(path.read_text())

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from benchmarks import common
-from tests.conftest import REPO, assert_ok, run_cmd
+from benchmarks.__main__ import main as suite_main
+from tests.conftest import REPO, assert_ok, benchmark_launches_forked, run_cmd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -56,25 +57,17 @@ def place_demo(demo: tuple[Path, Path]) -> None:
         staging.rename(dst)
 
 
-def test_tiny_suite_writes_every_result(demo: tuple[Path, Path], tmp_path: Path) -> None:
+def test_tiny_suite_writes_every_result(
+    demo: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     results, readme_before = tmp_path / "results", readme_section()
     place_demo(demo)
-    proc = run_cmd(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--tiny",
-            "--only",
-            # sft is registered but left out: its tiny variant is three launches (ours on 1 and 2 ranks, TRL's
-            # SFTTrainer), 45-70 s on 2 cores, over this test's 15 s a benchmark (`python -m benchmarks.sft --tiny`)
-            # and expert_parallel: three 4-rank launches; its claims are tests/distributed/test_expert_parallel.py's
-            "rollout,memory,sync,loading,loss_path,sequence_parallel,reward_model",
-            "--results",
-            str(results),
-        ]
-    )
-    assert_ok(proc)
+    benchmark_launches_forked(monkeypatch)
+    # sft is registered but left out: its tiny variant is three launches (ours on 1 and 2 ranks, TRL's SFTTrainer),
+    # 45-70 s on 2 cores, over this test's 15 s a benchmark (`python -m benchmarks.sft --tiny`); and
+    # expert_parallel: three 4-rank launches; its claims are tests/distributed/test_expert_parallel.py's
+    only = "rollout,memory,sync,loading,loss_path,sequence_parallel,reward_model"
+    assert suite_main(["--tiny", "--only", only, "--results", str(results)]) == 0
 
     rollout = record(results, "rollout")
     (run,) = rollout["runs"]
