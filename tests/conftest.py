@@ -98,6 +98,10 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def run_cmd(args: list[str], timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`args` from the repository root, output captured; this python's `-m module ...` or `script.py ...` forked
+    from the suite's launcher after its imports (`tests/launcher.py`), as one plain process."""
+    if args[0] in (sys.executable, str(BIN / "python")) and (args[1:2] == ["-m"] or args[1].endswith(".py")):
+        return _launcher().launch(0, args[1:], timeout, _env(env))
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=_env(env))
 
 

@@ -13,8 +13,13 @@ What torchrun's agent adds stays with the tests that are about it: restarts (`--
 the launch scripts (tests/e2e/test_launch.py, test_recovery.py) run the real `torchrun`. `tests.conftest.torchrun`
 chooses (`real=True`). The zygote imports nothing from a test, and a rank imports what its target needs on top.
 
+A plain `python -m module args` or `python script args` of a test (`tests.conftest.run_cmd`) is forked the same
+way, as one process without torchrun's environment (`nproc` 0): a dry run or a bad input's one line of the
+entrypoint takes a second instead of its imports' four to seven.
+
 Protocol (one launch at a time, as the suite runs them): a JSON line per request on the zygote's stdin
-`{"nproc", "target", "env", "cwd", "out", "err"}` (env: the whole environment); it answers `{"pgid"}` when the ranks start and `{"rc"}` when they end.
+`{"nproc", "target", "env", "cwd", "out", "err"}` (env: the whole environment); it answers `{"pgid"}` when the ranks
+start and `{"rc"}` when they end.
 """
 
 from __future__ import annotations
@@ -79,27 +84,33 @@ def _run_target(target: list[str]) -> None:
 
 
 def _rank(rank: int, nproc: int, port: int, target: list[str]) -> None:
-    """One rank, in the forked child: torchrun's worker environment, then the target; never returns."""
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
-        WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), ROLE_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="zygote",
-    )  # fmt: skip
+    """One rank, in the forked child: torchrun's worker environment (none for a plain process, `nproc` 0), then the
+    target; never returns."""
+    if nproc:
+        os.environ.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
+            WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), ROLE_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="zygote",
+        )  # fmt: skip
     if "OMP_NUM_THREADS" not in os.environ:  # one process: torchrun leaves it the machine's threads
         import torch
 
         torch.set_num_threads(os.cpu_count() or 1)
     code = 0
-    try:
+    try:  # as the interpreter ends a script: SystemExit's code or message, an exception through sys.excepthook
         _run_target(target)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
     except BaseException:
-        import traceback
-
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
         code = 1
+    if not nproc:  # a plain process runs its exit handlers (a torchrun launch's ranks leave theirs, as before)
+        import atexit
+
+        atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -122,7 +133,7 @@ def _leader(request: dict[str, Any]) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it
     os.chdir(request["cwd"])
     ranks = {}
-    for rank in range(nproc):
+    for rank in range(max(nproc, 1)):  # nproc 0: one plain process, as `python <target>` runs
         pid = os.fork()
         if pid == 0:
             _rank(rank, nproc, port, request["target"])
@@ -138,6 +149,8 @@ def _leader(request: dict[str, Any]) -> None:
             continue
         rank = ranks.pop(pid)
         code = os.waitstatus_to_exitcode(status)
+        if not nproc:  # a plain process: its own exit code
+            os._exit(code if code >= 0 else 128 - code)
         if code != 0 and not failed:
             failed, deadline = True, time.monotonic() + STOP_GRACE_S
             print(f"launcher: rank {rank} exited with {code}; stopping the others", file=sys.stderr, flush=True)
@@ -215,7 +228,7 @@ class Zygote:
             rc = int(self._read(self._proc.stdout)["rc"])
         finally:
             killer.cancel()
-        args = ["zygote", f"--nproc-per-node={nproc}", *target]
+        args = ["zygote", f"--nproc-per-node={nproc}" if nproc else "python", *target]
         if killer.fired:
             raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
         return subprocess.CompletedProcess(args, rc, out.read_text(errors="replace"), err.read_text(errors="replace"))
