@@ -25,8 +25,9 @@ _zygote: list[Zygote] = []  # the launcher that forks ranks after the imports (t
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The unit tests that read the background-built demo models (`tests/prebuild.py`) go last in the unit tier,
-    in their order, so the builds have the tier's other tests' time to finish."""
+    """The unit tests that read the background-built demo models (`tests/prebuild.py`) go after the distributed
+    tier, in their order, so the builds have the unit tier's other tests and the distributed tier to finish in (at
+    the end of the unit tier they still waited 41 s for them)."""
     if any(not i.nodeid.startswith(("tests/unit/", "tests/gpu/")) for i in items):
         _launcher()  # its imports overlap the tests before the first launch
     reads = [set(prebuild.FIXTURES) & set(getattr(i, "fixturenames", ())) for i in items]
@@ -34,10 +35,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     unit = [n for n, i in enumerate(items) if i.nodeid.startswith("tests/unit/")]
     if not unit:
         return
-    last = unit[-1]
+    unit_set = set(unit)
 
-    def block(n: int) -> int:  # 0: up to the unit tier's end, 1: its tests that read the models, 2: after it
-        return 2 if n > last else 1 if n in unit and reads[n] else 0
+    def block(n: int) -> int:  # 0: the unit tier, 1: the distributed tier, 2: the unit tests that read the models
+        if n in unit_set:
+            return 2 if reads[n] else 0
+        return 1 if items[n].nodeid.startswith("tests/distributed/") else 3
 
     order = sorted(range(len(items)), key=lambda n: (block(n), n))
     items[:] = [items[n] for n in order]

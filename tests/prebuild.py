@@ -2,7 +2,7 @@
 before them run on the rest of the machine: the unit tier's demo judge, reward model and distillation pair (about
 2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier (about 80 s). tests/conftest.py
 starts the process at the session's first test with the builds its collected tests read, and moves the unit tests
-that read them to the end of their tier. Each fixture waits for the process, then calls its builder, which finds
+that read them after the distributed tier. Each fixture waits for the process, then calls its builder, which finds
 the model built and checks its marker (or builds it there, if the background build failed: the fixture prints the
 log's tail). The builds are the fixtures' own: the same functions, directories and markers, so a model is the same
 whichever process built it.
