@@ -49,9 +49,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _prebuild_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Start the background builds of the models the session's tests read (`tests/prebuild.py`); the demo judge,
-    reward model and distillation pair need the demo model, built here first."""
-    demo = request.getfixturevalue("demo") if set(_prebuild_wanted) & set(prebuild.DEMO_FIXTURES) else None
+    reward model and distillation pair need the demo model, which the process builds first (the `demo` fixture
+    waits for it: no test before the distributed tier reads it)."""
+    demo = demo_dirs(tmp_path_factory) if set(_prebuild_wanted) & set(prebuild.DEMO_FIXTURES) else None
     prebuild.start(_prebuild_wanted, demo, math_agent_dir(tmp_path_factory))
+
+
+def demo_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Where the session's demo model and data go (the `demo` fixture): (model dir, data dir)."""
+    root = tmp_path_factory.getbasetemp() / "demo"
+    return root / "model", root / "data"
 
 
 def math_agent_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -268,9 +275,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The demo model (warm-started on the sums) and its data, built once per session: (model dir, data dir)."""
     from torchrl_post.demo.build import build_demo
 
-    root = tmp_path_factory.mktemp("demo")
-    build_demo(root / "model", root / "data")
-    return root / "model", root / "data"
+    model, data = demo_dirs(tmp_path_factory)
+    prebuild.wait_for_demo(model)
+    build_demo(model, data)  # built in the background: found and checked (or built here, if that failed)
+    return model, data
 
 
 @pytest.fixture(scope="session")

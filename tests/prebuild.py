@@ -1,6 +1,8 @@
 """The suite's slowest model builds run in one background process beside the tests, on one thread, while the tests
-before them run on the rest of the machine: the unit tier's demo judge, reward model and distillation pair (about
-2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier (about 80 s). tests/conftest.py
+before them run on the rest of the machine: the demo model (its warm start, about 40 s on 2 quiet cores; it blocked
+the session's first test for 75-123 s beside the lint), then the unit tier's demo judge, reward model and
+distillation pair (about 2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier (about
+80 s). The `demo` fixture waits for the demo model's marker, not for the rest. tests/conftest.py
 starts the process at the session's first test with the builds its collected tests read, and moves the unit tests
 that read them after the distributed tier. Each fixture waits for the process, then calls its builder, which finds
 the model built and checks its marker (or builds it there, if the background build failed: the fixture prints the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +34,7 @@ WAIT_S = 1200
 killed and the fixture builds its model itself, saying so, rather than wait on a build that hangs."""
 
 _process: subprocess.Popen[bytes] | None = None
+_demo_model: list[Path] = []  # the demo model dir the process builds first, when it does
 
 
 def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -> None:
@@ -42,6 +46,7 @@ def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -
     OUTPUTS.mkdir(exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     demo_dirs = [str(p) for p in demo] if demo is not None else ["-", "-"]
+    _demo_model[:] = [demo[0]] if demo is not None else []
     with LOG.open("wb") as log:
         _process = subprocess.Popen(
             [sys.executable, "-m", "tests.prebuild", ",".join(wanted), *demo_dirs, str(math_agent)],
@@ -64,6 +69,20 @@ def wait() -> None:
         print(f"background model builds failed ({why}); building here:", *tail, sep="\n")
 
 
+def wait_for_demo(model_dir: Path) -> None:
+    """Wait until the background process has written the demo model into `model_dir` (its marker), or has ended;
+    at once when the process does not build it."""
+    if _process is None or _demo_model != [model_dir]:
+        return
+    deadline = time.monotonic() + WAIT_S
+    while not (model_dir / "demo_build.json").is_file() and _process.poll() is None:
+        if time.monotonic() > deadline:  # a build that hangs: killed, so that the fixture's own build is alone
+            stop()
+            print(f"the background demo build did not finish in {WAIT_S} s; building here", flush=True)
+            return
+        time.sleep(0.5)
+
+
 def stop() -> None:
     """Kill the background builds if they still run (the session ends early: a failure under -x, an interrupt)."""
     if _process is not None and _process.poll() is None:
@@ -75,6 +94,11 @@ def build(wanted: list[str], demo_dir: Path, data_dir: Path, math_agent: Path) -
     import torch
 
     torch.set_num_threads(1)
+    if set(wanted) & set(DEMO_FIXTURES):
+        from torchrl_post.demo.build import build_demo
+
+        print("building the demo model", flush=True)
+        build_demo(demo_dir, data_dir)
     for name in FIXTURES:
         if name not in wanted:
             continue
