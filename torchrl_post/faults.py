@@ -13,8 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import sys
 import time
+
+from torchrl_post.config.errors import stderr_line
 
 
 def active(point: str, step: int, rank: int) -> bool:
@@ -58,6 +59,6 @@ def maybe_stall(stage: str, step: int, rank: int) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     entries = spec.split(",") if spec else []
     if attempt < len(entries) and entries[attempt] == f"{stage}:{step}:{rank}":
-        print(f"fault: rank {rank} stops (SIGSTOP) entering '{stage}' at step {step}", file=sys.stderr, flush=True)
+        stderr_line(f"fault: rank {rank} stops (SIGSTOP) entering '{stage}' at step {step}")
         time.sleep(0.5)  # a moment into the stage: the liveness thread has published it
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -34,6 +34,7 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from torchrl_post import faults
+from torchrl_post.config.errors import stderr_line
 
 EXIT_SILENT = 3
 """The exit code of a rank that ended because another went silent."""
@@ -185,7 +186,7 @@ class Watchdog:
             self.store.set(f"done/{self.rank}", "1")
         except Exception as e:  # noqa: BLE001  # the store itself unreachable: the collectives' timeout remains
             if not self._stop.is_set():
-                print(f"warning: rank {self.rank}'s liveness watch stopped: {e}", file=sys.stderr, flush=True)
+                stderr_line(f"warning: rank {self.rank}'s liveness watch stopped: {e}")
 
     def late(self) -> list[int]:
         """The watched ranks silent for longer than the deadline (those that said they are done excepted)."""
@@ -203,7 +204,7 @@ class Watchdog:
         gone = {r: _parse_stage(self.store.get(f"stage/{r}").decode()) for r in late}
         waited = time.monotonic() - min(self._seen[r][1] for r in late)
         self.verdict = silence_line(self.rank, self.roles, gone, waited, self.limits.silence_s)
-        print(self.verdict, file=sys.stderr, flush=True)
+        stderr_line(self.verdict)
         self.store.set(f"verdict/{self.rank}", "1")
         self._await_watchers(late)
         self._kill_local(late)
