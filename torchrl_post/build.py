@@ -28,15 +28,14 @@ from torchrl_post.distributed.role_link import RoleLink
 from torchrl_post.distributed.transfer import RolloutTransfer
 from torchrl_post.engines.base import EngineSpec, RolloutEngine
 from torchrl_post.engines.build import Followed, build_engine
-from torchrl_post.engines.lockstep import Lockstep, agreed
+from torchrl_post.engines.lockstep import agreed
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import RankProgram
 from torchrl_post.reward.judge_client import RemoteJudge
 from torchrl_post.reward.judge_local import LocalJudge, judge_engine_args
 from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.reward.server import RewardServer
-from torchrl_post.rollout.groups import EpisodeMembers, Groups, Samples
-from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
 from torchrl_post.rollout.scores import GroupScores, ScoreServer
@@ -211,22 +210,12 @@ def build_rollout_server(run: Run, transfer: RolloutTransfer) -> RolloutServer:
     )
 
 
-def producer(run: Run, source: EngineSource) -> Groups[Any]:
-    """This engine's groups (rollout/groups.py) by the plan's fill policy: of agent episodes when the source runs
-    them, else of single samples. The ranks of a tensor-parallel engine run the same groups: every add and abort
-    checked alike at each step (engines/lockstep.py)."""
-    fill = run.plan.fill
-    members: Any
-    if source.loop is not None:
-        episodes = source.loop.episodes(fill.recompute, mirrored=True)
-        members = EpisodeMembers(source, episodes, source.stepwise)
-    else:
-        stream = InflightStream(Lockstep(source.engine, source.engine_group), recompute=fill.recompute)
-        members = Samples(source, stream, fill.carry)
+def producer(run: Run, source: EngineSource) -> Groups:
+    """This engine's groups (rollout/groups.py) by the plan's fill policy."""
     scores = None
     if run.plan.scores_as_groups_finish:
         scores = GroupScores(score_mailbox(run), source.engine_index, source.engine_leader, source.engine_group)
-    return Groups(source, members, fill, run.total_steps, scores)
+    return Groups(source, run.plan.fill, run.total_steps, scores)
 
 
 def rollout_transfer(run: Run) -> RolloutTransfer:

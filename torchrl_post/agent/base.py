@@ -61,6 +61,8 @@ class Step:
     tool_errors: int = 0
     versions: list[int] = field(default_factory=list)
     """The policy version that generated each response token (several when the turn spans a weight update)."""
+    finish_reason: str | None = None
+    """The engine's: stop or length (None: the turn ran out of time)."""
     routes: torch.Tensor | None = None
     """A mixture-of-experts engine's experts of the turn's whole sequence (context and response, [tokens - 1, L, k]:
     its request reads no cached prefix, so its prefill computed every position); None where not recorded."""

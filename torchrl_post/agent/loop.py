@@ -32,7 +32,7 @@ from torchrl_post.agent.base import Agent, Env, Step, Trajectory
 from torchrl_post.agent.chat import observation_delta, prompt_ids
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.engines.lockstep import Lockstep, agreed
-from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes, Live
+from torchrl_post.rollout.episodes import EPISODE_SEED, Episodes, Live, Request
 from torchrl_post.rollout.inflight import InflightStream
 from torchrl_post.tools import ToolBox
 
@@ -99,6 +99,10 @@ class AgentLoop:
 
     # ---- entry ----------------------------------------------------------------------------------------
     @property
+    def timeout_s(self) -> float:
+        return self.limits.timeout_s
+
+    @property
     def engine_steps(self) -> int:
         """Engine steps taken by this rank's loop."""
         return self._lead_lock.steps + self._mirror_lock.steps
@@ -126,7 +130,7 @@ class AgentLoop:
 
     def _lead(self, tasks: list[tuple[int, dict[str, Any]]], params: SamplingParams) -> list[Trajectory]:
         episodes = self.episodes()
-        starts = [(f"{uid}-{k}", uid, task, k * EPISODE_SEED + uid) for uid, task in tasks for k in range(params.n)]
+        starts = [(f"{uid}-{k}", uid, task, k) for uid, task in tasks for k in range(params.n)]
         done: dict[str, Trajectory] = {}
         try:
             episodes.start(starts, params)
@@ -136,7 +140,8 @@ class AgentLoop:
             episodes.close()
         return [done[rid] for rid, *_ in starts]
 
-    def begin(self, uid: int, task: dict[str, Any], seed_uid: int, params: SamplingParams) -> Live | Trajectory:
+    def begin(self, uid: int, task: dict[str, Any], sample: int, params: SamplingParams) -> Live | Trajectory:
+        """Episode `sample` of a task, reset: live, or ended (its reset failed, its prompt is too long)."""
         traj = Trajectory(uid, task)
         try:
             env = self.make_env()
@@ -150,15 +155,15 @@ class AgentLoop:
         if len(context) + 1 > self.limits.max_model_len:
             traj.termination = "max_prompt_length"
             return traj
-        return Live(traj, env, context, seed_uid, 0.0, params)
+        return Live(traj, env, context, sample * EPISODE_SEED + uid, 0.0, params)
 
-    def request(self, s: Live) -> tuple[list[int], SamplingParams, int]:
+    def request(self, s: Live) -> Request:
         """The next turn's request: its prompt, its parameters (the token budget left) and its seed uid."""
         budget = min(self.limits.max_response_length - s.used, self.limits.max_model_len - len(s.context))
         if self.limits.max_tokens_per_turn:
             budget = min(budget, self.limits.max_tokens_per_turn)
         turn_params = replace(s.params, n=1, max_tokens=max(1, min(s.params.max_tokens, budget)))
-        return list(s.context), turn_params, s.seed_uid + 7919 * s.turn
+        return list(s.context), turn_params, s.seed_uid + 7919 * s.turn, None
 
     # ---- a finished turn ---------------------------------------------------------------------------------
     def answer_async(self, pool: ThreadPoolExecutor | None, env: Env, ids: list[int]) -> Future[_Answer]:

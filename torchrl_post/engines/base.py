@@ -202,15 +202,15 @@ class Stepped(Protocol):
         """Replace the engine's weights with (HF name, full tensor) pairs, consumed in order."""
         ...
 
-
-class RolloutEngine(Stepped, Protocol):
-    """The one engine protocol (engines/vllm.py, engines/hf.py): the stepped calls and the engine's
-    life around them."""
-
     def reset_prefix_cache(self) -> bool:
         """Forget cached prefixes; False where some stay (requests still running), which must then never be read
         by a request of newer weights."""
         ...
+
+
+class RolloutEngine(Stepped, Protocol):
+    """The one engine protocol (engines/vllm.py, engines/hf.py): the stepped calls and the engine's
+    life around them."""
 
     def sleep(self) -> None:
         """Free accelerator memory before the update (no-op where unsupported)."""

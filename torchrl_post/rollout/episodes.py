@@ -1,11 +1,12 @@
-"""Episodes in flight: multi-turn episodes advanced one engine step at a time, each turn a request of
-`rollout/inflight.py`'s stream, so that they can be carried across weight updates (rollout/groups.py) or run to
-their end (agent/loop.py: `AgentLoop.run`). What a turn is (its prompt, the environment's or the tools' answer, when
-an episode ends) is the turn logic's (agent/loop.py's AgentLoop); this module steps them, collects the
-answers that arrived, enforces the wall clock, and stops, suspends or updates what is in flight.
+"""Episodes in flight: episodes advanced one engine step at a time, each turn a request of `rollout/inflight.py`'s
+stream, so that they can be carried across weight updates (rollout/groups.py) or run to their end (agent/loop.py:
+`AgentLoop.run`). What a turn is (its prompt, the answer to a response, when an episode ends) is the turn logic's,
+`Turns`: agent/loop.py's `AgentLoop` (environments and tools, many turns) or `OneTurn` (a plain prompt: one turn,
+scored by the producer at its end). This module steps them, collects the answers that arrived, enforces the wall
+clock, and stops, suspends or updates what is in flight.
 
-    episodes = loop.episodes()
-    episodes.start([(episode_id, uid, task, seed_uid), ...], params)
+    episodes = Episodes(OneTurn(progress=True), stream)      # or loop.episodes(): agent episodes
+    episodes.start([(episode_id, uid, task, sample), ...], params)
     while episodes.running:
         for episode_id, trajectory in episodes.advance():   # the episodes that ended in this engine step
             ...
@@ -14,18 +15,16 @@ answers that arrived, enforces the wall clock, and stops, suspends or updates wh
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from torchrl_post.agent.base import Step, Trajectory
 from torchrl_post.engines.base import SamplingParams
 from torchrl_post.rollout.inflight import InflightStream
-
-if TYPE_CHECKING:
-    from torchrl_post.agent.loop import AgentLoop
 
 EPISODE_SEED = 1_000_003
 """Episode k of a task with uid u starts from seed uid k * EPISODE_SEED + u (turn t adds 7919 t)."""
@@ -46,10 +45,72 @@ class Live:
     used: int = 0  # response tokens so far
 
 
-class Episodes:
-    """Agent episodes in flight over an `InflightStream` (the module docstring says how to drive them)."""
+Request = tuple[list[int], SamplingParams, int, list[Any] | None]
+"""A turn's request: its prompt, its parameters, its seed uid and the prompt's images (or None)."""
 
-    def __init__(self, loop: AgentLoop, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
+
+class Turns(Protocol):
+    """The turn logic `Episodes` drives: agent/loop.py's `AgentLoop`, or `OneTurn`."""
+
+    env_workers: int
+    """Threads for the environments' answers (0: inline)."""
+    turn_batches: bool
+    """Wait for every episode's turn before the next ones go (a per-turn batch, for comparison)."""
+    env_seconds: float
+    """Seconds the environments' answers took so far."""
+
+    @property
+    def timeout_s(self) -> float:
+        """An episode's wall clock (of `advance` calls)."""
+        ...
+
+    def begin(self, uid: int, task: dict[str, Any], sample: int, params: SamplingParams) -> Live | Trajectory:
+        """Episode `sample` of a task: live, or already ended (a Trajectory with its termination)."""
+        ...
+
+    def request(self, s: Live) -> Request: ...
+
+    def answer_async(self, pool: ThreadPoolExecutor | None, env: Any, ids: list[int]) -> Future[Any]:
+        """The answer to a response (on a worker thread where `pool`)."""
+        ...
+
+    def answered(self, s: Live, step: Step, answer: Any) -> str | None:
+        """Record the answer to a turn; why the episode ends, or None when it goes on."""
+        ...
+
+
+class OneTurn:
+    """A plain prompt as an episode of one turn: task["prompt_ids"] (and task["images"]), sample j seeded as vLLM
+    seeds an n-sample request's j-th (the task's uid, `SamplingParams.sample`); it ends with the engine's finish
+    reason and is scored by whoever collects it (rollout/groups.py)."""
+
+    env_workers, turn_batches, env_seconds, timeout_s = 0, False, 0.0, math.inf
+
+    def __init__(self, progress: bool) -> None:
+        """`progress`: the requests report their tokens at each engine step (partial rollouts), else at their end."""
+        self.progress = progress
+
+    def begin(self, uid: int, task: dict[str, Any], sample: int, params: SamplingParams) -> Live:
+        ids = list(task["prompt_ids"])
+        traj = Trajectory(uid, task, prompt=ids)
+        return Live(traj, None, ids, uid, 0.0, replace(params, n=1, sample=sample, progress=self.progress))
+
+    def request(self, s: Live) -> Request:
+        return s.context, s.params, s.seed_uid, s.traj.task.get("images") or None
+
+    def answer_async(self, pool: ThreadPoolExecutor | None, env: Any, ids: list[int]) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_result(None)
+        return fut
+
+    def answered(self, s: Live, step: Step, answer: Any) -> str:
+        return step.finish_reason or "length"
+
+
+class Episodes:
+    """Episodes in flight over an `InflightStream` (the module docstring says how to drive them)."""
+
+    def __init__(self, loop: Turns, stream: InflightStream, agree: Callable[[Any], Any] = lambda v: v) -> None:
         self.loop, self.stream, self.agree = loop, stream, agree
         self.live: dict[str, Live] = {}
         self.queued: list[str] = []
@@ -70,16 +131,18 @@ class Episodes:
         return bool(self.live or self.ended)
 
     def start(self, episodes: list[tuple[str, int, dict[str, Any], int]], params: SamplingParams) -> None:
-        """New episodes (id, uid, task, seed uid), reset now; their first turns go to the engine at the next
-        `advance`. An episode whose reset fails ends at once."""
-        for rid, uid, task, seed_uid in episodes:
-            state = self.loop.begin(uid, task, seed_uid, params)
+        """New episodes (id, uid, task, episode index in its group), reset now; their first turns go to the engine
+        at the next `advance`, except a turn already in the stream (adopted from a checkpoint). An episode whose
+        reset fails ends at once."""
+        for rid, uid, task, sample in episodes:
+            state = self.loop.begin(uid, task, sample, params)
             if isinstance(state, Trajectory):
                 self.ended.append((rid, state))
             else:
                 state.started = self.clock
                 self.live[rid] = state
-                self.queued.append(rid)
+                if rid not in self.stream.live:
+                    self.queued.append(rid)
 
     def advance(self) -> list[tuple[str, Trajectory]]:
         """Send the next turns, one engine step (or a short wait for an answer), then the environments' answers
@@ -94,7 +157,7 @@ class Episodes:
             for sample in self.stream.step():
                 s = self.live[sample.request_id]
                 step = Step(list(s.context), sample.tokens, sample.logprobs, versions=sample.versions)
-                step.routes = sample.routes
+                step.routes, step.finish_reason = sample.routes, sample.finish_reason
                 s.traj.steps.append(step)
                 fut = self.loop.answer_async(self.pool, s.env, sample.tokens)
                 self.pending[fut] = (sample.request_id, step)
@@ -140,7 +203,7 @@ class Episodes:
         """Clear the engine's prefix cache (nothing may be in flight): a run that restarts here from a checkpoint
         starts with an empty one, and blocks computed by earlier weights would serve the restarted turns."""
         assert not self.stream.live, "the engine's requests hold their cached blocks"
-        self.loop.engine.reset_prefix_cache()  # what it cannot free, the weights' salt keeps unread (engines/vllm.py)
+        self.stream.engine.reset_prefix_cache()  # what it cannot free, the weights' salt keeps unread (engines/vllm.py)
 
     def oldest(self, episode_id: str) -> int | None:
         """The oldest policy version among a live episode's tokens so far (None: not live, or none generated yet)."""
@@ -158,8 +221,10 @@ class Episodes:
     def _check_timeouts(self) -> None:
         """Past the wall clock (of `advance` calls): abort the turn (its tokens so far become a last step) or abandon the
         environment call; the trajectory ends with `timeout`."""
+        if math.isinf(self.loop.timeout_s):
+            return
         now = self.clock + time.perf_counter() - self._since
-        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.limits.timeout_s])
+        late = self.agree([rid for rid, s in self.live.items() if now - s.started > self.loop.timeout_s])
         if not late:
             return
         for rid in late:

@@ -43,7 +43,7 @@ class InflightSample:
     """Times the request was re-added after an update (recompute)."""
     images: list[Any] = field(default_factory=list)
     """The prompt's images (PIL; vision-language models), sent again with each re-add. Not in `sample_state`: they
-    are the data set's, and whoever adopts the state attaches them again (rollout/groups.py: Samples.load)."""
+    are the data set's, and whoever adopts the state attaches them again (rollout/groups.py: `Groups`)."""
     routes: torch.Tensor | None = None
     """Once finished, where the engine records them: the experts of each position, [prompt + tokens - 1, layers,
     k], from its last add (see the module docstring)."""
@@ -71,11 +71,6 @@ class InflightStream:
         self.engine_steps = 0
         self.suspended = False
         """The live requests are out of the engine (`suspend`) until `resume`."""
-
-    @property
-    def running(self) -> bool:
-        """Requests are in flight (rollout/groups.py: `Runner`)."""
-        return bool(self.live)
 
     def add(
         self,
@@ -111,10 +106,6 @@ class InflightStream:
                 s.finish_reason, s.routes = out.finish_reason, out.routes
                 finished.append(self.live.pop(rid))
         return finished
-
-    def advance(self) -> list[tuple[str, InflightSample]]:
-        """`step`, the finished requests by id (rollout/groups.py: `Runner`)."""
-        return [(s.request_id, s) for s in self.step()]
 
     def oldest(self, request_id: str) -> int | None:
         """The version of a request's first token (None: not in flight, or no token yet)."""

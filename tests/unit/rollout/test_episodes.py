@@ -1,4 +1,4 @@
-"""Tests of torchrl_post/rollout/episodes.py and rollout/groups.py's EpisodeMembers (the turn logic of
+"""Tests of torchrl_post/rollout/episodes.py and rollout/groups.py's groups of agent episodes (the turn logic of
 agent/loop.py): groups of multi-turn agent episodes streamed over a stepped stand-in engine. Each prompt's episodes last a scripted number of turns of a
 scripted number of tokens; each token's logprob names the weights that produced it. The streamed training run is
 tests/e2e/test_streaming.py."""
@@ -23,7 +23,7 @@ from torchrl_post.engines.base import SamplingParams
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.samples import SampleScoring
 from torchrl_post.rollout.episodes import Episodes
-from torchrl_post.rollout.groups import EpisodeMembers, Groups
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.source import EngineSource
 
 # Each prompt's episodes: (turns, tokens per turn). q3 runs 3 turns of 2 tokens: it spans weight updates.
@@ -87,7 +87,7 @@ def _loop(engine: EpisodeEngine) -> AgentLoop:
 
 def _groups(
     in_flight: int = 4, max_staleness: int | None = None, recompute: bool = False
-) -> tuple[Groups[Any], EpisodeEngine]:
+) -> tuple[Groups, EpisodeEngine]:
     engine = EpisodeEngine()
     settings = replace(_settings(prompts=2), max_response_length=16)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
@@ -96,15 +96,11 @@ def _groups(
         settings, engine, TOK, TRAIN, SampleScoring(None, TOK), sampler, Timer(), engine_index=0, n_engines=1,
         engine_leader=True, episodes=loop,
     )  # type: ignore[arg-type]  # fmt: skip
-    episodes = loop.episodes(recompute)
-    members = EpisodeMembers(source, episodes, stepwise=False)
-    return Groups(source, members, partial(in_flight, max_staleness, recompute)), engine
+    return Groups(source, partial(in_flight, max_staleness, recompute)), engine
 
 
-def _episodes(groups: Groups[Any]) -> Episodes:
-    members = groups.members
-    assert isinstance(members, EpisodeMembers)
-    return members.episodes
+def _episodes(groups: Groups) -> Episodes:
+    return groups.episodes
 
 
 def _name(batch: Any) -> str:

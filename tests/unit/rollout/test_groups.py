@@ -26,7 +26,8 @@ from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 from torchrl_post.reward.samples import SampleScoring
-from torchrl_post.rollout.groups import Groups, Samples
+from torchrl_post.rollout.episodes import OneTurn
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.scores import GroupScores, ScoreServer
 from torchrl_post.rollout.source import EngineSource
@@ -115,7 +116,7 @@ def _groups(
     rejection: RejectionSampleConfig | None = None,
     record_routes: bool = False,
     data: PromptDataset = TRAIN,
-) -> tuple[Groups[InflightSample], SteppedEngine]:
+) -> tuple[Groups, SteppedEngine]:
     engine = SteppedEngine(record_routes)
     settings = replace(_settings(prompts=2, rejection=rejection), max_response_length=8)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
@@ -131,14 +132,11 @@ def _groups(
         n_engines=1,
         engine_leader=True,
     )  # type: ignore[arg-type]
-    stream = InflightStream(engine, recompute=recompute)  # type: ignore[arg-type]
-    return Groups(source, Samples(source, stream, carry=True), partial(in_flight, max_staleness, recompute)), engine
+    return Groups(source, partial(in_flight, max_staleness, recompute)), engine
 
 
-def _stream(groups: Groups[InflightSample]) -> InflightStream:
-    members = groups.members
-    assert isinstance(members, Samples)
-    return members.stream
+def _stream(groups: Groups) -> InflightStream:
+    return groups.stream
 
 
 def partial(in_flight: int, max_staleness: int | None = None, recompute: bool = False) -> Fill:
@@ -151,7 +149,7 @@ def _texts(batch: Any) -> list[str]:
 
 
 def _run(
-    groups: Groups[Any], steps: range, lag: int = 1, name: Callable[[Any], Any] = _texts
+    groups: Groups, steps: range, lag: int = 1, name: Callable[[Any], Any] = _texts
 ) -> list[tuple[Any, list[int], list[list[float]]]]:
     """What a rollout rank does per step (rollout/remote.py: RolloutServer): take, fill ahead, update; each taken
     group as (`name` of its batch, group ids, rollout logprobs)."""
@@ -397,12 +395,12 @@ def test_routes_survive_a_checkpoint_and_a_resume() -> None:
     assert back.routes is not None and torch.equal(back.routes, routes) and back == replace(sample, routes=back.routes)
 
 
-def _whole_batches(groups: Groups[InflightSample]) -> Groups[InflightSample]:
+def _whole_batches(groups: Groups) -> Groups:
     """`groups` as rollout.partial_rollout=false builds them: whole batches of the engine's share (2 prompts)."""
     groups.policy = Fill(False, 0, 2, 2, False, None, on_arrival=False)
-    members = groups.members
-    assert isinstance(members, Samples)
-    members.carry = False
+    turns = groups.episodes.loop
+    assert isinstance(turns, OneTurn)
+    turns.progress = False
     return groups
 
 

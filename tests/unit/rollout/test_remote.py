@@ -26,8 +26,7 @@ from torchrl_post.distributed.transfer import (
 from torchrl_post.engines.batch import collate
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.samples import SampleScoring
-from torchrl_post.rollout.groups import Groups, Samples
-from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.remote import RemoteRollouts, RolloutServer
 from torchrl_post.rollout.source import EngineSource
 from torchrl_post.types import Batch, Generation, PromptBatch
@@ -92,7 +91,7 @@ def _number(items: Items) -> int:
 
 def _server(
     lag: int, total: int, log: list[tuple[Any, ...]], leader: bool = True
-) -> tuple[RolloutServer, Groups[Any], _Transfer]:
+) -> tuple[RolloutServer, Groups, _Transfer]:
     """The rollout rank's program over whole batches made up to `lag` steps ahead (rollout/groups.py)."""
     engine, transfer = _Engine(log), _Transfer(log)
     sampler = ShardedBatchSampler(len(TRAIN), 2, 0, 1, seed=0, shuffle=False)
@@ -100,7 +99,7 @@ def _server(
         _settings(), engine, TOK, TRAIN, SampleScoring(lambda _: reward, TOK), sampler, Timer(), engine_index=0, n_engines=1,
         engine_leader=leader,
     )  # type: ignore[arg-type]  # fmt: skip
-    groups = Groups(source, Samples(source, InflightStream(engine), carry=False), whole_batches(lag), total)
+    groups = Groups(source, whole_batches(lag), total)
     server = RolloutServer(source, groups, cast(Any, _Sync(log)), cast(Any, transfer), rank=RANK, lag=lag)
     return server, groups, transfer
 

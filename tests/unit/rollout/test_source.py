@@ -24,8 +24,7 @@ from torchrl_post.demo.tokenizer import build_char_tokenizer
 from torchrl_post.engines.base import SamplingParams, StepOutput
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.samples import SampleScoring
-from torchrl_post.rollout.groups import Groups, Samples
-from torchrl_post.rollout.inflight import InflightStream
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.local import LocalRollouts
 from torchrl_post.rollout.source import EngineSource, SourceSettings
 from torchrl_post.rollout.taken import Fill
@@ -164,7 +163,7 @@ def _source(
         n_engines=n_engines,
         engine_leader=True,
     )
-    groups = Groups(source, Samples(source, InflightStream(engine), carry=False), whole_batches())
+    groups = Groups(source, whole_batches())
     return LocalRollouts(source, groups, streaming=False), engine
 
 
