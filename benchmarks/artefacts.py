@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DATA, MODELS
-from torchrl_post.demo.qwen import build_tiny_qwen_model, marker_matches, write_marker
+from torchrl_post.demo.qwen import _staging, build_tiny_qwen_model, marker_matches, write_marker
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -61,10 +59,7 @@ def smollm2_dir(out: Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     if not model.config.tie_word_embeddings:
         raise RuntimeError("SmolLM2's GGUF config no longer ties the embeddings; lm_head.weight must be saved")
-    stage = out.with_name(f".{out.name}.stage-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    try:
+    with _staging(out) as stage:  # the files move into `out` once all are written
         tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
         config = model.config
@@ -76,11 +71,6 @@ def smollm2_dir(out: Path | None = None) -> Path:
         model.generation_config.save_pretrained(stage)
         tok.model_max_length = config.max_position_embeddings
         tok.save_pretrained(stage)  # keeps the GGUF's ChatML chat template; eos and pad are <|im_end|>
-        out.mkdir(parents=True, exist_ok=True)
-        for path in stage.iterdir():
-            os.replace(path, out / path.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     write_marker(out, MODEL_MARKER, info)
     print(f"    done in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
@@ -140,12 +130,10 @@ def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) 
     rows = gsm8k_rows()
     if n_train + n_test > len(rows):
         raise ValueError(f"n_train + n_test = {n_train + n_test} exceeds GSM8K's {len(rows)} rows")
-    out.mkdir(parents=True, exist_ok=True)
     (out / DATA_MARKER).unlink(missing_ok=True)
-    for name, part in (("train.jsonl", rows[:n_train]), ("test.jsonl", rows[n_train : n_train + n_test])):
-        tmp = out / f".{name}.tmp-{os.getpid()}"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-        os.replace(tmp, out / name)
+    with _staging(out) as stage:
+        for name, part in (("train.jsonl", rows[:n_train]), ("test.jsonl", rows[n_train : n_train + n_test])):
+            (stage / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
     write_marker(out, DATA_MARKER, info)
     return out
 
