@@ -54,7 +54,7 @@ def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
         module, t0 = load(name), time.perf_counter()
         print(f"[{i}/{len(names)}] {name} (load average {common.load_1m():.1f}) ...", flush=True)
         try:
-            rec = module.run(args)
+            rec = module.run(common.options(args, getattr(module, "OPTIONS", {})))
             path = common.write_report(args.results, module.NAME, rec, module.markdown, module.plot)
         except (Exception, SystemExit) as e:  # one benchmark's failure must not cost the others
             failed.append(name)

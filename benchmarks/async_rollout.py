@@ -156,7 +156,6 @@ def run_one(name: str, repeat: int, args: argparse.Namespace, model: Path, data:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     if args.tiny:
         args.prompts, args.n = 4, 2
     args.steps = args.steps or (2 if args.tiny else 12 if args.quick else 20)

@@ -1,10 +1,11 @@
 """What every benchmark shares: the machine, where results go and how they are named, torchrun, timing, plots.
 
 A benchmark module `benchmarks/<name>.py` exposes `NAME`, `run(args) -> dict` (args.quick: the 5-minute subset;
-args.tiny: the smallest sizes that still exercise every path, for tests), `markdown(rec) -> str` and
-`plot(path, rec)`; `write_report` writes `<results>/<name>_<machine>_<date>.{json,md,png}` and `--report-only`
-rebuilds .md and .png from every JSON. Records are plain JSON with `machine` and `date` added here; headline numbers
-are ratios against a reference measured in the same run (absolute times on a shared 2-core machine are noise).
+args.tiny: the smallest sizes that still exercise every path, for tests; its own `OPTIONS`, if any, with their
+defaults), `markdown(rec) -> str` and `plot(path, rec)`; `write_report` writes
+`<results>/<name>_<machine>_<date>.{json,md,png}` and `--report-only` rebuilds .md and .png from every JSON.
+Records are plain JSON with `machine` and `date` added here; headline numbers are ratios against a reference
+measured in the same run (absolute times on a shared 2-core machine are noise).
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def parser(description: str | None, own: Options | None = None) -> argparse.Argu
 
 
 def options(args: argparse.Namespace, own: Options) -> argparse.Namespace:
-    """A module's own options (their defaults) overlaid with the runner's `args` (quick, tiny, results)."""
+    """A module's own options (their defaults) overlaid with the runner's `args` (quick, tiny, results): its `run`'s."""
     return argparse.Namespace(**{**vars(parser(None, own).parse_args([])), **vars(args)})
 
 
@@ -244,9 +245,9 @@ def built(out: Path) -> bool:
     return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
 
 
-def model_dir(size: ModelSize, out: Path | None = None, **extra: Any) -> Path:
+def model_dir(size: ModelSize, **extra: Any) -> Path:
     """The model's directory under MODELS, built once (seeded)."""
-    out = out or MODELS / size.name
+    out = MODELS / size.name
     if not built(out):
         from torchrl_post.demo.build import build_tiny_model
 

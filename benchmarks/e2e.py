@@ -210,7 +210,6 @@ def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)

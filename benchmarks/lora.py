@@ -52,7 +52,6 @@ def train(name: str, path: Path, steps: int, mode: str) -> tuple[dict[str, Any],
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     models = [("demo", demo_model(), args.steps or (3 if args.tiny else 6 if args.quick else 20))]
     if not (args.quick or args.tiny):
         models.append(("qwen2-25m", model_dir(BIG), args.big_steps or 10))

@@ -105,7 +105,6 @@ def max_grad_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    args = common.options(args, OPTIONS)
     sizes, dtypes = (SIZES[:1], ("float32",)) if args.tiny else (SIZES, ("float32", "bfloat16"))
     batch, seq, warmup, repeats = (2, 32, 1, 2) if args.tiny else (args.batch, args.seq, args.warmup, args.repeats)
     torch.set_num_threads(args.threads)

@@ -78,7 +78,7 @@ def train(mode: str, model: Path, steps: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from torchrl_post.demo.moe import build_moe
 
-    steps = common.options(args, OPTIONS).steps or (2 if args.tiny else 6 if args.quick else 12)
+    steps = args.steps or (2 if args.tiny else 6 if args.quick else 12)
     build_moe(MOE_MODEL, DEMO_MODEL, DEMO_DATA)  # the dense demo model and data first (`make moe-model`)
     ties = near_ties(MOE_MODEL)
     models = {"dense": DEMO_MODEL, "ties": ties, "ties_replay": ties}

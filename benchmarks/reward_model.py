@@ -161,7 +161,6 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from torchrl_post.config.schema import RewardModelConfig
 
-    args = common.options(args, OPTIONS)
     steps = args.steps or (3 if args.tiny else 6 if args.quick else 12)
     names = list(RM_SIZES)[:1] if args.tiny else list(RM_SIZES)
     engine = "hf" if args.tiny else "vllm"

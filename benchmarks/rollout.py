@@ -45,7 +45,6 @@ OPTIONS: common.Options = {
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     models, batches, lengths, repeats, prompt_len = SETTINGS[mode]
     repeats = args.repeats or repeats

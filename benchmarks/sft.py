@@ -138,7 +138,6 @@ def row(system: str, ranks: int, threads: int, s: Setting, side: dict[str, Any])
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     s = replace(SETTINGS[mode], steps=args.steps) if args.steps else SETTINGS[mode]
     if s.steps <= WARMUP:

@@ -53,7 +53,6 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     args.repeats = args.repeats or (1 if args.tiny else 3)
     runs = plan_runs(args)
     records: list[dict[str, Any]] = []

@@ -62,7 +62,6 @@ OPTIONS: common.Options = {
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    args = common.options(args, OPTIONS)
     mode = common.mode(args)
     s = SETTINGS[mode]
     repeats = args.repeats or s.repeats
