@@ -59,7 +59,7 @@ def _prompts(source: EngineSource, group: PendingGroup) -> PromptBatch:
 
 class Groups:
     """One engine's groups as the rollout ranks' program (rollout/remote.py: RolloutServer) and a colocated actor
-    (rollout/local.py: LocalRollouts) drive them; the `Producer` of rollout/taken.py."""
+    (rollout/local.py: LocalRollouts) drive them."""
 
     def __init__(
         self, source: EngineSource, fill: Fill, total_steps: int = 1 << 62, scores: GroupScores | None = None

@@ -17,15 +17,16 @@ import torch.distributed as dist
 
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.distributed.transfer import group_rows
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.taken import Producer, gather_rows, rollout_metrics
+from torchrl_post.rollout.taken import gather_rows, rollout_metrics
 from torchrl_post.types import Batch
 
 
 class LocalRollouts:
     """The actor side's `RolloutSource` (rollout/source.py) when its ranks hold the engines."""
 
-    def __init__(self, source: EngineSource, producer: Producer, streaming: bool) -> None:
+    def __init__(self, source: EngineSource, producer: Groups, streaming: bool) -> None:
         """`streaming`: groups carried across updates (rollout.partial_rollout), whose metrics the step reports."""
         self.source, self.producer, self.streaming = source, producer, streaming
         group = source.engine_group

@@ -21,8 +21,9 @@ from torchrl_post.distributed import liveness
 from torchrl_post.distributed.transfer import ROW_WAIT_MS, RolloutTransfer, group_rows
 from torchrl_post.logging.timing import Timer
 from torchrl_post.program import no_validation
+from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.source import EngineSource
-from torchrl_post.rollout.taken import Producer, rollout_metrics
+from torchrl_post.rollout.taken import rollout_metrics
 from torchrl_post.sync.weights import BroadcastSync
 from torchrl_post.types import Batch
 
@@ -67,7 +68,7 @@ class RolloutServer:
     def __init__(
         self,
         source: EngineSource,
-        producer: Producer,
+        producer: Groups,
         sync: BroadcastSync,
         transfer: RolloutTransfer,
         *,

@@ -1,6 +1,6 @@
 """What a rollout producer hands a step, wherever it runs: whole scored groups and the counts its metrics need.
 
-    producer.take(step) -> TakenGroups       # rollout/groups.py: whole batches or partial rollouts
+    groups.take(step) -> TakenGroups         # rollout/groups.py: whole batches or partial rollouts
     taken.parts()                            # group id -> (its rows, trimmed; the group it came from)
     taken.rows(owner)                        # one GroupRow per group: what the transfer plans with
     rollout_metrics(table, step, ...)        # the step's rollout/* metrics from every engine's rows
@@ -11,9 +11,8 @@ A colocated actor keeps its groups (rollout/local.py); rollout ranks hand them t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -136,39 +135,6 @@ class Fill:
             f"rollouts: partial, {self.prompts_in_flight} prompts in flight ({self.per_engine} per engine){ahead}; "
             f"weights taken {when}; at an update the requests in flight {kv}; staleness: {bound}"
         )
-
-
-class Producer(Protocol):
-    """An engine's rollouts as a step takes them (rollout/groups.py), by the run plan's fill policy: how far
-    ahead, what survives an update."""
-
-    def take(self, step: int) -> TakenGroups:
-        """This engine's share of step `step`, scored (and filtered)."""
-        ...
-
-    def fill(self, batches: int, next_step: int) -> None:
-        """Generate ahead while the actor trains (rollout ranks): up to `batches` steps, the next at `next_step`."""
-        ...
-
-    def generate_until(self, arrived: Callable[[], bool], next_step: int) -> int:
-        """rollout.update_on_arrival: generate until `arrived()`; returns the engine steps taken."""
-        ...
-
-    def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """New weights for the engine (rollout ranks); what is in flight goes on under `version`."""
-        ...
-
-    def at_version(self, version: int) -> None:
-        """The engine's weights were replaced outside the producer (a colocated sync)."""
-        ...
-
-    def suspend(self) -> None:
-        """Take the requests out of the engine (it sleeps, or validates)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def gather_rows(rows: list[GroupRow]) -> list[GroupRow]:

@@ -22,11 +22,11 @@ from torchrl_post.config.schema import RejectionSampleConfig
 from torchrl_post.data.dataset import PromptDataset
 from torchrl_post.data.sampler import ShardedBatchSampler
 from torchrl_post.distributed.mailbox import Mailbox
-from torchrl_post.engines.base import SamplingParams, StepOutput
+from torchrl_post.engines.base import SamplingParams, StepOutput, generate
 from torchrl_post.logging.timing import Timer
 from torchrl_post.reward.judge_client import JudgeScores, collect_scores
 from torchrl_post.reward.samples import SampleScoring
-from torchrl_post.rollout.episodes import OneTurn
+from torchrl_post.rollout.episodes import Episodes, OneTurn
 from torchrl_post.rollout.groups import Groups
 from torchrl_post.rollout.inflight import InflightSample, InflightStream, sample_from_state, sample_state
 from torchrl_post.rollout.scores import GroupScores, ScoreServer
@@ -454,3 +454,62 @@ def test_rejection_sampling_reads_a_reward_model_that_scores_groups_as_they_fini
     assert all(d.batch.rm_scores is not None and len(d.batch.rm_scores) == N for d in taken.groups)
     if not dropped:
         assert all(float(d.batch.rm_scores.std()) > 0 for d in taken.groups)
+
+
+class SeedsEngine(SteppedEngine):
+    """The stand-in engine, recording each add's seed (`SamplingParams.prompt_seed`); a request without `progress`
+    reports its tokens once, at its end (as the real engines do)."""
+
+    def __init__(self) -> None:
+        super().__init__(record_routes=True)
+        self.seeds: list[int] = []
+        self.held: dict[str, StepOutput] = {}  # requests reported at their end: what they gave so far
+
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, uid: int, images: Any = None
+    ) -> None:
+        self.seeds.append(params.prompt_seed(uid))
+        if not params.progress:
+            self.held[request_id] = StepOutput(request_id, [], [])
+        super().add_request(request_id, prompt_ids, params, uid, images)
+
+    def step(self) -> list[StepOutput]:
+        out = []
+        for o in super().step():
+            held = self.held.get(o.request_id)
+            if held is None:
+                out.append(o)
+                continue
+            held.token_ids += o.token_ids
+            held.logprobs += o.logprobs
+            if o.finish_reason is not None:
+                held.finish_reason, held.routes = o.finish_reason, o.routes
+                out.append(self.held.pop(o.request_id))
+        return out
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_a_plain_prompt_is_a_one_turn_episode_with_generate_s_requests_and_samples(progress: bool) -> None:
+    """The producer's plain members are episodes of one turn (rollout/episodes.py: OneTurn): run to their end they
+    add the requests `generate` adds (order and seeds: sample j as vLLM seeds an n-sample request's j-th) and give
+    its samples, tokens, logprobs, finish reasons and experts, one turn each."""
+    prompts, uids = [TOK.encode("q3"), TOK.encode("q1"), TOK.encode("q5")], [10, 2, 30]
+    params = SamplingParams(n=3, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=5, seed=11)
+    batch_engine, episode_engine = SeedsEngine(), SeedsEngine()
+    gen = generate(batch_engine, prompts, uids, params)
+    episodes = Episodes(OneTurn(progress), InflightStream(episode_engine))
+    starts = [(f"{u}.{j}", u, {"prompt_ids": p}, j) for p, u in zip(prompts, uids, strict=True) for j in range(3)]
+    episodes.start(starts, params)
+    done: dict[str, Any] = {}
+    while episodes.running:
+        done.update(episodes.advance())
+    trajectories = [done[rid] for rid, *_ in starts]
+    assert episode_engine.seeds == batch_engine.seeds and len(set(batch_engine.seeds)) == 9
+    assert all(len(t.steps) == 1 for t in trajectories)
+    turns = [t.steps[0] for t in trajectories]
+    assert [s.response_ids for s in turns] == gen.response_ids
+    assert [s.logprobs for s in turns] == gen.logprobs
+    assert [t.termination for t in trajectories] == gen.finish_reasons
+    assert [len(ids) for ids in gen.response_ids] == [5] * 3 + [2] * 3 + [3] * 3  # q3 cut at max_tokens
+    assert gen.routed_experts is not None
+    assert all(torch.equal(s.routes, r) for s, r in zip(turns, gen.routed_experts, strict=True))  # type: ignore[arg-type]
