@@ -218,7 +218,7 @@ def _mixture_of_experts(cfg: Config) -> None:
 
 
 def _partial_rollout(cfg: Config) -> None:
-    """rollout.partial_rollout's keys, and what the streamed rollout does not serve yet (one line each)."""
+    """rollout.partial_rollout's keys and the staleness bound (one line each)."""
     r, t = cfg.rollout, cfg.trainer
     if t.max_staleness is not None:
         _positive("trainer.max_staleness", t.max_staleness, allow_zero=True)

@@ -107,11 +107,6 @@ class InflightStream:
                 finished.append(self.live.pop(rid))
         return finished
 
-    def oldest(self, request_id: str) -> int | None:
-        """The version of a request's first token (None: not in flight, or no token yet)."""
-        s = self.live.get(request_id)
-        return s.versions[0] if s is not None and s.versions else None
-
     def update(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights at this engine-step boundary; the running requests continue under `version`."""
         if self.recompute:
