@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _prebuild_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+def _prebuild_models(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Start the background builds of the models the session's tests read (`tests/prebuild.py`); the demo judge,
     reward model and distillation pair need the demo model, which the process builds first (the `demo` fixture
     waits for it: no test before the distributed tier reads it)."""
