@@ -13,7 +13,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from torchrl_post.config.schema import Config
 from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
 from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
 from torchrl_post.plan import engine_spec
+from torchrl_post.rollout.episodes import Episodes, OneTurn
 from torchrl_post.rollout.inflight import InflightStream
 
 NAME = "rollout"
@@ -129,15 +129,17 @@ def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens:
 
 
 def stream_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
-    """The same samples as a stream's requests (rollout/inflight.py): what partial rollouts and agents drive."""
+    """The same samples as the producer's requests: one-turn episodes (rollout/episodes.py: OneTurn) whose tokens
+    are reported as they come, as partial rollouts run them."""
     one = params(1, max_tokens)
 
     def call() -> int:
-        stream = InflightStream(engine)
-        for i, p in enumerate(prompts):
-            for j in range(n):
-                stream.add(f"{i}.{j}", p, replace(one, sample=j), uid=i)
-        return sum(len(s.tokens) for s in stream.run())
+        episodes = Episodes(OneTurn(progress=True), InflightStream(engine))
+        episodes.start([(f"{i}.{j}", i, {"prompt_ids": p}, j) for i, p in enumerate(prompts) for j in range(n)], one)
+        done = []
+        while episodes.running:
+            done += episodes.advance()
+        return sum(len(t.steps[0].response_ids) for _, t in done)
 
     return call
 
@@ -184,8 +186,9 @@ def worker(argv: list[str]) -> None:
     Both engines as the trainer builds them, the same random prompts, temperature 1, every sample forced to the asked
     length (vLLM `ignore_eos` via a subclass, no stop token for transformers; tokens/s from the counted tokens). Per
     batch one new token is timed too (prefill and fixed cost: decode = t(L) - t(1) over L - 1 steps), and one prompt of
-    one token is the fixed cost per call. vLLM's own `LLM.generate` and a stream of the same requests run beside the
-    stepped driver. Warm-up once per shape; the calls take turns; best of R repeats (the median beside it).
+    one token is the fixed cost per call. vLLM's own `LLM.generate` and the producer's one-turn episodes of the same
+    requests run beside the stepped driver. Warm-up once per shape; the calls take turns; best of R repeats (the
+    median beside it).
     """
     args = common.worker_args(
         worker.__doc__, argv, model=Path, prompt_len=16, batches="1x1,4x4", lengths="32,128", repeats=3, kv_cache_gb=1

@@ -161,6 +161,9 @@ class VLLMEngine:
             detokenize=False,
             output_kind=self._vllm.sampling_params.RequestOutputKind["DELTA" if params.progress else "FINAL_ONLY"],
             logit_bias=dict.fromkeys(self.vision.never_generated, NEVER_GENERATED_BIAS) if self.vision else None,
+            # Each request gets parameters of its own, so vLLM's copy of them at add_request may be shallow: its deep
+            # copy cost 10 ms per 64 single-sample requests on CPU, 7% of the demo's generation.
+            skip_clone=True,
         )
 
     def _prompt(self, prompt_ids: list[int], images: list[Any] | None) -> dict[str, Any]:
