@@ -211,9 +211,12 @@ def test_max_staleness_drops_groups_too_old_and_stops_generating_them() -> None:
 
 def _earlier_layout(state: dict[str, Any]) -> dict[str, Any]:
     """The state as checkpoints before 2026-11-30 wrote it: version and groups generating (each with its finished
-    samples) in the members' part."""
+    samples, as whole request states) in the members' part."""
     members = state["members"]
-    pending = [g | {"done": members["done"].get(g["key"], {})} for g in state["pending"]]
+    params = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 8, "seed": 0}
+    request = {"request_id": "", "prompt_ids": [], "uid": 0, "params": params, "restarts": 0}
+    done = {key: {j: request | d for j, d in ds.items()} for key, ds in members["done"].items()}
+    pending = [g | {"done": done.get(g["key"], {})} for g in state["pending"]]
     rest = {k: v for k, v in state.items() if k not in ("version", "pending", "members")}
     return rest | {"members": {"version": state["version"], "pending": pending, "live": members["live"]}}
 
