@@ -325,11 +325,11 @@ class Groups:
     def _start(self, key: str, group: PendingGroup) -> None:
         """The group's members from their beginning, seeded by its position and their index in it (a turn
         adopted from a checkpoint goes on instead)."""
-        prompts = _prompts(self.source, group)
         if self.agent is not None:
-            ((uid, task),) = episode_tasks(prompts)
-        else:
-            uid, task = group.position, {"prompt_ids": prompts.prompt_ids[0], "images": self._images(group.index)}
+            ((uid, task),) = episode_tasks(_prompts(self.source, group))
+        else:  # the prompt's ids as the data set holds them (no batch built, no image processed)
+            uid, task = group.position, {"prompt_ids": self.source.data.prompt_ids[group.index]}
+            task["images"] = self._images(group.index)
         starts = [(f"{key}.{j}", uid, task, j) for j in range(self.n) if j not in group.done]
         self.episodes.start(starts, self.source.sampling(group.draw, validation=False))
 
