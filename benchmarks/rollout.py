@@ -32,7 +32,7 @@ from torchrl_post.rollout.inflight import InflightStream
 NAME = "rollout"
 SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
     "full": (("qwen2-10m", "qwen2-40m"), "1x1,4x4,16x4,32x8", "32,128,224", 3, 16),
-    "quick": (("qwen2-10m",), "1x1,4x2,8x4", "16,64", 2, 16),
+    "quick": (("qwen2-10m",), "1x1,4x2,8x8", "8,128", 15, 16),  # 8x8: the demo's per-engine batch
     "tiny": (("qwen2-1m",), "1x1,2x2", "4,8", 1, 8),
 }
 ENGINES = ("vllm", "hf")
@@ -94,7 +94,8 @@ def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
 
 
 def timed_turns(calls: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
-    """Each call's best seconds of `repeats` (as timeit: the least disturbed), median seconds and tokens."""
+    """Each call's best seconds of `repeats` (as timeit: the least disturbed), median seconds, tokens and tokens/s
+    per round (the calls of a round ran back to back, under the same load)."""
     out = {}
     for k, turns in common.take_turns(calls, repeats).items():
         times = [t[0] for t in turns]
@@ -102,8 +103,14 @@ def timed_turns(calls: dict[str, Callable[[], int]], repeats: int) -> dict[str, 
             "s": min(times),
             "median_s": statistics.median(times),
             "tokens": statistics.median(t[2] for t in turns),
+            "rounds": [t[2] / t[0] for t in turns],
         }
     return out
+
+
+def paired(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """a's tokens/s over b's: the median of the rounds' ratios, robust to a load that changes between rounds."""
+    return statistics.median(x / y for x, y in zip(a["rounds"], b["rounds"], strict=True))
 
 
 def params(n: int, max_tokens: int) -> SamplingParams:
@@ -172,9 +179,9 @@ def measure(args: Any, engines: dict[str, RolloutEngine], vocab: int) -> dict[st
                 }  # fmt: skip
             row["ratio"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
             row["llm_generate_tokens_per_s"] = full["llm_generate"]["tokens"] / full["llm_generate"]["s"]
-            row["stepped_vs_llm_generate"] = row["vllm_tokens_per_s"] / row["llm_generate_tokens_per_s"]
+            row["stepped_vs_llm_generate"] = paired(full["vllm"], full["llm_generate"])
             row["stream_tokens_per_s"] = full["stream"]["tokens"] / full["stream"]["s"]
-            row["stream_vs_llm_generate"] = row["stream_tokens_per_s"] / row["llm_generate_tokens_per_s"]
+            row["stream_vs_llm_generate"] = paired(full["stream"], full["llm_generate"])
             rows.append(row)
             print(f"  {prompts_count}x{n} len {length}: ratio {row['ratio']:.2f}", flush=True)
     return {"fixed_call_s": {e: fixed[e]["s"] for e in ENGINES}, "rows": rows}
@@ -188,7 +195,7 @@ def worker(argv: list[str]) -> None:
     batch one new token is timed too (prefill and fixed cost: decode = t(L) - t(1) over L - 1 steps), and one prompt of
     one token is the fixed cost per call. vLLM's own `LLM.generate` and the producer's one-turn episodes of the same
     requests run beside the stepped driver. Warm-up once per shape; the calls take turns; best of R repeats (the
-    median beside it).
+    median beside it); the ratios to `LLM.generate` are medians of each round's ratio.
     """
     args = common.worker_args(
         worker.__doc__, argv, model=Path, prompt_len=16, batches="1x1,4x4", lengths="32,128", repeats=3, kv_cache_gb=1
@@ -271,7 +278,8 @@ def markdown(rec: dict[str, Any]) -> str:
         "# Rollout benchmark: vLLM against transformers generate",
         f"{common.versions(rec)}; 1-minute load average {rec['loadavg_1m']:.1f} at the end. Both engines in one "
         f"process, temperature 1, every sample forced to `length` tokens, {rec.get('threads', 1)} CPU thread(s) "
-        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `first token s`: a "
+        f"each; best of {rec['repeats']} repeats, taking turns. `ratio` = vLLM / hf tokens/s; `... / LLM.generate`: "
+        "the median of the rounds' ratios (records before 2026-11-30: of the best rounds); `first token s`: a "
         "call of one new token; `decode ms/step` = (t(length) - t(1)) / (length - 1); `decode share`: the call's "
         "time after the first token.",
     ]
