@@ -61,9 +61,10 @@ class VLLMEngine:
             log.info("rollout.free_cache_engine: vLLM has no sleep mode on %s; the engine stays resident", device.type)
         self.asleep = False
         self._lengths: dict[str, int] = {}
-        # The last add's (key, prompt ids, processed request, images): its images are held so that their id stays theirs.
-        self._last: tuple[Any, list[int], Any, Any] | None = None
         """Tokens each request in flight has generated so far (its steps report the new ones)."""
+        self._last: tuple[Any, list[int], Any, Any] | None = None
+        """The last processed input: (its sampling key, prompt ids, images, processed request), which the next
+        samples of the same prompt copy."""
         self.weights_version = 0
         """Loads so far: every request's prefix-cache salt. vLLM's prefix reset fails while requests run (an update
         under rollout.inflight_update=keep), and the blocks the old weights computed would stay reusable; salted by
@@ -197,9 +198,10 @@ class VLLMEngine:
         # A group's samples come one after another with one prompt: its input is processed (validated, rendered,
         # an image run through the vision processor) once and each sample copies it, as vLLM fans out an n-sample
         # request; 64 single-sample requests processed one by one cost 7% of a demo batch's generation on CPU.
-        key = (uid, replace(params, sample=0), id(images), self.weights_version, self.lora_request)
-        if self._last is not None and self._last[0] == key and self._last[1] == prompt_ids:
-            request = copy.copy(self._last[2])
+        key = (uid, replace(params, sample=0), self.weights_version, self.lora_request)
+        last = self._last
+        if last is not None and last[0] == key and last[2] is images and last[1] == prompt_ids:
+            request = copy.copy(last[3])
             request.sampling_params = copy.copy(request.sampling_params)
             request.sampling_params.seed = params.prompt_seed(uid)
         else:
@@ -215,7 +217,7 @@ class VLLMEngine:
             request = engine.input_processor.process_inputs(
                 request_id, prompt, sampling, engine.get_supported_tasks(), lora_request=self.lora_request
             )
-            self._last = (key, prompt_ids, copy.copy(request), images)
+            self._last = (key, prompt_ids, images, copy.copy(request))
         # What `LLMEngine.add_request` does with a processed single-sample request (passing one to it is deprecated).
         request.request_id, request.external_req_id = request_id, None
         engine.input_processor.assign_request_id(request)
