@@ -71,7 +71,7 @@ from torchrl_post.engines.base import ENGINE_SHARE_OF_FREE, GiB, kv_cache_bytes,
 from torchrl_post.plan import RunPlan
 from torchrl_post.workers.expert_parallel import fused_experts
 from torchrl_post.workers.fsdp import decoder_layers
-from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS, head_chunk_positions
+from torchrl_post.workers.logprobs import HEAD_CHUNK_TOKENS, head_chunk_positions, head_keep_positions
 from torchrl_post.workers.models import VISION_TOWER, empty_model
 
 F32 = 4
@@ -193,17 +193,20 @@ def forward_bytes(s: ModelShape, p: int, tokens: int, row: int) -> int:
     return tokens * (2 * p * s.hidden + 3 * p * s.intermediate + F32 * s.hidden + p * row)
 
 
-def loss_path_bytes(positions: int, vocab: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
+def loss_path_bytes(
+    positions: int, vocab: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS, trained: bool = False
+) -> int:
     """The peak of logprobs and entropy over `positions` from the hidden states, `chunk_tokens` at a time
     (CHUNK_COPIES float32 copies of a chunk's logits, and the head's output in `p`-byte floats where that is not
-    float32 already), or with `chunk_tokens` 0 from the full logits (`p`-byte) and FULL_COPIES float32 copies."""
+    float32 already), or with `chunk_tokens` 0 from the full logits (`p`-byte) and FULL_COPIES float32 copies.
+    `trained`: the forward keeps the first chunks' logits for the backward (`head_keep_positions`), the first of
+    which is then one of the chunk's copies."""
     if chunk_tokens <= 0:
         return positions * vocab * (F32 * FULL_COPIES + p)
-    return (
-        min(positions, head_chunk_positions(vocab, chunk_tokens))
-        * vocab
-        * (F32 * CHUNK_COPIES + (p if p != F32 else 0))
-    )
+    per_pass = head_chunk_positions(vocab, chunk_tokens)
+    chunk = min(positions, per_pass)
+    kept = min(positions, head_keep_positions(vocab, per_pass)) if trained else 0
+    return (kept + (CHUNK_COPIES - (1 if kept else 0)) * chunk) * vocab * F32 + chunk * vocab * (p if p != F32 else 0)
 
 
 def head_accumulator_bytes(vocab: int, hidden: int, p: int, chunk_tokens: int = HEAD_CHUNK_TOKENS) -> int:
@@ -400,8 +403,10 @@ def _trained_role(role: str, cfg: Config, plan: RunPlan, s: ModelShape, chunk: i
         loss, what_loss = tokens * (p + F32) * 2, "value head"  # a scalar output and its loss: no vocabulary term
     else:
         # Padded and packed alike, only the columns that predict response tokens reach the head (logits_to_keep).
-        loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk)
-        what_loss = f"chunks of {head_chunk_positions(s.vocab, chunk)} positions" if chunk > 0 else "full logits"
+        loss = loss_path_bytes(tokens * d.max_response_length // row, s.vocab, p, chunk, trained=True)
+        per_pass = head_chunk_positions(s.vocab, chunk)
+        what_loss = f"chunks of {per_pass} positions" if chunk > 0 else "full logits"
+        what_loss += f", up to {head_keep_positions(s.vocab, per_pass)} positions' logits kept" if chunk > 0 else ""
         accumulator = 0 if lora else head_accumulator_bytes(s.vocab, s.hidden, p, chunk)  # LoRA: the head is frozen
         loss += accumulator
         what_loss += ", the head gradient's float32 sum" if accumulator else ""

@@ -31,7 +31,7 @@ from torchrl_post.memory_plan import (
 )
 from torchrl_post.plan import plan_run
 from torchrl_post.workers.lm_head import chunked_log_probs
-from torchrl_post.workers.logprobs import logits_to_logprobs
+from torchrl_post.workers.logprobs import head_keep_positions, logits_to_logprobs
 
 QWEN25_7B = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -176,22 +176,25 @@ def test_no_grad_forward_of_a_tiny_model(tiny_dir: Path, dtype: torch.dtype) -> 
     _close(forward_bytes(shape, torch.finfo(dtype).bits // 8, 4 * 64, 64), measured, f"no-grad forward {dtype}")
 
 
+@pytest.mark.parametrize("trained", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_loss_path_chunked(dtype: torch.dtype) -> None:
+def test_loss_path_chunked(dtype: torch.dtype, trained: bool) -> None:
     """The chunked head's logprobs and entropy, forward and backward, from the hidden states: the peak less the
-    hidden states, the head's weight and their gradients."""
+    hidden states, the head's weight and their gradients; `trained`, with the logits the forward keeps for the
+    backward (here all four chunks)."""
     positions, hidden, vocab, chunk = 1024, 64, 4096, 256
     h = torch.randn(positions, hidden, dtype=dtype, requires_grad=True)
     w = torch.randn(vocab, hidden, dtype=dtype, requires_grad=True)
     labels = torch.randint(0, vocab, (positions,))
 
     def step() -> None:
-        logp, ent = chunked_log_probs(h, w, None, labels, 0.7, chunk=chunk)
+        keep = head_keep_positions(vocab, chunk) if trained else 0
+        logp, ent = chunked_log_probs(h, w, None, labels, 0.7, chunk=chunk, keep=keep)
         (logp.sum() + 0.01 * ent.sum()).backward()
 
     measured = _peak(step, h, w)["Total"] - 2 * (h.nbytes + w.nbytes)
     p = torch.finfo(dtype).bits // 8
-    estimate = loss_path_bytes(positions, vocab, p, chunk) + head_accumulator_bytes(vocab, hidden, p, chunk)
+    estimate = loss_path_bytes(positions, vocab, p, chunk, trained) + head_accumulator_bytes(vocab, hidden, p, chunk)
     _close(estimate, measured, f"chunked loss path {dtype}", within=0.05)  # bf16: 9% under without the float32 sum
 
 
@@ -245,7 +248,7 @@ def test_actor_update_counts_the_head_gradient_float32_sum(tiny_dir: Path, param
     assert plan.roles["actor"].fsdp.param_dtype == param_dtype
     loss = {i.name: i.bytes for i in _actor(plan_memory(cfg, plan, model_shape(cfg.model), "cpu", 64 * GiB))}
     positions = plan.roles["actor"].micro_batch_samples * cfg.data.max_response_length
-    grown = loss["loss path"] - loss_path_bytes(positions, TINY["vocab"], p)
+    grown = loss["loss path"] - loss_path_bytes(positions, TINY["vocab"], p, trained=True)
     assert grown == (TINY["vocab"] * TINY["hidden"] * 4 if p == 2 else 0)
 
 

@@ -10,7 +10,9 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 
     d log p(label) / dz = onehot(label) - p          d entropy / dz = -p * (log p + entropy)
 
-so peak memory is two [c x V] float32 tensors whatever the response length (Qwen's 151,936-token
+so peak memory is two [c x V] float32 tensors whatever the response length, plus the first `keep` positions'
+logits, which the forward keeps for the backward where the gradient is wanted (`HEAD_KEEP_BYTES`: the backward
+then skips their h @ W^T, a quarter of the head's work) (Qwen's 151,936-token
 vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
 copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding. The
 head weight's gradient is a sum over chunks: for a 16-bit weight it is summed in a float32 [V x H] (one rounding to
@@ -71,8 +73,10 @@ class _ChunkedHead(torch.autograd.Function):
         never_bias: float,
         chunk: int,
         truncation: Truncation | None,
+        keep: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
+        kept_z: list[torch.Tensor] = []  # the first chunks' logits, for the backward (`keep` positions)
         several = labels.dim() == 2  # [N, j] labels: j log-probabilities per position (the teacher's top-k ids)
         logp = torch.empty(labels.shape, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -98,9 +102,12 @@ class _ChunkedHead(torch.autograd.Function):
                 lp[:, 1:] -= lse_c[:, None]
                 del kept_c
             logp[s : s + chunk] = lp if several else lp[:, 0]
+            if s + len(z) <= keep:
+                kept_z.append(z)
             del z, lse_c, lp  # before the next chunk's logits exist: one chunk's tensors at a time
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, lse_kept, thr)
         ctx.settings = (temperature, never, never_bias, chunk)
+        ctx.kept_z = kept_z  # not inputs or outputs: nothing else holds or changes them
         return logp, ent
 
     @staticmethod
@@ -113,9 +120,13 @@ class _ChunkedHead(torch.autograd.Function):
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
         g_logp, g_ent = g_logp.float(), g_ent.float()
         several = labels.dim() == 2
-        for s in range(0, hidden.shape[0], chunk):
+        kept_z, ctx.kept_z = ctx.kept_z, None
+        for i, s in enumerate(range(0, hidden.shape[0], chunk)):
             h = hidden[s : s + chunk]
-            z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
+            if i < len(kept_z):  # the forward's logits (used up in place here, as a recomputed chunk's)
+                z, kept_z[i] = kept_z[i], None  # type: ignore[call-overload]
+            else:
+                z = _scaled_logits(h, weight, bias, temperature, never, never_bias)
             idx = labels[s : s + chunk] if several else labels[s : s + chunk, None]  # [c, j]
             kept = support_mask(z, thr[s : s + chunk, None], idx[:, 0]) if thr is not None else None  # the forward's S
             logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
@@ -146,7 +157,7 @@ class _ChunkedHead(torch.autograd.Function):
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -160,15 +171,21 @@ def chunked_log_probs(
     never_bias: float = 0.0,
     chunk: int = 1024,
     truncation: Truncation | None = None,
+    keep: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [N, H] (the final norm's output), the LM head's weight [V, H] (and bias [V]), labels [N] ->
     (log p(label) [N], entropy [N]) in float32, at `temperature`; labels [N, j] give log p of each of the j
     labels, [N, j] (the sampled token and the distillation teacher's top-k ids: with a `truncation` the first label
     is renormalised on the kept set, the others are over the whole vocabulary); `never`: token ids whose logits get
     `never_bias` first (the engines' bias on a vision model's placeholders); `chunk`: positions per pass;
-    `truncation`: log p(label) renormalised on the sampler's top-k / top-p set (the entropy stays the full one)."""
+    `truncation`: log p(label) renormalised on the sampler's top-k / top-p set (the entropy stays the full one);
+    `keep`: the logits of the chunks within the first `keep` positions are kept for the backward instead of
+    recomputed there (only where a gradient is wanted: a no-grad forward keeps none)."""
     assert chunk > 0, chunk
-    logp, ent = _ChunkedHead.apply(hidden, weight, bias, labels, temperature, never, never_bias, chunk, truncation)
+    wanted = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    logp, ent = _ChunkedHead.apply(
+        hidden, weight, bias, labels, temperature, never, never_bias, chunk, truncation, keep if wanted else 0
+    )
     return logp, ent
 
 

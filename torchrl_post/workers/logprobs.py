@@ -81,6 +81,18 @@ vocabulary are 0.62 GB apiece (1.9 GB at the head's peak, what a 4-sample step a
 above one at 64); 64 MiB is 110 positions of it, 512 of a 32k vocabulary, still large matrix products."""
 
 
+HEAD_KEEP_BYTES = 512 << 20
+"""At most this many bytes of the chunked head's logits kept from its forward for its backward (float32 [positions x
+vocabulary]), which then skips their recomputation: a quarter of the head's matrix work on the kept positions
+(SmolLM2's 49,152-token vocabulary: 2,730 positions, a whole micro-batch of the GSM8K benchmark; Qwen's
+151,936: 883). Counted by the memory plan (`memory_plan.loss_path_bytes`)."""
+
+
+def head_keep_positions(vocab: int, chunk: int) -> int:
+    """The positions whose logits the chunked head keeps for its backward: whole chunks within HEAD_KEEP_BYTES."""
+    return 0 if chunk <= 0 else HEAD_KEEP_BYTES // (4 * vocab) // chunk * chunk
+
+
 def head_chunk_positions(vocab: int, most: int | None = None) -> int:
     """Positions per chunked head pass for a `vocab`-wide head: `most` (default HEAD_CHUNK_TOKENS) bounded by
     HEAD_CHUNK_BYTES; 0 stays 0 (the full logits)."""
@@ -188,8 +200,9 @@ def _scores(
         if top_k:
             lp, ids = chunked_top_k(x, head.weight, head.bias, top_k, temperature, never, NEVER_GENERATED_BIAS, chunk)
             return torch.stack([lp, ids.float()], dim=-1), x.new_zeros(len(x), dtype=torch.float32)
+        keep = head_keep_positions(head.out_features, chunk)
         return chunked_log_probs(
-            x, head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS, chunk, truncation
+            x, head.weight, head.bias, labels, temperature, never, NEVER_GENERATED_BIAS, chunk, truncation, keep
         )
 
     return scores

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from torchrl_post.types import Batch
-from torchrl_post.workers.row_attention import KEY, RowAttention, install, row_masks
+from torchrl_post.workers.row_attention import KEY, RowAttention, install, row_blocks
 from torchrl_post.workers.ulysses import SequenceShard, own_attention
 
 
@@ -79,18 +79,18 @@ class Pack:
         )  # fmt: skip
 
     def row_attention(self, device: torch.device) -> RowAttention:
-        """A flat pack's plan for `row_attention`: each row's columns and mask."""
-        bounds, masks, start = [], [], 0
-        pos = self.pos[0].to(device)
-        segment = self.segment[0].to(device) if self.segment is not None else None
-        branch = self.branch[0].to(device) if self.branch is not None else None
+        """A flat pack's plan for `row_attention`: each row's blocks (`row_blocks`), in column order."""
+        blocks, start = [], 0
         for n in self.rows:
             cut = slice(start, start + n)
-            seg, br = (None, None) if segment is None or branch is None else (segment[cut], branch[cut])
-            masks.append(row_masks(pos[cut], seg, br))
-            bounds.append((start, start + n))
+            seg, br = (
+                (None, None)
+                if self.segment is None or self.branch is None
+                else (self.segment[0, cut], self.branch[0, cut])
+            )
+            blocks += row_blocks(start, self.pos[0, cut], seg, br, device)
             start += n
-        return RowAttention(tuple(bounds), tuple(masks))
+        return RowAttention(tuple(blocks))
 
     def attention(self, device: torch.device, additive: torch.dtype | None = None) -> torch.Tensor:
         """[k, 1, T, T] mask of a row with shared prompts: a column sees the earlier columns of its segment's
@@ -163,13 +163,16 @@ MASKABLE = ("sdpa", "eager")
 the sequence boundaries (`Pack.varlen`) and pack the samples of a prompt apart."""
 
 
-def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: int) -> list[list[int]]:
+def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: int | None) -> list[list[int]]:
     """Samples into segments: one prompt and the responses that share it (`keys`: equal for equal prompts).
 
-    A segment grows while its attention, (prompt + responses)^2, stays within that of the rows it replaces,
-    members x longest^2: the prompt's tokens are then computed once for all members at no extra attention cost
-    (GRPO's n samples of a prompt with short answers share most of their tokens; long answers share little and
-    stay apart). Segments keep the samples' order; a sample alone is a segment of one.
+    Under a dense [L, L] mask (eager, Ulysses' batched rows) a segment grows while its attention,
+    (prompt + responses)^2, stays within that of the rows it replaces, members x `longest`^2: the prompt's tokens
+    are then computed once for all members at no extra attention cost (GRPO's n samples of a prompt with short
+    answers share most of their tokens; long answers share little and stay apart). `longest` None: the attention
+    runs block by block (`row_attention.row_blocks`: each response over the prompt and itself, never more than its
+    own row would), so every sample of a prompt shares it. Segments keep the samples' order; a sample alone is a
+    segment of one.
     """
     out: list[list[int]] = []
     for members in group_rows(keys):
@@ -177,7 +180,7 @@ def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: in
         size = 0
         for i in sorted(members, key=lambda i: (-resp[i], i)):
             grown = (size or plen[i]) + resp[i]
-            if seg and grown * grown > (len(seg) + 1) * longest * longest:
+            if seg and longest is not None and grown * grown > (len(seg) + 1) * longest * longest:
                 out.append(seg)
                 seg, grown = [], plen[i] + resp[i]
             seg.append(i)
@@ -186,14 +189,16 @@ def share_prompts(plen: list[int], resp: list[int], keys: list[Any], longest: in
     return out
 
 
-def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack:
+def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False, blockwise: bool = False) -> Pack:
     """The real tokens of `rows` (left-padded prompt, then the response right after it) in rows as long as the
     longest segment, each sample with its own position ids 0, 1, ... A segment is one sample, or with `shared`
     one prompt followed by the responses of the samples that share it (`share_prompts`), which see the prompt
     and themselves only (`Pack.attention`). Rows are right-aligned, the segment with the longest response last:
     most responses then end in the same last columns, and the LM head (one set of columns for every row,
     `logits_to_keep`) runs over few columns. A row's leading slack is a run of positions of its own, which no
-    real token attends to; `Pack.trimmed` drops it (`packed_inputs` runs the rows flat wherever it can)."""
+    real token attends to; `Pack.trimmed` drops it (`packed_inputs` runs the rows flat wherever it can).
+    `blockwise`: the forward attends block by block (a flat pack under sdpa), so a prompt is shared by all its
+    samples whatever their lengths (`share_prompts`)."""
     mask = batch.attention_mask[rows].bool()
     ids_b, pos_b = batch.input_ids[rows], batch.position_ids[rows]
     width = batch.response_width
@@ -202,7 +207,7 @@ def pack(batch: Batch, rows: slice | torch.Tensor, shared: bool = False) -> Pack
     plen = [n - r for n, r in zip(lengths, resp, strict=True)]
     longest = max(max(lengths), 1)
     if shared:
-        segments = share_prompts(plen, resp, prompt_keys(ids_b, mask, width), longest)
+        segments = share_prompts(plen, resp, prompt_keys(ids_b, mask, width), None if blockwise else longest)
     else:
         segments = [[i] for i in range(len(lengths))]
     seg_len = [plen[m[0]] + sum(resp[i] for i in m) for m in segments]
@@ -273,8 +278,9 @@ def packed_inputs(
     sequence split and global mask take the rows as they are."""
     config = getattr(model, "config", None)
     impl = own_attention(model) if config is not None else "sdpa"  # under Ulysses: the one it runs inside
-    p = pack(batch, rows, shared and impl in MASKABLE)
-    if config is not None and impl != "eager" and (shard is None or shard.size == 1):
+    flat = config is not None and impl != "eager" and (shard is None or shard.size == 1)
+    p = pack(batch, rows, shared and impl in MASKABLE, blockwise=flat and impl == "sdpa")
+    if flat:
         p = p.trimmed()
     return p, p.inputs(device, impl)
 

@@ -31,29 +31,60 @@ KEY = "packed_rows"
 """The model call's keyword argument that carries the `RowAttention` plan."""
 
 
+Span = tuple[int, int]
+"""Columns [start, end) of the flat sequence."""
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One sdpa call: the queries at columns `query`, the keys and values at `keys` (spans, concatenated in
+    order), and a boolean [1, 1, q, k] mask (True: attend), or None where the keys are the queries' own columns
+    under a causal mask (sdpa's `is_causal`, which also skips the upper triangle)."""
+
+    query: Span
+    keys: tuple[Span, ...]
+    mask: torch.Tensor | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class RowAttention:
-    """The rows of a flat [1, S] sequence: `bounds` (start, end) of each row's columns, and each row's boolean
-    [1, 1, L, L] mask (True: attend), or None for a row that is one causal sequence."""
+    """The blocks of a flat [1, S] sequence, in column order, covering every column once."""
 
-    bounds: tuple[tuple[int, int], ...]
-    masks: tuple[torch.Tensor | None, ...]
+    blocks: tuple[Block, ...]
 
 
-def row_masks(pos: torch.Tensor, segment: torch.Tensor | None, branch: torch.Tensor | None) -> torch.Tensor | None:
-    """The [1, 1, L, L] boolean mask of one row from its [L] position ids (a sample starts where they do not go
-    on by one) or, with shared prompts, its segment and branch ids (`Pack.attention`); None: one causal run."""
+def row_blocks(
+    start: int, pos: torch.Tensor, segment: torch.Tensor | None, branch: torch.Tensor | None, device: torch.device
+) -> list[Block]:
+    """The blocks of one row whose first column is `start`, from its [L] position ids (a sample starts where they
+    do not go on by one: a causal block per sample) or, with shared prompts, its segment and branch ids
+    (`Pack.attention`): per segment a causal block over its prompt and, per response, a block whose queries are
+    the response's columns and whose keys are the prompt's and its own (the prompt all visible, itself causal).
+    Only the tree mask's allowed pairs are computed: no query meets another sample's keys."""
     n = pos.shape[0]
-    causal = torch.ones(n, n, dtype=torch.bool, device=pos.device).tril()
     if segment is None or branch is None:
-        starts = torch.ones(n, dtype=torch.bool, device=pos.device)
-        starts[1:] = pos[1:] != pos[:-1] + 1
-        if int(starts.sum()) == 1:
-            return None
-        sample = starts.cumsum(0)
-        return (causal & (sample[:, None] == sample[None, :]))[None, None]
-    same = (segment[:, None] == segment[None, :]) & ((branch[None, :] == 0) | (branch[:, None] == branch[None, :]))
-    return (same & causal)[None, None]
+        cut = torch.ones(n, dtype=torch.bool)
+        cut[1:] = pos[1:] != pos[:-1] + 1
+    else:
+        cut = torch.ones(n, dtype=torch.bool)
+        cut[1:] = (segment[1:] != segment[:-1]) | (branch[1:] != branch[:-1])
+    edges = [*cut.nonzero().squeeze(-1).tolist(), n]
+    blocks: list[Block] = []
+    prompt: Span | None = None
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        span = (start + a, start + b)
+        if segment is None or branch is None or int(branch[a]) == 0:
+            prompt = span
+            blocks.append(Block(span, (span,)))
+            continue
+        if prompt is None or int(segment[prompt[0] - start]) != int(segment[a]):  # a response without a prompt
+            blocks.append(Block(span, (span,)))
+            continue
+        width, m = prompt[1] - prompt[0], b - a
+        mask = torch.ones(m, width + m, dtype=torch.bool, device=device)
+        mask[:, width:] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+        blocks.append(Block(span, (prompt, span), mask[None, None]))
+    return blocks
 
 
 _SDPA: Any = None
@@ -76,10 +107,16 @@ def row_attention_forward(
         return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)  # type: ignore[no-any-return]
     assert isinstance(plan, RowAttention) and query.shape[0] == 1, "a packed_rows plan takes one flat row"
     kwargs.pop("is_causal", None)
-    outs = [
-        _SDPA(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], mask, *args, **kwargs)[0]
-        for (s, e), mask in zip(plan.bounds, plan.masks, strict=True)
-    ]
+    outs = []
+    for blk in plan.blocks:
+        q = query[:, :, blk.query[0] : blk.query[1]]
+        if len(blk.keys) == 1:
+            s, e = blk.keys[0]
+            k, v = key[:, :, s:e], value[:, :, s:e]
+        else:
+            k = torch.cat([key[:, :, s:e] for s, e in blk.keys], dim=2)
+            v = torch.cat([value[:, :, s:e] for s, e in blk.keys], dim=2)
+        outs.append(_SDPA(module, q, k, v, blk.mask, *args, **kwargs)[0])
     return torch.cat(outs, dim=1), None
 
 

@@ -41,24 +41,29 @@ def test_chunked_head_equals_full_logits(
     temperature: float, never: tuple[int, ...], chunk: int, truncation: Truncation | None
 ) -> None:
     """Values and gradients; with a truncation, log p(label) renormalised on the kept set (labels drawn at random
-    fall outside it often, so the label's inclusion is exercised) while the entropy stays the full one."""
+    fall outside it often, so the label's inclusion is exercised) while the entropy stays the full one. The chunks
+    whose logits the forward keeps for the backward (`keep`: none, the first two chunks, all) give exactly what
+    recomputed chunks give."""
     gen = torch.Generator().manual_seed(0)
     n, h, v = 11, 8, 37
     leaves = [torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen), torch.randn(v, generator=gen)]
     labels = torch.randint(0, v, (n,), generator=gen)
     g_logp, g_ent = torch.randn(n, generator=gen), torch.randn(n, generator=gen)  # a loss using both outputs
     results = []
-    for chunked in (False, True):
+    for keep in (None, 0, 2 * chunk, n):  # None: the full logits
         xs = [t.clone().requires_grad_() for t in leaves]
-        if chunked:
-            logp, ent = chunked_log_probs(xs[0], xs[1], xs[2], labels, temperature, never, -1e4, chunk, truncation)
+        if keep is not None:
+            logp, ent = chunked_log_probs(
+                xs[0], xs[1], xs[2], labels, temperature, never, -1e4, chunk, truncation, keep
+            )  # fmt: skip
         else:
             logp, ent = _full(*xs, labels, temperature, never, truncation)
         ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
         results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
-    for name, a, b in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):
+    for name, a, b, *kept in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):
         assert a is not None and b is not None
         assert (a - b).abs().max() < 1e-5 * max(1.0, a.abs().max().item()), name
+        assert all(torch.equal(b, k) for k in kept), name
 
 
 @pytest.fixture(scope="module")
