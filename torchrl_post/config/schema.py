@@ -68,9 +68,10 @@ class ModelConfig:
     use_shared_prefix: bool = True
     """With use_remove_padding: the samples of one prompt (GRPO's n) share one copy of it in the packed row, each
     response attending to the prompt and itself (a tree mask), so the prompt's tokens are computed once. Exact
-    (the same logprobs and loss), and taken only where it costs no more attention than separate rows: it pays
-    when prompts are long next to responses. Needs an attention that takes a mask (sdpa, eager); with
-    flash-attn the samples pack apart."""
+    (the same logprobs and loss). Under sdpa the attention runs block by block (each response over the prompt and
+    itself, never more than its own row), so all the samples of a prompt share it; eager and Ulysses attend over
+    a dense mask and share only where that costs no more attention than separate rows (prompts long next to
+    responses). With flash-attn the samples pack apart."""
     dtype: Annotated[str, Dtype] = "float32"
     """The dtype the trained and frozen models are loaded and kept in (ROLL's model_args.dtype): float32 (master
     weights; mixed precision via actor.fsdp.param_dtype), bfloat16 or float16."""

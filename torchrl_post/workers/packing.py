@@ -63,7 +63,7 @@ class Pack:
     def trimmed(self) -> Pack:
         """The same rows as one flat [1, S] row, each row's real columns (its leading slack dropped) after the
         previous row's; the N outputs keep their order, so `kept`, `full` and `unpack` read them as before. Its
-        forward attends row by row (`row_attention`, or the varlen boundaries), never across rows."""
+        forward attends block by block (`row_attention`, or the varlen boundaries), never across samples."""
         assert not self.rows, "already flat"
         real = self.source >= 0
         flat = torch.cumsum(real.reshape(-1), 0).view(real.shape) - 1  # each real cell's flat column
@@ -273,7 +273,7 @@ def packed_inputs(
     shard: SequenceShard | None = None,
 ) -> tuple[Pack, dict[str, Any]]:
     """`pack` for `model` (prompts shared only where its attention takes a mask) and the forward's inputs: one
-    flat row without slack (`Pack.trimmed`) where the attention can run it row by row (sdpa, by `row_attention`;
+    flat row without slack (`Pack.trimmed`) where the attention can run it sample by sample (sdpa, by `row_attention`;
     flash-attn, by its varlen boundaries); the k batched rows under eager and under Ulysses (`shard`), whose
     sequence split and global mask take the rows as they are."""
     config = getattr(model, "config", None)

@@ -1,15 +1,17 @@
 """Packed rows run as one flat sequence: every layer but attention computes each real token once (no row is padded
-to the longest), and attention runs row by row, each row over its own columns only.
+to the longest), and attention runs block by block, each sample over its own (and its prompt's) columns only.
 
 A packed micro-batch (`workers/packing.py: Pack.trimmed`) is one [1, S] sequence, the concatenation of its rows
-with their leading slack dropped. The embedding, MLPs, norms and LM head see S tokens; a row of L columns attends
-over its [L, L] mask alone (its samples' block-diagonal causal mask, or the tree mask of shared prompts), so no
-attention grows past what the batched [k, T] rows computed.
+with their leading slack dropped. The embedding, MLPs, norms and LM head see S tokens; attention runs block by
+block (`row_blocks`): each sample causally over its own columns or, with shared prompts, each prompt causally and
+each response over the prompt's keys and its own. Only the pairs the samples' block-diagonal causal mask (or the
+tree mask of shared prompts) allows are computed, so no attention grows past what separate rows would compute.
 
 The plan reaches every attention layer as a keyword argument of the model call (`packed_rows`): transformers
 hands the forward's extra keyword arguments down to each layer's attention function (as it does flash-attn's
 `cu_seq_lens_q`), and a gradient-checkpointed layer keeps them for its recomputation. `install` wraps the
-registered sdpa implementation once: a call with the argument attends row by row, any other call is sdpa's own.
+registered sdpa implementation once: a call with the argument attends block by block, any other call is sdpa's
+own.
 The model call gets an empty [1, 1, 0, 0] mask in place of transformers' own (which it takes as prepared, so no
 [S, S] mask is built): a model that did not pass the argument on would fail loudly in sdpa on it, never attend
 across rows.
@@ -100,8 +102,8 @@ def row_attention_forward(
     *args: Any,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
-    """sdpa, with a `packed_rows` plan row by row: q [1, H, S, d], k and v [1, Hkv, S, d] -> ([1, S, H, d], None)
-    (each row's columns through sdpa with its own mask, the outputs concatenated back in column order)."""
+    """sdpa, with a `packed_rows` plan block by block: q [1, H, S, d], k and v [1, Hkv, S, d] -> ([1, S, H, d], None)
+    (each block's queries through sdpa over its keys, the outputs concatenated back in column order)."""
     plan = kwargs.pop(KEY, None)
     if plan is None:
         return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)  # type: ignore[no-any-return]
