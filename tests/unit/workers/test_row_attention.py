@@ -100,3 +100,27 @@ def test_plan_reaches_the_attention(tiny_model: Path) -> None:
     del inputs[KEY]
     with pytest.raises(RuntimeError):
         model(**inputs)
+
+
+def test_blockwise_packing_shares_every_prompt_and_equals_separate_samples(tiny_model: Path) -> None:
+    """Long answers to short prompts: under a dense mask sharing would cost more attention than separate rows, so the
+    bounded rule keeps most samples apart; attending block by block, all samples of a prompt share it, and the
+    outputs and gradients equal those of the samples packed apart."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="sdpa")
+    b = _groups([0, 1], [[0, 1, 3], [2, 0, 0]], prompt=3, resp=8)
+    rows = slice(0, len(b))
+    apart, bounded, blockwise = pack(b, rows), pack(b, rows, True), pack(b, rows, True, blockwise=True).trimmed()
+    # each prompt (3 tokens, and 2 for group 1's, left-padded by one) once for its three samples
+    assert apart.tokens - blockwise.tokens == 2 * 3 + 2 * 2 and bounded.tokens > blockwise.tokens
+    blocks = blockwise.row_attention(CPU).blocks
+    assert [len(blk.keys) for blk in blocks] == [1, 2, 2, 2] * 2  # per prompt: itself, then each response over it
+    results = []
+    for q in (apart, blockwise):
+        model.zero_grad()
+        out = _outputs(model, q)
+        out.float().logsumexp(-1).sum().backward()
+        results.append((out.detach(), {k: w.grad.clone() for k, w in model.named_parameters() if w.grad is not None}))
+    (a, ga), (c, gc) = results
+    assert a.shape == c.shape and (a - c).abs().max() < 2e-5
+    scale = max(g.abs().max().item() for g in ga.values())
+    assert max((ga[k] - gc[k]).abs().max().item() for k in ga) < 1e-5 * max(scale, 1.0)
