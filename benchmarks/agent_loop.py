@@ -117,11 +117,8 @@ def summarize(runs: list[dict[str, Any]], delay_ms: float, mode: str) -> dict[st
 def worker(argv: list[str]) -> None:
     """The agent loop on a real in-process vLLM engine (under torchrun): step-wise turns against one batch per turn.
 
-    Per environment delay (a sleep in `step`: a tool call) the same tasks and seed through
-    `AgentLoop(turn_batches=False)` (a trajectory's next turn starts as soon as its environment answered) and
-    `turn_batches=True` (every turn of a round finishes first), `env_workers` threads in both. One warm-up of each
-    mode, then the configurations take turns within each repeat; the prefix cache is emptied before every run.
-    """
+    Per environment delay both modes on the same tasks and seed, `env_workers` threads each; one warm-up per mode, then
+    the modes take turns within each repeat, the prefix cache emptied before every run."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, data=Path, tasks=32, samples=2, repeats=3, delays_ms="0,50", max_turns=4,
         max_tokens=6, env_workers=32, temperature=1.0, seed=5,

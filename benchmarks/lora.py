@@ -28,7 +28,6 @@ METRICS = {
     "logprob_diff": "rollout/logprob_diff", "score_mean": "critic/score/mean",
 }  # fmt: skip
 
-
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "training steps on the demo model (default 20)"},
     "--big-steps": {"type": int, "help": "training steps on the ~25M model (default 10)"},

@@ -154,16 +154,10 @@ def measure(actor: Any, batch: Batch, clock: ExchangeClock, timed: int) -> dict[
 
 
 def worker(argv: list[str]) -> None:
-    """Peak tensor memory (and time) of one actor update per response length, under torchrun: the worker of
-    benchmarks/loss_path.py (1 rank, `--chunk` sets the LM head's HEAD_CHUNK_TOKENS) and benchmarks/sequence_parallel.py
-    (Ulysses over every rank: sp = world size, dp = 1).
-
-    Per checkpointing setting one `Actor` (FSDP2, float32, AdamW); the sp group trains one unpadded row held by rank 0.
-    After a warm-up update (AdamW's state), per length: one update under torch's MemTracker (exact tensor bytes on CPU;
-    `activation_bytes` = its peak less the parameters, buffers, gradients and optimizer state), then `--timed` untracked
-    updates with the time inside `distributed.ulysses._exchange` (wrapped here). Lengths above `--skip-above` (0: none)
-    are recorded as skipped.
-    """
+    """Peak tensor memory and time of one actor update per response length, under torchrun (loss_path: 1 rank,
+    `--chunk` the LM head's HEAD_CHUNK_TOKENS; sequence_parallel: sp = world size): one update under MemTracker, then
+    `--timed` untracked ones with the time inside `ulysses._exchange`; lengths above `--skip-above` (0: none)
+    are recorded as skipped."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, lengths="1024,2048", checkpointing="off", chunk=logprobs.HEAD_CHUNK_TOKENS,
         skip_above=0, prompt_len=32, timed=0,

@@ -41,7 +41,6 @@ class MoeSize:
 
 SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
 
-
 OPTIONS: common.Options = {
     "--batch": {"type": int, "default": 8},
     "--seq": {"type": int, "default": 256},

@@ -32,7 +32,6 @@ TIES_MODEL = common.MODELS / "moe_near_ties"
 ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
 METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/router_mismatch"}
 
-
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per setting (default 12)"}}
 
 

@@ -37,7 +37,6 @@ RM_SIZES: dict[str, dict[str, int]] = {
                      "intermediate_size": 1536},
 }  # fmt: skip
 
-
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per run (default 12)"}}
 
 

@@ -37,7 +37,6 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
 }
 ENGINES = ("vllm", "hf")
 
-
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
     "--threads": {"type": int, "default": 1, "help": "CPU: OpenMP/torch threads of both engines, unbound"},
@@ -190,13 +189,9 @@ def measure(args: Any, engines: dict[str, RolloutEngine], vocab: int) -> dict[st
 def worker(argv: list[str]) -> None:
     """Generation speed of the vLLM engine against the transformers engine, in one process under torchrun.
 
-    Both engines as the trainer builds them, the same random prompts, temperature 1, every sample forced to the asked
-    length (vLLM `ignore_eos` via a subclass, no stop token for transformers; tokens/s from the counted tokens). Per
-    batch one new token is timed too (prefill and fixed cost: decode = t(L) - t(1) over L - 1 steps), and one prompt of
-    one token is the fixed cost per call. vLLM's own `LLM.generate` and the producer's one-turn episodes of the same
-    requests run beside the stepped driver. Warm-up once per shape; the calls take turns; best of R repeats (the
-    median beside it); the ratios to `LLM.generate` are medians of each round's ratio.
-    """
+    Both engines as the trainer builds them, every sample forced to the asked length; per batch one new token is timed
+    too (decode = t(L) - t(1) over L - 1 steps), beside vLLM's own `LLM.generate` and the producer's one-turn episodes.
+    Warm-up once per shape; the calls take turns; best of R repeats; ratios to `LLM.generate`: medians of the rounds'."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, prompt_len=16, batches="1x1,4x4", lengths="32,128", repeats=3, kv_cache_gb=1
     )

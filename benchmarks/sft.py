@@ -46,7 +46,6 @@ SETTINGS = {
     "tiny": Setting(TINY, 4, 16, 16, 3, 1e-3, (1, 2)),
 }
 
-
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "steps per run (default: the mode's)"},
     "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per process"},

@@ -36,7 +36,6 @@ BROADCAST_CURVES = (
     ("raw", "raw broadcast", "s--"),
 )
 
-
 OPTIONS: common.Options = {
     "--repeats": {"type": int, "help": "timed repeats (default 3, --tiny 1)"},
     "--bucket-mb": {"type": int, "default": 64},
@@ -150,11 +149,9 @@ def bench_broadcast(topo: Topology, actor: Actor | None, engine: RolloutEngine |
 def worker(argv: list[str]) -> None:
     """Weight-sync speed, one topology per launch (torchrun on K ranks): the framework's sync against a raw collective.
 
-    colocated (K = N): `sync_weights` (bucketed all_gather streamed into vLLM's reload) against the same all_gathers
-    into buffers allocated once. broadcast (K = N + M, engines on ranks N..): `BroadcastSync.send/receive` against one
-    broadcast of one flat tensor of the same bytes. Both also time `transfer_s` (the sync path with no engine load) and
-    `load_s` (the engine's reload alone). Median of R repeats between barriers, the four taking turns.
-    """
+    colocated (K = N): `sync_weights` against the same all_gathers; broadcast (K = N + M, engines on ranks N..):
+    `BroadcastSync` against one broadcast of the same bytes; also `transfer_s` (no engine load) and `load_s` (the reload
+    alone). Median of R repeats between barriers, the four taking turns."""
     args = common.worker_args(worker.__doc__, argv, model=Path, mode=str, actor=int, rollout=0, bucket_mb=64, repeats=3)
     env = read_env("auto")  # cuda (nccl) where there is one, else cpu (gloo)
     cfg = load_config([

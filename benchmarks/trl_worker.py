@@ -23,11 +23,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILED = {  # TRL profiling name -> our key
-    "GRPOTrainer._prepare_inputs": "prepare_s",
-    "GRPOTrainer.transformers.generate": "generate_s",
-    "GRPOTrainer._calculate_rewards": "reward_s",
-    "GRPOTrainer.compute_loss": "loss_forward_s",
-}
+    "GRPOTrainer._prepare_inputs": "prepare_s", "GRPOTrainer.transformers.generate": "generate_s",
+    "GRPOTrainer._calculate_rewards": "reward_s", "GRPOTrainer.compute_loss": "loss_forward_s",
+}  # fmt: skip
 REWARD_FILES = {"gsm8k": "torchrl_post/reward/builtin.py", "gsm8k_closeness": "benchmarks/rewards.py"}
 # TrainingArguments both workers share: constant lr, torch AdamW, clipping at 1, a log per step, nothing saved
 TRAINING = {

@@ -54,7 +54,6 @@ SETTINGS = {
 }
 PROMPT_LEN, RESPONSE_LEN = "40,120", "1,64"
 
-
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
     "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per rank"},
@@ -237,13 +236,9 @@ def measure_mode(
 def worker(argv: list[str]) -> None:
     """Tokens/s of the project's actor update against a bare PyTorch loop over the same micro-batches, under torchrun.
 
-    One seeded GRPO-shaped batch (groups sharing a left-padded prompt, right-padded responses, group-normalized
-    advantages); rank r takes the r-th contiguous share. "ours" is `Actor.update(batch)` with the mode's keys
-    (model.use_remove_padding, actor.use_dynamic_bsz); "bare" is the plain HF model with torch.optim.AdamW over the same
-    micro-batches (the project's planner, outside the timing): padded or packed forward, the on-policy PPO surrogate,
-    backward, an all_reduce of the flattened gradients on K > 1 ranks, clipping, the AdamW step. Warm-up once, then the
-    calls take turns for `repeats` rounds: medians of wall and rank 0's process CPU seconds.
-    """
+    Rank r takes the r-th share of one seeded GRPO-shaped batch; "ours" is `Actor.update` with the mode's keys, "bare" the
+    plain HF model with torch.optim.AdamW over the project's micro-batch plan (made outside the timing). Warm-up once,
+    then the calls take turns for `repeats` rounds: medians of wall and rank 0's process CPU seconds."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64",
         lengths="uniform", micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
