@@ -71,18 +71,13 @@ def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) ->
         is not None
     }
     return {
-        "measured_steps": len(kept),
-        "step_s": step_s / len(kept),
-        "tokens_per_s": tokens / step_s,
-        "samples_per_s": samples * len(kept) / step_s,
-        "rollout_idle": rollout_idle,
+        "measured_steps": len(kept), "step_s": step_s / len(kept), "tokens_per_s": tokens / step_s,
+        "samples_per_s": samples * len(kept) / step_s, "rollout_idle": rollout_idle,
         "actor_idle": sum(r.get("timing_s/gen", 0.0) for r in kept) / step_s,
         "response_length": statistics.mean(r["response_length/mean"] for r in steps),
-        "score": statistics.mean(r["critic/score/mean"] for r in steps),
-        "staleness_hist": hist,
-        "stale_dropped": sum(r.get("rollout/stale_dropped_groups", 0.0) for r in steps),
-        "val": val,
-    }
+        "score": statistics.mean(r["critic/score/mean"] for r in steps), "staleness_hist": hist,
+        "stale_dropped": sum(r.get("rollout/stale_dropped_groups", 0.0) for r in steps), "val": val,
+    }  # fmt: skip
 
 
 def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dict[str, Any]:

@@ -36,14 +36,15 @@ DEMO_DATA = ROOT / "outputs" / "demo_data"
 Record = dict[str, Any]
 
 
-def cpu_model() -> str:
+def proc_field(path: str, key: str) -> str | None:
+    """The value after `key` in a /proc file (`/proc/meminfo`, `MemAvailable:`); None when absent or unreadable."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
 
 
 def machine() -> Record:
@@ -58,7 +59,8 @@ def machine() -> Record:
         vllm_version = "not installed"
     gpu = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else None
     return {
-        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "gpu": gpu, "torch": torch.__version__, "vllm": vllm_version,
+        "cpu": proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "gpu": gpu, "torch": torch.__version__, "vllm": vllm_version,
         "python": platform.python_version(), "platform": platform.platform(),
     }  # fmt: skip
 
@@ -140,7 +142,7 @@ def check_logged(cmd: list[str], returncode: int, log: Path) -> None:
 
 
 def warn_if_busy() -> None:
-    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    load, cpus = load_1m(), os.cpu_count() or 1
     if load > cpus:
         print(f"    warning: load average {load:.1f} on {cpus} CPUs; other processes share the timings", flush=True)
 
@@ -196,13 +198,8 @@ def mode(args: argparse.Namespace) -> str:
 
 def mem_available() -> int:
     """Bytes the kernel says can be allocated without swapping (MemAvailable); a large number when unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 50
+    kb = proc_field("/proc/meminfo", "MemAvailable:")
+    return int(kb.split()[0]) * 1024 if kb else 1 << 50
 
 
 def fit(points: list[tuple[int, int]]) -> dict[str, float] | None:
@@ -228,15 +225,10 @@ class ModelSize:
     intermediate_size: int
 
 
-SIZES = {
-    s.name: s
-    for s in (
-        ModelSize("qwen2-1m", 128, 5, 4, 2, 384),
-        ModelSize("qwen2-10m", 256, 10, 4, 2, 1024),
-        ModelSize("qwen2-40m", 512, 13, 8, 4, 1536),
-        ModelSize("qwen2-100m", 768, 13, 12, 4, 2560),
-    )
-}
+SIZES = {s.name: s for s in (
+    ModelSize("qwen2-1m", 128, 5, 4, 2, 384), ModelSize("qwen2-10m", 256, 10, 4, 2, 1024),
+    ModelSize("qwen2-40m", 512, 13, 8, 4, 1536), ModelSize("qwen2-100m", 768, 13, 12, 4, 2560),
+)}  # fmt: skip
 TINY = ModelSize("qwen2-tiny", 64, 2, 2, 1, 128)  # the --tiny model of update and sft
 
 

@@ -55,10 +55,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def rss_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = common.proc_field("/proc/self/status", "VmRSS:")
+    return int(rss.split()[0]) if rss else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def worker(argv: list[str]) -> None:

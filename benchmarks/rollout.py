@@ -98,12 +98,8 @@ def timed_turns(calls: dict[str, Callable[[], int]], repeats: int) -> dict[str, 
     out = {}
     for k, turns in common.take_turns(calls, repeats).items():
         times = [t[0] for t in turns]
-        out[k] = {
-            "s": min(times),
-            "median_s": statistics.median(times),
-            "tokens": statistics.median(t[2] for t in turns),
-            "rounds": [t[2] / t[0] for t in turns],
-        }
+        out[k] = {"s": min(times), "median_s": statistics.median(times),
+                  "tokens": statistics.median(t[2] for t in turns), "rounds": [t[2] / t[0] for t in turns]}  # fmt: skip
     return out
 
 
