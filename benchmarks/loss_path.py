@@ -1,7 +1,8 @@
 """Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
 before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head), by
 `worker` (MemTracker; also sequence_parallel's) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: SHAPES).
-The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on.
+The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on. The
+head keeps no logits for its backward here (`logprobs.HEAD_KEEP_BYTES` 0; by default at most 512 MiB, a constant).
 Lengths whose full-logits update would take more than half of the free memory are not run on that path.
 """
 
@@ -163,6 +164,7 @@ def worker(argv: list[str]) -> None:
         skip_above=0, prompt_len=32, timed=0,
     )  # fmt: skip
     logprobs.HEAD_CHUNK_TOKENS = args.chunk
+    logprobs.HEAD_KEEP_BYTES = 0  # the head's growth with length: its kept logits are a constant (at most 512 MiB)
     env = read_env("cpu")
     init_world(env)
     clock = ExchangeClock()
