@@ -10,13 +10,13 @@ chunk by chunk from the saved hidden states and the (N,) logsumexp and entropy:
 
     d log p(label) / dz = onehot(label) - p          d entropy / dz = -p * (log p + entropy)
 
-so peak memory is two [c x V] float32 tensors whatever the response length, plus the first `keep` positions'
-logits, which the forward keeps for the backward where the gradient is wanted (`HEAD_KEEP_BYTES`: the backward
-then skips their h @ W^T, a quarter of the head's work) (Qwen's 151,936-token
-vocabulary: 1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per
-copy). With c >= N it computes what `torch.log_softmax` over the full logits computes, to float32 rounding. The
-head weight's gradient is a sum over chunks: for a 16-bit weight it is summed in a float32 [V x H] (one rounding to
-the weight's dtype at the end, as autograd's single matmul over all positions has, not one per chunk).
+so peak memory is two [c x V] float32 tensors whatever the response length (Qwen's 151,936-token vocabulary:
+1,024 positions x V x 4 bytes = 0.62 GB per copy; a whole 32 x 1,024 micro-batch would be 20 GB per copy), plus
+the logits of the first `keep` positions, which the forward keeps for the backward where a gradient is wanted
+(`logprobs.HEAD_KEEP_BYTES`; the backward then skips their h @ W^T, a quarter of the head's work). With c >= N it
+computes what `torch.log_softmax` over the full logits computes, to float32 rounding. The head weight's gradient
+is a sum over chunks: for a 16-bit weight it is summed in a float32 [V x H] (one rounding to the weight's dtype at
+the end, as autograd's single matmul over all positions has, not one per chunk).
 
 With a `truncation` (the sampler's top-k / top-p, `algos/sampling_support.py`) log p(label) is renormalised on the
 kept set S of each position (the label always in it): lse_S = logsumexp over S, log p(label) = z[label] - lse_S,
