@@ -28,8 +28,7 @@ from benchmarks.common import DEMO_DATA, demo_model
 from torchrl_post.agent.base import Trajectory
 from torchrl_post.agent.guess_number import GuessAgent, GuessNumberEnv
 from torchrl_post.agent.loop import AgentLoop, LoopLimits
-from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, shutdown_distributed
 from torchrl_post.engines.base import RolloutEngine, SamplingParams
 
 NAME = "agent_loop"
@@ -124,10 +123,7 @@ def worker(argv: list[str]) -> None:
         max_tokens=6, env_workers=32, temperature=1.0, seed=5,
     )  # fmt: skip
     delays = [float(d) for d in args.delays_ms.split(",") if d.strip()]
-    env = read_env("cpu")
-    init_world(env)
-    cfg = Config()
-    cfg.model.path = str(args.model.resolve())
+    env, cfg = common.worker_init("cpu", args.model)
     cfg.data.max_response_length = args.max_turns * args.max_tokens
     cfg.data.max_prompt_length = MAX_MODEL_LEN - cfg.data.max_response_length
     cfg.rollout.max_num_seqs = max(8, args.tasks * args.samples)

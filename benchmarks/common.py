@@ -333,6 +333,27 @@ def worker_args(doc: str | None, argv: list[str] | None = None, **options: Any) 
     return ap.parse_args(argv)
 
 
+def worker_init(device: str, model: Path | str | None = None) -> tuple[Any, Any]:
+    """A worker's start under torchrun: (its `DistEnv`, the world's group up; a default `Config`, `model` its path)."""
+    from torchrl_post.config.schema import Config
+    from torchrl_post.distributed.env import init_world, read_env
+
+    env, cfg = read_env(device), Config()
+    init_world(env)
+    if model is not None:
+        cfg.model.path = str(Path(model).resolve())
+    return env, cfg
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def write_json(path: Path, rec: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rec, indent=1) + "\n")

@@ -23,7 +23,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from benchmarks import common
 from torchrl_post.config.schema import FSDPConfig
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
 from torchrl_post.workers.expert_parallel import fused_experts
 from torchrl_post.workers.fsdp import apply_fsdp
@@ -57,8 +57,7 @@ def worker(argv: list[str]) -> None:
     all-to-alls' seconds from the profiler; the expert bytes each rank gathers per layer; the parameters and AdamW
     state each rank keeps."""
     a = common.worker_args(worker.__doc__, argv, ep=1, experts=16, hidden=256, layers=4, tokens=1024, repeats=3)
-    env = read_env("cpu")
-    init_world(env)
+    common.worker_init("cpu")
     world = dist.get_world_size()
     config = Qwen3MoeConfig(
         vocab_size=1024, hidden_size=a.hidden, intermediate_size=2 * a.hidden, moe_intermediate_size=a.hidden,
@@ -103,8 +102,7 @@ def worker(argv: list[str]) -> None:
         "update_s": statistics.median(seconds), "all_to_all_share": a2a / profiled,
         "expert_bytes_gathered": max(gathered), "expert_bytes_per_layer": total, "params_and_optimizer_bytes": kept + state,
     }  # fmt: skip
-    reports: list = [None] * world
-    dist.all_gather_object(reports, record)
+    reports = common.all_gather(record)
     if dist.get_rank() == 0:
         common.write_json(a.out, {"ep": a.ep, "world": world, "experts": a.experts, "ranks": reports})
     end_process(0)

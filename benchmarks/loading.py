@@ -17,8 +17,7 @@ import torch.distributed as dist
 
 from benchmarks import common
 from benchmarks.common import SIZES, ModelSize, model_dir
-from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import fsdp_mesh
 
 NAME = "loading"
@@ -65,10 +64,8 @@ def worker(argv: list[str]) -> None:
     touched, transient copies). Rank 0 writes every rank's numbers."""
     torch.set_num_threads(1)
     args = common.worker_args(worker.__doc__, argv, model=str, format=str)
-    env = read_env("auto")
-    init_world(env)
-    cfg = Config()
-    cfg.model.path, cfg.model.load_format = args.model, args.format
+    env, cfg = common.worker_init("auto", args.model)
+    cfg.model.load_format = args.format
     mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     dist.barrier()
     before = rss_kb()
@@ -82,8 +79,7 @@ def worker(argv: list[str]) -> None:
         "rank": env.rank, "peak_growth_bytes": (peak - before) * 1024, "after_bytes": (rss_kb() - before) * 1024,
         "shard_bytes": sum(p.to_local().numel() * p.element_size() for p in params), "seconds": seconds,
     }  # fmt: skip
-    gathered: list[object] = [None] * env.world_size
-    dist.all_gather_object(gathered, mine)
+    gathered = common.all_gather(mine)
     if env.rank == 0:
         n = sum(p.numel() for p in params)
         common.write_json(args.out, {

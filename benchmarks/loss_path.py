@@ -20,10 +20,10 @@ import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from benchmarks import common
-from torchrl_post.config.schema import Config
 from torchrl_post.distributed import ulysses
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import fsdp_mesh, sequence_mesh
+from torchrl_post.engines.batch import pad_samples
 from torchrl_post.types import Batch
 from torchrl_post.workers import logprobs
 
@@ -117,14 +117,9 @@ class ExchangeClock:
 def group_row(prompt: int, response: int, vocab: int, rank: int, seed: int = 0) -> Batch:
     """This rank's share of the sp group's one random on-policy row (rank 0 holds it)."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (1, prompt + response), generator=gen)
-    attn, loss_mask = torch.ones_like(ids), torch.ones(1, response)
-    batch = Batch(
-        input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0), loss_mask=loss_mask,
-        rollout_log_probs=torch.zeros(1, response), group_ids=torch.zeros(1, dtype=torch.long),
-        termination=torch.zeros(1, dtype=torch.long), weights=torch.ones(1),
-        advantages=torch.randn(1, 1, generator=gen) * loss_mask,
-    )  # fmt: skip
+    ids = torch.randint(3, vocab, (prompt + response,), generator=gen).tolist()
+    batch = pad_samples([ids[:prompt]], [ids[prompt:]], [[0.0] * response], [[1.0] * response], [0], ["stop"], 0)
+    batch.advantages = torch.randn(1, 1, generator=gen) * batch.loss_mask
     return batch if rank == 0 else batch.select(slice(0, 0))
 
 
@@ -165,16 +160,13 @@ def worker(argv: list[str]) -> None:
     )  # fmt: skip
     logprobs.HEAD_CHUNK_TOKENS = args.chunk
     logprobs.HEAD_KEEP_BYTES = 0  # the head's growth with length: its kept logits are a constant (at most 512 MiB)
-    env = read_env("cpu")
-    init_world(env)
+    env, cfg = common.worker_init("cpu", args.model)
     clock = ExchangeClock()
     ulysses._exchange = clock  # type: ignore[assignment]  # the benchmark's timing hook; _AllToAll calls it
     lengths = [int(x) for x in args.lengths.split(",")]
     results: list[dict[str, Any]] = []
     world = env.world_size
     for setting in args.checkpointing.split(","):
-        cfg = Config()
-        cfg.model.path = str(args.model.resolve())
         cfg.model.enable_gradient_checkpointing = setting == "on"
         cfg.actor.ppo_micro_batch_size_per_gpu = 1
         sequence = sequence_mesh("cpu", world, world) if world > 1 else None
@@ -193,8 +185,7 @@ def worker(argv: list[str]) -> None:
             print(f"  rank {env.rank}, ckpt {setting}, response {length}: peak {m['peak_bytes'] / 2**20:.1f} MiB")
         config = actor.model.config
         del actor
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, results)
+    gathered = common.all_gather(results)
     if env.rank == 0:
         common.write_json(args.out, {
             "sp": world, "chunk": args.chunk, "vocab_size": vocab, "hidden_size": int(config.hidden_size),

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoTokenizer
 from benchmarks import common
 from benchmarks.common import SIZES, model_dir
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world, read_env, shutdown_distributed
+from torchrl_post.distributed.env import end_process, shutdown_distributed
 from torchrl_post.engines.base import RolloutEngine, SamplingParams, generate
 from torchrl_post.plan import engine_spec
 from torchrl_post.rollout.episodes import Episodes, OneTurn
@@ -193,10 +193,7 @@ def worker(argv: list[str]) -> None:
     )
     args.batch_list = [tuple(int(x) for x in b.lower().split("x")) for b in args.batches.split(",")]
     args.length_list = [int(x) for x in args.lengths.split(",")]
-    env = read_env("auto")
-    init_world(env)
-    cfg = Config()
-    cfg.model.path = str(args.model.resolve())
+    env, cfg = common.worker_init("auto", args.model)
     cfg.data.max_prompt_length = args.prompt_len
     cfg.data.max_response_length = max(args.length_list)
     cfg.rollout.max_num_seqs = max(p * n for p, n in args.batch_list)  # every call is one engine batch

@@ -25,8 +25,9 @@ from transformers import AutoModelForCausalLM
 from benchmarks import common
 from benchmarks.common import SIZES, TINY, ModelSize, model_dir
 from torchrl_post.config.schema import Config
-from torchrl_post.distributed.env import end_process, init_world, read_env
+from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import dp_group, fsdp_mesh
+from torchrl_post.engines.batch import pad_samples
 from torchrl_post.types import Batch
 from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.micro_batches import plan_micro_batches
@@ -94,21 +95,13 @@ def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
             prompts.append(prompt)
             responses.append([rng.randrange(5, vocab) for _ in range(r_lo + round(u * (r_hi - r_lo)))])
     prompts, responses = prompts[: args.samples], responses[: args.samples]
-    p_width, r_width = max(map(len, prompts)), max(map(len, responses))
-    ids = torch.full((args.samples, p_width + r_width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        ids[i, p_width - len(p) : p_width + len(r)] = torch.tensor(p + r)
-        attn[i, p_width - len(p) : p_width + len(r)] = 1
-    loss_mask = attn[:, p_width:].float()
+    zeros, ones = ([[x] * len(r) for r in responses] for x in (0.0, 1.0))
+    groups = [i // args.group for i in range(args.samples)]
+    batch = pad_samples(prompts, responses, zeros, ones, groups, ["stop"] * args.samples, pad_id)
     scores = torch.randn(args.samples, generator=torch.Generator().manual_seed(args.seed)).view(-1, args.group)
     adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).view(-1, 1)
-    return Batch(
-        input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0), loss_mask=loss_mask,
-        rollout_log_probs=torch.zeros_like(loss_mask), group_ids=torch.arange(args.samples) // args.group,
-        termination=torch.zeros(args.samples, dtype=torch.long), weights=torch.ones(args.samples),
-        advantages=adv * loss_mask,
-    )  # fmt: skip
+    batch.advantages = adv * batch.loss_mask
+    return batch
 
 
 # ---- the worker: the bare loop ---------------------------------------------------------------------------------
@@ -243,10 +236,7 @@ def worker(argv: list[str]) -> None:
         worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64",
         lengths="uniform", micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
     )  # fmt: skip
-    env = read_env("auto")
-    init_world(env)
-    cfg = Config()
-    cfg.model.path = str(args.model.resolve())
+    env, cfg = common.worker_init("auto", args.model)
     mesh = fsdp_mesh(env.device.type, env.world_size, -1)
     model: Any = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     model.to(env.device)
