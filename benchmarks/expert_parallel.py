@@ -25,9 +25,10 @@ from benchmarks import common
 from torchrl_post.config.schema import FSDPConfig
 from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import expert_mesh, fsdp_mesh
+from torchrl_post.workers.actor import local_bytes
 from torchrl_post.workers.expert_parallel import fused_experts
 from torchrl_post.workers.fsdp import apply_fsdp
-from torchrl_post.workers.optim import clip_grad_norm, local_tensor
+from torchrl_post.workers.optim import clip_grad_norm
 
 NAME = "expert_parallel"
 RANKS = 4
@@ -71,9 +72,7 @@ def worker(argv: list[str]) -> None:
     apply_fsdp(model, fsdp_mesh("cpu", world, -1), FSDPConfig(param_dtype="float32"), experts=experts)
     gathered: list[int] = []  # each experts module's bytes as its forward runs (FSDP has gathered its unit)
     for module in fused_experts(model):
-        module.register_forward_pre_hook(
-            lambda m, _: gathered.append(sum(local_tensor(p).numel() * p.element_size() for p in m.parameters()))
-        )
+        module.register_forward_pre_hook(lambda m, _: gathered.append(sum(map(local_bytes, m.parameters()))))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 1024, (1, a.tokens), generator=torch.Generator().manual_seed(dist.get_rank()))
 
@@ -95,9 +94,8 @@ def worker(argv: list[str]) -> None:
         update()
         profiled = time.perf_counter() - start
     a2a = sum(e.cpu_time_total for e in prof.key_averages() if "alltoall" in e.key.replace("_", "").lower()) / 1e6
-    kept = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters())
     moments = [t for s in optimizer.state.values() for k, t in s.items() if k != "step" and isinstance(t, torch.Tensor)]
-    state = sum(local_tensor(t).numel() * t.element_size() for t in moments)
+    kept, state = sum(map(local_bytes, model.parameters())), sum(map(local_bytes, moments))
     record = {
         "update_s": statistics.median(seconds), "all_to_all_share": a2a / profiled,
         "expert_bytes_gathered": max(gathered), "expert_bytes_per_layer": total, "params_and_optimizer_bytes": kept + state,

@@ -19,6 +19,7 @@ from benchmarks import common
 from benchmarks.common import SIZES, ModelSize, model_dir
 from torchrl_post.distributed.env import end_process
 from torchrl_post.distributed.placement import fsdp_mesh
+from torchrl_post.workers.actor import local_bytes
 
 NAME = "loading"
 BIG = ModelSize("qwen2-1b", 2048, 22, 32, 8, 5632)  # 22 x 45.1M + embeddings: 0.99B parameters
@@ -77,7 +78,7 @@ def worker(argv: list[str]) -> None:
     params = list(actor.model.parameters())
     mine = {
         "rank": env.rank, "peak_growth_bytes": (peak - before) * 1024, "after_bytes": (rss_kb() - before) * 1024,
-        "shard_bytes": sum(p.to_local().numel() * p.element_size() for p in params), "seconds": seconds,
+        "shard_bytes": sum(map(local_bytes, params)), "seconds": seconds,
     }  # fmt: skip
     gathered = common.all_gather(mine)
     if env.rank == 0:
