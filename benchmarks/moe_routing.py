@@ -84,40 +84,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": steps, "runs": [train(mode, models.get(mode, MOE_MODEL), steps) for mode in MODES]}
 
 
+COLUMNS = [("setting", "label", "{}"), ("router mismatch", "mismatch", "{}"), ("logprob diff", "logprob_diff", "{:.2e}"),
+           ("vs dense", "ratio", "{}")]  # fmt: skip
+
+
 def markdown(rec: dict[str, Any]) -> str:
     by = {r["mode"]: r for r in rec["runs"]}
-    lines = [
-        "# MoE routing: engine/trainer disagreement and routing replay\n",
+    moe, replay, ties, dense = by["moe"], by["moe_replay"], by.get("ties"), by["dense"]["logprob_diff"]
+    rows = [r | {"mismatch": na(r["router_mismatch"], "{:.4f}"),
+                 "ratio": f"{r['logprob_diff'] / dense:.2f}x" if dense else "n/a"} for r in rec["runs"]]  # fmt: skip
+    return common.blocks(
+        "# MoE routing: engine/trainer disagreement and routing replay",
         f"{common.versions(rec)}. Each row is one `torchrun --nproc-per-node 2 -m torchrl_post.train` run of "
         f"{rec['steps']} GRPO steps on the demo task (float32 FSDP2 actor on 2 CPU ranks, colocated vLLM). Means "
         "over the steps of `rollout/router_mismatch` (routing decisions, token x MoE layer, where the trainer's "
         "router picks other experts than the engine) and `rollout/logprob_diff` (mean |engine - trainer| logprob "
-        "of the sampled tokens), both before the update.\n",
-        "| setting | router mismatch | logprob diff | vs dense |",
-        "|---|---|---|---|",
-    ]
-    dense = by["dense"]["logprob_diff"]
-    for r in rec["runs"]:
-        ratio = f"{r['logprob_diff'] / dense:.2f}x" if dense else "n/a"
-        lines.append(f"| {r['label']} | {na(r['router_mismatch'], '{:.4f}')} | {r['logprob_diff']:.2e} | {ratio} |")
-    moe, replay = by["moe"], by["moe_replay"]
-    lines += [
-        "",
+        "of the sampled tokens), both before the update.",
+        common.table(rows, COLUMNS),
         f"Without replay the bf16 engine and the float32 trainer disagree on {na(moe['router_mismatch'], '{:.2%}')} of "
         f"the routing decisions and the logprobs differ by {moe['logprob_diff']:.2e} ({dense and moe['logprob_diff'] / dense:.2f}x "
         f"the dense model's {dense:.2e}); replaying the engine's experts gives {replay['logprob_diff']:.2e} "
         f"({dense and replay['logprob_diff'] / dense:.2f}x). In float32 on both sides the routes disagree on "
         f"{na(by['moe_fp32']['router_mismatch'], '{:.2%}')} of the decisions.",
-    ]
-    if "ties" in by and "ties_replay" in by:
-        lines += [
-            "",
-            f"With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
-            f"{na(by['ties']['router_mismatch'], '{:.2%}')} of the decisions (bfloat16's rounding is relative: "
-            "smaller logits do not flip more often); the logprobs differ by "
-            f"{by['ties']['logprob_diff']:.2e} without replay and {by['ties_replay']['logprob_diff']:.2e} with it.",
-        ]
-    return "\n".join([*lines, ""])
+        (
+            "With routers scaled down 20x and more diverse experts the engine and the trainer disagree on "
+            f"{na(ties['router_mismatch'], '{:.2%}')} of the decisions (bfloat16's rounding is relative: smaller "
+            f"logits do not flip more often); the logprobs differ by {ties['logprob_diff']:.2e} without replay and "
+            f"{by['ties_replay']['logprob_diff']:.2e} with it."
+        )
+        if ties and "ties_replay" in by
+        else "",
+    )  # fmt: skip
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
