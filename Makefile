@@ -112,8 +112,13 @@ lint: setup
 # Every test; prints the 40 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
 # The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core); its output
 # and status follow the tests', and either failing fails the target. TESTS= picks what pytest runs.
+# The project's own bytecode is compiled first (as `make setup` compiles the installed packages'): where
+# PYTHONDONTWRITEBYTECODE is set, every process of the suite that is not forked from its launcher (the background
+# model builds, the real torchrun launches, the lint) would compile the package again.
 test:
-	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
+	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; \
+	$(PY) -m compileall -q torchrl_post tests benchmarks examples > /dev/null; \
+	setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
 	rm -f outputs/lint.status; set +e; \
 	{ t=$$(date +%s); $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
 	  echo "$$? $$(( $$(date +%s) - t ))" > outputs/lint.status; } & \

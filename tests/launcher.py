@@ -36,15 +36,28 @@ from pathlib import Path
 from typing import Any, TextIO
 
 PRELOAD = (
-    "torchrl_post.api",
-    "torchrl_post.run",
-    "torchrl_post.trainer",
-    "torchrl_post.engines.vllm",
-    "torchrl_post.engines.hf",
+    "torchrl_post.engines.vllm",  # first: it sets vLLM's environment before vLLM is imported
     "transformers",
     "vllm",
     "vllm.entrypoints.llm",
+    # What each rank's engine imported on its own (about 2 s a rank on 2 cores): vLLM's CPU worker, model runner
+    # and their model-executor layers, quantization and kernel registry, imported when the engine starts.
+    "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner",
+    "vllm.v1.core.sched.scheduler",
+    "vllm.model_executor.model_loader",
+    "vllm.v1.attention.backends.cpu_attn",
+    "vllm.distributed.elastic_ep.elastic_execute",
+    "vllm.distributed.device_communicators.cpu_communicator",
+    "vllm.model_executor.layers.quantization.online",
+    "vllm.utils.cpu_triton_utils",
+    "compressed_tensors",
+    # The architectures the suite's tiny models use, in transformers (the trainer) and vLLM (the engine).
+    *(f"transformers.models.{m}.modeling_{m}" for m in ("qwen2", "llama", "qwen3", "qwen2_moe", "qwen3_moe")),
+    *(f"transformers.models.{m}.modeling_{m}" for m in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")),
+    *(f"vllm.model_executor.models.{m}" for m in ("qwen2", "llama", "qwen3", "qwen2_moe", "qwen3_moe")),
 )
+"""Imported by the zygote before it forks a launch, after every module of the package (`_package_modules`)."""
 STOP_GRACE_S = 30.0
 
 
@@ -52,6 +65,19 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _package_modules() -> list[str]:
+    """Every module of torchrl_post but those a launch runs as `-m` (a script's `__main__`: runpy warns when it is
+    already imported); the rest were each imported by some rank of the suite (the placements, roles, engines)."""
+    package = Path(__file__).resolve().parents[1] / "torchrl_post"
+    names = []
+    for path in sorted(package.rglob("*.py")):
+        if '__name__ == "__main__"' in path.read_text():
+            continue
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
 
 
 def _preload() -> None:
@@ -63,7 +89,7 @@ def _preload() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-    for name in PRELOAD:
+    for name in (*PRELOAD[:1], *_package_modules(), *PRELOAD[1:]):
         try:
             importlib.import_module(name)
         except ImportError:  # vLLM is not on the GPU machine: its launches import what they need themselves

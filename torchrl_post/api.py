@@ -189,6 +189,8 @@ def as_config(cfg: Any) -> Config:
     )
 
 
+_OUTLIVED: list[object] = []
+"""The programs of runs whose process ends right after (`process_ends`): kept referenced until it does."""
 _ALIAS_NOTES: list[str] = []
 """Notes of the verl / rLLM / ROLL / TRL keys `config` rewrote (a script's command-line overrides), printed by the
 run with the plan's."""
@@ -276,6 +278,8 @@ def _run(cfg: Config, given: Given, val_only: bool, notes: list[str], process_en
             watch.stop()
         if program is not None:
             program.shutdown(process_ends)
+            if process_ends:  # dropped by the process's end: the engine's own teardown (a gc pass, vLLM's groups
+                _OUTLIVED.append(program)  # after ours are gone) would only cost seconds and print a traceback
         shutdown_distributed()
 
 
