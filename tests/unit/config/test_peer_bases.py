@@ -52,10 +52,11 @@ def test_each_base_sets_only_what_differs_and_names_the_peer(name: str) -> None:
     loaded = OmegaConf.to_container(OmegaConf.load(path))
     assert isinstance(loaded, dict)
     body = {k: v for k, v in loaded.items() if k != "defaults"}
-    demo, base = load_config([]), load_config([], config_name=name)
+    demo = OmegaConf.structured(load_config([]))
+    base = OmegaConf.structured(load_config([], config_name=name))
     for key, value in _leaves(body).items():
-        assert OmegaConf.select(OmegaConf.structured(base), key) == value, key
-        assert OmegaConf.select(OmegaConf.structured(demo), key) != value, f"{name}.yaml: {key} is the demo's already"
+        assert OmegaConf.select(base, key) == value, key
+        assert OmegaConf.select(demo, key) != value, f"{name}.yaml: {key} is the demo's already"
     for line in text.splitlines():
         if re.match(r"^\s+\w+: \S", line) and "defaults_from:" not in line:  # a value (not a section or comment)
             assert f"# {BASES[name]} " in line, f"{name}.yaml: no {BASES[name]} key named on {line.strip()!r}"
