@@ -64,11 +64,10 @@ def row_blocks(
     the response's columns and whose keys are the prompt's and its own (the prompt all visible, itself causal).
     Only the tree mask's allowed pairs are computed: no query meets another sample's keys."""
     n = pos.shape[0]
+    cut = torch.ones(n, dtype=torch.bool)
     if segment is None or branch is None:
-        cut = torch.ones(n, dtype=torch.bool)
         cut[1:] = pos[1:] != pos[:-1] + 1
     else:
-        cut = torch.ones(n, dtype=torch.bool)
         cut[1:] = (segment[1:] != segment[:-1]) | (branch[1:] != branch[:-1])
     edges = [*cut.nonzero().squeeze(-1).tolist(), n]
     blocks: list[Block] = []
