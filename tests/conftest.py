@@ -21,6 +21,9 @@ TIERS = ("unit", "distributed", "e2e", "gpu")
 _tier_seconds: dict[str, float] = {}
 _launches: list[float] = []  # seconds of each torchrun launch this session
 _prebuild_wanted: list[str] = []  # the background-built models the collected tests read (tests/prebuild.py)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+"""A one-process launch's environment where its work is small: torchrun leaves such a process the machine's threads,
+and beside the suite's background model builds (tests/prebuild.py) two threads wait on each other for seconds."""
 _zygote: list[Zygote] = []  # the launcher that forks ranks after the imports (tests/launcher.py), once started
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, torchrun
+from tests.conftest import ONE_THREAD, assert_ok, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.vllm]
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.vllm]
 @pytest.fixture(scope="module")
 def tp1_report(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("agent_tp1") / "agent.json"
-    assert_ok(torchrun(1, ["tests/distributed/agent_worker.py", str(tiny_model), str(out)]))
+    assert_ok(torchrun(1, ["tests/distributed/agent_worker.py", str(tiny_model), str(out)], env=ONE_THREAD))
     return json.loads(out.read_text())
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import assert_ok, torchrun
+from tests.conftest import ONE_THREAD, assert_ok, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -28,7 +28,9 @@ def odd_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(nproc: int, model: Path, out: Path) -> list[dict]:
-    assert_ok(torchrun(nproc, ["tests/distributed/fsdp_worker.py", str(model), str(out)]))
+    # One thread a rank for one rank too (as torchrun gives two): beside the suite's background model builds, a
+    # one-process launch's two threads waited on each other (this test 25 s alone, 144 s there)
+    assert_ok(torchrun(nproc, ["tests/distributed/fsdp_worker.py", str(model), str(out)], env=ONE_THREAD))
     return json.loads(out.read_text())
 
 

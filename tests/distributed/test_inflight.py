@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, torchrun
+from tests.conftest import ONE_THREAD, assert_ok, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.vllm]
 
 
 def test_a_weight_update_mid_generation_gives_tokens_of_two_versions(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "inflight.json"
-    assert_ok(torchrun(1, ["tests/distributed/inflight_worker.py", str(tiny_model), str(out)]))
+    assert_ok(torchrun(1, ["tests/distributed/inflight_worker.py", str(tiny_model), str(out)], env=ONE_THREAD))
     report = json.loads(out.read_text())
     for mode in ("keep", "recompute"):
         samples = report[mode]["samples"]
