@@ -67,9 +67,6 @@ def teach(model_dir: Path, out_dir: Path, tok: object, tools: list[dict]) -> lis
 
 def main() -> None:
     model_dir, work, out_path = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    # One thread: in the suite the background model builds (tests/prebuild.py) take a core, and two threads beside
-    # them (a one-process launch's default) took this worker from 41 s to 240 s on 2 cores, waiting on each other.
-    torch.set_num_threads(1)
     env = read_env("cpu")
     init_world(env)
     tok = AutoTokenizer.from_pretrained(model_dir)
