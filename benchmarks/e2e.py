@@ -1,11 +1,7 @@
 """End-to-end benchmark: one GRPO step of torchrl_post against TRL's GRPOTrainer, same model, data and batch.
 
-Both sides train on real GSM8K prompts (benchmarks/artefacts.py), 8 prompts x 8 samples per step, at most
-`--response-length` new tokens, temperature 1, beta 0, float32, one process each, the same `--reward`. Ours is
-`torchrl_post.train` (per-step `timing_s/*`); TRL is benchmarks/trl_worker.py in TRL's own venv (outputs/bench_venvs/
-trl, built once; `--no-trl` skips it), generating with transformers. Headline per model: `ratio` = TRL step / our
-step (target >= 3), medians after WARMUP. Default: the synthetic 24M Qwen2 and SmolLM2-135M-Instruct, 5 steps, and
-how our step grows on the synthetic model (`plan`); `--quick` the synthetic model; `--tiny` a tiny Qwen2, 2 steps.
+Ours: the trainer's `timing_s/*`; TRL: benchmarks/trl_worker.py in its own venv (TRL_VENV, built once). `plan`: the
+runs of each mode; `ratio` = TRL step / our step, medians after WARMUP.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,20 +92,26 @@ def model_path(name: str) -> Path:
     return {"synthetic": qwen_synthetic_dir, "smollm2": smollm2_dir}[name]()
 
 
-def _kept(path: Path, reuse: bool) -> dict[str, Any] | None:
-    """A run's result saved by an earlier invocation (`--reuse`), else None."""
-    if not (reuse and path.exists()):
-        return None
-    print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
-    REUSED.append(path.name.removesuffix(".result.json"))
-    rec: dict[str, Any] = json.loads(path.read_text())
+def saved(name: str, reuse: bool, measure: Callable[[], dict[str, Any] | None]) -> Any:
+    """`measure()`'s result, kept as RUNS/<name>.result.json; with `reuse`, one an earlier invocation kept."""
+    path = RUNS / f"{name}.result.json"
+    if reuse and path.exists():
+        print(f"    reusing {path.relative_to(common.ROOT)}", flush=True)
+        REUSED.append(name)
+        return json.loads(path.read_text())
+    if (rec := measure()) is not None:
+        common.write_json(path, rec)
+        print(f"      step {rec['step_s']:.2f} s; run {rec['run_wall_s']:.0f} s", flush=True)
     return rec
 
 
-def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
+def measured(steps: list[Any]) -> list[Any]:
+    """The steps after the warm-up (the last one at least)."""
+    return steps[min(WARMUP, len(steps) - 1) :]
+
+
+def run_ours(s: Setting, data: Path) -> dict[str, Any]:
     """One `torchrl_post.train` run; medians of its metrics over the steps after the warm-up."""
-    if (saved := _kept(RUNS / f"{s.tag}.result.json", reuse)) is not None:
-        return saved
     overrides = [
         f"model.path={model_path(s.model)}", f"data.train_files={data / 'train.jsonl'}",
         f"data.val_files={data / 'test.jsonl'}", f"data.train_batch_size={s.prompts}", f"rollout.n={s.n}",
@@ -120,7 +123,7 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
     print(f"    ours: {s.model}, {label(asdict(s))} ...", flush=True)
     rows, wall = common.train_run(f"e2e_{s.tag}", overrides, nproc=s.nproc)
     rows = [r for r in rows if "timing_s/step" in r]
-    kept = rows[min(WARMUP, len(rows) - 1) :]
+    kept = measured(rows)
     stages = sorted({k.split("/", 1)[1] for r in kept for k in r if k.startswith("timing_s/")} - {"step"})
     med = common.median
     rec: dict[str, Any] = {
@@ -131,8 +134,6 @@ def run_ours(s: Setting, data: Path, reuse: bool = False) -> dict[str, Any]:
         "padding_frac": med(kept, "perf/padding_frac"), "skipped_samples_frac": med(kept, "actor/skipped_samples_frac"),
         "run_wall_s": wall, "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-    common.write_json(RUNS / f"{s.tag}.result.json", rec)
-    print(f"      step {rec['step_s']:.2f} s; run {wall:.0f} s", flush=True)
     return rec
 
 
@@ -158,10 +159,8 @@ def trl_python(install: bool) -> Path | None:
     return python
 
 
-def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) -> dict[str, Any] | None:
-    """TRL's GRPOTrainer on the same model, data and batch (None without its venv or a saved result)."""
-    if (saved := _kept(RUNS / f"trl_{s.tag}.result.json", reuse)) is not None:
-        return saved
+def run_trl(python: Path | None, s: Setting, data: Path) -> dict[str, Any] | None:
+    """TRL's GRPOTrainer on the same model, data and batch (None without its venv)."""
     if python is None:
         return None
     args = {
@@ -173,7 +172,7 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
     raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python)
     wall = time.perf_counter() - t0
     steps = raw["steps"]
-    kept = steps[min(WARMUP, len(steps) - 1) :]
+    kept = measured(steps)
     med = common.median
     rec = {
         "step_s": med(kept, "step_s"), "steps_s": [r["step_s"] for r in steps],
@@ -184,8 +183,6 @@ def run_trl(python: Path | None, s: Setting, data: Path, reuse: bool = False) ->
         **{k: statistics.median(raw[k]) if raw[k] else None for k in ("reward_mean", "completion_length_mean")},
         **{k: raw[k] for k in ("versions", "settings", "torch_threads", "loadavg_1m")}, "run_wall_s": wall,
     }  # fmt: skip
-    common.write_json(RUNS / f"trl_{s.tag}.result.json", rec)
-    print(f"      step {rec['step_s']:.2f} s; run {wall:.0f} s", flush=True)
     return rec
 
 
@@ -213,6 +210,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     RUNS.mkdir(parents=True, exist_ok=True)
     data = gsm8k_data()
     main, points = plan(args)
+
+    def ours(s: Setting) -> dict[str, Any]:
+        return saved(s.tag, args.reuse, lambda: run_ours(s, data))
+
     # TRL's venv only where a TRL run is due (--reuse keeps saved TRL results without it)
     due = [s for s in main if not (args.reuse and (RUNS / f"trl_{s.tag}.result.json").exists())]
     python = None if args.no_trl or not due else trl_python(install=not args.tiny)
@@ -222,21 +223,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for s in main:
         path = model_path(s.model)
         print(f"  {s.model}: {DESCRIPTIONS[s.model]}, {num_params(path) / 1e6:.1f}M parameters", flush=True)
-        ours = run_ours(s if PACKED[0] in s.extra else replace(s, extra=s.extra + PADDED), data, args.reuse)
-        packed = None
-        if not args.tiny and PACKED[0] not in s.extra:
-            packed = run_ours(replace(s, extra=s.extra + PACKED), data, args.reuse)
-        trl = None if args.no_trl else run_trl(python, s, data, args.reuse)
+        mine = ours(s if PACKED[0] in s.extra else replace(s, extra=s.extra + PADDED))
+        packed = ours(replace(s, extra=s.extra + PACKED)) if not args.tiny and PACKED[0] not in s.extra else None
+        trl = None if args.no_trl else saved(f"trl_{s.tag}", args.reuse, lambda s=s: run_trl(python, s, data))
         models.append({
-            "model": s.model, "description": DESCRIPTIONS[s.model], "params": num_params(path), "ours": ours,
-            "ours_packed": packed, "trl": trl, "ratio": trl["step_s"] / ours["step_s"] if trl else None,
+            "model": s.model, "description": DESCRIPTIONS[s.model], "params": num_params(path), "ours": mine,
+            "ours_packed": packed, "trl": trl, "ratio": trl["step_s"] / mine["step_s"] if trl else None,
             "ratio_packed": trl["step_s"] / packed["step_s"] if trl and packed else None,
         })  # fmt: skip
     scaling = []
     if points:
         print("  how our step grows (synthetic model):", flush=True)
         scaling = [m["ours"] for m in models if m["model"] == "synthetic"][:1]
-        scaling += [run_ours(s, data, args.reuse) for s in points]
+        scaling += [ours(s) for s in points]
     head = main[0]
     return {
         "mode": common.mode(args),

@@ -1,10 +1,6 @@
-"""Expert-parallel benchmark: what actor.fsdp.expert_parallel_size changes per rank, on 4 ranks.
+"""Expert-parallel benchmark: what actor.fsdp.expert_parallel_size changes per rank (`worker` on 4 gloo ranks).
 
-`worker` under torchrun for ep = 1, 2, 4: a Qwen3-MoE (16 experts, top-2, hidden 256,
-4 layers; 8 experts and 2 layers with --quick/--tiny) wrapped by the trainer's own `apply_fsdp`, float32 on gloo, one
-1024-token row per rank per update. Per rank: the expert bytes one layer's forward gathers (and gathered x ep / a
-layer's expert bytes, goal 1.0), the parameters and AdamW state kept, the update time and the all-to-alls' share of a
-profiled update. A bespoke worker: the trainer reports neither the gathered expert bytes nor the all-to-all's time.
+A bespoke worker: the trainer reports neither the expert bytes a layer gathers nor the all-to-alls' time.
 """
 
 from __future__ import annotations
@@ -54,9 +50,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker(argv: list[str]) -> None:
-    """Updates of a Qwen3-MoE wrapped by `apply_fsdp` at expert_parallel_size `--ep` (float32, gloo), timed; the
-    all-to-alls' seconds from the profiler; the expert bytes each rank gathers per layer; the parameters and AdamW
-    state each rank keeps."""
+    """Timed updates of a Qwen3-MoE under `apply_fsdp` at expert_parallel_size `--ep`, and the bytes per rank."""
     a = common.worker_args(worker.__doc__, argv, ep=1, experts=16, hidden=256, layers=4, tokens=1024, repeats=3)
     common.worker_init("cpu")
     world = dist.get_world_size()

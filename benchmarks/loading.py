@@ -1,6 +1,5 @@
-"""Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full,
-per SETTINGS' model and rank counts (`worker` under torchrun; default a 4 GB qwen2-1b, built once). The full load
-runs only where MemAvailable holds a copy of the model per rank.
+"""Loading benchmark: peak host memory per rank while the actor loads, `model.load_format=sharded` against full
+(`worker`; SETTINGS); the full load runs only where MemAvailable holds a copy of the model per rank.
 """
 
 from __future__ import annotations
@@ -60,9 +59,7 @@ def rss_kb() -> int:
 
 
 def worker(argv: list[str]) -> None:
-    """One actor loaded by `model.load_format` (under torchrun), the peak host memory it took on this rank: the
-    high-water RSS (`ru_maxrss`) after the load minus the RSS just before (tensors, the safetensors pages the rank
-    touched, transient copies). Rank 0 writes every rank's numbers."""
+    """One actor loaded by `model.load_format`: this rank's high-water RSS growth (`ru_maxrss`) over the load."""
     torch.set_num_threads(1)
     args = common.worker_args(worker.__doc__, argv, model=str, format=str)
     env, cfg = common.worker_init("auto", args.model)

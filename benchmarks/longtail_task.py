@@ -1,10 +1,7 @@
-"""A long-tailed task on the demo model: each prompt names how many characters to write, most few, some ~200.
+"""A long-tailed task on the demo model: "Write 12 digits from 7." asks for "789012345678" (`answer`).
 
-"Write 12 digits from 7." asks for the digits counting up from 7, wrapping at 9 ("789012345678"). The length is
-round(256 ** (u * u)) for u uniform, capped at `MAX_TARGET`: half the prompts ask for at most 4 characters, one in ten
-for 90 or more. The model is the demo model warm-started on these rows (`warm_start`), so it stops roughly at the
-asked length on its own; `score` (`reward.function=benchmarks.longtail_task:score`) is 1 at exactly the length and
-falls linearly to 0 at 0 or twice it.
+The asked length is `target_length` of a uniform draw (half the prompts at most 4, one in ten 90 or more); the model is
+the demo model warm-started on these rows (`warm_start`); `score` is 1 at exactly the length, 0 at none or twice it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""LoRA benchmark: LoRA against full fine-tuning on the same model, through the real training entrypoint.
-
-Per model (the demo model and a random ~25M Qwen2) three `torchrun --nproc-per-node 2 -m torchrl_post.train` runs:
-full fine-tuning, LoRA (rank 16, alpha 32) with merged sync and with adapter sync; medians over steps 3..N.
-`--quick`: the demo model, 6 steps; `--tiny`: the demo model, 3 steps, full fine-tuning and merged LoRA only.
-"""
+"""LoRA benchmark: LoRA (merged and adapter sync) against full fine-tuning, each a 2-rank trainer run (MODES)."""
 
 from __future__ import annotations
 

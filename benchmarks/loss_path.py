@@ -1,9 +1,5 @@
-"""Loss-path benchmark: peak memory of one actor update against the response length, with Qwen's vocabulary,
-before (the full [tokens x vocabulary] float32 logits, `HEAD_CHUNK_TOKENS=0`) and after (the chunked LM head), by
-`worker` (MemTracker; also sequence_parallel's) on a random tied Qwen2 of hidden 64 and 2 layers (`--tiny`: SHAPES).
-The slope is a least-squares line through (tokens, peak): before over every length, after from one chunk on. The
-head keeps no logits for its backward here (`logprobs.HEAD_KEEP_BYTES` 0; by default at most 512 MiB, a constant).
-Lengths whose full-logits update would take more than half of the free memory are not run on that path.
+"""Loss-path benchmark: peak memory of one actor update against the response length, full logits
+(`HEAD_CHUNK_TOKENS=0`) against the chunked LM head, by `worker` (MemTracker; sequence_parallel's too) on SHAPES.
 """
 
 from __future__ import annotations
@@ -150,10 +146,7 @@ def measure(actor: Any, batch: Batch, clock: ExchangeClock, timed: int) -> dict[
 
 
 def worker(argv: list[str]) -> None:
-    """Peak tensor memory and time of one actor update per response length, under torchrun (loss_path: 1 rank,
-    `--chunk` the LM head's HEAD_CHUNK_TOKENS; sequence_parallel: sp = world size): one update under MemTracker, then
-    `--timed` untracked ones with the time inside `ulysses._exchange`; lengths above `--skip-above` (0: none)
-    are recorded as skipped."""
+    """Peak tensor memory (MemTracker) and time of one actor update per response length, sp = the world size."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, lengths="1024,2048", checkpointing="off", chunk=logprobs.HEAD_CHUNK_TOKENS,
         skip_above=0, prompt_len=32, timed=0,

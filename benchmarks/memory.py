@@ -1,8 +1,5 @@
-"""Memory benchmark: FSDP2 parameter, gradient and AdamW state bytes per rank over 1, 2 and 4 ranks (SETTINGS).
-
-One GRPO step of the trainer per model and rank count, read back from its metrics.jsonl (`perf/param_bytes`,
-`perf/grad_bytes`, `perf/optimizer_bytes`: the largest rank's local shards). `ratio` = that / the 1-rank run's; the
-ideal is 1 / ranks. Tensor counts, deterministic: shared CPUs do not matter. On CUDA the ranks stop at the GPU count.
+"""Memory benchmark: FSDP2 parameter, gradient and AdamW bytes per rank over 1, 2 and 4 ranks (SETTINGS), from one
+trainer step's `perf/param_bytes`, `perf/grad_bytes` and `perf/optimizer_bytes`; on CUDA up to the GPU count.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Mixture-of-experts benchmark: one forward and backward of a random Qwen3-MoE with each
-`model.experts_implementation` (`eager`, `grouped_mm`, `batched_mm`), in this process, the same weights for each
-(switched by `workers.models.with_experts`). `--warmup` rounds, then `--repeats` timed rounds of every implementation
-in turn; the first round's loss and gradients are compared with eager's. `batched_mm` runs only where its gathered
-weights fit in a quarter of the free memory. Default and `--quick`: SIZES, float32 and bfloat16; `--tiny`: the tiny
-model, 2 x 32 tokens, float32.
+"""Mixture-of-experts benchmark: one forward and backward of a random Qwen3-MoE per
+`model.experts_implementation` (IMPLEMENTATIONS), in this process, the same weights for each (`with_experts`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""MoE routing benchmark: how often the engine and the trainer route tokens to different experts, and what routing
-replay does to the engine/trainer logprob difference, through the real training entrypoint (2 CPU ranks).
-
-Per setting (MODES): the dense demo model and its MoE upcycling (`make moe-model`) with a bfloat16 engine against
-the float32 trainer, without and with `actor.router_replay`, float32 on both sides, and a near-tie variant (routers
-scaled down 20x, experts perturbed by x(1 + 0.5 N(0, 1))). `--quick`: 6 steps; `--tiny`: 2.
+"""MoE routing benchmark: engine/trainer routing disagreement and what routing replay does to the logprob
+difference, each setting (MODES) a 2-rank trainer run; `near_ties`: routers scaled down, experts perturbed.
 """
 
 from __future__ import annotations

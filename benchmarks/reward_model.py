@@ -1,9 +1,5 @@
-"""Reward-model benchmark: scoring colocated with the actor against on a rank of its own, through the real trainer.
-
-Per reward model (RM_SIZES: random Qwen2ForSequenceClassification with the demo's tokenizer) the demo GRPO config
-with `reward_model.enable=true` and a KL loss (a reference forward per step on the actor's ranks), colocated on the
-2 actor ranks and on rank 2 of its own. RM s = `timing_s/reward_model` + `timing_s/wait_reward_model`, medians over
-steps 3..N. Steps: 12 (`--quick` 6, `--tiny` 3, rm-demo only, generating with transformers).
+"""Reward-model benchmark: scoring colocated with the actor against on a rank of its own (PLACEMENTS), per
+reward model (RM_SIZES), each a trainer run with a KL loss (a reference forward per step on the actor's ranks).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine, and where vLLM's
-generation time goes (`worker`, 1 process, random Qwen2 models; each mode's sizes: SETTINGS).
-Headline: `ratio` = vLLM tokens/s / hf tokens/s per (batch, length) row, every sample forced to the asked length.
-On CPU both engines run `--threads` unbound OpenMP threads (default 1: on shared cores, spinning or pinned threads
-stall 10x whenever another process takes one of their cores).
+"""Rollout benchmark: generation tokens/s of the vLLM engine against the transformers engine (`worker`, SETTINGS).
+
+On CPU both engines run `--threads` unbound OpenMP threads (on shared cores pinned threads stall whenever another
+process takes one of their cores).
 """
 
 from __future__ import annotations
@@ -183,11 +182,7 @@ def measure(args: Any, engines: dict[str, RolloutEngine], vocab: int) -> dict[st
 
 
 def worker(argv: list[str]) -> None:
-    """Generation speed of the vLLM engine against the transformers engine, in one process under torchrun.
-
-    Both engines as the trainer builds them, every sample forced to the asked length; per batch one new token is timed
-    too (decode = t(L) - t(1) over L - 1 steps), beside vLLM's own `LLM.generate` and the producer's one-turn episodes.
-    Warm-up once per shape; the calls take turns; best of R repeats; ratios to `LLM.generate`: medians of the rounds'."""
+    """Both engines as the trainer builds them, every sample forced to the asked length, taking turns."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, prompt_len=16, batches="1x1,4x4", lengths="32,128", repeats=3, kv_cache_gb=1
     )

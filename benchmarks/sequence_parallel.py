@@ -1,8 +1,5 @@
-"""Sequence-parallel benchmark: peak activation memory per rank of one actor update against the response length,
-with Ulysses sequence parallelism over sp gloo ranks (dp 1), and the all-to-all's share of the step, measured by
-the worker of benchmarks/loss_path.py on a random Qwen2 with room for 32k positions (lengths, sp, checkpointing per
-mode: SETTINGS). Why the activations sit about 1.1 x 1/sp: the report's last paragraph (counted with saved-tensor
-hooks at 2k tokens, 2026-11-26: 43.3 hidden sizes per local token against sp=1's 38.2).
+"""Sequence-parallel benchmark: peak activations per rank of one actor update with Ulysses over sp gloo ranks
+(loss_path's worker; SETTINGS); why they sit about 1.1 x 1/sp: the report's last paragraph.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""SFT benchmark: trained tokens/s of our SFT (`--config-name sft`) on 1 and 2 ranks against TRL's SFTTrainer on 1
-process (benchmarks/trl_worker.py `--trainer sft` in TRL's venv, built by benchmarks/e2e.py): same model, rows in the
-same order (a seeded copy task; TRL gets the tokens our loader produced), batch, learning rate and steps; the losses
-of both. Packing off on both; `--threads` torch threads per process (default 1); each mode's setting: SETTINGS.
+"""SFT benchmark: our SFT on 1 and 2 ranks against TRL's SFTTrainer (benchmarks/trl_worker.py `--trainer sft`):
+same model, rows in the same order (TRL gets the tokens our loader produced), batch, learning rate and steps.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Weight-sync benchmark: how close the trainer -> vLLM weight sync gets to the raw collective of the same bytes.
-
-`worker` per random Qwen2 (MODELS): colocated on 2 actor ranks and broadcast from 1 actor to 1
-rollout rank; for the largest also 2 and 3 rollout ranks and 2 actor ranks. `ratio` = raw_s / sync_s (target 0.7).
-`--quick`: the smallest model, colocated and 1 + 1 broadcast; `--tiny`: the same, one repeat.
+"""Weight-sync benchmark: the trainer -> vLLM weight sync against the raw collective of the same bytes (`worker`;
+`plan_runs`); `ratio` = raw_s / sync_s (TARGET_RATIO).
 """
 
 from __future__ import annotations
@@ -147,11 +144,7 @@ def bench_broadcast(topo: Topology, actor: Actor | None, engine: RolloutEngine |
 
 
 def worker(argv: list[str]) -> None:
-    """Weight-sync speed, one topology per launch (torchrun on K ranks): the framework's sync against a raw collective.
-
-    colocated (K = N): `sync_weights` against the same all_gathers; broadcast (K = N + M, engines on ranks N..):
-    `BroadcastSync` against one broadcast of the same bytes; also `transfer_s` (no engine load) and `load_s` (the reload
-    alone). Median of R repeats between barriers, the four taking turns."""
+    """The framework's weight sync against the raw collective of the same bytes, one topology per launch."""
     args = common.worker_args(worker.__doc__, argv, model=Path, mode=str, actor=int, rollout=0, bucket_mb=64, repeats=3)
     env = read_env("auto")  # cuda (nccl) where there is one, else cpu (gloo)
     cfg = load_config([

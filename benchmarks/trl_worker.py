@@ -1,10 +1,7 @@
-"""TRL's trainers for a few steps, timed: the reference side of benchmarks/e2e.py and tests/gpu's speed check
-(GRPOTrainer: `grpo`), and of benchmarks/sft.py (`--trainer sft`: SFTTrainer, `sft`).
+"""TRL's trainers for a few steps, timed: the peer of benchmarks/e2e.py and tests/gpu (`grpo`), and of sft.py (`sft`).
 
-Runs inside TRL's own virtual environment, one process, no torchrl_post import (the flags: `grpo`, `sft`; the reward
-is loaded by file: `gsm8k` from torchrl_post/reward/builtin.py, `gsm8k_closeness` from benchmarks/rewards.py). Both
-as the project's runs: float32, torch AdamW at a constant learning rate, clipping at 1.0; per step the wall time
-between on_step_begin and on_step_end; one JSON record.
+Runs in TRL's own venv, no torchrl_post import (the reward is loaded by file); float32, torch AdamW at a constant
+learning rate, clipping at 1.0; per step the wall time from on_step_begin to on_step_end; one JSON record.
 """
 
 from __future__ import annotations
@@ -121,9 +118,7 @@ def train(trainer: Any, out: Path, record: Callable[[], dict[str, Any]], t_start
 
 
 def grpo(argv: list[str]) -> None:
-    """GRPOTrainer: prompts x n samples per step (one optimizer step per generation), at most `response_length` new
-    tokens, temperature 1, beta 0, one iteration, float32 (`--bf16`: bf16 autocast), transformers' `generate`; per
-    step also TRL's own profiling timers (PROFILED)."""
+    """GRPOTrainer as the project's GRPO step (transformers `generate`); per step TRL's own timers too."""
     args, t_start, dataset, tok, model, load_s = setup(
         grpo.__doc__, argv, prompts=8, n=8, response_length=32, lr=1e-6, steps=6, seed=1, reward=tuple(REWARD_FILES),
         bf16=False,
@@ -174,9 +169,7 @@ def grpo(argv: list[str]) -> None:
 
 
 def sft(argv: list[str]) -> None:
-    """SFTTrainer on rows that come tokenised (`input_ids`, `completion_mask`, from torchrl_post's SFT loader):
-    `completion_only_loss` puts the loss on the completion tokens, as ours; `batch` rows per optimizer step, in file
-    order, no gradient checkpointing, no packing, weight decay 0; per step also the logged `loss`."""
+    """SFTTrainer on the rows our SFT loader tokenised (`input_ids`, `completion_mask`), in file order."""
     args, t_start, dataset, tok, model, load_s = setup(sft.__doc__, argv, batch=16, lr=1e-3, steps=8, seed=1)
     import torch
     from trl import SFTConfig, SFTTrainer

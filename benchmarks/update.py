@@ -1,9 +1,6 @@
-"""Update benchmark: tokens/s of the actor's update (`Actor.update`, FSDP2) against a bare PyTorch loop (the plain
-HF model and torch.optim.AdamW) over the same micro-batches, per micro-batching mode (`worker`).
+"""Update benchmark: tokens/s of `Actor.update` against a bare PyTorch loop over the same micro-batches (`worker`).
 
-A seeded GRPO-shaped batch (groups of 8 sharing a 40-120 token prompt, responses of 1-64 tokens); modes fixed,
-dynamic, packed, packed_dynamic; each mode's shapes and runs: SETTINGS. Headline: `ratio` = ours / bare real
-tokens/s (target >= 0.9). On CPU each rank runs `--threads` torch threads (default 1).
+A seeded GRPO-shaped batch; modes fixed, dynamic, packed, packed_dynamic; SETTINGS. `--threads` torch threads a rank.
 """
 
 from __future__ import annotations
@@ -227,11 +224,7 @@ def measure_mode(
 
 
 def worker(argv: list[str]) -> None:
-    """Tokens/s of the project's actor update against a bare PyTorch loop over the same micro-batches, under torchrun.
-
-    Rank r takes the r-th share of one seeded GRPO-shaped batch; "ours" is `Actor.update` with the mode's keys, "bare" the
-    plain HF model with torch.optim.AdamW over the project's micro-batch plan (made outside the timing). Warm-up once,
-    then the calls take turns for `repeats` rounds: medians of wall and rank 0's process CPU seconds."""
+    """`Actor.update` against the bare loop over the same micro-batches, taking turns (under torchrun)."""
     args = common.worker_args(
         worker.__doc__, argv, model=Path, samples=64, group=8, prompt_len="40,120", response_len="1,64",
         lengths="uniform", micro=8, budget=2048, modes=",".join(MODES), repeats=3, seed=0,
