@@ -35,19 +35,6 @@ SETTINGS = {"full": (32, 3, 20), "quick": (8, 3, 10), "tiny": (2, 1, 2)}  # task
 N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per task, env step delays, threads
 
 
-def run_loop(tasks: int, repeats: int) -> dict[str, Any]:
-    args = {
-        "model": demo_model(), "data": DEMO_DATA / "train.jsonl", "tasks": tasks, "samples": N, "repeats": repeats,
-        "delays_ms": DELAYS_MS, "env_workers": ENV_WORKERS,
-    }  # fmt: skip
-    # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
-    env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
-    t0 = time.perf_counter()
-    rec: dict[str, Any] = common.run_worker("agent_loop", "benchmarks.agent_loop", 1, args, env)
-    return rec | {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
-
-
 class SlowGuessEnv(GuessNumberEnv):
     """GuessNumberEnv whose step sleeps between 0 and 2 x `delay_s`, seeded by task and turn (alike in every run)."""
 
@@ -278,7 +265,16 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks, repeats, calls = SETTINGS[common.mode(args)]
-    loop = run_loop(tasks, repeats)
+    options = {
+        "model": demo_model(), "data": DEMO_DATA / "train.jsonl", "tasks": tasks, "samples": N, "repeats": repeats,
+        "delays_ms": DELAYS_MS, "env_workers": ENV_WORKERS,
+    }  # fmt: skip
+    # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
+    env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
+    t0 = time.perf_counter()
+    loop = common.run_worker("agent_loop", "benchmarks.agent_loop", 1, options, env)
+    loop |= {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
     print(f"sandbox: {calls} calls each ...", flush=True)
     return {"repeats": repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": bench_tools(calls)}
 

@@ -33,9 +33,6 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-# ---- SmolLM2-135M-Instruct ------------------------------------------------------------------------------------
-
-
 def smollm2_dir(out: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a float32 safetensors HF directory (built once, about 20-40 s)."""
     out = out or MODELS / SMOLLM2_NAME
@@ -71,9 +68,6 @@ def smollm2_dir(out: Path | None = None) -> Path:
     return out
 
 
-# ---- a synthetic Qwen2 over Qwen2.5's real tokenizer ---------------------------------------------------------
-
-
 def qwen_synthetic_dir() -> Path:
     """A random float32 Qwen2 (hidden 128, 8 layers, head_dim 32, tied) over Qwen2.5's real tokenizer: about 24M
     parameters, 19.4M of them the 151,680 x 128 embedding (the vocabulary dominates, as in small real models)."""
@@ -95,9 +89,6 @@ def num_params(path: Path) -> int:
         f.close()
         total += sum(math.prod(v["shape"]) for k, v in f.header.items() if k != "__metadata__")
     return total
-
-
-# ---- GSM8K ----------------------------------------------------------------------------------------------------
 
 
 def gsm8k_rows() -> list[dict[str, Any]]:

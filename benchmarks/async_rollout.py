@@ -41,9 +41,6 @@ OPTIONS: common.Options = {
 }
 
 
-# ---- summaries (pure: tests/unit/test_bench_async_rollout.py) ---------------------------------------------------
-
-
 def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The training steps' rows of a metrics.jsonl (validation-only rows have no timing_s/step)."""
     return [r for r in rows if "timing_s/step" in r]
@@ -118,9 +115,6 @@ def val_noise(runs: dict[str, list[dict[str, Any]]]) -> float:
     return max(spreads, default=0.0)
 
 
-# ---- runs ----------------------------------------------------------------------------------------------------------
-
-
 def run_one(name: str, repeat: int, args: argparse.Namespace, model: Path, data: Path) -> dict[str, Any]:
     """One training run (trainer.seed 1 + repeat): its `summarize`, wall time and the load average after it."""
     overrides = [
@@ -180,8 +174,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_1m": common.load_1m(),
     }  # fmt: skip
 
-
-# ---- report -------------------------------------------------------------------------------------------------------
 
 COLUMNS = [
     ("configuration", "label", "{}"), ("tokens/s", "tokens_per_s", "{:.0f}"), ("x on-policy", "speedup_tokens", "{:.2f}x"),

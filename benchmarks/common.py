@@ -312,17 +312,19 @@ def run_worker(
     return rec
 
 
-# ---- inside workers ------------------------------------------------------------------------------------------
-
-
 def worker_args(doc: str | None, argv: list[str] | None = None, **options: Any) -> argparse.Namespace:
-    """A worker's options: `--out` and `--<name>` per keyword, of its default's type (a type: required)."""
+    """A worker's options: `--out` and `--<name>` per keyword, of its default's type (a type: required; a bool: a
+    switch; a tuple: the choices, the first the default)."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     for name, default in options.items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, type):
             ap.add_argument(flag, type=default, required=True)
+        elif isinstance(default, bool):
+            ap.add_argument(flag, action="store_true")
+        elif isinstance(default, tuple):
+            ap.add_argument(flag, choices=default, default=default[0])
         else:
             ap.add_argument(flag, type=type(default), default=default)
     return ap.parse_args(argv)
@@ -393,9 +395,6 @@ def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True, tok: A
     tok = tok or AutoTokenizer.from_pretrained(cfg.model.path)
     spec = engine_spec(cfg, device=device.type)
     return build(cfg.model, cfg.rollout, spec, device, seed, tok.pad_token_id, [tok.eos_token_id] if stop else [])
-
-
-# ---- plots ----------------------------------------------------------------------------------------------------
 
 
 def pyplot() -> Any:

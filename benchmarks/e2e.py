@@ -260,9 +260,6 @@ def _git_head() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
 
 
-# ---- reports ------------------------------------------------------------------------------------------------
-
-
 def _stages(ours: dict[str, Any]) -> list[tuple[str, float]]:
     """The step's stages that took time (>= 5 ms), largest first, then `other` (the step's unstaged rest)."""
     timed = {k: v for k, v in ours["stages"].items() if v is not None and k not in NESTED_STAGES}

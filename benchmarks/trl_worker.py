@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run by path in TRL's venv: benchmarks.common imports the standard library alone
+from benchmarks.common import worker_args, write_json  # noqa: E402
+
 PROFILED = {  # TRL profiling name -> our key
     "GRPOTrainer._prepare_inputs": "prepare_s", "GRPOTrainer.transformers.generate": "generate_s",
     "GRPOTrainer._calculate_rewards": "reward_s", "GRPOTrainer.compute_loss": "loss_forward_s",
@@ -43,20 +46,9 @@ def load_reward(name: str) -> Callable[..., float]:
 
 
 def setup(doc: str | None, argv: list[str] | None, **defaults: Any) -> tuple[Any, float, Any, Any, Any, float]:
-    """--model, --train, --out and `defaults` (a bool: a switch; a tuple: the choices, the first the default); then
-    the rows, the tokenizer and the float32 model: (args, start time, dataset, tokenizer, model, load seconds)."""
-    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
-    for name in ("model", "train", "out"):
-        ap.add_argument(f"--{name}", type=Path, required=True)
-    for name, default in defaults.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
-            ap.add_argument(flag, action="store_true")
-        elif isinstance(default, tuple):
-            ap.add_argument(flag, choices=default, default=default[0])
-        else:
-            ap.add_argument(flag, type=type(default), default=default)
-    args = ap.parse_args(argv)
+    """`worker_args` with --model, --train and `defaults`; then the rows, the tokenizer and the float32 model:
+    (args, start time, dataset, tokenizer, model, load seconds)."""
+    args = worker_args(doc, argv, model=Path, train=Path, **defaults)
     t_start = time.perf_counter()
     import datasets
     import torch
@@ -112,8 +104,7 @@ def train(trainer: Any, out: Path, record: Callable[[], dict[str, Any]], t_start
         "load_s": load_s, "train_s": train_s, "wall_s": time.perf_counter() - t_start,
         "pid_env_threads": os.environ.get("OMP_NUM_THREADS"),
     }  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1) + "\n")
+    write_json(out, rec)
     print(f"{len(rec['steps'])} steps, " + ", ".join(f"{s['step_s']:.2f}" for s in rec["steps"]) + " s", flush=True)
 
 

@@ -101,9 +101,6 @@ def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
     return batch
 
 
-# ---- the worker: the bare loop ---------------------------------------------------------------------------------
-
-
 def bare_loss(
     model: torch.nn.Module, b: Batch, rows: slice | torch.Tensor, tokens: float, device: torch.device, packed: bool
 ) -> tuple[torch.Tensor, int]:
@@ -160,9 +157,6 @@ def bare_update(
     torch.nn.utils.clip_grad_norm_(params, grad_clip)
     opt.step()
     return cells
-
-
-# ---- timing ------------------------------------------------------------------------------------------------
 
 
 def measure_mode(
