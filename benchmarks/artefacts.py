@@ -69,8 +69,7 @@ def smollm2_dir(out: Path | None = None) -> Path:
 
 
 def qwen_synthetic_dir() -> Path:
-    """A random float32 Qwen2 (hidden 128, 8 layers, head_dim 32, tied) over Qwen2.5's real tokenizer: about 24M
-    parameters, 19.4M of them the 151,680 x 128 embedding (the vocabulary dominates, as in small real models)."""
+    """A random float32 Qwen2 (hidden 128, 8 layers, tied) over Qwen2.5's tokenizer: 24M parameters, 19.4M embedding."""
     out = MODELS / "qwen2-synth-h128-l8"
     if not (out / "config.json").exists():
         print(f"building a synthetic Qwen2 under {out} (once) ...", flush=True)

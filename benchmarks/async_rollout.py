@@ -47,8 +47,7 @@ def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) -> dict[str, Any]:
-    """One run's numbers from its metrics rows, `samples` trained per step: rates and idle shares over the steps
-    after `warmup`, the staleness histogram over every step, `val`: validation step -> score."""
+    """One run's rates and idle shares after `warmup`, staleness histogram and `val` (step -> score) from its rows."""
     steps = step_rows(rows)
     first = min(warmup, len(steps) - 1)
     kept = steps[first:]
@@ -76,8 +75,7 @@ def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) ->
 
 
 def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dict[str, Any]:
-    """A configuration's repeats in one row (medians, summed histogram, mean validation per step); speed-ups
-    against `reference` (on-policy's row; None: this is it)."""
+    """A configuration's repeats in one row; speed-ups against `reference` (on-policy's row; None: this is it)."""
     med = {k: statistics.median(v) if (v := [r[k] for r in runs if r[k] is not None]) else None for k in NUMBERS}
     steps = sorted({s for r in runs for s in r["val"]})
     val = {s: statistics.mean(r["val"][s] for r in runs if s in r["val"]) for s in steps}
@@ -96,8 +94,7 @@ NUMBERS = (
 
 
 def goal_met(row: dict[str, Any], reference: dict[str, Any], val_noise: float) -> dict[str, bool]:
-    """The issue's goal: GOAL_SPEEDUP x on-policy's tokens/s, rollout ranks idle under GOAL_ROLLOUT_IDLE, the last
-    validation no lower than on-policy's by more than `val_noise`."""
+    """The issue's goal: GOAL_SPEEDUP x on-policy's tokens/s, rollout idle under GOAL_ROLLOUT_IDLE, validation kept."""
     return {
         "speedup": row["speedup_tokens"] >= GOAL_SPEEDUP,
         "rollout_idle": row["rollout_idle"] is not None and row["rollout_idle"] < GOAL_ROLLOUT_IDLE,

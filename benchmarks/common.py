@@ -256,8 +256,7 @@ def demo_model() -> Path:
 def train_run(
     tag: str, overrides: list[str], nproc: int = 1, env: dict[str, str] | None = None
 ) -> tuple[list[Record], float]:
-    """`torchrun -m torchrl_post.train` on `nproc` ranks with `overrides`, run directory LOGS/runs/<tag>, log
-    LOGS/<tag>.log and `env` added: the rows of its metrics.jsonl and the run's wall seconds."""
+    """`torchrun -m torchrl_post.train` (run directory LOGS/runs/<tag>): its metrics.jsonl rows and wall seconds."""
     run_dir = LOGS / "runs" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [
@@ -359,8 +358,7 @@ def write_json(path: Path, rec: Any) -> None:
 def take_turns(
     calls: dict[str, Callable[[], Any]], repeats: int, sync: Callable[[], Any] = lambda: None
 ) -> dict[str, list[tuple[float, float, Any]]]:
-    """(wall s, process CPU s, result) of each call per round: a warm-up call each, then `repeats` rounds of the
-    calls in turn (outside load hits them alike), each between two `sync()`s."""
+    """(wall s, process CPU s, result) per call and round: a warm-up each, then `repeats` rounds in turn."""
     for call in calls.values():
         sync()
         call()
@@ -457,8 +455,7 @@ def lines(
 
 
 def standalone(module: Any, argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.<name>`: the module's options (`OPTIONS`), its run, its report; with `--worker` first
-    (how `run_worker` launches it under torchrun), the module's `worker(argv)` on this rank instead."""
+    """`python -m benchmarks.<name>`: the module's run and report (with `--worker` first: its `worker`)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         module.worker(argv[1:])

@@ -26,11 +26,7 @@ RECIPE = 1  # the warm start's version: a cached model of another recipe is rebu
 
 
 def target_length(u: float) -> int:
-    """The asked length for a uniform draw u in [0, 1): round(256 ** (u * u)) within [1, MAX_TARGET].
-
-    >>> [target_length(u) for u in (0.0, 0.5, 0.9, 0.99)]
-    [1, 4, 89, 200]
-    """
+    """The asked length for a uniform draw u in [0, 1): round(256 ** (u * u)) within [1, MAX_TARGET]."""
     return max(1, min(MAX_TARGET, round(256 ** (u * u))))
 
 
@@ -50,11 +46,7 @@ def make_rows(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
-    """1 at exactly the asked length (the answer's), linearly down to 0 at none or twice it (verl's signature).
-
-    >>> score("longtail", "789", "789"), score("longtail", "78", "7890"), score("longtail", "7" * 9, "789")
-    (1.0, 0.5, 0.0)
-    """
+    """1 at exactly the asked length (the answer's), linearly down to 0 at none or twice it (verl's signature)."""
     want = len(ground_truth)
     return max(0.0, 1.0 - abs(len(solution_str.strip()) - want) / want)
 

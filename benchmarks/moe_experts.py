@@ -37,12 +37,9 @@ class MoeSize:
 
 SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
 
+SHAPE = {"full": (8, 256, 2, 9), "quick": (8, 256, 2, 9), "tiny": (2, 32, 1, 2)}  # batch, seq, warm-up, timed rounds
 OPTIONS: common.Options = {
-    "--batch": {"type": int, "default": 8},
-    "--seq": {"type": int, "default": 256},
-    "--threads": {"type": int, "default": 1, "help": "torch threads (1: steadier on shared cores)"},
-    "--warmup": {"type": int, "default": 2},
-    "--repeats": {"type": int, "default": 9},
+    "--threads": {"type": int, "default": 1, "help": "torch threads (1: steadier on shared cores)"}
 }
 
 
@@ -101,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     sizes, dtypes = (SIZES[:1], ("float32",)) if args.tiny else (SIZES, ("float32", "bfloat16"))
-    batch, seq, warmup, repeats = (2, 32, 1, 2) if args.tiny else (args.batch, args.seq, args.warmup, args.repeats)
+    batch, seq, warmup, repeats = SHAPE[common.mode(args)]
     torch.set_num_threads(args.threads)
     common.warn_if_busy()
     ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))

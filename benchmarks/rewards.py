@@ -1,15 +1,5 @@
-"""A GSM8K reward that is not constant within a group, for timing an update that has gradients to compute.
-
-The exact-answer reward (`gsm8k`) is 0 for every sample of a 135M model at 64 tokens, so every group is uniform,
-every advantage 0 and `actor.skip_zero_advantage` skips the whole update: a step timed so measures no training.
-`gsm8k_closeness` scores the response's last number by its distance to the answer, 1 / (1 + |got - want| /
-max(1, |want|)), and 0 without a number. Both sides of benchmarks/e2e.py load this file (TRL's by path).
-
->>> gsm8k_closeness("openai/gsm8k", "she has 7 apples", "#### 7")
-1.0
->>> gsm8k_closeness("openai/gsm8k", "she has 5 apples", "10")
-0.6666666666666666
-"""
+"""A GSM8K reward that is not constant within a group (the exact answer is 0 for a whole group of a 135M model, so
+`actor.skip_zero_advantage` would skip every update timed); both sides of benchmarks/e2e.py load it (TRL by path)."""
 
 from __future__ import annotations
 

@@ -92,8 +92,7 @@ def fixed_length_vllm(cfg: Config, device: torch.device) -> RolloutEngine:
 
 
 def timed_turns(calls: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
-    """Each call's best seconds of `repeats` (as timeit: the least disturbed), median seconds, tokens and tokens/s
-    per round (the calls of a round ran back to back, under the same load)."""
+    """Each call's best and median seconds of `repeats` taking turns, its tokens, and tokens/s per round."""
     out = {}
     for k, turns in common.take_turns(calls, repeats).items():
         times = [t[0] for t in turns]
@@ -130,8 +129,7 @@ def llm_generate_call(engine: Any, prompts: list[list[int]], n: int, max_tokens:
 
 
 def stream_call(engine: RolloutEngine, prompts: list[list[int]], n: int, max_tokens: int) -> Callable[[], int]:
-    """The same samples as the producer's requests: one-turn episodes (rollout/episodes.py: OneTurn) whose tokens
-    are reported as they come, as partial rollouts run them."""
+    """The same samples as one-turn episodes streamed as partial rollouts run them (rollout/episodes.py)."""
     one = params(1, max_tokens)
 
     def call() -> int:

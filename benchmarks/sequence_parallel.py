@@ -25,8 +25,7 @@ SETTINGS = {  # response lengths, sp, gradient checkpointing, timed updates per 
 
 
 def summarize(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (checkpointing, length) of one sp: the largest rank's bytes; each rank's fastest timed update,
-    the slowest rank's of those, and its exchange time and share averaged over the ranks."""
+    """One row per (checkpointing, length) of one sp: the largest rank's bytes, the slowest rank's fastest step."""
     rows = []
     for i, first in enumerate(rec["per_rank"][0]):
         ranks = [r[i] for r in rec["per_rank"]]

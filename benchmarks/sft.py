@@ -52,8 +52,7 @@ OPTIONS: common.Options = {
 
 
 def write_data(s: Setting, rows: int) -> tuple[Path, Path]:
-    """(text rows for ours, the same rows tokenised by our SFT loader for TRL), every row exactly
-    s.prompt_len + s.response_len tokens with loss on the last s.response_len."""
+    """(text rows for ours, the same rows tokenised by our SFT loader for TRL), each of s's fixed lengths."""
     from transformers import AutoTokenizer
 
     from torchrl_post.config.schema import DataConfig, SftConfig

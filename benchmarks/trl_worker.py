@@ -62,8 +62,7 @@ def setup(doc: str | None, argv: list[str] | None, **defaults: Any) -> tuple[Any
 
 
 def step_timer(steps: list[dict[str, float]], logged: list[dict[str, Any]], timers: dict[str, float] | None) -> Any:
-    """A TrainerCallback: per step its wall seconds (on_step_begin to on_step_end) and `timers` (cleared at each
-    begin, renamed by PROFILED) into `steps`, every log into `logged`."""
+    """A TrainerCallback: each step's seconds and `timers` (renamed by PROFILED) into `steps`, logs into `logged`."""
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):  # type: ignore[misc]
