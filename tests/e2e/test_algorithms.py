@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import assert_ok, read_jsonl, torchrun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
-STEPS = 40
+STEPS = 20  # validation 0.27 -> 0.53-0.67 at step 20 in each (0.46-0.58 at step 40: the rise is in the first 15)
 
 
 def _train(demo: tuple[Path, Path], run: Path, *extra: str) -> tuple[list[dict], str]:
