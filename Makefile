@@ -113,13 +113,14 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # Every test; prints the 40 slowest and the suite's phases (setup, lint, then pytest's tiers: tests/conftest.py).
-# The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core); its output
+# The lint (one core: mypy) runs beside pytest's unit tier (first: mostly one process, so the other core), at low
+# priority (the tests first; it has the unit tier to finish in); its output
 # and status follow the tests', and either failing fails the target. TESTS= picks what pytest runs.
 test:
 	@set -e; t=$$(date +%s); $(MAKE) --no-print-directory setup; \
 	setup=$$(( $$(date +%s) - t )); mkdir -p outputs; \
 	rm -f outputs/lint.status; set +e; \
-	{ t=$$(date +%s); $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
+	{ t=$$(date +%s); nice -n 10 $(MAKE) --no-print-directory lint > outputs/lint.log 2>&1; \
 	  echo "$$? $$(( $$(date +%s) - t ))" > outputs/lint.status; } & \
 	TORCHRL_POST_PHASES="setup=$$setup" TORCHRL_POST_LINT_STATUS=outputs/lint.status \
 		$(VENV)/bin/pytest -q $(TESTS) --durations=40; rc=$$?; \

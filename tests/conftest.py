@@ -30,20 +30,18 @@ _zygote: list[Zygote] = []  # the launcher that forks ranks after the imports (t
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The unit tests that read the background-built demo models (`tests/prebuild.py`) go after the distributed
     tier, in their order, so the builds have the unit tier's other tests and the distributed tier to finish in (at
-    the end of the unit tier they still waited 41 s for them)."""
+    the end of the unit tier they still waited 41 s for them); the tests that read the math agent's model (built
+    last, at low priority) go last."""
     if any(not i.nodeid.startswith(("tests/unit/", "tests/gpu/")) for i in items):
         _launcher()  # its imports overlap the tests before the first launch
     reads = [set(prebuild.FIXTURES) & set(getattr(i, "fixturenames", ())) for i in items]
     _prebuild_wanted[:] = [name for name in prebuild.FIXTURES if any(name in r for r in reads)]
-    unit = [n for n, i in enumerate(items) if i.nodeid.startswith("tests/unit/")]
-    if not unit:
-        return
-    unit_set = set(unit)
 
-    def block(n: int) -> int:  # 0: the unit tier, 1: the distributed tier, 2: the unit tests that read the models
-        if n in unit_set:
+    def block(n: int) -> int:  # 0: unit, 1: distributed, 2: unit reading the demo models, 3: the rest, 4: math agent
+        node = items[n].nodeid
+        if node.startswith("tests/unit/"):
             return 2 if reads[n] else 0
-        return 1 if items[n].nodeid.startswith("tests/distributed/") else 3
+        return 1 if node.startswith("tests/distributed/") else 4 if prebuild.MATH_AGENT in reads[n] else 3
 
     order = sorted(range(len(items)), key=lambda n: (block(n), n))
     items[:] = [items[n] for n in order]

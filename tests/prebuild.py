@@ -1,13 +1,13 @@
 """The suite's slowest model builds run in one background process beside the tests, on one thread, while the tests
 before them run on the rest of the machine: the demo model (its warm start, about 40 s on 2 quiet cores; it blocked
 the session's first test for 75-123 s beside the lint), then the unit tier's demo judge, reward model and
-distillation pair (about 2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier (about
-80 s). The `demo` fixture waits for the demo model's marker, not for the rest. tests/conftest.py
-starts the process at the session's first test with the builds its collected tests read, and moves the unit tests
-that read them after the distributed tier. Each fixture waits for the process, then calls its builder, which finds
-the model built and checks its marker (or builds it there, if the background build failed: the fixture prints the
-log's tail). The builds are the fixtures' own: the same functions, directories and markers, so a model is the same
-whichever process built it.
+distillation pair (about 2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier's last
+test (about 80 s on 2 quiet cores, at the lowest priority). The `demo` fixture waits for the demo model's marker, not
+for the rest. tests/conftest.py starts the process at the session's first test with the builds its collected tests
+read, and moves the unit tests that read them after the distributed tier. Each fixture waits for the process, then
+calls its builder, which finds the model built and checks its marker (or builds it there, if the background build
+failed: the fixture prints the log's tail). The builds are the fixtures' own: the same functions, directories and
+markers, so a model is the same whichever process built it.
 
     python -m tests.prebuild <what to build, comma-separated FIXTURES> <demo model dir> <demo data dir> <math agent dir>
 """
@@ -26,7 +26,10 @@ JUDGE, REWARD_MODEL = OUTPUTS / "demo_judge_model", OUTPUTS / "demo_reward_model
 TEACHER, STUDENT = OUTPUTS / "distill_teacher", OUTPUTS / "distill_student"
 DEMO_FIXTURES = ("demo_judge_model", "demo_reward_model", "demo_distill_models")
 """The fixtures built from the session's demo model (its fixture `demo` is built first)."""
-FIXTURES = (*DEMO_FIXTURES, "math_agent")
+MATH_AGENT = "math_agent"
+"""The math agent's model: built last and at the lowest priority (read by the suite's last tests), it takes the CPU the
+tests leave rather than a share beside them: beside the distributed tier's 4-rank launches it made them twice as slow."""
+FIXTURES = (*DEMO_FIXTURES, MATH_AGENT)
 """Every fixture whose model the background process builds, in the order it builds them."""
 LOG = OUTPUTS / "prebuild.log"
 WAIT_S = 1200
@@ -118,6 +121,7 @@ def build(wanted: list[str], demo_dir: Path, data_dir: Path, math_agent: Path) -
         else:
             from torchrl_post.demo.math_agent import build_math_agent
 
+            os.nice(19)
             build_math_agent(math_agent / "model", math_agent / "data")
 
 
