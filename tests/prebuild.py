@@ -99,8 +99,8 @@ def _yield_the_machine() -> None:
     niceness orders a session's own processes only and each session gets a fair share: this process, in the suite's
     session, took a core beside every launch (each a session of its own). It leads a session of its own then, at
     nice 19."""
-    os.setsid()
     with contextlib.suppress(OSError):  # no autogroup (or no /proc): niceness alone
+        os.setsid()
         Path("/proc/self/autogroup").write_text("19")
     os.nice(19)
 
