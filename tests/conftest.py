@@ -300,7 +300,7 @@ def demo_judge_model(demo: tuple[Path, Path]) -> Path:
     `make judge-model` does: a build takes half a minute, a cached one is checked in a second."""
     from torchrl_post.demo.judge import build_judge
 
-    prebuild.wait()
+    prebuild.wait("demo_judge_model")
     out = prebuild.JUDGE
     build_judge(out, *demo)
     return out
@@ -313,7 +313,7 @@ def demo_reward_model(demo: tuple[Path, Path]) -> Path:
     machine, so a later session finds it there."""
     from torchrl_post.demo.reward_model import build_reward_model
 
-    prebuild.wait()
+    prebuild.wait("demo_reward_model")
     out = prebuild.REWARD_MODEL
     build_reward_model(out, *demo)
     return out
@@ -327,7 +327,7 @@ def demo_distill_models(demo: tuple[Path, Path]) -> tuple[Path, Path]:
     them there: a build takes 40-75 s on 2 cores (the teacher's fine-tune most of it), a cached one a second."""
     from torchrl_post.demo.distill import build_distill
 
-    prebuild.wait()
+    prebuild.wait("demo_distill_models")
     teacher, student = prebuild.TEACHER, prebuild.STUDENT
     build_distill(teacher, student, *demo)
     return teacher, student

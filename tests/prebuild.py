@@ -4,7 +4,7 @@ the session's first test for 75-123 s beside the lint), then the unit tier's dem
 distillation pair (about 2.5 minutes on 2 cores), then the math agent's warm-started model for the e2e tier's last
 test (about 80 s on 2 quiet cores, at the lowest priority). The `demo` fixture waits for the demo model's marker, not
 for the rest. tests/conftest.py starts the process at the session's first test with the builds its collected tests
-read, and moves the unit tests that read them after the distributed tier. Each fixture waits for the process, then
+read, and moves the unit tests that read them after the distributed tier. Each fixture waits for its build, then
 calls its builder, which finds the model built and checks its marker (or builds it there, if the background build
 failed: the fixture prints the log's tail). The builds are the fixtures' own: the same functions, directories and
 markers, so a model is the same whichever process built it.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ killed and the fixture builds its model itself, saying so, rather than wait on a
 
 _process: subprocess.Popen[bytes] | None = None
 _demo_model: list[Path] = []  # the demo model dir the process builds first, when it does
+_wanted: list[str] = []  # the fixtures it builds
 
 
 def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -> None:
@@ -51,6 +53,9 @@ def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     demo_dirs = [str(p) for p in demo] if demo is not None else ["-", "-"]
     _demo_model[:] = [demo[0]] if demo is not None else []
+    _wanted[:] = wanted
+    shutil.rmtree(_built("-").parent, ignore_errors=True)
+    _built("-").parent.mkdir(parents=True)
     with LOG.open("wb") as log:
         _process = subprocess.Popen(
             [sys.executable, "-m", "tests.prebuild", ",".join(wanted), *demo_dirs, str(math_agent)],
@@ -58,19 +63,28 @@ def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -
         )  # fmt: skip
 
 
-def wait() -> None:
-    """Wait for the background builds, if any were started; a failed one is reported (the fixture then builds)."""
-    if _process is None:
+def _built(name: str) -> Path:
+    """The file the background process writes once it has built `name` (cleared when a session starts it)."""
+    return OUTPUTS / "prebuild" / f"{name}.built"
+
+
+def wait(name: str) -> None:
+    """Wait for the background build of the fixture `name` (not for the builds after it: the math agent's, at the
+    lowest priority, may run to the suite's end), if the process builds it; a failed one is reported (the fixture
+    then builds)."""
+    if _process is None or name not in _wanted:
         return
-    try:
-        code = _process.wait(timeout=WAIT_S)
-    except subprocess.TimeoutExpired:
-        stop()
-        code = None
-    if code != 0:
+    deadline = time.monotonic() + WAIT_S
+    while not _built(name).is_file() and _process.poll() is None:
+        if time.monotonic() > deadline:
+            stop()
+            break
+        time.sleep(0.5)
+    if not _built(name).is_file():
         tail = LOG.read_text(errors="replace").splitlines()[-15:]
+        code = _process.poll()
         why = f"exit {code}" if code is not None else f"still running after {WAIT_S} s, killed"
-        print(f"background model builds failed ({why}); building here:", *tail, sep="\n")
+        print(f"background build of {name} failed ({why}); building here:", *tail, sep="\n")
 
 
 def wait_for_demo(model_dir: Path) -> None:
@@ -135,6 +149,7 @@ def build(wanted: list[str], demo_dir: Path, data_dir: Path, math_agent: Path) -
 
             _yield_the_machine()
             build_math_agent(math_agent / "model", math_agent / "data")
+        _built(name).touch()
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def math_agent(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The math agent's warm-started model and its data (built in the background: tests/prebuild.py)."""
     from torchrl_post.demo.math_agent import build_math_agent
 
-    prebuild.wait()
+    prebuild.wait(prebuild.MATH_AGENT)
     root = math_agent_dir(tmp_path_factory)
     build_math_agent(root / "model", root / "data")
     return root / "model", root / "data"
