@@ -34,6 +34,8 @@ tests leave rather than a share beside them: beside the distributed tier's 4-ran
 FIXTURES = (*DEMO_FIXTURES, MATH_AGENT)
 """Every fixture whose model the background process builds, in the order it builds them."""
 LOG = OUTPUTS / "prebuild.log"
+BUILT = OUTPUTS / "prebuild"
+"""Where the process writes `<fixture>.built` once it has built it (cleared when a session starts it)."""
 WAIT_S = 1200
 """The longest a fixture waits for the background builds (about 5 minutes on 2 busy cores): past it the process is
 killed and the fixture builds its model itself, saying so, rather than wait on a build that hangs."""
@@ -54,8 +56,8 @@ def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -
     demo_dirs = [str(p) for p in demo] if demo is not None else ["-", "-"]
     _demo_model[:] = [demo[0]] if demo is not None else []
     _wanted[:] = wanted
-    shutil.rmtree(_built("-").parent, ignore_errors=True)
-    _built("-").parent.mkdir(parents=True)
+    shutil.rmtree(BUILT, ignore_errors=True)
+    BUILT.mkdir(parents=True)
     with LOG.open("wb") as log:
         _process = subprocess.Popen(
             [sys.executable, "-m", "tests.prebuild", ",".join(wanted), *demo_dirs, str(math_agent)],
@@ -64,8 +66,7 @@ def start(wanted: list[str], demo: tuple[Path, Path] | None, math_agent: Path) -
 
 
 def _built(name: str) -> Path:
-    """The file the background process writes once it has built `name` (cleared when a session starts it)."""
-    return OUTPUTS / "prebuild" / f"{name}.built"
+    return BUILT / f"{name}.built"
 
 
 def wait(name: str) -> None:
