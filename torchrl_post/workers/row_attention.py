@@ -108,16 +108,19 @@ def row_attention_forward(
         return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)  # type: ignore[no-any-return]
     assert isinstance(plan, RowAttention) and query.shape[0] == 1, "a packed_rows plan takes one flat row"
     kwargs.pop("is_causal", None)
+    # The queries' spans partition the columns and every key span is one of them: split q, k and v once at those
+    # edges. A block then takes views, whose backward writes into one gradient per piece; slicing each block from
+    # the whole [1, H, S, d] tensor would instead allocate and fill a full-size zero gradient per slice.
+    spans = [blk.query for blk in plan.blocks]
+    piece = {span: i for i, span in enumerate(spans)}
+    sizes = [e - s for s, e in spans]
+    qs, ks, vs = (t.split(sizes, dim=2) for t in (query, key, value))
     outs = []
     for blk in plan.blocks:
-        q = query[:, :, blk.query[0] : blk.query[1]]
-        if len(blk.keys) == 1:
-            s, e = blk.keys[0]
-            k, v = key[:, :, s:e], value[:, :, s:e]
-        else:
-            k = torch.cat([key[:, :, s:e] for s, e in blk.keys], dim=2)
-            v = torch.cat([value[:, :, s:e] for s, e in blk.keys], dim=2)
-        outs.append(_SDPA(module, q, k, v, blk.mask, *args, **kwargs)[0])
+        own = [piece[span] for span in blk.keys]
+        k = ks[own[0]] if len(own) == 1 else torch.cat([ks[i] for i in own], dim=2)
+        v = vs[own[0]] if len(own) == 1 else torch.cat([vs[i] for i in own], dim=2)
+        outs.append(_SDPA(module, qs[piece[blk.query]], k, v, blk.mask, *args, **kwargs)[0])
     return torch.cat(outs, dim=1), None
 
 
