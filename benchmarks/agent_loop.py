@@ -280,4 +280,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -259,4 +258,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

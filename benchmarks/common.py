@@ -454,8 +454,9 @@ def lines(
     ax.legend(fontsize=8)
 
 
-def standalone(module: Any, argv: list[str] | None = None) -> None:
-    """`python -m benchmarks.<name>`: the module's run and report (with `--worker` first: its `worker`)."""
+def standalone(module: Any = None, argv: list[str] | None = None) -> None:
+    """`python -m benchmarks.<name>` (`module`: the `__main__` one): its run and report (`--worker` first: `worker`)."""
+    module = module or sys.modules["__main__"]
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         module.worker(argv[1:])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -127,4 +126,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,4 +133,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

@@ -5,7 +5,6 @@ reward model (RM_SIZES), each a trainer run with a KL loss (a reference forward 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -172,4 +171,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

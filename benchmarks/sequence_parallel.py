@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -176,4 +175,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

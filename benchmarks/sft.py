@@ -8,7 +8,6 @@ import argparse
 import json
 import random
 import string
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -226,4 +225,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,4 +237,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -323,4 +322,4 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    common.standalone(sys.modules[__name__])
+    common.standalone()
