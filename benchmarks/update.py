@@ -10,7 +10,6 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,28 +28,15 @@ from torchrl_post.workers.actor import Actor
 from torchrl_post.workers.micro_batches import plan_micro_batches
 
 NAME = "update"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One mode of the benchmark: the model, the batch and micro-batch shapes, and the runs (ranks, lengths)."""
-
-    model: ModelSize
-    samples: int
-    group: int
-    micro: int
-    budget: int
-    repeats: int
-    runs: tuple[tuple[int, str], ...]
-
-
-SETTINGS = {
-    "full": Setting(SIZES["qwen2-10m"], 64, 8, 8, 1536, 3, ((1, "uniform"), (2, "uniform"), (1, "skewed"))),
-    "quick": Setting(SIZES["qwen2-10m"], 16, 8, 4, 768, 2, ((1, "uniform"),)),
-    "tiny": Setting(TINY, 8, 4, 4, 512, 1, ((1, "uniform"),)),
+# mode -> model, samples, group, micro-batch rows, token budget, repeats, the launches' (ranks, response lengths)
+SETTINGS: dict[str, tuple[ModelSize, int, int, int, int, int, tuple[tuple[int, str], ...]]] = {
+    "full": (SIZES["qwen2-10m"], 64, 8, 8, 1536, 3, ((1, "uniform"), (2, "uniform"), (1, "skewed"))),
+    "quick": (SIZES["qwen2-10m"], 16, 8, 4, 768, 2, ((1, "uniform"),)),
+    "tiny": (TINY, 8, 4, 4, 512, 1, ((1, "uniform"),)),
 }
 PROMPT_LEN, RESPONSE_LEN = "40,120", "1,64"
-
+MODES = ("fixed", "dynamic", "packed", "packed_dynamic")
+_KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not race the other ranks
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
     "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per rank"},
@@ -59,24 +45,19 @@ OPTIONS: common.Options = {
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mode = common.mode(args)
-    s = SETTINGS[mode]
-    repeats = args.repeats or s.repeats
+    size, samples, group, micro, budget, repeats, launches = SETTINGS[mode]
+    repeats = args.repeats or repeats
     runs = []
-    for ranks, lengths in s.runs:
-        print(f"  {s.model.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
+    for ranks, lengths in launches:
+        print(f"  {size.name}, {ranks} rank(s), {lengths} lengths, {repeats} repeats ...", flush=True)
         worker_args = {
-            "model": model_dir(s.model), "samples": s.samples, "group": s.group, "prompt_len": PROMPT_LEN,
-            "response_len": RESPONSE_LEN, "lengths": lengths, "micro": s.micro, "budget": s.budget, "repeats": repeats,
+            "model": model_dir(size), "samples": samples, "group": group, "prompt_len": PROMPT_LEN,
+            "response_len": RESPONSE_LEN, "lengths": lengths, "micro": micro, "budget": budget, "repeats": repeats,
         }  # fmt: skip
         env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
-        runs.append(
-            common.run_worker(f"update_{s.model.name}_{ranks}r_{lengths}", "benchmarks.update", ranks, worker_args, env)
-        )
+        tag = f"update_{size.name}_{ranks}r_{lengths}"
+        runs.append(common.run_worker(tag, "benchmarks.update", ranks, worker_args, env))
     return {"mode": mode, "repeats": repeats, "threads": args.threads, "runs": runs, "loadavg_1m": common.load_1m()}
-
-
-MODES = ("fixed", "dynamic", "packed", "packed_dynamic")
-_KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not race the other ranks
 
 
 def make_batch(args: Any, vocab: int, pad_id: int) -> Batch:
