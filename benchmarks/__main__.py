@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import ModuleType
 
 from benchmarks import common
 
@@ -39,15 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load(name: str) -> ModuleType:
-    return importlib.import_module(f"benchmarks.{name}")
-
-
 def measure(args: argparse.Namespace, names: list[str]) -> list[str]:
     """Run each benchmark and write its report; returns the names that failed."""
     failed, start = [], time.perf_counter()
     for i, name in enumerate(names, 1):
-        module, t0 = load(name), time.perf_counter()
+        module, t0 = importlib.import_module(f"benchmarks.{name}"), time.perf_counter()
         print(f"[{i}/{len(names)}] {name} (load average {common.load_1m():.1f}) ...", flush=True)
         try:
             rec = module.run(common.options(args, getattr(module, "OPTIONS", {})))
@@ -69,7 +64,7 @@ def rebuild(args: argparse.Namespace, names: list[str]) -> list[str]:
         name = json.loads(path.read_text()).get("benchmark")
         if name not in names:
             continue
-        module = load(name)
+        module = importlib.import_module(f"benchmarks.{name}")
         try:
             common.render(path, module.markdown, module.plot)
             print(f"rebuilt {path.with_suffix('.md').name} and .png", flush=True)

@@ -19,6 +19,10 @@ NAME = "async_rollout"
 WARMUP = 2  # steps left out of rates and idle shares (engine warm-up; a look-ahead's first batches)
 GOAL_SPEEDUP, GOAL_ROLLOUT_IDLE = 1.5, 0.10
 STALENESS_BINS = ("0", "1", "2", "3", "4+")
+NUMBERS = (  # a run's numbers that `combine` takes the median of
+    "step_s", "tokens_per_s", "samples_per_s", "rollout_idle", "actor_idle", "response_length", "score",
+    "stale_dropped",
+)  # fmt: skip
 VAL_N = 4  # validation samples per held-out prompt
 LR = 5e-5
 PLACEMENT = ("placement.actor=[0,1]", "placement.rollout=[2,3]")
@@ -40,14 +44,9 @@ OPTIONS: common.Options = {
 }
 
 
-def step_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The training steps' rows of a metrics.jsonl (validation-only rows have no timing_s/step)."""
-    return [r for r in rows if "timing_s/step" in r]
-
-
 def summarize(rows: list[dict[str, Any]], samples: int, warmup: int = WARMUP) -> dict[str, Any]:
     """One run's rates and idle shares after `warmup`, staleness histogram and `val` (step -> score) from its rows."""
-    steps = step_rows(rows)
+    steps = [r for r in rows if "timing_s/step" in r]  # validation-only rows have none
     first = min(warmup, len(steps) - 1)
     kept = steps[first:]
     step_s = sum(r["timing_s/step"] for r in kept)
@@ -84,12 +83,6 @@ def combine(runs: list[dict[str, Any]], reference: dict[str, Any] | None) -> dic
     row["speedup_tokens"] = row["tokens_per_s"] / ref["tokens_per_s"]
     row["speedup_samples"] = row["samples_per_s"] / ref["samples_per_s"]
     return row
-
-
-NUMBERS = (
-    "step_s", "tokens_per_s", "samples_per_s", "rollout_idle", "actor_idle", "response_length", "score",
-    "stale_dropped",
-)  # fmt: skip
 
 
 def goal_met(row: dict[str, Any], reference: dict[str, Any], val_noise: float) -> dict[str, bool]:
@@ -241,9 +234,8 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         ax.axhline(goal, color="k", ls="--", lw=0.8, label=goal_label)
         ax.set_xticks(xs, names, fontsize=7)
         ax.legend(fontsize=7)
-    axes[2].set(xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)")
     curves = [(r["label"], [int(s) for s in r["val"]], list(r["val"].values()), f"C{i}o-") for i, r in enumerate(rows)]
-    common.lines(axes[2], curves, "validation")
+    common.lines(axes[2], curves, "validation", xlabel="step", ylabel=f"validation score (sampled, {VAL_N} per prompt)")
     bottoms = [0.0] * len(rows)
     for b in STALENESS_BINS:
         shares = [r["staleness_hist"][b] / max(1.0, sum(r["staleness_hist"].values())) for r in rows]

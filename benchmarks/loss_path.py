@@ -26,10 +26,11 @@ NAME = "loss_path"
 QWEN_VOCAB = 151936
 LENGTHS = (256, 512, 1024, 2048, 4096)
 CHUNK = 1024  # torchrl_post.workers.logprobs.HEAD_CHUNK_TOKENS's default, the "after" path
+HELD = ("Parameter", "Buffer", "Gradient", "Optstate")  # MemTracker's categories that are not activations
 FULL_LOGITS_COPIES = 6  # float32 [tokens x vocab] tensors alive at the full-logits path's peak (measured: ~5-6)
-SHAPES: dict[str, dict[str, Any]] = {  # the model and lengths: --tiny's, and every other mode's
-    "tiny": {"vocab": 4096, "hidden": 64, "layers": 1, "lengths": (64, 128, 256), "chunk": 64},
-    "other": {"vocab": QWEN_VOCAB, "hidden": 64, "layers": 2, "lengths": LENGTHS, "chunk": CHUNK},
+SHAPES = {  # vocabulary, hidden, layers, response lengths, chunk: --tiny's, and every other mode's
+    "tiny": (4096, 64, 1, (64, 128, 256), 64),
+    "other": (QWEN_VOCAB, 64, 2, LENGTHS, CHUNK),
 }
 
 
@@ -57,8 +58,7 @@ def full_logits_limit(vocab: int, lengths: tuple[int, ...], available: int) -> i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    t = SHAPES["tiny" if args.tiny else "other"]
-    vocab, hidden, layers, lengths, chunk = (t[k] for k in ("vocab", "hidden", "layers", "lengths", "chunk"))
+    vocab, hidden, layers, lengths, chunk = SHAPES["tiny" if args.tiny else "other"]
     model = build_model(common.MODELS / f"qwen2-vocab{vocab}-h{hidden}-l{layers}", vocab, hidden, layers)
     limit = full_logits_limit(vocab, lengths, common.mem_available())
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
@@ -85,9 +85,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "hidden_bytes_per_token": hidden * 4, "vocab_bytes_per_token": vocab * 4, "full_logits_skipped_above": limit,
         "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-
-
-HELD = ("Parameter", "Buffer", "Gradient", "Optstate")  # MemTracker's categories that are not activations
 
 
 class ExchangeClock:
@@ -250,9 +247,8 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
             curves.append(
                 (f"{p['label']} fit: {f['slope_bytes_per_token'] / 1024:,.1f} KiB/token", line, ys, f"{color}--")
             )
-    ax.set(xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
     title = f"loss path: vocabulary {rec['vocab_size']}, hidden {rec['hidden_size']}, chunk {rec['chunk']}"
-    common.lines(ax, curves, title)
+    common.lines(ax, curves, title, xlabel="response tokens (1 row)", ylabel="peak tensor MiB (one actor update)")
     common.save_figure(fig, path)
 
 

@@ -35,7 +35,6 @@ class MoeSize:
 
 
 SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
-
 SHAPE = {"full": (8, 256, 2, 9), "quick": (8, 256, 2, 9), "tiny": (2, 32, 1, 2)}  # batch, seq, warm-up, timed rounds
 OPTIONS: common.Options = {
     "--threads": {"type": int, "default": 1, "help": "torch threads (1: steadier on shared cores)"}

@@ -26,7 +26,6 @@ MODES = {
 TIES_MODEL = common.MODELS / "moe_near_ties"
 ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
 METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/router_mismatch"}
-
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per setting (default 12)"}}
 
 
@@ -120,10 +119,10 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         diff.append((r["label"], steps, r["per_step"]["logprob_diff"], "o-"))
         if r["router_mismatch"] is not None:
             mismatch.append((r["label"], steps, [v or 0.0 for v in r["per_step"]["router_mismatch"]], "o-"))
-    left.set(xlabel="step", ylabel="mean |diff|")
-    common.lines(left, diff, "engine/trainer logprob difference")
-    right.set(xlabel="step", ylabel="fraction")
-    common.lines(right, mismatch, "routing decisions the trainer's router picks differently")
+    common.lines(left, diff, "engine/trainer logprob difference", xlabel="step", ylabel="mean |diff|")
+    common.lines(
+        right, mismatch, "routing decisions the trainer's router picks differently", xlabel="step", ylabel="fraction"
+    )
     common.save_figure(fig, path)
 
 

@@ -25,13 +25,11 @@ METRICS = {
     "rm_start_s": "timing_s/reward_model", "rm_wait_s": "timing_s/wait_reward_model", "step_s": "timing_s/step",
     "gen_s": "timing_s/gen", "rm_mean": "reward/reward_model/mean",  # None would mean nothing was scored
 }  # fmt: skip
-# name -> the demo model's config with these fields replaced
-RM_SIZES: dict[str, dict[str, int]] = {
+RM_SIZES: dict[str, dict[str, int]] = {  # name -> the demo model's config with these fields replaced
     "rm-demo": {},
     "rm-qwen2-25m": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
                      "intermediate_size": 1536},
 }  # fmt: skip
-
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per run (default 12)"}}
 
 

@@ -34,7 +34,6 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
     "tiny": (("qwen2-1m",), "1x1,2x2", "4,8", 1, 8),
 }
 ENGINES = ("vllm", "hf")
-
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
     "--threads": {"type": int, "default": 1, "help": "CPU: OpenMP/torch threads of both engines, unbound"},

@@ -42,7 +42,6 @@ SETTINGS = {
     "quick": Setting(SIZES["qwen2-10m"], 8, 64, 128, 5, 1e-3, (1, 2)),
     "tiny": Setting(TINY, 4, 16, 16, 3, 1e-3, (1, 2)),
 }
-
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "steps per run (default: the mode's)"},
     "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per process"},

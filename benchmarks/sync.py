@@ -26,12 +26,10 @@ from torchrl_post.workers.actor import Actor
 NAME = "sync"
 TARGET_RATIO = 0.7
 MODELS = ("qwen2-1m", "qwen2-10m", "qwen2-40m", "qwen2-100m")
-BROADCAST_CURVES = (
-    ("sync", "sync", "o-"),
-    ("transfer", "transfer (no engine load)", "^-"),
-    ("raw", "raw broadcast", "s--"),
-)
-
+BROADCAST_CURVES = (  # (key, label, style) of the broadcast panel's lines
+    ("sync", "sync", "o-"), ("transfer", "transfer (no engine load)", "^-"), ("raw", "raw broadcast", "s--"),
+)  # fmt: skip
+GB = 1e9
 OPTIONS: common.Options = {
     "--repeats": {"type": int, "help": "timed repeats (default 3, --tiny 1)"},
     "--bucket-mb": {"type": int, "default": 64},
@@ -67,9 +65,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quick": args.quick, "tiny": args.tiny, "repeats": args.repeats, "bucket_mb": args.bucket_mb,
         "target_ratio": TARGET_RATIO, "records": records, "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-
-
-GB = 1e9
 
 
 def timed(topo: Topology, fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -231,8 +226,8 @@ def plot(path: Path, rec: dict[str, Any]) -> None:
         rs = sorted((r for r in bcast if r["bytes"] == biggest and r["actor"] == 1), key=lambda r: r["rollout"])
         xs = [r["rollout"] for r in rs]
         curves = [(label, xs, [r[f"{key}_s"] for r in rs], style) for key, label, style in BROADCAST_CURVES]
-        right.set(xlabel="rollout ranks", ylabel="seconds")
-        common.lines(right, curves, f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)", xs)
+        title = f"broadcast sync time, {rs[0]['model']} ({biggest / 1e6:.0f} MB)"
+        common.lines(right, curves, title, xs, xlabel="rollout ranks", ylabel="seconds")
     common.save_figure(fig, path)
 
 
