@@ -41,6 +41,16 @@ DESCRIPTIONS = {
     "smollm2": "SmolLM2-135M-Instruct (real weights, tied embeddings)",
     "tiny": "random Qwen2 (hidden 64, 2 layers) over Qwen2.5's tokenizer",
 }
+OPTIONS: common.Options = {
+    "--steps": {"type": int, "help": "steps per run (default 5; tiny 2)"},
+    "--no-trl": {"action": "store_true", "help": "measure our side only"},
+    "--no-scaling": {"action": "store_true", "help": "skip the scaling runs"},
+    "--models": {"default": "", "help": "comma-separated subset of synthetic,smollm2"},
+    "--extra": {"default": "", "help": "comma-separated overrides added to every run of ours"},
+    "--response-length": {"type": int, "default": 32, "help": "new tokens at most (the comparison runs)"},
+    "--reward": {"choices": ("gsm8k", "gsm8k_closeness"), "default": "gsm8k", "help": "both sides' reward"},
+    "--reuse": {"action": "store_true", "help": "take a run's result from outputs/bench_logs/e2e if there"},
+}
 
 
 @dataclass(frozen=True)
@@ -70,18 +80,6 @@ def label(run: dict[str, Any]) -> str:
     place = ", rollout on its own rank" if run["split"] else ""
     extra = "".join(f", {e}" for e in run["extra"])
     return f"{run['prompts']} x {run['n']}, {run['response_length']} tok, {run['nproc']} rank(s){place}{extra}"
-
-
-OPTIONS: common.Options = {
-    "--steps": {"type": int, "help": "steps per run (default 5; tiny 2)"},
-    "--no-trl": {"action": "store_true", "help": "measure our side only"},
-    "--no-scaling": {"action": "store_true", "help": "skip the scaling runs"},
-    "--models": {"default": "", "help": "comma-separated subset of synthetic,smollm2"},
-    "--extra": {"default": "", "help": "comma-separated overrides added to every run of ours"},
-    "--response-length": {"type": int, "default": 32, "help": "new tokens at most (the comparison runs)"},
-    "--reward": {"choices": ("gsm8k", "gsm8k_closeness"), "default": "gsm8k", "help": "both sides' reward"},
-    "--reuse": {"action": "store_true", "help": "take a run's result from outputs/bench_logs/e2e if there"},
-}
 
 
 def model_path(name: str) -> Path:
@@ -126,7 +124,7 @@ def run_ours(s: Setting, data: Path) -> dict[str, Any]:
     kept = measured(rows)
     stages = sorted({k.split("/", 1)[1] for r in kept for k in r if k.startswith("timing_s/")} - {"step"})
     med = common.median
-    rec: dict[str, Any] = {
+    return {
         **asdict(s), "tag": s.tag, "label": label(asdict(s)), "step_s": med(kept, "timing_s/step"),
         "steps_s": [r["timing_s/step"] for r in rows], "stages": {st: med(kept, f"timing_s/{st}") for st in stages},
         "measured_steps": len(kept), "throughput": med(kept, "perf/throughput"),
@@ -134,7 +132,6 @@ def run_ours(s: Setting, data: Path) -> dict[str, Any]:
         "padding_frac": med(kept, "perf/padding_frac"), "skipped_samples_frac": med(kept, "actor/skipped_samples_frac"),
         "run_wall_s": wall, "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-    return rec
 
 
 def trl_python(install: bool) -> Path | None:
@@ -174,7 +171,7 @@ def run_trl(python: Path | None, s: Setting, data: Path) -> dict[str, Any] | Non
     steps = raw["steps"]
     kept = measured(steps)
     med = common.median
-    rec = {
+    return {
         "step_s": med(kept, "step_s"), "steps_s": [r["step_s"] for r in steps],
         "gen_s": med(kept, "prepare_s"),  # generation + reward + advantages (TRL's _prepare_inputs)
         "generate_s": med(kept, "generate_s"),  # transformers generate alone
@@ -183,7 +180,6 @@ def run_trl(python: Path | None, s: Setting, data: Path) -> dict[str, Any] | Non
         **{k: statistics.median(raw[k]) if raw[k] else None for k in ("reward_mean", "completion_length_mean")},
         **{k: raw[k] for k in ("versions", "settings", "torch_threads", "loadavg_1m")}, "run_wall_s": wall,
     }  # fmt: skip
-    return rec
 
 
 def plan(args: argparse.Namespace) -> tuple[list[Setting], list[Setting]]:

@@ -69,10 +69,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fits = []
     for ckpt in sorted({r["checkpointing"] for r in rows}):
         for sp in sps:
-            f = common.fit(
-                [(r["tokens"], r["activation_bytes"]) for r in rows if (r["sp"], r["checkpointing"]) == (sp, ckpt)]
-            )
-            if f is not None:
+            pts = [(r["tokens"], r["activation_bytes"]) for r in rows if (r["sp"], r["checkpointing"]) == (sp, ckpt)]
+            if (f := common.fit(pts)) is not None:
                 fits.append({"sp": sp, "checkpointing": ckpt, **f})
     one = {f["checkpointing"]: f["slope_bytes_per_token"] for f in fits if f["sp"] == 1}
     for f in fits:
