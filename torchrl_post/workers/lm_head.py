@@ -48,7 +48,7 @@ def _scaled_logits(
     z = torch.nn.functional.linear(hidden, weight, bias).float()
     if never:
         z[:, list(never)] += never_bias
-    if temperature > 0:
+    if temperature > 0 and temperature != 1:
         z.div_(temperature)  # in place: z is this call's own tensor
     return z
 
@@ -86,9 +86,14 @@ class _ChunkedHead(torch.autograd.Function):
         for s in range(0, n, chunk):
             z = _scaled_logits(hidden[s : s + chunk], weight, bias, temperature, never, never_bias)
             idx = labels[s : s + chunk] if several else labels[s : s + chunk, None]  # [c, j]
-            lse_c = torch.logsumexp(z, dim=-1)
-            ent[s : s + chunk] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+            # one exp for both: lse = m + log sum e, entropy = lse - sum(e z) / sum e, with e = exp(z - m)
+            top = z.amax(dim=-1, keepdim=True)
+            e = (z - top).exp_()
+            total = e.sum(-1)
+            lse_c = top.squeeze(-1) + total.log()
+            ent[s : s + chunk] = lse_c - e.mul_(z).sum(-1) / total
             lse[s : s + chunk] = lse_c
+            del e
             lp = z.gather(-1, idx)
             if truncation is None:
                 lp -= lse_c[:, None]
@@ -106,19 +111,21 @@ class _ChunkedHead(torch.autograd.Function):
                 kept_z.append(z)
             del z, lse_c, lp  # before the next chunk's logits exist: one chunk's tensors at a time
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent, lse_kept, thr)
+        ctx.set_materialize_grads(False)  # an entropy that no loss reads gets None, and its term is skipped
         ctx.settings = (temperature, never, never_bias, chunk)
         ctx.kept_z = kept_z  # not inputs or outputs: nothing else holds or changes them
         return logp, ent
 
     @staticmethod
-    def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None) -> tuple[Any, ...]:
         hidden, weight, bias, labels, lse, ent, lse_kept, thr = ctx.saved_tensors
         temperature, never, never_bias, chunk = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=_accumulator_dtype(weight), device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
-        g_logp, g_ent = g_logp.float(), g_ent.float()
+        g_logp = torch.zeros(labels.shape, device=hidden.device) if g_logp is None else g_logp.float()
+        g_ent = None if g_ent is None else g_ent.float()
         several = labels.dim() == 2
         kept_z, ctx.kept_z = ctx.kept_z, None
         for i, s in enumerate(range(0, hidden.shape[0], chunk)):
@@ -130,18 +137,22 @@ class _ChunkedHead(torch.autograd.Function):
             idx = labels[s : s + chunk] if several else labels[s : s + chunk, None]  # [c, j]
             kept = support_mask(z, thr[s : s + chunk, None], idx[:, 0]) if thr is not None else None  # the forward's S
             logq = z.sub_(lse[s : s + chunk, None])  # in place: two [c, V] float32 tensors at a time
-            ge = g_ent[s : s + chunk, None]
             gl = g_logp[s : s + chunk] if several else g_logp[s : s + chunk, None]  # [c, j]
-            p = logq.exp()
-            term = logq.add_(ent[s : s + chunk, None]).mul_(ge)  # ge (log p + H)
             # d sum_j gl_j log p(label_j) / dz = scatter(gl) - p sum_j gl_j; a truncated first label's p is p_S
             full = gl if kept is None else gl[:, 1:]
-            term.add_(full.sum(-1, keepdim=True))
+            term = full.sum(-1, keepdim=True)  # [c, 1], or [c, V] with the entropy's or the kept set's terms
+            if g_ent is None:  # no loss reads the entropy: p in place of log p, one [c, V] tensor
+                p = logq.exp_()
+            else:
+                p = logq.exp()
+                term = logq.add_(ent[s : s + chunk, None]).mul_(g_ent[s : s + chunk, None]).add_(term)  # ge (log p + H)
             if kept is not None:  # p_S = p exp(lse - lse_S) on S
-                term.addcmul_(kept, gl[:, :1] * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp())
+                term = torch.addcmul(
+                    term, kept, gl[:, :1] * (lse[s : s + chunk, None] - lse_kept[s : s + chunk, None]).exp()
+                )
             gz = p.mul_(term).neg_()  # -(gl p_S + ge p (log p + H))
             gz.scatter_add_(-1, idx, gl)
-            if temperature > 0:
+            if temperature > 0 and temperature != 1:
                 gz /= temperature
             gz = gz.to(weight.dtype)  # as autograd through the model's own head: its matmuls in the weight's dtype
             if grad_h is not None:
