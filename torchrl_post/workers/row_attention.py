@@ -23,6 +23,7 @@ needs no plan (its varlen arguments already cut the flat sequence into samples).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -53,6 +54,14 @@ class RowAttention:
     """The blocks of a flat [1, S] sequence, in column order, covering every column once."""
 
     blocks: tuple[Block, ...]
+
+    @cached_property
+    def pieces(self) -> tuple[list[int], list[list[int]]]:
+        """The blocks' query spans partition the columns and every key span is one of them: the spans' widths
+        (where q, k and v split, once per layer) and, per block, the indices of its key spans among them (block i's
+        queries are piece i). Derived once per pack, not in each layer."""
+        index = {blk.query: i for i, blk in enumerate(self.blocks)}
+        return [e - s for s, e in index], [[index[span] for span in blk.keys] for blk in self.blocks]
 
 
 def row_blocks(
@@ -108,19 +117,16 @@ def row_attention_forward(
         return _SDPA(module, query, key, value, attention_mask, *args, **kwargs)  # type: ignore[no-any-return]
     assert isinstance(plan, RowAttention) and query.shape[0] == 1, "a packed_rows plan takes one flat row"
     kwargs.pop("is_causal", None)
-    # The queries' spans partition the columns and every key span is one of them: split q, k and v once at those
-    # edges. A block then takes views, whose backward writes into one gradient per piece; slicing each block from
-    # the whole [1, H, S, d] tensor would instead allocate and fill a full-size zero gradient per slice.
-    spans = [blk.query for blk in plan.blocks]
-    piece = {span: i for i, span in enumerate(spans)}
-    sizes = [e - s for s, e in spans]
+    # Split once at the blocks' edges: a block takes views, whose backward writes into one gradient per piece
+    # (slicing each block from the whole [1, H, S, d] tensor would allocate and fill a full-size zero gradient per
+    # slice).
+    sizes, keys = plan.pieces
     qs, ks, vs = (t.split(sizes, dim=2) for t in (query, key, value))
     outs = []
-    for blk in plan.blocks:
-        own = [piece[span] for span in blk.keys]
-        k = ks[own[0]] if len(own) == 1 else torch.cat([ks[i] for i in own], dim=2)
-        v = vs[own[0]] if len(own) == 1 else torch.cat([vs[i] for i in own], dim=2)
-        outs.append(_SDPA(module, qs[piece[blk.query]], k, v, blk.mask, *args, **kwargs)[0])
+    for i, (blk, own) in enumerate(zip(plan.blocks, keys, strict=True)):
+        k = ks[own[0]] if len(own) == 1 else torch.cat([ks[j] for j in own], dim=2)
+        v = vs[own[0]] if len(own) == 1 else torch.cat([vs[j] for j in own], dim=2)
+        outs.append(_SDPA(module, qs[i], k, v, blk.mask, *args, **kwargs)[0])
     return torch.cat(outs, dim=1), None
 
 

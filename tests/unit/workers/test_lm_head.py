@@ -37,8 +37,9 @@ def _full(hidden, weight, bias, labels, temperature, never, truncation):  # type
         (0.8, (), 100, Truncation(top_k=20, top_p=0.7)),
     ],
 )
+@pytest.mark.parametrize("entropy_in_loss", [True, False])
 def test_chunked_head_equals_full_logits(
-    temperature: float, never: tuple[int, ...], chunk: int, truncation: Truncation | None
+    temperature: float, never: tuple[int, ...], chunk: int, truncation: Truncation | None, entropy_in_loss: bool
 ) -> None:
     """Values and gradients; with a truncation, log p(label) renormalised on the kept set (labels drawn at random
     fall outside it often, so the label's inclusion is exercised) while the entropy stays the full one. The chunks
@@ -58,7 +59,8 @@ def test_chunked_head_equals_full_logits(
             )  # fmt: skip
         else:
             logp, ent = _full(*xs, labels, temperature, never, truncation)
-        ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+        # without the entropy in the loss its gradient reaches the head as None and its backward term is skipped
+        ((logp * g_logp).sum() + ((ent * g_ent).sum() if entropy_in_loss else 0)).backward()
         results.append([logp.detach(), ent.detach(), *(x.grad for x in xs)])
     for name, a, b, *kept in zip(("logp", "entropy", "d hidden", "d weight", "d bias"), *results, strict=True):
         assert a is not None and b is not None
