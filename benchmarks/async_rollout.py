@@ -35,6 +35,13 @@ CONFIGS = {  # name: (the table's label, the plot's tick label, overrides)
     "partial_unbounded": ("partial, unbounded", "partial\nunbounded", UNBOUNDED),
     "partial_arrival": ("partial + update on arrival", "partial\non arrival", (*UNBOUNDED, "rollout.update_on_arrival=true")),
 }  # fmt: skip
+COLUMNS = [
+    ("configuration", "label", "{}"), ("tokens/s", "tokens_per_s", "{:.0f}"), ("x on-policy", "speedup_tokens", "{:.2f}x"),
+    ("samples/s", "samples_per_s", "{:.1f}"), ("x on-policy", "speedup_samples", "{:.2f}x"),
+    ("response len", "response_length", "{:.1f}"), ("rollout idle", "rollout_idle", "{:.0%}"),
+    ("actor idle", "actor_idle", "{:.0%}"), ("staleness 0/1/2/3/4+", "hist", "{}"),
+    ("stale dropped", "stale_dropped", "{:.0f}"), ("train score", "score", "{:.3f}"), ("validation", "val_steps", "{}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "steps per run (default 20; quick 12; tiny 2)"},
     "--repeats": {"type": int, "help": "interleaved rounds (default 2; quick and tiny 1)"},
@@ -164,15 +171,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-COLUMNS = [
-    ("configuration", "label", "{}"), ("tokens/s", "tokens_per_s", "{:.0f}"), ("x on-policy", "speedup_tokens", "{:.2f}x"),
-    ("samples/s", "samples_per_s", "{:.1f}"), ("x on-policy", "speedup_samples", "{:.2f}x"),
-    ("response len", "response_length", "{:.1f}"), ("rollout idle", "rollout_idle", "{:.0%}"),
-    ("actor idle", "actor_idle", "{:.0%}"), ("staleness 0/1/2/3/4+", "hist", "{}"),
-    ("stale dropped", "stale_dropped", "{:.0f}"), ("train score", "score", "{:.3f}"), ("validation", "val_steps", "{}"),
-]  # fmt: skip
-
-
 def markdown(rec: dict[str, Any]) -> str:
     st, m = rec["settings"], rec["machine"]
     rows = [
@@ -188,6 +186,14 @@ def markdown(rec: dict[str, Any]) -> str:
         )
         for row in rec["rows"]
     ]
+    ref, verdicts = rec["rows"][0], []
+    for r in rec["rows"][1:]:
+        missed = [k for k, ok in r["goal"].items() if not ok]
+        verdicts.append(
+            f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
+            f"samples/s, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
+            f"{'misses' if missed else 'meets'} the goal" + (f" ({', '.join(missed)})." if missed else ".")
+        )
     return common.blocks(
         "# Asynchronous rollout on a long-tailed task",
         f"4 processes on {m['cpu_count']} CPU cores shared with other jobs (1-minute load {min(loads):.1f} to "
@@ -204,20 +210,8 @@ def markdown(rec: dict[str, Any]) -> str:
         f"configuration the last validation varies by up to {rec['val_noise']:.3f} (the noise used below). "
         "Tokens/s of each repeat with the 1-minute load after it:",
         "\n".join(per_run),
-        "\n".join(conclusion(rec)),
+        "\n".join(verdicts),
     )
-
-
-def conclusion(rec: dict[str, Any]) -> list[str]:
-    out, ref = [], rec["rows"][0]
-    for r in rec["rows"][1:]:
-        missed = [k for k, ok in r["goal"].items() if not ok]
-        out.append(
-            f"- {r['label']}: {r['speedup_tokens']:.2f}x on-policy's tokens/s, {r['speedup_samples']:.2f}x its "
-            f"samples/s, last validation {r['val_last']:.3f} vs {ref['val_last']:.3f}: "
-            f"{'misses' if missed else 'meets'} the goal" + (f" ({', '.join(missed)})." if missed else ".")
-        )
-    return out
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

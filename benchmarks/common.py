@@ -131,7 +131,6 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None, tim
 
 
 def check_logged(cmd: list[str], returncode: int, log: Path) -> None:
-    """A command's failure as one error with its log's tail."""
     if returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {returncode}); log {log}:\n{tail}")
@@ -160,7 +159,6 @@ def blocks(*parts: str) -> str:
 
 
 def na(x: float | None, spec: str = "{:.2f}") -> str:
-    """`spec` of x; n/a where it was not measured."""
     return "n/a" if x is None else spec.format(x)
 
 
@@ -172,7 +170,6 @@ Options = dict[str, dict[str, Any]]  # a module's own `OPTIONS`: flag -> add_arg
 
 
 def parser(description: str | None, own: Options | None = None) -> argparse.ArgumentParser:
-    """The options every benchmark takes, then a module's own."""
     ap = argparse.ArgumentParser(description=(description or "").split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the ~5-minute subset")
     ap.add_argument("--tiny", action="store_true", help="the smallest sizes that exercise every path (tests)")
@@ -229,12 +226,10 @@ TINY = ModelSize("qwen2-tiny", 64, 2, 2, 1, 128)  # the --tiny model of update a
 
 
 def built(out: Path) -> bool:
-    """A saved model directory is there (config and weights)."""
     return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
 
 
 def model_dir(size: ModelSize, **extra: Any) -> Path:
-    """The model's directory under MODELS, built once (seeded)."""
     out = MODELS / size.name
     if not built(out):
         from torchrl_post.demo.build import build_tiny_model
@@ -280,7 +275,6 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def median(rows: list[Record], key: str) -> float | None:
-    """The median of a metric over the rows that have it (None when none has)."""
     values = [float(r[key]) for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
 
@@ -292,10 +286,12 @@ def medians(rows: list[Record], metrics: dict[str, str], first_step: int = 0) ->
 
 
 def run_worker(
-    tag: str, worker: str | Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None
-) -> Any:
+    tag: str, worker: str | Path, nproc: int, options: Record, env: dict[str, str] | None = None, python: Any = None,
+    wall_key: str = "",
+) -> Any:  # fmt: skip
     """`-m <worker> --worker` under torchrun on `nproc` processes, or the script `worker` by `python` (TRL's venv),
-    with `--<name> <value>` per option and `--out LOGS/<tag>.json`: what it wrote, with the load average."""
+    with `--<name> <value>` per option and `--out LOGS/<tag>.json`: what it wrote, with the load average (and the
+    launch's wall seconds as `wall_key`, if given)."""
     out = LOGS / f"{tag}.json"
     out.unlink(missing_ok=True)
     warn_if_busy()
@@ -305,9 +301,12 @@ def run_worker(
         launch = [*torchrun(), "--standalone", "--nproc-per-node", str(nproc), "-m", str(worker), "--worker"]
     full_env = dict(os.environ, **(env or {})) if python else child_env(env)
     flags = [x for k, v in (options | {"out": out}).items() for x in ("--" + k.replace("_", "-"), str(v))]
+    t0 = time.perf_counter()
     run_logged([*launch, *flags], LOGS / f"{tag}.log", env=full_env)
     rec = json.loads(out.read_text())
     rec["loadavg_1m"] = load_1m()
+    if wall_key:
+        rec[wall_key] = time.perf_counter() - t0
     return rec
 
 
@@ -342,7 +341,6 @@ def worker_init(device: str, model: Path | str | None = None) -> tuple[Any, Any]
 
 
 def all_gather(obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order, on every rank."""
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
@@ -396,7 +394,6 @@ def build_engine(cfg: Any, device: Any, seed: int = 0, stop: bool = True, tok: A
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -411,13 +408,11 @@ def subplots(*args: Any, **kw: Any) -> tuple[Any, Any]:
 
 def save_figure(fig: Any, path: Path, title: str = "") -> None:
     """Title (if any), lay out, write the PNG, free the figure."""
-    import matplotlib.pyplot as plt
-
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def bars(

@@ -11,7 +11,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -41,6 +40,11 @@ DESCRIPTIONS = {
     "smollm2": "SmolLM2-135M-Instruct (real weights, tied embeddings)",
     "tiny": "random Qwen2 (hidden 64, 2 layers) over Qwen2.5's tokenizer",
 }
+STAGE_KEYS = {"gen": "gen", "update": "update_actor", "sync": "sync"}
+SCALING_COLUMNS = [
+    ("run", "label", "{}"), ("step s", "step_s", "{:.2f}"), ("gen s", "gen", "{:.2f}"), ("update s", "update", "{:.2f}"),
+    ("sync s", "sync", "{:.3f}"), ("tokens/s", "throughput", "{:.0f}"), ("load", "loadavg_1m", "{:.1f}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "steps per run (default 5; tiny 2)"},
     "--no-trl": {"action": "store_true", "help": "measure our side only"},
@@ -55,8 +59,6 @@ OPTIONS: common.Options = {
 
 @dataclass(frozen=True)
 class Setting:
-    """One training run of ours: the model, the batch and the placement."""
-
     model: str
     prompts: int = 8
     n: int = 8
@@ -103,9 +105,9 @@ def saved(name: str, reuse: bool, measure: Callable[[], dict[str, Any] | None]) 
     return rec
 
 
-def measured(steps: list[Any]) -> list[Any]:
-    """The steps after the warm-up (the last one at least)."""
-    return steps[min(WARMUP, len(steps) - 1) :]
+def measured(steps: list[Any], warmup: int = WARMUP) -> list[Any]:
+    """The steps after the warm-up (the last one at least); the fastest, `best`, is on shared CPUs the step's cost."""
+    return steps[min(warmup, len(steps) - 1) :]
 
 
 def run_ours(s: Setting, data: Path) -> dict[str, Any]:
@@ -165,9 +167,7 @@ def run_trl(python: Path | None, s: Setting, data: Path) -> dict[str, Any] | Non
         "response_length": s.response_length, "lr": LR, "steps": s.steps, "reward": s.reward,
     }  # fmt: skip
     print(f"    TRL: {s.model}, {label(asdict(s))} ...", flush=True)
-    t0 = time.perf_counter()
-    raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python)
-    wall = time.perf_counter() - t0
+    raw = common.run_worker(f"e2e/trl_{s.tag}", WORKER, 1, args, TRL_ENV, python, wall_key="run_wall_s")
     steps = raw["steps"]
     kept = measured(steps)
     med = common.median
@@ -178,7 +178,7 @@ def run_trl(python: Path | None, s: Setting, data: Path) -> dict[str, Any] | Non
         "update_s": med([{"u": r["step_s"] - r["prepare_s"]} for r in kept], "u"),
         "loss_forward_s": med(kept, "loss_forward_s"), "measured_steps": len(kept),
         **{k: statistics.median(raw[k]) if raw[k] else None for k in ("reward_mean", "completion_length_mean")},
-        **{k: raw[k] for k in ("versions", "settings", "torch_threads", "loadavg_1m")}, "run_wall_s": wall,
+        **{k: raw[k] for k in ("versions", "settings", "torch_threads", "loadavg_1m")}, "run_wall_s": raw["run_wall_s"],
     }  # fmt: skip
 
 
@@ -263,11 +263,6 @@ def _stages(ours: dict[str, Any]) -> list[tuple[str, float]]:
     return [*named, ("other", max(0.0, ours["step_s"] - sum(timed.values())))]
 
 
-def _best(run: dict[str, Any], warmup: int) -> float:
-    """The fastest measured step: on a shared machine, the closest to the step's own cost."""
-    return min(run["steps_s"][min(warmup, len(run["steps_s"]) - 1) :])
-
-
 def _ours_runs(mod: dict[str, Any]) -> list[tuple[str, dict[str, Any], float | None]]:
     """(label, our run, TRL / it) for the default config and, when measured, the packed variant."""
     runs = [("ours", mod["ours"], mod["ratio"])]
@@ -306,29 +301,24 @@ def markdown(rec: dict[str, Any]) -> str:
     ]
     for mod in rec["models"]:
         head, t = f"| {mod['model']} | {mod['params'] / 1e6:.1f}M", mod["trl"]
+        t_best = min(measured(t["steps_s"], warm)) if t else None
         for name, o, ratio in _ours_runs(mod):
             g = o["stages"].get
-            best_ratio = _best(t, warm) / _best(o, warm) if t else None
+            best = min(measured(o["steps_s"], warm))
+            best_ratio = t_best / best if t_best is not None else None
             lines.append(
-                f"{head} | {name} | {na(o['step_s'])} | {na(ratio, '{:.2f}x')} | {na(_best(o, warm))} | "
+                f"{head} | {name} | {na(o['step_s'])} | {na(ratio, '{:.2f}x')} | {na(best)} | "
                 f"{na(best_ratio, '{:.2f}x')} | {na(g('gen'))} | {na(g('update_actor'))} | "
                 f"{na(g('sync'), '{:.3f}')} | {o['loadavg_1m']:.1f} |"
             )
             head = "| |"
         if t:
             lines.append(
-                f"{head} | TRL | {na(t['step_s'])} | 1.00x | {na(_best(t, warm))} | 1.00x | {na(t['gen_s'])} "
+                f"{head} | TRL | {na(t['step_s'])} | 1.00x | {na(t_best)} | 1.00x | {na(t['gen_s'])} "
                 f"(generate {na(t['generate_s'])}) | {na(t['update_s'])} (forward {na(t['loss_forward_s'])}) "
                 f"| | {t['loadavg_1m']:.1f} |"
             )
-    lines += ["\nOur step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):\n"]
-    for mod in rec["models"]:
-        for name, o, _ in _ours_runs(mod):
-            parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
-            skipped = o.get("skipped_samples_frac")
-            skip = f"; the update skipped {skipped:.0%} of the samples (advantage 0)" if skipped is not None else ""
-            lines.append(f"- {mod['model']}, {name}: {parts}{skip}")
-    lines += ["", *conclusion(rec), ""]
+    lines += stages_and_verdicts(rec)
     if rec["scaling"]:
         scaling_loads = [r["loadavg_1m"] for r in rec["scaling"]]
         rows = [
@@ -344,31 +334,30 @@ def markdown(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-STAGE_KEYS = {"gen": "gen", "update": "update_actor", "sync": "sync"}
-SCALING_COLUMNS = [
-    ("run", "label", "{}"), ("step s", "step_s", "{:.2f}"), ("gen s", "gen", "{:.2f}"), ("update s", "update", "{:.2f}"),
-    ("sync s", "sync", "{:.3f}"), ("tokens/s", "throughput", "{:.0f}"), ("load", "loadavg_1m", "{:.1f}"),
-]  # fmt: skip
-
-
-def conclusion(rec: dict[str, Any]) -> list[str]:
-    out = []
+def stages_and_verdicts(rec: dict[str, Any]) -> list[str]:
+    """Each run of ours by stage, then the verdicts: each against TRL's step and the target, its largest stage."""
+    stages, verdicts = [], []
     target = rec.get("target", TARGET)
     for mod in rec["models"]:
         t = mod["trl"]
         for name, o, ratio in _ours_runs(mod):
+            parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
+            skipped = o.get("skipped_samples_frac")
+            skip = f"; the update skipped {skipped:.0%} of the samples (advantage 0)" if skipped is not None else ""
+            stages.append(f"- {mod['model']}, {name}: {parts}{skip}")
             top, top_s = _stages(o)[0]
             if t is None or ratio is None:
-                out.append(f"{mod['model']}, {name}: {o['step_s']:.2f} s per step (TRL not measured).")
+                verdicts.append(f"{mod['model']}, {name}: {o['step_s']:.2f} s per step (TRL not measured).")
                 continue
-            out.append(
+            verdicts.append(
                 f"{mod['model']}, {name}: {o['step_s']:.2f} s vs TRL {t['step_s']:.2f} s per step, {ratio:.2f}x "
                 f"({'meets' if ratio >= target else 'misses'} the {target:g}x target). Generation "
                 f"{na(o['stages'].get('gen'))} s (vLLM) vs {na(t['gen_s'])} s (transformers), update "
                 f"{na(o['stages'].get('update_actor'))} s vs {na(t['update_s'])} s; our largest stage: {top} "
                 f"({top_s / o['step_s']:.0%} of the step)."
             )
-    return out
+    head = "\nOur step by stage (`timing_s/<stage>`, medians; `other` = step minus the stages):\n"
+    return [head, *stages, "", *verdicts, ""]
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

@@ -28,6 +28,11 @@ from torchrl_post.workers.optim import clip_grad_norm
 NAME = "expert_parallel"
 RANKS = 4
 EPS = (1, 2, 4)
+COLUMNS = [
+    ("ep", "ep", "{}"), ("experts", "experts", "{}"), ("expert MiB gathered / layer / rank", "gathered_mib", "{:.2f}"),
+    ("gathered x ep / layer's experts", "ratio", "{:.3f}"), ("params + AdamW MiB / rank", "kept_mib", "{:.1f}"),
+    ("update s", "update_s", "{:.3f}"), ("all-to-all share", "all_to_all_share", "{:.1%}"),
+]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,13 +102,6 @@ def worker(argv: list[str]) -> None:
     if dist.get_rank() == 0:
         common.write_json(a.out, {"ep": a.ep, "world": world, "experts": a.experts, "ranks": reports})
     end_process(0)
-
-
-COLUMNS = [
-    ("ep", "ep", "{}"), ("experts", "experts", "{}"), ("expert MiB gathered / layer / rank", "gathered_mib", "{:.2f}"),
-    ("gathered x ep / layer's experts", "ratio", "{:.3f}"), ("params + AdamW MiB / rank", "kept_mib", "{:.1f}"),
-    ("update s", "update_s", "{:.3f}"), ("all-to-all share", "all_to_all_share", "{:.1%}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

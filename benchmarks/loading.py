@@ -26,6 +26,12 @@ SETTINGS: dict[str, tuple[ModelSize, tuple[int, ...]]] = {
     "quick": (SIZES["qwen2-100m"], (1, 2, 4)),
     "tiny": (SIZES["qwen2-1m"], (2,)),
 }
+COLUMNS = [
+    ("model", "model", "{}"), ("format", "format", "{}"), ("ranks", "ranks", "{}"), ("model MB", "model_mb", "{:.0f}"),
+    ("peak MB/rank", "peak_mb", "{:.0f}"), ("ratio", "ratio", "{:.3f}"), ("ideal", "ideal", "{:.3f}"),
+    ("above model/ranks MB", "excess_mb", "{:.0f}"), ("resident after MB/rank", "after_mb", "{:.0f}"),
+    ("load s", "seconds", "{:.1f}"),
+]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,14 +92,6 @@ def worker(argv: list[str]) -> None:
     del actor, params
     dist.barrier()  # every rank done with the group before teardown (a rank leaving early aborted the other)
     end_process()
-
-
-COLUMNS = [
-    ("model", "model", "{}"), ("format", "format", "{}"), ("ranks", "ranks", "{}"), ("model MB", "model_mb", "{:.0f}"),
-    ("peak MB/rank", "peak_mb", "{:.0f}"), ("ratio", "ratio", "{:.3f}"), ("ideal", "ideal", "{:.3f}"),
-    ("above model/ranks MB", "excess_mb", "{:.0f}"), ("resident after MB/rank", "after_mb", "{:.0f}"),
-    ("load s", "seconds", "{:.1f}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

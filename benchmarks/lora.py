@@ -21,6 +21,11 @@ METRICS = {
     "sync_bytes": "perf/sync_bytes",  # the bytes gathered for the engine (LoRA: base + adapter tensors)
     "logprob_diff": "rollout/logprob_diff", "score_mean": "critic/score/mean",
 }  # fmt: skip
+COLUMNS = [
+    ("mode", "mode", "{}"), ("trainable params", "trainable_params", "{:,}"), ("optimizer state MB", "state_mb", "{}"),
+    ("step s", "step_s", "{:.3f}"), ("update s", "update_s", "{:.3f}"), ("sync s", "sync_s", "{:.4f}"),
+    ("sync MB", "sync_mb", "{}"), ("gen s", "gen_s", "{:.3f}"),
+]  # fmt: skip
 
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "training steps on the demo model (default 20)"},
@@ -65,13 +70,6 @@ def _mb(n: float | None) -> str:
     return "n/a" if n is None else f"{n / 1e6:.2f}"
 
 
-COLUMNS = [
-    ("mode", "mode", "{}"), ("trainable params", "trainable_params", "{:,}"), ("optimizer state MB", "state_mb", "{}"),
-    ("step s", "step_s", "{:.3f}"), ("update s", "update_s", "{:.3f}"), ("sync s", "sync_s", "{:.4f}"),
-    ("sync MB", "sync_mb", "{}"), ("gen s", "gen_s", "{:.3f}"),
-]  # fmt: skip
-
-
 def markdown(rec: dict[str, Any]) -> str:
     loads = [r["loadavg_1m"] for model in rec["models"] for r in model["runs"].values()]
     parts = [
@@ -82,20 +80,15 @@ def markdown(rec: dict[str, Any]) -> str:
         f"medians over steps {FIRST_STEP}..N. Optimizer state: AdamW's two float32 moments per trainable parameter, "
         "both ranks together.",
     ]
-    for model in rec["models"]:
-        rows = [{"mode": LABELS[m], **model["params"][m], **model["runs"][m]} for m in MODES if m in model["runs"]]
-        rows = [r | {"state_mb": _mb(r["optimizer_state_bytes"]), "sync_mb": _mb(r["sync_bytes"])} for r in rows]
-        total = model["params"]["full"]["total_params"] / 1e6
-        parts += [f"## {model['name']} ({total:.2f}M parameters, {model['steps']} steps)", common.table(rows, COLUMNS)]
-    return common.blocks(*parts, "\n".join(conclusion(rec)))
-
-
-def conclusion(rec: dict[str, Any]) -> list[str]:
-    parts, speed, sync, adapter = [], [], [], []
+    share, speed, sync, adapter = [], [], [], []  # the closing paragraph's clauses, one per model
     for model in rec["models"]:
         p, r, name = model["params"], model["runs"], model["name"]
+        rows = [{"mode": LABELS[m], **p[m], **r[m]} for m in MODES if m in r]
+        rows = [x | {"state_mb": _mb(x["optimizer_state_bytes"]), "sync_mb": _mb(x["sync_bytes"])} for x in rows]
+        total = p["full"]["total_params"] / 1e6
+        parts += [f"## {name} ({total:.2f}M parameters, {model['steps']} steps)", common.table(rows, COLUMNS)]
         lora, full = r["lora"], r["full"]
-        parts.append(f"{p['lora']['trainable_params'] / p['full']['trainable_params']:.1%} on {name}")
+        share.append(f"{p['lora']['trainable_params'] / p['full']['trainable_params']:.1%} on {name}")
         speed.append(
             f"{lora['step_s']:.3f} s vs {full['step_s']:.3f} s per step (update {lora['update_s']:.3f} vs "
             f"{full['update_s']:.3f} s) on {name}"
@@ -106,17 +99,17 @@ def conclusion(rec: dict[str, Any]) -> list[str]:
         )
         if (a := r.get("lora_adapter")) is not None:
             adapter.append(f"{_mb(a['sync_bytes'])} MB in {a['sync_s']:.3f} s, step {a['step_s']:.3f} s on {name}")
-    out = [
-        f"LoRA trains {' and '.join(parts)} of the parameters and optimizer state; {'; '.join(speed)} (LoRA vs full).",
+    end = [
+        f"LoRA trains {' and '.join(share)} of the parameters and optimizer state; {'; '.join(speed)} (LoRA vs full).",
         "The merged sync still moves every weight (the engine reloads W + alpha/r * B @ A), base weights plus adapter "
         f"tensors ({'; '.join(sync)}, LoRA vs full): LoRA saves optimizer state and gradients, not sync traffic.",
     ]
     if adapter:
-        out.append(
+        end.append(
             f"rollout.lora_sync=adapter sends only the adapter ({'; '.join(adapter)}); vLLM's CPU LoRA kernels cost "
             "generation time."
         )
-    return out
+    return common.blocks(*parts, "\n".join(end))
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:

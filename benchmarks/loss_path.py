@@ -32,6 +32,14 @@ SHAPES = {  # vocabulary, hidden, layers, response lengths, chunk: --tiny's, and
     "tiny": (4096, 64, 1, (64, 128, 256), 64),
     "other": (QWEN_VOCAB, 64, 2, LENGTHS, CHUNK),
 }
+ROW_COLUMNS = [
+    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
+    ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x"),
+]  # fmt: skip
+SLOPE_COLUMNS = [
+    ("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"), ("x hidden x 4 B", "per_hidden", "{:.1f}"),
+    ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
+]  # fmt: skip
 
 
 def build_model(out: Path, vocab: int = QWEN_VOCAB, hidden: int = 64, layers: int = 2) -> Path:
@@ -183,16 +191,6 @@ def worker(argv: list[str]) -> None:
         })  # fmt: skip
     dist.barrier()  # no rank tears gloo down while another still talks to it
     end_process()
-
-
-ROW_COLUMNS = [
-    ("response tokens", "response_len", "{}"), ("before MiB", "before_mib", "{:.0f}"),
-    ("after MiB", "after_mib", "{:.0f}"), ("before / after", "ratio", "{:.1f}x"),
-]  # fmt: skip
-SLOPE_COLUMNS = [
-    ("", "what", "{}"), ("bytes / token", "bytes", "{:,.0f}"), ("x hidden x 4 B", "per_hidden", "{:.1f}"),
-    ("x vocabulary x 4 B", "per_vocab", "{:.3f}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

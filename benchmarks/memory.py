@@ -20,6 +20,13 @@ SETTINGS = {
     "quick": (("qwen2-10m",), (1, 2, 4)),
     "tiny": (("qwen2-1m",), (1, 2)),
 }
+COLUMNS = [
+    ("model", "model", "{}"), ("ranks", "ranks", "{}"), ("params MB/rank", "params_mb", "{:.2f}"),
+    ("grads MB/rank", "grads_mb", "{:.2f}"), ("AdamW MB/rank", "optimizer_mb", "{:.2f}"),
+    ("total MB/rank", "total_mb", "{:.2f}"), ("unsharded MB", "full_mb", "{:.2f}"), ("ratio", "total_ratio", "{:.4f}"),
+    ("ideal", "ideal_ratio", "{:.4f}"), ("params ratio", "params_ratio", "{:.4f}"),
+    ("AdamW ratio", "optimizer_ratio", "{:.4f}"), ("padding MB/rank", "padding_mb", "{:.3f}"),
+]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,15 +61,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             print(f"  {model} on {ranks} rank(s): ratio {row['total_ratio']:.4f} (ideal {1 / ranks:.4f})", flush=True)
     return {"mode": mode, "device": device, "rows": rows, "loadavg_1m": common.load_1m()}
-
-
-COLUMNS = [
-    ("model", "model", "{}"), ("ranks", "ranks", "{}"), ("params MB/rank", "params_mb", "{:.2f}"),
-    ("grads MB/rank", "grads_mb", "{:.2f}"), ("AdamW MB/rank", "optimizer_mb", "{:.2f}"),
-    ("total MB/rank", "total_mb", "{:.2f}"), ("unsharded MB", "full_mb", "{:.2f}"), ("ratio", "total_ratio", "{:.4f}"),
-    ("ideal", "ideal_ratio", "{:.4f}"), ("params ratio", "params_ratio", "{:.4f}"),
-    ("AdamW ratio", "optimizer_ratio", "{:.4f}"), ("padding MB/rank", "padding_mb", "{:.3f}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

@@ -36,6 +36,12 @@ class MoeSize:
 
 SIZES = (MoeSize("tiny (test model)", 64, 2, 2, 1, 4, 2, 64), MoeSize("larger", 512, 4, 8, 2, 8, 2, 512))
 SHAPE = {"full": (8, 256, 2, 9), "quick": (8, 256, 2, 9), "tiny": (2, 32, 1, 2)}  # batch, seq, warm-up, timed rounds
+COLUMNS = [
+    ("size", "size", "{}"), ("dtype", "dtype", "{}"), ("implementation", "implementation", "{}"),
+    ("fwd+bwd ms", "ms", "{:.1f}"), ("wall ms", "wall_ms", "{:.1f}"), ("speed-up vs eager", "speedup", "{:.2f}x"),
+    ("wall speed-up", "wall_speedup", "{:.2f}x"), ("loss diff", "loss_diff", "{:.1e}"),
+    ("max grad diff", "grad_diff", "{:.1e}"), ("", "note", "{}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--threads": {"type": int, "default": 1, "help": "torch threads (1: steadier on shared cores)"}
 }
@@ -135,14 +141,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sizes": [asdict(s) for s in sizes], "batch": batch, "seq": seq, "warmup": warmup, "repeats": repeats,
         "threads": torch.get_num_threads(), "rows": rows, "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-
-
-COLUMNS = [
-    ("size", "size", "{}"), ("dtype", "dtype", "{}"), ("implementation", "implementation", "{}"),
-    ("fwd+bwd ms", "ms", "{:.1f}"), ("wall ms", "wall_ms", "{:.1f}"), ("speed-up vs eager", "speedup", "{:.2f}x"),
-    ("wall speed-up", "wall_speedup", "{:.2f}x"), ("loss diff", "loss_diff", "{:.1e}"),
-    ("max grad diff", "grad_diff", "{:.1e}"), ("", "note", "{}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

@@ -26,6 +26,8 @@ MODES = {
 TIES_MODEL = common.MODELS / "moe_near_ties"
 ROUTER_SCALE, EXPERT_NOISE = 0.05, 0.5
 METRICS = {"logprob_diff": "rollout/logprob_diff", "router_mismatch": "rollout/router_mismatch"}
+COLUMNS = [("setting", "label", "{}"), ("router mismatch", "mismatch", "{}"), ("logprob diff", "logprob_diff", "{:.2e}"),
+           ("vs dense", "ratio", "{}")]  # fmt: skip
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per setting (default 12)"}}
 
 
@@ -76,10 +78,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ties = near_ties(MOE_MODEL)
     models = {"dense": DEMO_MODEL, "ties": ties, "ties_replay": ties}
     return {"steps": steps, "runs": [train(mode, models.get(mode, MOE_MODEL), steps) for mode in MODES]}
-
-
-COLUMNS = [("setting", "label", "{}"), ("router mismatch", "mismatch", "{}"), ("logprob diff", "logprob_diff", "{:.2e}"),
-           ("vs dense", "ratio", "{}")]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

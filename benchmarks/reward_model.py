@@ -30,11 +30,16 @@ RM_SIZES: dict[str, dict[str, int]] = {  # name -> the demo model's config with 
     "rm-qwen2-25m": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
                      "intermediate_size": 1536},
 }  # fmt: skip
+COLUMNS = [
+    ("placement", "label", "{}"), ("RM", "rm", "{}"), ("RM params", "rm_params_m", "{:.2f}M"),
+    ("samples/step", "samples_per_step", "{}"), ("RM s (median)", "rm_s", "{:.3f}"),
+    ("RM samples/s", "rm_samples_per_s", "{:.0f}"), ("step s (median)", "step_s", "{:.3f}"),
+    ("step - RM s", "rest_s", "{:.3f}"), ("gen s", "gen_s", "{:.3f}"),
+]  # fmt: skip
 OPTIONS: common.Options = {"--steps": {"type": int, "help": "training steps per run (default 12)"}}
 
 
 def reward_model_dir(name: str) -> Path:
-    """The reward model's directory under outputs/bench_models, built once (seeded)."""
     out = common.MODELS / name
     if common.built(out):
         return out
@@ -79,28 +84,13 @@ def train(name: str, path: Path, placement: str, steps: int, engine: str) -> dic
     return row
 
 
-def headlines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per reward model: own rank's step time and RM time over colocated's."""
-    out = []
-    for name in dict.fromkeys(r["rm"] for r in rows):
-        by = {r["placement"]: r for r in rows if r["rm"] == name}
-        if set(by) == set(PLACEMENTS):
-            co, own = by["colocated"], by["own_rank"]
-            ratios = {f"{k}_ratio": own[f"{k}_s"] / co[f"{k}_s"] for k in ("step", "rm", "rest")}
-            out.append({"rm": name, "rm_params": co["rm_params"], **ratios})
-    return out
-
-
-COLUMNS = [
-    ("placement", "label", "{}"), ("RM", "rm", "{}"), ("RM params", "rm_params_m", "{:.2f}M"),
-    ("samples/step", "samples_per_step", "{}"), ("RM s (median)", "rm_s", "{:.3f}"),
-    ("RM samples/s", "rm_samples_per_s", "{:.0f}"), ("step s (median)", "step_s", "{:.3f}"),
-    ("step - RM s", "rest_s", "{:.3f}"), ("gen s", "gen_s", "{:.3f}"),
-]  # fmt: skip
-
-
 def markdown(rec: dict[str, Any]) -> str:
     rows = [r | {"label": LABELS[r["placement"]], "rm_params_m": r["rm_params"] / 1e6} for r in rec["rows"]]
+    ratios = "; ".join(
+        f"{h['step_ratio']:.2f}x colocated's step time with {h['rm']} (RM wait {h['rm_ratio']:.2f}x, "
+        f"the rest of the step {h['rest_ratio']:.2f}x)"
+        for h in rec["headlines"]
+    )
     return common.blocks(
         "# Reward-model benchmark",
         f"{common.versions(rec, [r['loadavg_1m'] for r in rec['rows']])}. Each row is one `torchrun -m "
@@ -111,24 +101,13 @@ def markdown(rec: dict[str, Any]) -> str:
         f"{FIRST_STEP}..N: colocated, each actor rank's forward over its half of the samples; on its own rank, the "
         "part of the scoring the actor's reference forward did not hide.",
         common.table(rows, COLUMNS),
-        "\n".join(conclusion(rec)),
+        f"On its own rank: {ratios}.\nThere the scoring overlaps the actor's reference forward (`overlapped: true`): "
+        "rank 2 scores the batch while the actor ranks compute their reference logprobs, not generation (whole batches "
+        "from the actor's own engine). On these shared CPUs the third process also competes with the actor ranks for "
+        "the 2 cores."
+        if ratios
+        else "",
     )
-
-
-def conclusion(rec: dict[str, Any]) -> list[str]:
-    if not rec["headlines"]:
-        return []
-    ratios = "; ".join(
-        f"{h['step_ratio']:.2f}x colocated's step time with {h['rm']} (RM wait {h['rm_ratio']:.2f}x, "
-        f"the rest of the step {h['rest_ratio']:.2f}x)"
-        for h in rec["headlines"]
-    )
-    return [
-        f"On its own rank: {ratios}.",
-        "There the scoring overlaps the actor's reference forward (`overlapped: true`): rank 2 scores the batch "
-        "while the actor ranks compute their reference logprobs, not generation (whole batches from the actor's own "
-        "engine). On these shared CPUs the third process also competes with the actor ranks for the 2 cores.",
-    ]
 
 
 def plot(path: Path, rec: dict[str, Any]) -> None:
@@ -157,11 +136,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     names = list(RM_SIZES)[:1] if args.tiny else list(RM_SIZES)
     engine = "hf" if args.tiny else "vllm"
     rows = [train(n, reward_model_dir(n), placement, steps, engine) for n in names for placement in PLACEMENTS]
+    by = {(r["rm"], r["placement"]): r for r in rows}
+    headlines = []  # per reward model: own rank's step, RM and rest-of-step times over colocated's
+    for name in names:
+        co, own = by[(name, "colocated")], by[(name, "own_rank")]
+        ratios = {f"{k}_ratio": own[f"{k}_s"] / co[f"{k}_s"] for k in ("step", "rm", "rest")}
+        headlines.append({"rm": name, "rm_params": co["rm_params"], **ratios})
     return {
         "quick": args.quick, "tiny": args.tiny, "steps": steps, "engine": engine, "median_from_step": FIRST_STEP,
         "train_batch_size": BATCH, "rollout_n": N, "rm_micro_batch": RewardModelConfig().micro_batch_size_per_gpu,
         "models": {n: str(reward_model_dir(n).relative_to(ROOT)) for n in names}, "rows": rows,
-        "headlines": headlines(rows), "overlapped": True,
+        "headlines": headlines, "overlapped": True,
         "overlap_basis": "workers/remote.py: the actor sends the batch after generation and blocks until the scores "
         "return; rank 2 has nothing else to run",
         "loadavg_1m": common.load_1m(),

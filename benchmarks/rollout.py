@@ -34,6 +34,16 @@ SETTINGS = {  # mode -> models, batches, lengths, repeats, prompt length
     "tiny": (("qwen2-1m",), "1x1,2x2", "4,8", 1, 8),
 }
 ENGINES = ("vllm", "hf")
+COLUMNS = [
+    ("prompts x n", "shape", "{}"), ("length", "length", "{}"), ("vllm tok/s", "vllm_tokens_per_s", "{:.0f}"),
+    ("hf tok/s", "hf_tokens_per_s", "{:.0f}"), ("ratio", "ratio", "{:.2f}"),
+    ("LLM.generate tok/s", "llm_generate_tokens_per_s", "{:.0f}"),
+    ("stepped / LLM.generate", "stepped_vs_llm_generate", "{:.3f}"),
+    ("streamed / LLM.generate", "stream_vs_llm_generate", "{:.3f}"), ("vllm s", "vllm_s", "{:.3f}"),
+    ("vllm first token s", "vllm_first_token_s", "{:.3f}"), ("vllm decode ms/step", "vllm_decode_step_ms", "{:.2f}"),
+    ("vllm decode share", "vllm_decode_share", "{:.0%}"), ("hf s", "hf_s", "{:.3f}"),
+    ("hf first token s", "hf_first_token_s", "{:.3f}"), ("hf decode ms/step", "hf_decode_step_ms", "{:.2f}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
     "--threads": {"type": int, "default": 1, "help": "CPU: OpenMP/torch threads of both engines, unbound"},
@@ -217,41 +227,6 @@ def worker(argv: list[str]) -> None:
     end_process()
 
 
-COLUMNS = [
-    ("prompts x n", "shape", "{}"), ("length", "length", "{}"), ("vllm tok/s", "vllm_tokens_per_s", "{:.0f}"),
-    ("hf tok/s", "hf_tokens_per_s", "{:.0f}"), ("ratio", "ratio", "{:.2f}"),
-    ("LLM.generate tok/s", "llm_generate_tokens_per_s", "{:.0f}"),
-    ("stepped / LLM.generate", "stepped_vs_llm_generate", "{:.3f}"),
-    ("streamed / LLM.generate", "stream_vs_llm_generate", "{:.3f}"), ("vllm s", "vllm_s", "{:.3f}"),
-    ("vllm first token s", "vllm_first_token_s", "{:.3f}"), ("vllm decode ms/step", "vllm_decode_step_ms", "{:.2f}"),
-    ("vllm decode share", "vllm_decode_share", "{:.0%}"), ("hf s", "hf_s", "{:.3f}"),
-    ("hf first token s", "hf_first_token_s", "{:.3f}"), ("hf decode ms/step", "hf_decode_step_ms", "{:.2f}"),
-]  # fmt: skip
-
-
-def conclusion(run: dict[str, Any]) -> str:
-    ratios = [r["ratio"] for r in run["rows"]]
-    big = max(run["rows"], key=lambda r: (r["batch"], r["length"]))
-    text = (
-        f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x ({big['prompts']} x {big['n']} x "
-        f"{big['length']} tokens: {big['ratio']:.2f}x, where vLLM takes {big['vllm_first_token_s']:.3f} s to the first "
-        f"token, then {big['vllm_decode_step_ms']:.2f} ms per decode step of {big['batch']} samples, "
-        f"{big['vllm_decode_share']:.0%} of the call)."
-    )
-    v, h = decode_fit(run, "vllm"), decode_fit(run, "hf")
-    if v is None or h is None:
-        return text
-    text += (
-        f" A decode step (fit on the {v['length']}-token rows): {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} ms per "
-        f"sample in vLLM, {h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms in transformers"
-    )
-    return text + (
-        f"; in vLLM the samples outweigh the step from {v['step_ms'] / v['sample_ms']:.0f} per call."
-        if v["sample_ms"] > 0
-        else "."
-    )
-
-
 def markdown(rec: dict[str, Any]) -> str:
     parts = [
         "# Rollout benchmark: vLLM against transformers generate",
@@ -264,13 +239,31 @@ def markdown(rec: dict[str, Any]) -> str:
     ]
     for r in rec["runs"]:
         start, fixed = r["engine_start_s"], r["fixed_call_s"]
+        ratios = [row["ratio"] for row in r["rows"]]
+        big = max(r["rows"], key=lambda row: (row["batch"], row["length"]))
+        text = (
+            f"vLLM/hf tokens/s: {min(ratios):.2f}x to {max(ratios):.2f}x ({big['prompts']} x {big['n']} x "
+            f"{big['length']} tokens: {big['ratio']:.2f}x, where vLLM takes {big['vllm_first_token_s']:.3f} s to the "
+            f"first token, then {big['vllm_decode_step_ms']:.2f} ms per decode step of {big['batch']} samples, "
+            f"{big['vllm_decode_share']:.0%} of the call)."
+        )
+        v, h = decode_fit(r, "vllm"), decode_fit(r, "hf")
+        if v is not None and h is not None:
+            text += (
+                f" A decode step (fit on the {v['length']}-token rows): {v['step_ms']:.2f} ms + {v['sample_ms']:.3f} "
+                f"ms per sample in vLLM, {h['step_ms']:.2f} ms + {h['sample_ms']:.3f} ms in transformers"
+            )
+            text += (
+                f"; in vLLM the samples outweigh the step from {v['step_ms'] / v['sample_ms']:.0f} per call."
+                if v["sample_ms"] > 0
+                else "."
+            )
         parts += [
             f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}, prompts of "
             f"{r['prompt_len']} tokens)",
             common.table([{**row, "shape": f"{row['prompts']} x {row['n']}"} for row in r["rows"]], COLUMNS),
             f"Engine start: vLLM {start['vllm']:.1f} s, hf {start['hf']:.1f} s; a call of 1 prompt and 1 token: vLLM "
-            f"{fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average {r['loadavg_1m']:.1f}. "
-            + conclusion(r),
+            f"{fixed['vllm'] * 1e3:.1f} ms, hf {fixed['hf'] * 1e3:.1f} ms. Load average {r['loadavg_1m']:.1f}. " + text,
         ]
     return common.blocks(*parts)
 

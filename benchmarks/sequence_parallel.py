@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,17 @@ SETTINGS = {  # response lengths, sp, gradient checkpointing, timed updates per 
     "quick": ((1024, 2048, 4096), (1, 2, 4), ("off", "on"), 3),
     "tiny": ((256, 512), (1, 2), ("off",), 1),
 }
+COLUMNS = [
+    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("response tokens", "response_len", "{}"),
+    ("activations MiB/rank", "activation_mib", "{:.1f}"), ("ratio to sp=1", "ratio", "{:.3f}"),
+    ("ideal", "ideal", "{:.3f}"), ("peak MiB/rank", "peak_mib", "{:.1f}"), ("step s", "step_seconds", "{:.2f}"),
+    ("all-to-all s", "exchange_seconds", "{:.2f}"), ("all-to-all share", "exchange_share", "{:.0%}"),
+    ("all-to-alls", "exchange_calls", "{}"), ("MiB into all-to-alls", "exchange_mib", "{:.0f}"),
+]  # fmt: skip
+FIT_COLUMNS = [
+    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("KiB / token", "slope_kib", "{:.2f}"),
+    ("slope / sp=1's", "slope_ratio", "{:.3f}"), ("constant MiB", "intercept_mib", "{:.2f}"),
+]  # fmt: skip
 
 
 def summarize(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -49,18 +59,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lengths, sps, checkpointing, timed = SETTINGS[mode]
     model = common.model_dir(MODEL, max_position_embeddings=MAX_POSITIONS)
     env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    rows: list[dict[str, Any]] = []
-    runs = []
-    for sp in sps:
-        t0 = time.perf_counter()
-        worker_args = {
-            "model": model, "lengths": ",".join(map(str, lengths)), "checkpointing": ",".join(checkpointing),
-            "prompt_len": PROMPT, "timed": timed,
-        }  # fmt: skip
-        rec = common.run_worker(f"sequence_parallel_sp{sp}", "benchmarks.loss_path", sp, worker_args, env)
-        rec["seconds"] = time.perf_counter() - t0
-        runs.append(rec)
-        rows += summarize(rec)
+    options = {
+        "model": model, "lengths": ",".join(map(str, lengths)), "checkpointing": ",".join(checkpointing),
+        "prompt_len": PROMPT, "timed": timed,
+    }  # fmt: skip
+    runs = [
+        common.run_worker(f"{NAME}_sp{sp}", "benchmarks.loss_path", sp, options, env, wall_key="seconds") for sp in sps
+    ]
+    rows = [row for rec in runs for row in summarize(rec)]
     base = {(r["checkpointing"], r["response_len"]): r["activation_bytes"] for r in rows if r["sp"] == 1}
     for r in rows:
         r |= {"activation_mib": r["activation_bytes"] / 2**20, "peak_mib": r["peak_bytes"] / 2**20}
@@ -81,19 +87,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_len": PROMPT, "timed": timed, "rows": rows, "fits": fits, "runs": runs,
         "seconds": sum(r["seconds"] for r in runs), "loadavg_1m": common.load_1m(),
     }  # fmt: skip
-
-
-COLUMNS = [
-    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("response tokens", "response_len", "{}"),
-    ("activations MiB/rank", "activation_mib", "{:.1f}"), ("ratio to sp=1", "ratio", "{:.3f}"),
-    ("ideal", "ideal", "{:.3f}"), ("peak MiB/rank", "peak_mib", "{:.1f}"), ("step s", "step_seconds", "{:.2f}"),
-    ("all-to-all s", "exchange_seconds", "{:.2f}"), ("all-to-all share", "exchange_share", "{:.0%}"),
-    ("all-to-alls", "exchange_calls", "{}"), ("MiB into all-to-alls", "exchange_mib", "{:.0f}"),
-]  # fmt: skip
-FIT_COLUMNS = [
-    ("checkpointing", "ckpt", "{}"), ("sp", "sp", "{}"), ("KiB / token", "slope_kib", "{:.2f}"),
-    ("slope / sp=1's", "slope_ratio", "{:.3f}"), ("constant MiB", "intercept_mib", "{:.2f}"),
-]  # fmt: skip
 
 
 def _on(ckpt: bool) -> str:

@@ -8,7 +8,6 @@ import argparse
 import json
 import random
 import string
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,12 @@ SETTINGS = {
     "quick": Setting(SIZES["qwen2-10m"], 8, 64, 128, 5, 1e-3, (1, 2)),
     "tiny": Setting(TINY, 4, 16, 16, 3, 1e-3, (1, 2)),
 }
+COLUMNS = [
+    ("system", "system", "{}"), ("ranks", "ranks", "{}"), ("threads / process", "threads", "{}"),
+    ("trained tok/s", "tokens_per_s", "{:.0f}"), ("vs ours 1 rank", "vs_ours_1r", "{:.2f}x"), ("s / step", "step_s", "{:.2f}"),
+    ("best tok/s", "best_tokens_per_s", "{:.0f}"), ("step-1 loss", "first_loss", "{:.5f}"),
+    ("step-1 diff", "first_loss_diff", "{:+.1e}"), ("final loss", "final_loss", "{:.4f}"), ("load", "loadavg_1m", "{:.1f}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--steps": {"type": int, "help": "steps per run (default: the mode's)"},
     "--threads": {"type": int, "default": 1, "help": "CPU: torch threads per process"},
@@ -109,11 +114,10 @@ def run_trl(s: Setting, tokens: Path, threads: int, install: bool) -> dict[str, 
     args = {"trainer": "sft", "model": model_dir(s.model), "train": tokens, "batch": s.batch, "lr": s.lr}
     args |= {"steps": s.steps, "seed": SEED}
     print(f"    TRL: {s.model.name}, 1 process, {threads} thread(s) ...", flush=True)
-    t0 = time.perf_counter()
     env = {"OMP_NUM_THREADS": str(threads), **TRL_ENV}
-    raw = common.run_worker(f"sft/trl_{s.model.name}", WORKER, 1, args, env, python)
+    raw = common.run_worker(f"sft/trl_{s.model.name}", WORKER, 1, args, env, python, wall_key="run_wall_s")
     return {
-        "steps_s": [r["step_s"] for r in raw["steps"]], "loss": raw["loss"], "run_wall_s": time.perf_counter() - t0,
+        "steps_s": [r["step_s"] for r in raw["steps"]], "loss": raw["loss"], "run_wall_s": raw["run_wall_s"],
         **{k: raw[k] for k in ("versions", "settings", "attn_implementation", "torch_threads")},
     }  # fmt: skip
 
@@ -152,23 +156,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-COLUMNS = [
-    ("system", "system", "{}"), ("ranks", "ranks", "{}"), ("threads / process", "threads", "{}"),
-    ("trained tok/s", "tokens_per_s", "{:.0f}"), ("vs ours 1 rank", "vs_ours_1r", "{:.2f}x"), ("s / step", "step_s", "{:.2f}"),
-    ("best tok/s", "best_tokens_per_s", "{:.0f}"), ("step-1 loss", "first_loss", "{:.5f}"),
-    ("step-1 diff", "first_loss_diff", "{:+.1e}"), ("final loss", "final_loss", "{:.4f}"), ("load", "loadavg_1m", "{:.1f}"),
-]  # fmt: skip
-
-
-def with_best(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows with `best_tokens_per_s`: the fastest measured step's (other jobs stretch some steps, not all)."""
-    tokens = rec["setting"]["batch"] * rec["setting"]["response_len"]
-    return [r | {"best_tokens_per_s": tokens / min(r["steps_s"][rec["warmup"] :])} for r in rec["rows"]]
-
-
-def conclusion(rec: dict[str, Any]) -> str:
-    rows = {(r["system"], r["ranks"]): r for r in with_best(rec)}
-    ours, trl, two = rows.get(("torchrl_post", 1)), rows.get(("TRL SFTTrainer", 1)), rows.get(("torchrl_post", 2))
+def conclusion(rows: list[dict[str, Any]]) -> str:
+    by = {(r["system"], r["ranks"]): r for r in rows}
+    ours, trl, two = by.get(("torchrl_post", 1)), by.get(("TRL SFTTrainer", 1)), by.get(("torchrl_post", 2))
     if ours is None or trl is None:
         return f"Ours on 1 rank: {ours['tokens_per_s']:.0f} trained tokens/s (TRL not measured)." if ours else ""
     text = (
@@ -186,6 +176,8 @@ def markdown(rec: dict[str, Any]) -> str:
     s, m = rec["setting"], rec["machine"]
     versions = (rec.get("trl") or {}).get("versions", {})
     trl = f", TRL {versions.get('trl')} (transformers {versions.get('transformers')})" if versions else ""
+    tokens = s["batch"] * s["response_len"]  # `best tok/s`: the fastest step's (other jobs stretch some, not all)
+    rows = [r | {"best_tokens_per_s": tokens / min(r["steps_s"][rec["warmup"] :])} for r in rec["rows"]]
     return common.blocks(
         "# SFT benchmark: torchrl_post's SFT against TRL's SFTTrainer",
         f"{s['model']['name']} ({rec['params'] / 1e6:.1f}M parameters, float32, {m['gpu'] or 'cpu'}), {s['batch']} "
@@ -197,8 +189,8 @@ def markdown(rec: dict[str, Any]) -> str:
         "loss, clipping at 1, weight decay 0. trained tok/s = loss tokens of the steps after the first / their wall "
         f"time; `best tok/s` from the fastest of those steps. {rec['rows'][0]['threads']} torch thread(s) per "
         "process. `step-1 diff`: the row's step-1 loss minus ours on 1 rank; `load`: after the row's run.",
-        common.table(with_best(rec), COLUMNS),
-        conclusion(rec),
+        common.table(rows, COLUMNS),
+        conclusion(rows),
     )
 
 

@@ -30,6 +30,13 @@ BROADCAST_CURVES = (  # (key, label, style) of the broadcast panel's lines
     ("sync", "sync", "o-"), ("transfer", "transfer (no engine load)", "^-"), ("raw", "raw broadcast", "s--"),
 )  # fmt: skip
 GB = 1e9
+COLUMNS = [
+    ("mode", "mode", "{}"), ("actor", "actor", "{}"), ("rollout", "rollout", "{}"), ("model", "model", "{}"),
+    ("params", "params", "{:,}"), ("MB", "MB", "{:.1f}"), ("sync ms", "sync_ms", "{:.1f}"),
+    ("raw ms", "raw_ms", "{:.1f}"), ("transfer ms", "transfer_ms", "{:.1f}"), ("load ms", "load_ms", "{:.1f}"),
+    ("sync GB/s", "sync_GBps", "{:.3f}"), ("raw GB/s", "raw_GBps", "{:.3f}"), ("ratio", "ratio", "{:.2f}"),
+    ("transfer ratio", "transfer_ratio", "{:.2f}"), ("loadavg", "loadavg_1m", "{:.1f}"),
+]  # fmt: skip
 OPTIONS: common.Options = {
     "--repeats": {"type": int, "help": "timed repeats (default 3, --tiny 1)"},
     "--bucket-mb": {"type": int, "default": 64},
@@ -119,11 +126,8 @@ def bench_colocated(topo: Topology, actor: Actor, engine: RolloutEngine, args: A
 def bench_broadcast(topo: Topology, actor: Actor | None, engine: RolloutEngine | None, args: Any) -> dict[str, Any]:
     model = actor.model if actor is not None else None
     bsync = BroadcastSync(topo.sync, topo.env.device, args.bucket_mb << 20, torch.float32, model)
-    flat = (
-        torch.ones(-(-bsync.nbytes // 4), dtype=torch.float32, device=topo.env.device)
-        if topo.sync is not None
-        else None
-    )
+    words = -(-bsync.nbytes // 4)  # the bytes as float32 words, rounded up
+    flat = torch.ones(words, dtype=torch.float32, device=topo.env.device) if topo.sync is not None else None
     stand_in = checkpoint_weights(args.model) if engine is not None else []
     # an actor rank sends either way; a rollout rank receives into the engine or just drains; others only wait
     send, skip = (lambda: bsync.send(model)) if model is not None else None, lambda: None
@@ -180,15 +184,6 @@ def worker(argv: list[str]) -> None:
             engine.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-COLUMNS = [
-    ("mode", "mode", "{}"), ("actor", "actor", "{}"), ("rollout", "rollout", "{}"), ("model", "model", "{}"),
-    ("params", "params", "{:,}"), ("MB", "MB", "{:.1f}"), ("sync ms", "sync_ms", "{:.1f}"),
-    ("raw ms", "raw_ms", "{:.1f}"), ("transfer ms", "transfer_ms", "{:.1f}"), ("load ms", "load_ms", "{:.1f}"),
-    ("sync GB/s", "sync_GBps", "{:.3f}"), ("raw GB/s", "raw_GBps", "{:.3f}"), ("ratio", "ratio", "{:.2f}"),
-    ("transfer ratio", "transfer_ratio", "{:.2f}"), ("loadavg", "loadavg_1m", "{:.1f}"),
-]  # fmt: skip
 
 
 def markdown(rec: dict[str, Any]) -> str:

@@ -36,6 +36,14 @@ SETTINGS: dict[str, tuple[ModelSize, int, int, int, int, int, tuple[tuple[int, s
 }
 PROMPT_LEN, RESPONSE_LEN = "40,120", "1,64"
 MODES = ("fixed", "dynamic", "packed", "packed_dynamic")
+COLUMNS = [
+    ("mode", "mode", "{}"), ("ours tok/s", "ours_tokens_per_s", "{:.0f}"), ("bare tok/s", "bare_tokens_per_s", "{:.0f}"),
+    ("ratio", "ratio", "{:.2f}"), ("ratio (CPU s)", "ratio_cpu", "{:.2f}"),
+    ("bare packed tok/s", "bare_packed_tokens_per_s", "{:.0f}"), ("ours / bare packed", "ratio_vs_bare_packed", "{:.2f}"),
+    ("padding frac", "padding_frac", "{:.2f}"), ("bare padding frac", "bare_padding_frac", "{:.2f}"),
+    ("micro-batches", "micro_batches", "{}"), ("ours s", "ours_s", "{:.2f}"), ("bare s", "bare_s", "{:.2f}"),
+    ("bare packed s", "bare_packed_s", "{:.2f}"),
+]  # fmt: skip
 _KEEP: list[Actor] = []  # actors live to the end: freeing one mid-run must not race the other ranks
 OPTIONS: common.Options = {
     "--repeats": {"type": int},
@@ -234,34 +242,6 @@ def worker(argv: list[str]) -> None:
     end_process()
 
 
-COLUMNS = [
-    ("mode", "mode", "{}"), ("ours tok/s", "ours_tokens_per_s", "{:.0f}"), ("bare tok/s", "bare_tokens_per_s", "{:.0f}"),
-    ("ratio", "ratio", "{:.2f}"), ("ratio (CPU s)", "ratio_cpu", "{:.2f}"),
-    ("bare packed tok/s", "bare_packed_tokens_per_s", "{:.0f}"), ("ours / bare packed", "ratio_vs_bare_packed", "{:.2f}"),
-    ("padding frac", "padding_frac", "{:.2f}"), ("bare padding frac", "bare_padding_frac", "{:.2f}"),
-    ("micro-batches", "micro_batches", "{}"), ("ours s", "ours_s", "{:.2f}"), ("bare s", "bare_s", "{:.2f}"),
-    ("bare packed s", "bare_packed_s", "{:.2f}"),
-]  # fmt: skip
-
-
-def conclusion(run: dict[str, Any]) -> str:
-    rows = {r["mode"]: r for r in run["rows"]}
-    ratios = [r["ratio"] for r in rows.values()]
-    low = [m for m, r in rows.items() if r["ratio"] < 0.9]
-    text = f"Ours / bare: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
-        f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target)."
-    )
-    if cpu := [r["ratio_cpu"] for r in rows.values() if r.get("ratio_cpu")]:
-        text += f" By CPU seconds: {min(cpu):.2f}x to {max(cpu):.2f}x."
-    for m, r in rows.items():
-        if r.get("bare_packed_tokens_per_s"):
-            text += (
-                f" {m}: packing removes {r['bare_padding_frac']:.0%} padding, the bare packed loop runs at "
-                f"{r['bare_packed_tokens_per_s'] / r['bare_tokens_per_s']:.2f}x the bare padded one."
-            )
-    return text
-
-
 def markdown(rec: dict[str, Any]) -> str:
     m = rec["machine"]
     parts = [
@@ -273,15 +253,29 @@ def markdown(rec: dict[str, Any]) -> str:
         f"seconds of one update, median of {rec['repeats']} repeats taking turns. `ratio` = ours / bare padded "
         "tok/s; `ratio (CPU s)`: from rank 0's process CPU seconds; `padding frac`: ours.",
     ]
-    for r in rec["runs"]:
+    for run in rec["runs"]:
+        rows = run["rows"]
+        ratios = [r["ratio"] for r in rows]
+        low = [r["mode"] for r in rows if r["ratio"] < 0.9]
+        text = f"Ours / bare: {min(ratios):.2f}x to {max(ratios):.2f}x" + (
+            f" (below the 0.9 target: {', '.join(low)})." if low else " (every mode at or above the 0.9 target)."
+        )
+        if cpu := [r["ratio_cpu"] for r in rows if r.get("ratio_cpu")]:
+            text += f" By CPU seconds: {min(cpu):.2f}x to {max(cpu):.2f}x."
+        for r in rows:
+            if r.get("bare_packed_tokens_per_s"):
+                text += (
+                    f" {r['mode']}: packing removes {r['bare_padding_frac']:.0%} padding, the bare packed loop runs "
+                    f"at {r['bare_packed_tokens_per_s'] / r['bare_tokens_per_s']:.2f}x the bare padded one."
+                )
         parts += [
-            f"## {r['model']} ({r['params'] / 1e6:.1f}M parameters, {r['dtype']}, {r['device']}), {r['ranks']} "
-            f"rank(s), {r['samples']} samples, {r['lengths']} response lengths",
-            f"Prompts {r['prompt_len'].replace(',', '-')} tokens in groups of {r['group']}, responses "
-            f"{r['response_len'].replace(',', '-')} tokens; {r['real_tokens']:.0f} real tokens in {r['cells']} "
-            f"cells; micro-batches of {r['micro']} rows (fixed) or {r['budget']} tokens (dynamic).",
-            common.table(r["rows"], COLUMNS),
-            conclusion(r) + f" Load average {r['loadavg_1m']:.1f} after this run.",
+            f"## {run['model']} ({run['params'] / 1e6:.1f}M parameters, {run['dtype']}, {run['device']}), "
+            f"{run['ranks']} rank(s), {run['samples']} samples, {run['lengths']} response lengths",
+            f"Prompts {run['prompt_len'].replace(',', '-')} tokens in groups of {run['group']}, responses "
+            f"{run['response_len'].replace(',', '-')} tokens; {run['real_tokens']:.0f} real tokens in {run['cells']} "
+            f"cells; micro-batches of {run['micro']} rows (fixed) or {run['budget']} tokens (dynamic).",
+            common.table(rows, COLUMNS),
+            f"{text} Load average {run['loadavg_1m']:.1f} after this run.",
         ]
     return common.blocks(*parts)
 
