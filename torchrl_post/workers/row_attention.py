@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -122,12 +123,37 @@ def row_attention_forward(
     # slice).
     sizes, keys = plan.pieces
     qs, ks, vs = (t.split(sizes, dim=2) for t in (query, key, value))
+    grouped = _grouped_masked(module, query, args, kwargs)
     outs = []
     for i, (blk, own) in enumerate(zip(plan.blocks, keys, strict=True)):
         k = ks[own[0]] if len(own) == 1 else torch.cat([ks[j] for j in own], dim=2)
         v = vs[own[0]] if len(own) == 1 else torch.cat([vs[j] for j in own], dim=2)
-        outs.append(_SDPA(module, qs[i], k, v, blk.mask, *args, **kwargs)[0])
+        if blk.mask is not None and grouped is not None:
+            out = F.scaled_dot_product_attention(qs[i], k, v, blk.mask, enable_gqa=True, **grouped)
+            outs.append(out.transpose(1, 2))
+        else:
+            outs.append(_SDPA(module, qs[i], k, v, blk.mask, *args, **kwargs)[0])
     return torch.cat(outs, dim=1), None
+
+
+def _grouped_masked(
+    module: torch.nn.Module, query: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """sdpa's arguments for a masked block whose fewer key heads the kernel groups itself (`enable_gqa`), or None
+    where transformers' own sdpa is called. transformers repeats the key and value heads wherever a mask is given
+    (`repeat_kv`: a copy forward, a sum backward), which on CUDA keeps the masked call on a fused kernel (its
+    grouped sdpa with a mask is the math one). CPU's flash kernel takes both: SmolLM2's shapes (9 heads, 3 key
+    heads, 4 prompts x 8 responses) 70-80 -> 58-65 ms a layer forward and backward. None too for a call this does not
+    mirror (positional arguments, a position bias, attention sinks)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.device.type != "cpu" or groups <= 1 or args or set(kwargs) - _PASSED_OVER:
+        return None
+    return {"dropout_p": float(kwargs.get("dropout", 0.0)), "scale": kwargs.get("scaling")}
+
+
+_PASSED_OVER = {"dropout", "scaling", "position_ids", "sliding_window", "output_attentions", "use_cache"}
+"""The layers' keyword arguments that transformers' sdpa function reads as `_grouped_masked` does (dropout,
+scaling) or not at all."""
 
 
 def install() -> None:
