@@ -132,6 +132,7 @@ def run_ours(s: Setting, data: Path) -> dict[str, Any]:
         "measured_steps": len(kept), "throughput": med(kept, "perf/throughput"),
         "score_mean": med(rows, "critic/score/mean"), "response_length_mean": med(rows, "response_length/mean"),
         "padding_frac": med(kept, "perf/padding_frac"), "skipped_samples_frac": med(kept, "actor/skipped_samples_frac"),
+        "tflops": med(kept, "perf/tflops/actor"),
         "run_wall_s": wall, "loadavg_1m": common.load_1m(),
     }  # fmt: skip
 
@@ -344,7 +345,8 @@ def stages_and_verdicts(rec: dict[str, Any]) -> list[str]:
             parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
             skipped = o.get("skipped_samples_frac")
             skip = f"; the update skipped {skipped:.0%} of the samples (advantage 0)" if skipped is not None else ""
-            stages.append(f"- {mod['model']}, {name}: {parts}{skip}")
+            rate = f"; the update {o['tflops'] * 1e3:.0f} GFLOP/s a rank (`perf/tflops/actor`)" if o.get("tflops") else ""
+            stages.append(f"- {mod['model']}, {name}: {parts}{skip}{rate}")
             top, top_s = _stages(o)[0]
             if t is None or ratio is None:
                 verdicts.append(f"{mod['model']}, {name}: {o['step_s']:.2f} s per step (TRL not measured).")

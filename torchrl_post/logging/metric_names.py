@@ -143,6 +143,11 @@ METRICS: dict[str, str] = {
     "val/test_score/<data_source>/mean@<n>": "With rollout.val_kwargs.n > 1: mean over the n samples.",
     "val/test_score/<data_source>/pass@<n>": "With rollout.val_kwargs.n > 1: a prompt with any sample right.",
     "perf/throughput": "Trained tokens per second per rank.",
+    "perf/tflops/actor": "The actor update's model FLOPs per rank and second (TFLOP/s): forward and backward of the "
+    "tokens it computes (a shared prompt once), the LM head at the response positions and the causal attention "
+    "pairs (workers/flops.py), over the slowest rank's update.",
+    "perf/mfu/actor": "perf/tflops/actor over the device's dense 16-bit peak (verl's name), on the GPUs whose peak "
+    "workers/flops.py lists and a bfloat16 or float16 trainer compute; elsewhere divide perf/tflops/actor by yours.",
     "perf/sync_bytes": "Bytes the weight sync moved this step.",
     "perf/padding_frac": (
         "Share of the computed token cells that held no token (padding; a packed row's slack where the batched rows "

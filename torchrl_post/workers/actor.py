@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +41,7 @@ from torchrl_post.config.schema import ActorConfig, DistillationConfig, FSDPConf
 from torchrl_post.distributed.placement import dp_group
 from torchrl_post.logging.reduce import reduce_metrics
 from torchrl_post.types import Batch
+from torchrl_post.workers.flops import ModelFlops, causal_pairs, peak_tflops, shared_pairs, training_flops
 from torchrl_post.workers.fsdp import reshard
 from torchrl_post.workers.loading import fsdp_model
 from torchrl_post.workers.logprobs import MoeForward, Score, batched_log_probs, forward_log_probs
@@ -164,6 +166,8 @@ class Actor:
         # mixture-of-experts: the routers' load-balancing loss and their routing against the engine's record
         self.moe = bool(routers(self.model))
         self.replay = replay and self.moe
+        self.flops = ModelFlops.of(self.model)
+        self.peak_tflops = peak_tflops(device, getattr(torch, fsdp.param_dtype, torch.float32))
 
     @property
     def token_budget(self) -> int:
@@ -240,6 +244,8 @@ class Actor:
         corr_sums = torch.zeros(len(STAT_SUMS), dtype=torch.float64, device=self.device)
         corr_maxes = torch.full((len(STAT_MAXES),), -math.inf, dtype=torch.float64, device=self.device)
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
+        work = [0.0, 0.0, 0.0, 0.0]  # the live rows' prompt tokens, response tokens, causal pairs, rows (`flops`)
+        started = time.perf_counter()
         rows_seen, rows_skipped = 0, 0
         grad_norms: list[float] = []
         # clip_cov's draws: one generator per micro-batch, keyed by the update (the schedule's count, restored on
@@ -303,6 +309,12 @@ class Actor:
                     padded_cells += cells
                     placed_cells += placed if live else 0  # a stand-in's cells are all padding
                     real_cells += float(mb.attention_mask[micro].sum()) if live else 0.0
+                    if live:
+                        lengths, responses = mb.attention_mask[micro].sum(-1), float(mb.response_mask[micro].sum())
+                        work[0] += float(lengths.sum()) - responses
+                        work[1] += responses
+                        work[2] += causal_pairs(lengths)
+                        work[3] += len(lengths)
                     mask = mask_all[micro].to(self.device) * float(live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
@@ -403,6 +415,7 @@ class Actor:
         distill_total, student_mass, teacher_mass = (sums.pop(k) for k in ("distill", "student_mass", "teacher_mass"))
         counts = (real_cells, placed_cells, padded_cells)
         metrics = self._metrics(sums, corr_local, pg_total, kl_total, aux_total, grad_norms, counts, batch)
+        metrics |= self._flops_metrics(work, real_cells, placed_cells, time.perf_counter() - started)
         if self.distill is not None:  # the estimate's mean over every trained token of the update
             d_sum, s_mass, t_mass, d_tokens = global_sum(
                 torch.tensor([distill_total, student_mass, teacher_mass, sums["tokens"]], dtype=torch.float64),
@@ -421,6 +434,19 @@ class Actor:
             ).tolist()
             metrics["actor/skipped_samples_frac"] = skipped / max(seen, 1.0)
         return metrics | {"actor/lr": lr}
+
+    def _flops_metrics(self, work: list[float], real: float, placed: float, seconds: float) -> dict[str, float]:
+        """perf/tflops/actor: the update's model FLOPs (`workers/flops.py`) per actor rank and second of the slowest
+        rank's update; perf/mfu/actor: their share of the device's dense peak, where it is known."""
+        prompts, responses, pairs, samples = work
+        pairs = shared_pairs(pairs, real, placed, prompts, samples)
+        local = training_flops(self.flops, placed, responses, pairs) / self.sp  # an sp group's ranks share its rows
+        tot = reduce_metrics({"flops": ("mean", local), "seconds": ("max", seconds)}, self.group, self.device)
+        tflops = tot["flops"] / max(tot["seconds"], 1e-9) / 1e12
+        out = {"perf/tflops/actor": tflops}
+        if self.peak_tflops is not None:
+            out["perf/mfu/actor"] = tflops / self.peak_tflops
+        return out
 
     def _step(self) -> float:
         grad_norm = clip_grad_norm(self.model, self.cfg.grad_clip)
