@@ -345,7 +345,9 @@ def stages_and_verdicts(rec: dict[str, Any]) -> list[str]:
             parts = ", ".join(f"{k} {v:.3f} s ({v / o['step_s']:.0%})" for k, v in _stages(o))
             skipped = o.get("skipped_samples_frac")
             skip = f"; the update skipped {skipped:.0%} of the samples (advantage 0)" if skipped is not None else ""
-            rate = f"; the update {o['tflops'] * 1e3:.0f} GFLOP/s a rank (`perf/tflops/actor`)" if o.get("tflops") else ""
+            rate = (
+                f"; the update {o['tflops'] * 1e3:.0f} GFLOP/s a rank (`perf/tflops/actor`)" if o.get("tflops") else ""
+            )
             stages.append(f"- {mod['model']}, {name}: {parts}{skip}{rate}")
             top, top_s = _stages(o)[0]
             if t is None or ratio is None:
