@@ -10,6 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+CLOCKED = ("timing_s/", "perf/throughput", "perf/tflops/", "perf/mfu/")
+"""Prefixes of the metrics read from a clock: they differ between two runs of the same steps (an exact resume, a
+replay of a recorded run compares every other metric)."""
+
 SECTIONS: dict[str, str] = {
     "training": "Where the run is",
     "actor": "The policy update (reduced over the actor's ranks; per optimizer step averaged over the update)",

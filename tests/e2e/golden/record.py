@@ -22,12 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchrl_post.logging.metric_names import CLOCKED
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 FIXTURE = HERE / "demo_20_steps.jsonl"
 FINGERPRINT = HERE / "demo_20_steps.machine.json"
 STEPS = 20
-SKIP_PREFIXES = ("timing_s/", "perf/throughput")
+SKIP_PREFIXES = CLOCKED
 PORTABLE = (
     "training/", "prompt_length/", "actor/lr", "actor/optimizer_steps", "actor/nonfinite_skips", "reward/errors",
     "perf/sync_bytes", "rollout/staleness",
