@@ -244,7 +244,7 @@ class Actor:
         corr_sums = torch.zeros(len(STAT_SUMS), dtype=torch.float64, device=self.device)
         corr_maxes = torch.full((len(STAT_MAXES),), -math.inf, dtype=torch.float64, device=self.device)
         padded_cells, placed_cells, real_cells = 0, 0, 0.0
-        work = [0.0, 0.0, 0.0, 0.0]  # the live rows' prompt tokens, response tokens, causal pairs, rows (`flops`)
+        work = [0.0, 0.0, 0.0]  # the live rows' response tokens, causal pairs and count (`flops`)
         started = time.perf_counter()
         rows_seen, rows_skipped = 0, 0
         grad_norms: list[float] = []
@@ -308,13 +308,12 @@ class Actor:
                         logp, student_topk = logp[..., 0], logp[..., 1:]
                     padded_cells += cells
                     placed_cells += placed if live else 0  # a stand-in's cells are all padding
-                    real_cells += float(mb.attention_mask[micro].sum()) if live else 0.0
                     if live:
-                        lengths, responses = mb.attention_mask[micro].sum(-1), float(mb.response_mask[micro].sum())
-                        work[0] += float(lengths.sum()) - responses
-                        work[1] += responses
-                        work[2] += causal_pairs(lengths)
-                        work[3] += len(lengths)
+                        lengths = mb.attention_mask[micro].sum(-1)
+                        real_cells += float(lengths.sum())
+                        work[0] += float(mb.response_mask[micro].sum())
+                        work[1] += causal_pairs(lengths)
+                        work[2] += len(lengths)
                     mask = mask_all[micro].to(self.device) * float(live)  # a stand-in trains nothing
                     adv = mb.advantages[micro].to(self.device)  # type: ignore[index]
                     old = mb.old_log_probs[micro].to(self.device) if mb.old_log_probs is not None else logp.detach()
@@ -438,8 +437,8 @@ class Actor:
     def _flops_metrics(self, work: list[float], real: float, placed: float, seconds: float) -> dict[str, float]:
         """perf/tflops/actor: the update's model FLOPs (`workers/flops.py`) per actor rank and second of the slowest
         rank's update; perf/mfu/actor: their share of the device's dense peak, where it is known."""
-        prompts, responses, pairs, samples = work
-        pairs = shared_pairs(pairs, real, placed, prompts, samples)
+        responses, pairs, samples = work
+        pairs = shared_pairs(pairs, real, placed, real - responses, samples)
         local = training_flops(self.flops, placed, responses, pairs) / self.sp  # an sp group's ranks share its rows
         tot = reduce_metrics({"flops": ("mean", local), "seconds": ("max", seconds)}, self.group, self.device)
         tflops = tot["flops"] / max(tot["seconds"], 1e-9) / 1e12
